@@ -1,0 +1,48 @@
+# infergate: two commands on a fresh machine, `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+RUNTIME := .venv-triton
+PY := $(VENV)/bin/python
+PIP_FLAGS := --disable-pip-version-check --quiet --progress-bar off
+
+.PHONY: run test test-fast lint bench loadtest venv runtime sample clean
+
+# The services' environment (numpy 2, torch CPU, test tools), pinned by
+# pyproject.toml + constraints.txt.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[dev,torch]'
+	touch $@
+
+# The environment Triton's Python-backend stub imports (numpy<2, onnxruntime, tritonserver).
+$(RUNTIME)/.installed: infergate/triton/runtime-requirements.txt
+	test -x $(RUNTIME)/bin/python || $(PYTHON) -m venv $(RUNTIME)
+	$(RUNTIME)/bin/python -m pip install $(PIP_FLAGS) -r infergate/triton/runtime-requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+runtime: $(RUNTIME)/.installed
+
+sample: venv
+	$(VENV)/bin/infergate sample build --repo model_repo
+
+## run: set up, build the sample model if absent, start Triton + gateway + scheduler
+run: venv runtime
+	$(VENV)/bin/infergate up --repo model_repo --runtime-env $(RUNTIME)
+
+## test: set up the same environments and run the whole suite
+test: venv runtime
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: venv runtime
+	$(PY) -m pytest -q -m "not slow and not integration"
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy gateway scheduler converters infergate
+
+bench: venv runtime
+	$(PY) -m loadtests.bench --out results
+
+clean:
+	rm -rf .run results .model_repo.staging

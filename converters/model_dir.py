@@ -1,0 +1,120 @@
+"""Write a complete Triton model directory (one new version) for a verified ONNX model.
+
+Targets:
+- ``cpu``: Triton's Python backend running our generic ONNX Runtime model
+  (``infergate/triton/python_backend_onnx.py`` copied as ``model.py``) next to
+  ``model.onnx``. This is what the bundled CPU-only tritonserver can serve.
+- ``onnxruntime``: ``platform: onnxruntime_onnx`` on GPU, optionally with the TensorRT
+  execution accelerator (``precision_mode`` FP16/INT8).
+- ``tensorrt``: ``platform: tensorrt_plan`` with one engine per compute capability.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import platform
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import infergate.triton
+from converters.repository import stage_version, write_metadata
+from converters.triton_config import ModelConfigSpec, WarmupSample, render_model_config
+
+# Not imported here: it runs inside Triton's stub and imports triton_python_backend_utils.
+PYTHON_BACKEND_MODEL = Path(infergate.triton.__file__).parent / "python_backend_onnx.py"
+
+
+@dataclass(frozen=True)
+class ModelArtifact:
+    """What goes into the version folder: the model file(s), keyed by their file name."""
+
+    files: Mapping[str, Path]
+    source_sha256: str
+
+
+@dataclass(frozen=True)
+class WrittenModel:
+    name: str
+    version: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class ModelDirectoryRequest:
+    repo: Path
+    config: ModelConfigSpec
+    artifact: ModelArtifact
+    # warm-up inputs per served batch size: {batch_size: {input_name: array}}
+    warmup_inputs: Mapping[int, Mapping[str, np.ndarray]] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def runtime_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for dist in ("infergate", "onnx", "onnxruntime", "torch", "tritonclient"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def write_model_directory(request: ModelDirectoryRequest) -> WrittenModel:
+    """Stage and atomically publish the next version of ``request.config.name``."""
+    config = request.config
+    with stage_version(request.repo, config.name) as staged:
+        for filename, source in request.artifact.files.items():
+            shutil.copy2(source, staged.version_dir / filename)
+        if config.target == "cpu":
+            shutil.copy2(PYTHON_BACKEND_MODEL, staged.version_dir / "model.py")
+        warmup = _write_warmup(staged.model_dir / "warmup", staged.version, request)
+        (staged.model_dir / "config.pbtxt").write_text(
+            render_model_config(replace(config, warmup=warmup))
+        )
+        write_metadata(
+            staged.version_dir,
+            {
+                "name": config.name,
+                "version": staged.version,
+                "target": config.target,
+                "source_sha256": request.artifact.source_sha256,
+                "runtime_versions": runtime_versions(),
+                **request.metadata,
+            },
+        )
+        version = staged.version
+    return WrittenModel(config.name, version, request.repo / config.name)
+
+
+def _write_warmup(
+    folder: Path, version: int, request: ModelDirectoryRequest
+) -> tuple[WarmupSample, ...]:
+    """Raw little-endian files Triton feeds to ``model_warmup`` (real samples, not zeros)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    samples = []
+    for batch_size, arrays in sorted(request.warmup_inputs.items()):
+        files, dims = {}, {}
+        for input_name, array in arrays.items():
+            # Triton's warm-up sends the file as one request of `batch_size`: the file
+            # holds a single sample that Triton repeats along the batch axis.
+            one = np.ascontiguousarray(array[:1] if array.ndim else array)
+            filename = f"v{version}_{input_name}_b{batch_size}.bin"
+            (folder / filename).write_bytes(one.astype(one.dtype.newbyteorder("<")).tobytes())
+            files[input_name] = filename
+            dims[input_name] = tuple(int(d) for d in one.shape[1:])
+        samples.append(WarmupSample(batch_size=batch_size, files=files, dims=dims))
+    return tuple(samples)

@@ -1,0 +1,134 @@
+"""Atomic writes into a Triton model repository.
+
+Layout written (Triton's, plus our metadata)::
+
+    model_repo/<name>/config.pbtxt
+    model_repo/<name>/warmup/<files>            # model_warmup input_data_file targets
+    model_repo/<name>/<version>/model.onnx      # or model.plan / model.py
+    model_repo/<name>/<version>/metadata.json   # provenance, precision, accuracy
+
+A version is staged completely in a sibling folder on the same file system and published
+with ``rename``: a new model is one rename; a new version of an existing model is the
+version folder's rename followed by replacing ``config.pbtxt`` (rolled back if the second
+step fails). Any failure before publishing leaves the repository exactly as it was.
+Existing versions are never overwritten: each publish takes the next integer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class InvalidModelName(ValueError):
+    """A model name that is not a safe single path component."""
+
+
+def validate_model_name(name: str) -> str:
+    if not MODEL_NAME_RE.fullmatch(name) or name in {".", ".."}:
+        raise InvalidModelName(
+            f"invalid model name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ . - "
+            "starting with a letter or digit (no path separators)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class StagedVersion:
+    """A version being assembled: write files into ``version_dir`` and ``model_dir``."""
+
+    name: str
+    version: int
+    model_dir: Path  # staged <name>/ folder (config.pbtxt, warmup/)
+    version_dir: Path  # staged <name>/<version>/ folder
+
+
+def existing_versions(repo: Path, name: str) -> list[int]:
+    model_dir = repo / name
+    if not model_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def next_version(repo: Path, name: str) -> int:
+    versions = existing_versions(repo, name)
+    return (versions[-1] + 1) if versions else 1
+
+
+def _staging_root(repo: Path) -> Path:
+    # A sibling of the repository (same file system, so rename is atomic) that Triton's
+    # repository index never lists.
+    root = repo.resolve().parent / f".{repo.resolve().name}.staging"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@contextlib.contextmanager
+def stage_version(repo: Path, name: str) -> Iterator[StagedVersion]:
+    """Yield a staging area for the next version of ``name``; publish it on clean exit.
+
+    An exception inside the ``with`` block discards the staging area and re-raises.
+    """
+    validate_model_name(name)
+    repo.mkdir(parents=True, exist_ok=True)
+    version = next_version(repo, name)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=_staging_root(repo)))
+    try:
+        staged = StagedVersion(name, version, tmp / name, tmp / name / str(version))
+        staged.version_dir.mkdir(parents=True)
+        current = repo / name
+        if (current / "warmup").is_dir():
+            shutil.copytree(current / "warmup", staged.model_dir / "warmup")
+        yield staged
+        _publish(repo, staged)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish(repo: Path, staged: StagedVersion) -> None:
+    target = repo / staged.name
+    if not (staged.model_dir / "config.pbtxt").is_file():
+        raise FileNotFoundError("staged model has no config.pbtxt")
+    if not target.exists():
+        os.rename(staged.model_dir, target)
+        return
+    final_version_dir = target / str(staged.version)
+    if final_version_dir.exists():
+        raise FileExistsError(f"version {staged.version} of {staged.name} appeared meanwhile")
+    os.rename(staged.version_dir, final_version_dir)
+    try:
+        _replace_tree(staged.model_dir / "warmup", target / "warmup")
+        os.replace(staged.model_dir / "config.pbtxt", target / "config.pbtxt")
+    except BaseException:
+        shutil.rmtree(final_version_dir, ignore_errors=True)
+        raise
+
+
+def _replace_tree(source: Path, target: Path) -> None:
+    if not source.is_dir():
+        return
+    old = target.with_name(f".{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        os.rename(target, old)
+    os.rename(source, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_metadata(version_dir: Path, metadata: dict[str, Any]) -> None:
+    (version_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, sort_keys=True))
+
+
+def read_metadata(repo: Path, name: str, version: int) -> dict[str, Any]:
+    path = repo / name / str(version) / "metadata.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

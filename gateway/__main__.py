@@ -1,0 +1,3 @@
+from gateway.cli import app
+
+app(prog_name="python -m gateway")

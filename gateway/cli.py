@@ -1,0 +1,42 @@
+"""``infergate gateway ...``: run the gateway over pools declared in a YAML file."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import typer
+
+from gateway.pools import load_pools
+from gateway.server import GatewaySettings, serve
+
+app = typer.Typer(help="The KServe v2 / Triton-compatible gateway.", no_args_is_help=True)
+
+
+@app.callback()
+def _group() -> None:
+    """The KServe v2 / Triton-compatible gateway."""
+
+
+@app.command("serve")
+def serve_command(
+    pools: Path = typer.Option(..., exists=True, dir_okay=False, help="pools.yaml"),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 in a container)."),
+    http_port: int = typer.Option(8000, help="HTTP (KServe v2 REST) port."),
+    grpc_port: int = typer.Option(8001, help="gRPC (inference.GRPCInferenceService) port."),
+    probe_interval: float = typer.Option(1.0, help="Seconds between member health probes."),
+    drain_timeout: float = typer.Option(10.0, help="Seconds to finish in-flight on SIGTERM."),
+    log_level: str = typer.Option("warning", help="Log level."),
+) -> None:
+    """Serve HTTP and gRPC until SIGTERM/SIGINT, then drain and exit."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    settings = GatewaySettings(
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        probe_interval_s=probe_interval,
+        drain_timeout_s=drain_timeout,
+        log_level=log_level,
+    )
+    asyncio.run(serve(settings, load_pools(pools)))

@@ -1,0 +1,90 @@
+"""The gateway's Prometheus metrics (one registry, created in ``main()``).
+
+Names follow Prometheus conventions (base units, ``_total`` counters). The README's
+"Metrics" section documents each one; ``infergate_pool_saturation`` is the gauge a
+Kubernetes HPA should target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS_S = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+)
+
+
+@dataclass(frozen=True)
+class GatewayMetrics:
+    registry: CollectorRegistry
+    requests: Counter
+    latency: Histogram
+    in_flight: Gauge
+    rejected: Counter
+    upstream_errors: Counter
+    member_healthy: Gauge
+    member_queue: Gauge
+    saturation: Gauge
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def create_metrics(registry: CollectorRegistry | None = None) -> GatewayMetrics:
+    registry = registry or CollectorRegistry()
+    labels = ("model", "pool")
+    return GatewayMetrics(
+        registry=registry,
+        requests=Counter(
+            "infergate_requests",
+            "Inference requests by outcome (success, client_error, upstream_error, "
+            "rejected, unavailable, deadline) and protocol.",
+            (*labels, "protocol", "outcome", "traffic"),
+            registry=registry,
+        ),
+        latency=Histogram(
+            "infergate_request_duration_seconds",
+            "End-to-end inference latency through the gateway, seconds.",
+            (*labels, "protocol", "traffic"),
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        ),
+        in_flight=Gauge(
+            "infergate_in_flight_requests",
+            "Requests forwarded to Triton and not yet answered.",
+            labels,
+            registry=registry,
+        ),
+        rejected=Counter(
+            "infergate_rejected_requests",
+            "Requests shed by admission control or rate limits, by reason.",
+            ("model", "reason"),
+            registry=registry,
+        ),
+        upstream_errors=Counter(
+            "infergate_upstream_errors",
+            "Failed calls to a Triton member (connection/unavailable), by member.",
+            ("pool", "member"),
+            registry=registry,
+        ),
+        member_healthy=Gauge(
+            "infergate_member_healthy",
+            "1 if the member passes health checks and is not ejected, else 0.",
+            ("pool", "member"),
+            registry=registry,
+        ),
+        member_queue=Gauge(
+            "infergate_member_queued_requests",
+            "Requests queued inside the member (Triton's nv_inference_pending_request_count).",
+            ("pool", "member"),
+            registry=registry,
+        ),
+        saturation=Gauge(
+            "infergate_pool_saturation",
+            "(in flight + queued upstream) / capacity per pool: the HPA target.",
+            ("pool",),
+            registry=registry,
+        ),
+    )

@@ -1,0 +1,116 @@
+"""Pools of Triton servers: what the gateway routes over.
+
+A pool is a set of equivalent Triton servers (members) serving the same models. Pool
+declarations are data (YAML, validated with pydantic); :class:`PoolMember` carries the
+live state the router reads (in-flight count, scraped queue depth, health).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class MemberSpec(BaseModel):
+    """One Triton server: host plus its HTTP, gRPC and metrics ports."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=1, le=65535)
+    grpc_port: int = Field(8001, ge=1, le=65535)
+    metrics_port: int = Field(8002, ge=1, le=65535)
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+class PoolSpec(BaseModel):
+    """A pool as declared in pools.yaml."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    members: tuple[MemberSpec, ...] = ()
+    # DNS name of a Kubernetes headless Service; resolved to members periodically.
+    dns: str | None = None
+    models: tuple[str, ...] = ("*",)
+    # model -> routing weight in this pool (canary); absent models weigh 1.0
+    weights: dict[str, float] = Field(default_factory=dict)
+    # requests the pool can have in flight per member before it is saturated
+    capacity_per_member: int = Field(8, ge=1)
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in value.items() if v < 0}
+        if bad:
+            raise ValueError(f"weights must be >= 0: {bad}")
+        return value
+
+    def serves(self, model: str) -> bool:
+        return "*" in self.models or model in self.models
+
+    def weight(self, model: str) -> float:
+        return self.weights.get(model, 1.0)
+
+
+class PoolsFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    pools: tuple[PoolSpec, ...]
+
+
+def load_pools(path: Path) -> tuple[PoolSpec, ...]:
+    data = yaml.safe_load(path.read_text()) or {}
+    return PoolsFile.model_validate(data).pools
+
+
+@dataclass(eq=False)
+class PoolMember:
+    """Live state of one member, owned by the data plane's event loop."""
+
+    pool: str
+    spec: MemberSpec
+    in_flight: int = 0
+    upstream_queue: int = 0  # nv_inference_pending_request_count summed over models
+    queue_scraped_at: float = float("-inf")
+    healthy: bool = True
+    ejected_until: float = 0.0
+    consecutive_failures: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.spec.key
+
+    def available(self, now: float) -> bool:
+        return self.healthy and now >= self.ejected_until
+
+
+@dataclass
+class Pool:
+    spec: PoolSpec
+    members: list[PoolMember] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def capacity(self) -> int:
+        return self.spec.capacity_per_member * max(1, len(self.members))
+
+
+def build_pools(specs: Iterable[PoolSpec]) -> list[Pool]:
+    pools = []
+    for spec in specs:
+        pools.append(Pool(spec, [PoolMember(spec.name, m) for m in spec.members]))
+    return pools
+
+
+def pools_for_model(pools: Sequence[Pool], model: str) -> list[Pool]:
+    return [p for p in pools if p.spec.serves(model) and p.spec.weight(model) > 0]

@@ -1,0 +1,66 @@
+"""Active probes: each member's readiness and queue depth, refreshed periodically.
+
+Readiness comes from ``/v2/health/ready`` on the member's HTTP port; queue depth is the
+sum of ``nv_inference_pending_request_count`` over the member's models, scraped from its
+metrics port. The router treats a scrape older than its staleness bound as absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.dataplane import DataPlane
+from gateway.pools import PoolMember
+
+log = logging.getLogger(__name__)
+PENDING = "nv_inference_pending_request_count"
+
+
+def pending_requests(metrics_text: str) -> int:
+    total = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == PENDING:
+            total += sum(sample.value for sample in family.samples)
+    return int(total)
+
+
+async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: PoolMember) -> None:
+    spec = member.spec
+    try:
+        ready = await client.get(f"http://{spec.host}:{spec.http_port}/v2/health/ready")
+        healthy = ready.status_code == 200
+    except httpx.HTTPError:
+        healthy = False
+    was_healthy = member.healthy
+    member.healthy = healthy
+    if healthy and not was_healthy:
+        # A member back from the dead gets traffic at once, not after its back-off.
+        member.ejected_until = 0.0
+        member.consecutive_failures = 0
+        log.info("member %s/%s is healthy again", member.pool, member.key)
+    elif was_healthy and not healthy:
+        log.warning("member %s/%s failed its health check", member.pool, member.key)
+    metrics = dataplane.metrics
+    metrics.member_healthy.labels(member.pool, member.key).set(
+        1 if member.available(dataplane.clock()) else 0
+    )
+    if not healthy:
+        return
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        resp = await client.get(f"http://{spec.host}:{spec.metrics_port}/metrics")
+        member.upstream_queue = pending_requests(resp.text)
+        member.queue_scraped_at = dataplane.clock()
+        metrics.member_queue.labels(member.pool, member.key).set(member.upstream_queue)
+
+
+async def probe_forever(dataplane: DataPlane, interval_s: float) -> None:
+    async with httpx.AsyncClient(timeout=max(0.5, interval_s), trust_env=False) as client:
+        while True:
+            await asyncio.gather(*(probe_member(client, dataplane, m) for m in dataplane.members()))
+            dataplane.update_saturation()
+            await asyncio.sleep(interval_s)

@@ -1,0 +1,94 @@
+"""``infergate``: one command line for the whole platform.
+
+- ``infergate up``: the local stack (``make run``): sample model, Triton, gateway, scheduler.
+- ``infergate gateway serve``: the gateway over pools declared in YAML.
+- ``infergate schedule ...``: MIG placement (plan, apply, simulate, serve).
+- ``infergate sample build``: export the EfficientNet-Lite0 sample into a model repository.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import typer
+
+from gateway.cli import app as gateway_app
+
+app = typer.Typer(
+    help="infergate: a Triton inference gateway, model converter and MIG scheduler.",
+    no_args_is_help=True,
+)
+app.add_typer(gateway_app, name="gateway")
+
+sample_app = typer.Typer(help="The bundled sample model (EfficientNet-Lite0).", no_args_is_help=True)
+app.add_typer(sample_app, name="sample")
+
+
+def _mount_optional(module: str, name: str) -> None:
+    """Sub-commands whose package may be absent from a slimmed-down image."""
+    try:
+        sub = importlib.import_module(module).app
+    except ImportError:
+        return
+    app.add_typer(sub, name=name)
+
+
+_mount_optional("scheduler.cli", "schedule")
+try:  # `infergate convert SOURCE ...` (the converter pipeline)
+    from converters.cli import convert_command
+
+    app.command("convert")(convert_command)
+except ImportError:
+    pass
+
+
+@sample_app.command("build")
+def sample_build(
+    repo: Path = typer.Option(Path("model_repo"), help="Triton model repository."),
+) -> None:
+    """Export EfficientNet-Lite0 (real ImageNet weights) to ONNX and publish it (if absent)."""
+    from converters.samples import build_sample_model
+
+    written = build_sample_model(repo)
+    if written is None:
+        typer.echo(f"sample model already present in {repo}")
+    else:
+        typer.echo(f"wrote {written.path} version {written.version}")
+
+
+@app.command()
+def up(
+    repo: Path = typer.Option(Path("model_repo"), help="Triton model repository."),
+    runtime_env: Path = typer.Option(
+        Path(".venv-triton"), help="Venv with nvidia-pytriton, onnxruntime, numpy<2."
+    ),
+    host: str = typer.Option("127.0.0.1", help="Address the gateway binds."),
+    http_port: int = typer.Option(8000, help="Gateway HTTP port."),
+    grpc_port: int = typer.Option(8001, help="Gateway gRPC port."),
+    scheduler_port: int = typer.Option(8010, help="Scheduler service port (0 = off)."),
+    model: list[str] = typer.Option([], help="Models to load (default: all in the repo)."),
+    log_dir: Path = typer.Option(Path(".run"), help="Where Triton's log is written."),
+) -> None:
+    """Start Triton + gateway + scheduler locally and print where to point a client.
+
+    Ctrl-C (or SIGTERM) stops everything; no Triton process is left behind.
+    """
+    from infergate.stack import LocalStackSettings, run_local_stack
+
+    run_local_stack(
+        LocalStackSettings(
+            repo=repo,
+            runtime_env=runtime_env,
+            host=host,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            scheduler_port=scheduler_port,
+            models=tuple(model),
+            log_dir=log_dir,
+        )
+    )
+
+
+if __name__ == "__main__":
+    app()

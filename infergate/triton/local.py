@@ -1,0 +1,314 @@
+"""Run a real ``tritonserver`` (from the ``nvidia-pytriton`` wheel) as a child process.
+
+The server runs from a separate *runtime environment* (a venv holding
+``nvidia-pytriton``, ``onnxruntime`` and ``numpy<2``): Triton's Python-backend stub
+imports the ``python3`` first on ``PATH`` when the server starts, and with numpy 2 every
+response fails with "output tensor shape does not match size of output". Production
+Triton images keep the model runtime apart from the services in the same way.
+
+Lifecycle guarantees:
+- the server gets its own process group and ``PR_SET_PDEATHSIG``: if we die, it dies;
+- ``stop()`` sends SIGTERM, waits, then SIGKILLs the whole group (server + stubs);
+- start-up failures raise :class:`TritonStartupError` quoting the end of Triton's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class TritonStartupError(RuntimeError):
+    """tritonserver could not be started or did not become ready."""
+
+
+@dataclass(frozen=True)
+class TritonSettings:
+    """How to start one local Triton server. Ports of 0 are replaced by free ones."""
+
+    model_repository: Path
+    runtime_env: Path
+    log_file: Path
+    models: Sequence[str] = ()
+    host: str = "127.0.0.1"
+    http_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    startup_timeout_s: float = 180.0
+    stop_timeout_s: float = 20.0
+    extra_args: Sequence[str] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class TritonEndpoints:
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the caller binds it soon after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def runtime_site_packages(runtime_env: Path) -> Path:
+    matches = sorted(runtime_env.glob("lib/python3*/site-packages"))
+    if not matches:
+        raise TritonStartupError(
+            f"no Python runtime environment at {runtime_env}: run 'make runtime' "
+            "(creates it from infergate/triton/runtime-requirements.txt)"
+        )
+    return matches[0]
+
+
+def locate_tritonserver(runtime_env: Path) -> tuple[Path, Path]:
+    """Return (binary, backends directory) inside the runtime env's pytriton wheel."""
+    root = runtime_site_packages(runtime_env) / "pytriton" / "tritonserver"
+    binary = root / "bin" / "tritonserver"
+    if not binary.is_file():
+        raise TritonStartupError(
+            f"tritonserver binary not found at {binary}: install nvidia-pytriton into "
+            f"{runtime_env} ('make runtime')"
+        )
+    return binary, root / "backends"
+
+
+def install_python_stub(runtime_env: Path) -> None:
+    """Put the Python-backend stub for the runtime's Python next to libtriton_python.so."""
+    root = runtime_site_packages(runtime_env) / "pytriton" / "tritonserver"
+    python_dir = root / "backends" / "python"
+    target = python_dir / "triton_python_backend_stub"
+    py_tag = runtime_site_packages(runtime_env).parent.name.removeprefix("python")
+    source = root / "python_backend_stubs" / py_tag / "triton_python_backend_stub"
+    if not source.is_file():
+        raise TritonStartupError(f"no Python-backend stub for Python {py_tag} at {source}")
+    if target.is_file() and target.stat().st_size == source.stat().st_size:
+        return
+    tmp = target.with_suffix(".tmp")
+    shutil.copy2(source, tmp)
+    os.replace(tmp, target)
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the child gets SIGKILL when the process that started it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _become_subreaper() -> None:
+    """Orphaned Python-backend stubs get reparented to us (not init), so we can reap them."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def process_group_members(pgid: int) -> list[int]:
+    """PIDs whose process group is ``pgid`` (read from /proc)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                pids.append(int(stat.parent.name))
+    return pids
+
+
+def _reap(pids: list[int], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = set(pids)
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pending.discard(pid)  # not ours to reap (or already reaped)
+                continue
+            if done:
+                pending.discard(pid)
+        if pending:
+            time.sleep(0.05)
+
+
+def _log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log written)"
+    interesting = [ln for ln in text if not _is_gpu_noise(ln)]
+    # Triton prints a big options table at exit; its E-lines say what actually failed.
+    errors = [ln for ln in interesting if ln.startswith("E") or "failed to load" in ln]
+    return "\n".join((errors or interesting)[-lines:]) or "(log empty)"
+
+
+def _is_gpu_noise(line: str) -> bool:
+    """CPU-only hosts log CUDA/NVML/DCGM warnings that never explain a failure."""
+    return any(s in line for s in ("CUDA", "cuda", "NVML", "DCGM", "libnvidia"))
+
+
+class LocalTriton:
+    """A tritonserver child process. Use as a context manager, or call start()/stop()."""
+
+    def __init__(self, settings: TritonSettings) -> None:
+        self.settings = settings
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.endpoints: TritonEndpoints | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> TritonEndpoints:
+        s = self.settings
+        binary, backends = locate_tritonserver(s.runtime_env)
+        install_python_stub(s.runtime_env)
+        if not s.model_repository.is_dir():
+            raise TritonStartupError(f"model repository {s.model_repository} does not exist")
+        ports = [p or free_port(s.host) for p in (s.http_port, s.grpc_port, s.metrics_port)]
+        self._check_ports_free(ports)
+        self.endpoints = TritonEndpoints(s.host, *ports)
+        s.log_file.parent.mkdir(parents=True, exist_ok=True)
+        s.log_file.write_text("")
+        cmd = [
+            str(binary),
+            f"--model-repository={s.model_repository.resolve()}",
+            f"--backend-directory={backends}",
+            "--model-control-mode=explicit",
+            *[f"--load-model={m}" for m in s.models],
+            f"--http-address={s.host}",
+            f"--http-port={ports[0]}",
+            f"--grpc-address={s.host}",
+            f"--grpc-port={ports[1]}",
+            f"--metrics-address={s.host}",
+            f"--metrics-port={ports[2]}",
+            "--allow-cpu-metrics=true",
+            "--exit-on-error=true",
+            "--strict-readiness=true",
+            f"--log-file={s.log_file.resolve()}",
+            *s.extra_args,
+        ]
+        env = dict(os.environ)
+        # The stub runs as the first python3 on PATH: make that the runtime env's.
+        env["PATH"] = f"{s.runtime_env.resolve() / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(s.runtime_env.resolve())
+        env.pop("PYTHONPATH", None)
+        env.pop("PYTHONHOME", None)
+        _become_subreaper()
+        self._proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self.endpoints
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        pgid = proc.pid
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.settings.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever is left of the group (the server if it hung, Python-backend stubs).
+        leftovers = process_group_members(pgid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        _reap(leftovers)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def __enter__(self) -> LocalTriton:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- helpers -----------------------------------------------------------------------
+    def log_tail(self, lines: int = 25) -> str:
+        return _log_tail(self.settings.log_file, lines)
+
+    def _check_ports_free(self, ports: list[int]) -> None:
+        for port in ports:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                if sock.connect_ex((self.settings.host, port)) == 0:
+                    raise TritonStartupError(
+                        f"port {self.settings.host}:{port} is already in use; choose another "
+                        "port or pass 0 for a free one"
+                    )
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None and self.endpoints is not None
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        url = f"http://{self.endpoints.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            code = self._proc.poll()
+            if code is not None:
+                raise TritonStartupError(
+                    f"tritonserver exited with status {code} during start-up "
+                    f"(log {self.settings.log_file}):\n{self.log_tail()}"
+                )
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                with urllib.request.urlopen(url, timeout=1) as resp:  # noqa: S310 (loopback)
+                    if resp.status == 200:
+                        return
+            time.sleep(0.2)
+        raise TritonStartupError(
+            f"tritonserver not ready after {self.settings.startup_timeout_s:.0f} s "
+            f"(log {self.settings.log_file}):\n{self.log_tail()}"
+        )
+
+
+@contextlib.contextmanager
+def local_triton(settings: TritonSettings) -> Iterator[LocalTriton]:
+    server = LocalTriton(settings)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,100 @@
+"""Generic ONNX Runtime model for Triton's Python backend.
+
+Copied as ``<model>/<version>/model.py`` next to ``model.onnx`` by the converter, so each
+version carries the exact runtime code it was verified with. Runs inside the Triton
+Python-backend stub (numpy<2, onnxruntime); it must not import anything from infergate.
+
+- Input/output names and dtypes come from the model config (config.pbtxt).
+- A dynamic batch (several requests) is executed in one ONNX Runtime call: requests whose
+  non-batch shapes agree are concatenated along axis 0, run once, and split back.
+- Config parameters: ``intra_op_threads`` (0 = ONNX Runtime's default),
+  ``onnx_model_filename`` (default ``model.onnx``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+def _param(config: dict[str, Any], key: str, default: str) -> str:
+    value = config.get("parameters", {}).get(key, {}).get("string_value")
+    return value if value not in (None, "") else default
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        # Not default_model_filename: Triton fills that with "model.py" for this backend.
+        filename = _param(config, "onnx_model_filename", "model.onnx")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(_param(config, "intra_op_threads", "0"))
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(
+            os.path.join(version_dir, filename), options, providers=["CPUExecutionProvider"]
+        )
+        self.batched = int(config.get("max_batch_size", 0)) > 0
+        self.inputs = [
+            (i["name"], pb_utils.triton_string_to_numpy(i["data_type"])) for i in config["input"]
+        ]
+        self.outputs = [
+            (o["name"], pb_utils.triton_string_to_numpy(o["data_type"])) for o in config["output"]
+        ]
+        session_inputs = {i.name for i in self.session.get_inputs()}
+        missing = [name for name, _ in self.inputs if name not in session_inputs]
+        if missing:
+            raise pb_utils.TritonModelException(
+                f"config inputs {missing} are not inputs of {filename} "
+                f"(model has {sorted(session_inputs)})"
+            )
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        responses: list[Any] = [None] * len(requests)
+        groups: dict[tuple[Any, ...], list[tuple[int, dict[str, np.ndarray]]]] = defaultdict(list)
+        for index, request in enumerate(requests):
+            feeds = {}
+            for name, dtype in self.inputs:
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                feeds[name] = tensor.as_numpy().astype(dtype, copy=False)
+            key = tuple((n, a.shape[1:] if self.batched else a.shape) for n, a in feeds.items())
+            groups[key if self.batched else (index,)].append((index, feeds))
+        for members in groups.values():
+            self._run_group(members, responses)
+        return responses
+
+    def _run_group(
+        self, members: list[tuple[int, dict[str, np.ndarray]]], responses: list[Any]
+    ) -> None:
+        names = [name for name, _ in self.inputs]
+        if len(members) == 1:
+            feeds = members[0][1]
+        else:
+            feeds = {n: np.concatenate([m[1][n] for m in members], axis=0) for n in names}
+        try:
+            results = self.session.run([name for name, _ in self.outputs], feeds)
+        except Exception as exc:  # noqa: BLE001 - reported to the client, not raised
+            for index, _ in members:
+                responses[index] = pb_utils.InferenceResponse(
+                    output_tensors=[], error=pb_utils.TritonError(f"onnxruntime: {exc}")
+                )
+            return
+        offset = 0
+        for index, feeds_one in members:
+            size = next(iter(feeds_one.values())).shape[0] if self.batched else 0
+            tensors = []
+            for (name, dtype), value in zip(self.outputs, results, strict=True):
+                part = value[offset : offset + size] if self.batched else value
+                tensors.append(pb_utils.Tensor(name, np.ascontiguousarray(part, dtype=dtype)))
+            offset += size
+            responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def finalize(self) -> None:
+        self.session = None

@@ -1,0 +1,65 @@
+"""Shared fixtures: a real sample model, a real tritonserver, a real gateway process.
+
+Every process is started on free loopback ports and stopped in a ``finally``; the
+session ends by checking that no tritonserver or Python-backend stub of ours is left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from converters.samples import SAMPLE_MODEL_NAME, build_sample_model
+from infergate.triton.local import LocalTriton, TritonSettings
+from tests.procs import ROOT, GatewayProcess, pools_yaml, run_gateway, triton_processes
+
+RUNTIME_ENV = ROOT / ".venv-triton"
+
+
+@pytest.fixture(scope="session")
+def sample_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model repository holding the EfficientNet-Lite0 sample (exported once)."""
+    repo = tmp_path_factory.mktemp("repo") / "model_repo"
+    build_sample_model(repo)
+    return repo
+
+
+def triton_settings(repo: Path, log_dir: Path, *models: str) -> TritonSettings:
+    return TritonSettings(
+        model_repository=repo,
+        runtime_env=RUNTIME_ENV,
+        log_file=log_dir / "triton.log",
+        models=models,
+    )
+
+
+@pytest.fixture(scope="session")
+def triton(sample_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    server = LocalTriton(
+        triton_settings(sample_repo, tmp_path_factory.mktemp("triton"), SAMPLE_MODEL_NAME)
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway(triton: LocalTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    assert triton.endpoints is not None
+    tmp = tmp_path_factory.mktemp("gateway")
+    pools = pools_yaml(tmp / "pools.yaml", {"local": [triton.endpoints]})
+    with run_gateway(pools, tmp) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    # Every repository the tests serve lives under this session's base temp dir.
+    marker = str(tmp_path_factory.getbasetemp())
+    yield
+    left = triton_processes(marker=marker)
+    assert not left, f"tritonserver processes left behind: {left}"
