@@ -119,10 +119,14 @@ def install_python_stub(runtime_env: Path) -> None:
 
 
 def _die_with_parent() -> None:
-    """preexec_fn: the child gets SIGKILL when the process that started it dies."""
+    """preexec_fn: the server gets SIGTERM when the process that started it dies.
+
+    SIGTERM, not SIGKILL: on SIGTERM tritonserver unloads its models and so stops its
+    Python-backend stubs; a SIGKILLed server leaves its stubs running as orphans.
+    """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _become_subreaper() -> None:
@@ -208,6 +212,7 @@ class LocalTriton:
             f"--metrics-port={ports[2]}",
             "--allow-cpu-metrics=true",
             "--exit-on-error=true",
+            "--exit-timeout-secs=10",
             "--strict-readiness=true",
             f"--log-file={s.log_file.resolve()}",
             *s.extra_args,

@@ -1,0 +1,136 @@
+"""The local Triton runtime: real tritonserver processes, started and always stopped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from converters.samples import SAMPLE_MODEL_NAME
+from infergate.triton.local import LocalTriton, TritonSettings, TritonStartupError
+from tests.conftest import RUNTIME_ENV, triton_settings
+from tests.procs import ROOT, triton_processes, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def own_repo(sample_repo: Path, tmp_path: Path) -> Path:
+    """A private copy of the sample repository (its path marks this test's processes)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(sample_repo, repo)
+    return repo
+
+
+def test_local_triton_serves_and_leaves_no_process_when_stopped(own_repo: Path,
+                                                                tmp_path: Path) -> None:
+    server = LocalTriton(triton_settings(own_repo, tmp_path, SAMPLE_MODEL_NAME))
+    with server:
+        assert server.running()
+        # the Python-backend stub runs beside the server
+        assert any("triton_python_backend_stub" in p for p in triton_processes(str(own_repo)))
+    assert not server.running()
+    assert triton_processes(str(own_repo)) == []
+
+
+def test_local_triton_reports_port_in_use_when_port_taken(own_repo: Path, tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        settings = TritonSettings(
+            model_repository=own_repo, runtime_env=RUNTIME_ENV,
+            log_file=tmp_path / "t.log", http_port=port,
+        )
+        with pytest.raises(TritonStartupError, match=f"port 127.0.0.1:{port} is already in use"):
+            LocalTriton(settings).start()
+    assert triton_processes(str(own_repo)) == []
+
+
+def test_local_triton_quotes_log_when_model_fails_to_load(own_repo: Path, tmp_path: Path) -> None:
+    (own_repo / SAMPLE_MODEL_NAME / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    with pytest.raises(TritonStartupError) as info:
+        LocalTriton(triton_settings(own_repo, tmp_path, SAMPLE_MODEL_NAME)).start()
+    message = str(info.value)
+    assert "exited with status" in message
+    assert "failed to load" in message and SAMPLE_MODEL_NAME in message
+    assert "Protobuf parsing failed" in message  # Triton's own words, quoted from its log
+    assert triton_processes(str(own_repo)) == []
+
+
+def test_local_triton_names_runtime_env_when_binary_missing(own_repo: Path, tmp_path: Path) -> None:
+    settings = TritonSettings(model_repository=own_repo, runtime_env=tmp_path / "no-such-venv",
+                              log_file=tmp_path / "t.log")
+    with pytest.raises(TritonStartupError, match="no-such-venv"):
+        LocalTriton(settings).start()
+
+
+def test_local_triton_dies_with_parent_when_parent_killed(own_repo: Path, tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(ROOT)!r})
+        from infergate.triton.local import LocalTriton, TritonSettings
+        s = TritonSettings(model_repository=Path({str(own_repo)!r}),
+                           runtime_env=Path({str(RUNTIME_ENV)!r}),
+                           log_file=Path({str(tmp_path / 't.log')!r}),
+                           models=({SAMPLE_MODEL_NAME!r},))
+        LocalTriton(s).start()
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == b"ready"
+        assert triton_processes(str(own_repo))
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        assert wait_until(lambda: not triton_processes(str(own_repo)), 30), (
+            triton_processes(str(own_repo))
+        )
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_infergate_up_stops_everything_when_signalled(
+    own_repo: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    from infergate.triton.local import free_port
+
+    http_port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infergate.cli", "up", "--repo", str(own_repo),
+         "--runtime-env", str(RUNTIME_ENV), "--http-port", str(http_port),
+         "--grpc-port", str(free_port()), "--scheduler-port", "0", "--log-dir", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    output = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            output.append(line)
+            if line.startswith("Ctrl-C stops everything"):
+                break
+        text = "".join(output)
+        assert "infergate is up." in text, text
+        assert "First prediction (efficientnet_lite0" in text
+        first = text.split("bundled cat photo): ")[1].split(" ")[0]
+        assert int(first) in range(281, 286)
+        proc.send_signal(sig)
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, rest
+        assert "stopped Triton, gateway and scheduler" in rest
+        assert triton_processes(str(own_repo)) == []
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,53 @@
+"""The generic ONNX Runtime model batches concurrent requests and splits results back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as httpclient
+
+from converters.samples import INPUT_NAME, OUTPUT_NAME, SAMPLE_MODEL_NAME
+from infergate.triton.local import LocalTriton
+
+pytestmark = pytest.mark.integration
+
+
+def _stats(client: httpclient.InferenceServerClient) -> tuple[int, int]:
+    stats = client.get_inference_statistics(SAMPLE_MODEL_NAME)["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def test_python_backend_splits_dynamic_batch_per_request_when_requests_concurrent(
+    triton: LocalTriton, sample_repo: Path
+) -> None:
+    assert triton.endpoints is not None
+    rng = np.random.default_rng(1)
+    # different batch sizes per request, so a wrong split shows up as a shape/value error
+    inputs = [rng.normal(size=(1 + i % 3, 3, 224, 224)).astype(np.float32) for i in range(12)]
+    session = ort.InferenceSession(
+        str(sample_repo / SAMPLE_MODEL_NAME / "1" / "model.onnx"),
+        providers=["CPUExecutionProvider"],
+    )
+    expected = [session.run([OUTPUT_NAME], {INPUT_NAME: x})[0] for x in inputs]
+    client = httpclient.InferenceServerClient(triton.endpoints.http_url, concurrency=12)
+    before = _stats(client)
+
+    def send(x: np.ndarray) -> httpclient.InferAsyncRequest:
+        inp = httpclient.InferInput(INPUT_NAME, list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        return client.async_infer(SAMPLE_MODEL_NAME, [inp])
+
+    pending = [send(x) for x in inputs]  # all in flight at once (gevent pool of 12)
+    results = [p.get_result().as_numpy(OUTPUT_NAME) for p in pending]
+    after = _stats(client)
+    client.close()
+    for got, want in zip(results, expected, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    inferences, executions = after[0] - before[0], after[1] - before[1]
+    assert inferences == sum(x.shape[0] for x in inputs)
+    # the dynamic batcher merged requests: fewer model executions than requests
+    assert executions < len(inputs)
