@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from gateway.pools import load_pools
+from gateway.pools import load_gateway_config
 from gateway.server import GatewaySettings, serve
 
 app = typer.Typer(help="The KServe v2 / Triton-compatible gateway.", no_args_is_help=True)
@@ -21,7 +21,10 @@ def _group() -> None:
 
 @app.command("serve")
 def serve_command(
-    pools: Path = typer.Option(..., exists=True, dir_okay=False, help="pools.yaml"),
+    pools: Path = typer.Option(
+        ..., exists=True, dir_okay=False,
+        help="YAML: pools (members or DNS), optional model policies and rate limits.",
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 in a container)."),
     http_port: int = typer.Option(8000, help="HTTP (KServe v2 REST) port."),
     grpc_port: int = typer.Option(8001, help="gRPC (inference.GRPCInferenceService) port."),
@@ -39,4 +42,4 @@ def serve_command(
         drain_timeout_s=drain_timeout,
         log_level=log_level,
     )
-    asyncio.run(serve(settings, load_pools(pools)))
+    asyncio.run(serve(settings, load_gateway_config(pools)))

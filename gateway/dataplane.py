@@ -1,10 +1,10 @@
 """The transport-free core of the gateway.
 
 ``DataPlane.forward`` is what both the HTTP and the gRPC adapters call for every model
-request: it resolves the pools serving the model, picks a member with the routing
-policy, tracks in-flight counts, retries an idempotent request once on another member
-when the first fails with :class:`Unavailable`, and records metrics. The adapters supply
-the actual upstream call (bytes in, bytes out) as a coroutine taking the chosen member.
+request. In order: the API key's rate limit, the model's admission gate (concurrency +
+bounded queue), the routing policy's choice of member, the upstream call supplied by the
+adapter (bytes in, bytes out), one retry on another member when the first fails with
+:class:`Unavailable`, passive ejection of the failed member, and metrics.
 
 This module imports neither ``fastapi`` nor ``grpc``.
 """
@@ -15,11 +15,12 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from gateway.errors import GatewayError, ModelNotFound, Unavailable
+from gateway.admission import AdmissionGate, RateLimit, RateLimiter
+from gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, Unavailable
 from gateway.metrics import GatewayMetrics
-from gateway.pools import Pool, PoolMember, pools_for_model
+from gateway.pools import GatewayConfig, Pool, PoolMember, pools_for_model
 from gateway.routing import RoutingPolicy
 
 T = TypeVar("T")
@@ -28,9 +29,22 @@ UpstreamCall = Callable[[PoolMember], Awaitable[T]]
 
 
 @dataclass(frozen=True)
+class RequestOptions:
+    """What the transports extract from a request besides its bytes."""
+
+    deadline_s: float | None = None  # seconds left for the client, None = no deadline
+    api_key: str | None = None
+    traffic: str = "user"  # "warmup" for synthetic keep-warm requests
+
+
+NO_OPTIONS = RequestOptions()
+
+
+@dataclass(frozen=True)
 class EjectionPolicy:
     """Passive outlier ejection: after ``failures`` consecutive connection failures a
-    member sits out ``base_s * 2**k`` seconds (capped), then gets traffic again."""
+    member sits out ``base_s * 2**k`` seconds (capped), then gets traffic again; a
+    passing health check brings it back at once."""
 
     failures: int = 1
     base_s: float = 1.0
@@ -42,7 +56,18 @@ class EjectionPolicy:
 
 
 @dataclass
+class ModelRoute:
+    """Per-model state cached on first use: its pools, admission gate, metric children."""
+
+    model: str
+    pools: list[Pool]
+    gate: AdmissionGate
+    children: dict[tuple[str, ...], Any] = field(default_factory=dict)
+
+
+@dataclass
 class DataPlane:
+    config: GatewayConfig
     pools: list[Pool]
     metrics: GatewayMetrics
     policy: RoutingPolicy = field(default_factory=RoutingPolicy)
@@ -50,13 +75,32 @@ class DataPlane:
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
     draining: bool = False
+    routes: dict[str, ModelRoute] = field(default_factory=dict)
+    rate_limiter: RateLimiter = field(init=False)
+
+    def __post_init__(self) -> None:
+        limits = self.config.rate_limits
+        self.rate_limiter = RateLimiter(
+            RateLimit(limits.default.rate_per_s, limits.default.burst) if limits.default else None,
+            {k: RateLimit(v.rate_per_s, v.burst) for k, v in limits.keys.items()},
+            clock=self.clock,
+        )
 
     # -- lookups -----------------------------------------------------------------------
-    def pools_for(self, model: str) -> list[Pool]:
-        pools = pools_for_model(self.pools, model)
-        if not pools:
-            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
-        return pools
+    def route(self, model: str) -> ModelRoute:
+        route = self.routes.get(model)
+        if route is None:
+            pools = pools_for_model(self.pools, model)
+            if not pools:
+                raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+            policy = self.config.models.get(model)
+            capacity = sum(p.capacity for p in pools)
+            concurrency = (policy and policy.max_concurrency) or capacity
+            queue = policy.max_queue if policy and policy.max_queue is not None else int(
+                concurrency * self.config.queue_factor
+            )
+            route = self.routes[model] = ModelRoute(model, pools, AdmissionGate(concurrency, queue))
+        return route
 
     def members(self) -> list[PoolMember]:
         return [m for p in self.pools for m in p.members]
@@ -75,48 +119,74 @@ class DataPlane:
         call: UpstreamCall[T],
         *,
         protocol: str,
-        idempotent: bool = True,
-        outcome: Callable[[T], str] = lambda _: "success",
-        traffic: str = "user",
+        options: RequestOptions = NO_OPTIONS,
+        outcome: Callable[[T], str] | None = None,
+        metered: bool = True,
     ) -> T:
-        pools = self.pools_for(model)
-        tried: list[str] = []
+        """Admit, route and run ``call``; ``metered=False`` skips admission and metrics
+        (metadata and config calls)."""
+        route = self.route(model)
         started = self.clock()
-        attempts = 2 if idempotent else 1
-        for attempt in range(attempts):
-            member = self.policy.choose(pools, model, self.clock(), self.rng, exclude=tried)
+        if not metered:
+            return (await self._attempts(route, call, protocol, options))[0]
+        try:
+            self.rate_limiter.check(options.api_key)
+            if options.deadline_s is not None and options.deadline_s <= 0:
+                raise DeadlineExceeded("deadline exceeded before the request was admitted")
+            if not route.gate.try_acquire():
+                await self._queue(route, options)
+        except GatewayError as err:
+            self._count(route, "-", protocol, _outcome_name(err), options.traffic)
+            self._child(route, ("rejected", _outcome_name(err))).inc()
+            raise
+        try:
+            result, pool = await self._attempts(route, call, protocol, options)
+        finally:
+            route.gate.release()
+        self._count(route, pool, protocol, outcome(result) if outcome else "success",
+                    options.traffic)
+        self._child(route, ("latency", pool, protocol, options.traffic)).observe(
+            self.clock() - started
+        )
+        return result
+
+    async def _queue(self, route: ModelRoute, options: RequestOptions) -> None:
+        queued = self._child(route, ("queued",))
+        queued.inc()
+        try:
+            await route.gate.acquire(options.deadline_s, retry_after_s=1.0)
+        finally:
+            queued.dec()
+
+    async def _attempts(self, route: ModelRoute, call: UpstreamCall[T], protocol: str,
+                        options: RequestOptions) -> tuple[T, str]:
+        tried: list[str] = []
+        for attempt in range(2):  # inference is idempotent: one retry on another member
+            member = self.policy.choose(route.pools, route.model, self.clock(), self.rng, tried)
             if member is None:
-                self._count(model, "-", protocol, "unavailable", traffic)
-                raise Unavailable(f"no healthy Triton member serves model '{model}'")
+                if tried:
+                    break
+                self._count(route, "-", protocol, "unavailable", options.traffic)
+                raise Unavailable(f"no healthy Triton member serves model '{route.model}'")
             tried.append(member.key)
+            gauge = self._child(route, ("in_flight", member.pool))
+            member.in_flight += 1
+            gauge.inc()
             try:
-                result = await self._call_member(member, model, call)
+                result = await call(member)
             except Unavailable:
                 self._record_failure(member)
-                if attempt + 1 < attempts:
+                if attempt == 0:
                     continue
-                self._count(model, member.pool, protocol, "unavailable", traffic)
+                self._count(route, member.pool, protocol, "unavailable", options.traffic)
                 raise
-            except GatewayError as err:
-                self._count(model, member.pool, protocol, type(err).__name__.lower(), traffic)
-                raise
+            finally:
+                member.in_flight -= 1
+                gauge.dec()
             member.consecutive_failures = 0
-            self._count(model, member.pool, protocol, outcome(result), traffic)
-            self.metrics.latency.labels(model, member.pool, protocol, traffic).observe(
-                self.clock() - started
-            )
-            return result
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _call_member(self, member: PoolMember, model: str, call: UpstreamCall[T]) -> T:
-        gauge = self.metrics.in_flight.labels(model, member.pool)
-        member.in_flight += 1
-        gauge.inc()
-        try:
-            return await call(member)
-        finally:
-            member.in_flight -= 1
-            gauge.dec()
+            return result, member.pool
+        self._count(route, "-", protocol, "unavailable", options.traffic)
+        raise Unavailable(f"all members serving '{route.model}' failed ({', '.join(tried)})")
 
     def _record_failure(self, member: PoolMember) -> None:
         member.consecutive_failures += 1
@@ -127,8 +197,24 @@ class DataPlane:
             )
             self.metrics.member_healthy.labels(member.pool, member.key).set(0)
 
-    def _count(self, model: str, pool: str, protocol: str, outcome: str, traffic: str) -> None:
-        self.metrics.requests.labels(model, pool, protocol, outcome, traffic).inc()
+    def _child(self, route: ModelRoute, key: tuple[str, ...]) -> Any:
+        """Metric children cached per model: ``labels()`` is too slow for the hot path."""
+        child = route.children.get(key)
+        if child is None:
+            kind, *rest = key
+            m = self.metrics
+            child = route.children[key] = {
+                "in_flight": lambda: m.in_flight.labels(route.model, *rest),
+                "latency": lambda: m.latency.labels(route.model, *rest),
+                "queued": lambda: m.queued.labels(route.model),
+                "rejected": lambda: m.rejected.labels(route.model, *rest),
+                "requests": lambda: m.requests.labels(route.model, *rest),
+            }[kind]()
+        return child
+
+    def _count(self, route: ModelRoute, pool: str, protocol: str, outcome: str,
+               traffic: str) -> None:
+        self._child(route, ("requests", pool, protocol, outcome, traffic)).inc()
 
     # -- server-level calls ------------------------------------------------------------
     def any_member(self, pools: Sequence[Pool] | None = None) -> PoolMember:
@@ -143,3 +229,11 @@ class DataPlane:
         for pool in self.pools:
             load = sum(m.in_flight + m.upstream_queue for m in pool.members)
             self.metrics.saturation.labels(pool.name).set(load / pool.capacity)
+
+
+def _outcome_name(error: GatewayError) -> str:
+    return {
+        "Overloaded": "rejected",
+        "DeadlineExceeded": "deadline",
+        "Unavailable": "unavailable",
+    }.get(type(error).__name__, "error")

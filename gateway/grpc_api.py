@@ -1,46 +1,110 @@
 """gRPC adapter: ``inference.GRPCInferenceService`` (Triton's service) over the data plane.
 
-The servicer base class and messages come from ``tritonclient.grpc``. Model calls are
-forwarded on one persistent channel per member, so a single client connection to the
-gateway still spreads its requests over every member. Triton's own status codes and
-messages are relayed unchanged; connection failures become :class:`Unavailable` (and
-so a retry on another member).
+The servicer base class, the method table and the messages come from
+``tritonclient.grpc``. One thing is changed on the hot path: ``ModelInfer`` requests and
+responses travel as raw bytes. The gateway reads only the model name (field 1) from the
+request with a tiny wire-format scan and forwards the bytes untouched: decoding and
+re-encoding a request with megabytes of ``raw_input_contents`` costs more than the
+rest of the proxy.
+
+One persistent channel per member: a single client connection to the gateway still
+spreads its requests over every member. Triton's own status codes and messages are
+relayed unchanged; connection failures become :class:`Unavailable` (so, a retry on
+another member).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from gateway.dataplane import DataPlane
-from gateway.errors import GatewayError, Unavailable, grpc_status_name
+from gateway.control import ModelControl
+from gateway.dataplane import DataPlane, RequestOptions
+from gateway.errors import GatewayError, InvalidInput, Unavailable, Unsupported, grpc_status_name
 from gateway.pools import PoolMember
 
+SERVICE = "inference.GRPCInferenceService"
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
     ("grpc.keepalive_time_ms", 30_000),
 ]
+SHARED_MEMORY_RPCS = (
+    "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+    "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
+)
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def read_string_field(message: bytes, field_number: int = 1) -> str:
+    """The first occurrence of a length-delimited field, read from protobuf wire bytes.
+
+    Raises InvalidInput for bytes that are not a well-formed message prefix.
+    """
+    pos, end = 0, len(message)
+    while pos < end:
+        key, pos = _varint(message, pos)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 2:
+            length, pos = _varint(message, pos)
+            if number == field_number:
+                return message[pos : pos + length].decode("utf-8")
+            pos += length
+        elif wire_type == 0:
+            _, pos = _varint(message, pos)
+        elif wire_type in (1, 5):
+            pos += 8 if wire_type == 1 else 4
+        else:
+            raise InvalidInput("malformed protobuf request")
+    return ""
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result, shift = 0, 0
+    while pos < len(data):
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+    raise InvalidInput("malformed protobuf request (truncated varint)")
 
 
 class UpstreamGRPC:
-    """One persistent aio channel and stub per member."""
+    """One persistent aio channel per member; typed stubs plus a raw ModelInfer."""
 
     def __init__(self) -> None:
-        self._stubs: dict[str, service_pb2_grpc.GRPCInferenceServiceStub] = {}
+        self._members: dict[str, tuple[Any, Any]] = {}
         self._channels: list[grpc.aio.Channel] = []
 
-    def stub(self, member: PoolMember) -> service_pb2_grpc.GRPCInferenceServiceStub:
-        stub = self._stubs.get(member.key)
-        if stub is None:
+    def _get(self, member: PoolMember) -> tuple[Any, Any]:
+        entry = self._members.get(member.key)
+        if entry is None:
             target = f"{member.spec.host}:{member.spec.grpc_port}"
             channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
             self._channels.append(channel)
-            stub = self._stubs[member.key] = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        return stub
+            raw = channel.unary_unary(
+                f"/{SERVICE}/ModelInfer",
+                request_serializer=_identity,
+                response_deserializer=_identity,
+            )
+            entry = self._members[member.key] = (
+                service_pb2_grpc.GRPCInferenceServiceStub(channel), raw
+            )
+        return entry
+
+    def stub(self, member: PoolMember) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        return self._get(member)[0]
+
+    def raw_infer(self, member: PoolMember) -> Callable[..., Awaitable[bytes]]:
+        return self._get(member)[1]
 
     async def close(self) -> None:
         for channel in self._channels:
@@ -55,8 +119,8 @@ class RelayedError(Exception):
         self.code, self.details = code, details
 
 
-async def _invoke(method: Callable[..., Awaitable[Any]], request: Any, context: Any) -> Any:
-    timeout = context.time_remaining() if context is not None else None
+async def _invoke(method: Callable[..., Awaitable[Any]], request: Any, timeout: float | None
+                  ) -> Any:
     try:
         return await method(request, timeout=timeout)
     except grpc.aio.AioRpcError as exc:
@@ -65,23 +129,91 @@ async def _invoke(method: Callable[..., Awaitable[Any]], request: Any, context: 
         raise RelayedError(exc.code(), exc.details() or "") from exc
 
 
+async def _abort(context: grpc.aio.ServicerContext, error: Exception) -> None:
+    if isinstance(error, RelayedError):
+        await context.abort(error.code, error.details)
+    assert isinstance(error, GatewayError)
+    if error.retry_after_s is not None:
+        context.set_trailing_metadata((("retry-after", str(max(1, round(error.retry_after_s)))),))
+    await context.abort(grpc.StatusCode[grpc_status_name(error)], error.message)
+
+
+def _options(context: grpc.aio.ServicerContext) -> RequestOptions:
+    metadata = context.invocation_metadata() or ()
+    api_key = next((v for k, v in metadata if k in ("x-api-key", "authorization")), None)
+    return RequestOptions(deadline_s=context.time_remaining(), api_key=api_key)
+
+
 class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane, upstream: UpstreamGRPC) -> None:
+    def __init__(self, dataplane: DataPlane, control: ModelControl,
+                 upstream: UpstreamGRPC) -> None:
         self.dataplane = dataplane
+        self.control = control
         self.upstream = upstream
 
-    async def _model_call(self, rpc: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    # -- model calls -------------------------------------------------------------------
+    async def ModelInfer(self, request: bytes, context: Any) -> bytes:  # noqa: N802
+        try:
+            model = read_string_field(request, 1)
+            options = _options(context)
+
+            async def call(member: PoolMember) -> bytes:
+                return await _invoke(self.upstream.raw_infer(member), request,
+                                     options.deadline_s)
+
+            return await self.dataplane.forward(model, call, protocol="grpc", options=options)
+        except (GatewayError, RelayedError) as err:
+            await _abort(context, err)
+            raise  # unreachable: abort raises
+
+    async def ModelStreamInfer(  # noqa: N802
+        self, request_iterator: AsyncIterator[Any], context: Any
+    ) -> AsyncIterator[Any]:
+        """Each request of the stream is routed on its own (unary upstream), so a long
+        stream still spreads over members; errors travel in ``error_message`` as
+        Triton does. (Decoupled models, which answer one request with many responses,
+        are not supported through the gateway's stream.)"""
+        options = _options(context)
+        async for request in request_iterator:
+            async def call(member: PoolMember, request: Any = request) -> Any:
+                return await _invoke(self.upstream.stub(member).ModelInfer, request, None)
+
+            try:
+                response = await self.dataplane.forward(
+                    request.model_name, call, protocol="grpc_stream", options=options
+                )
+                yield service_pb2.ModelStreamInferResponse(infer_response=response)
+            except RelayedError as err:
+                yield service_pb2.ModelStreamInferResponse(error_message=err.details)
+            except GatewayError as err:
+                yield service_pb2.ModelStreamInferResponse(error_message=err.message)
+
+    async def _model_call(self, rpc: str, model: str, request: Any, context: Any) -> Any:
+        options = _options(context)
+
         async def call(member: PoolMember) -> Any:
-            return await _invoke(getattr(self.upstream.stub(member), rpc), request, context)
+            return await _invoke(getattr(self.upstream.stub(member), rpc), request,
+                                 options.deadline_s)
 
         try:
-            return await self.dataplane.forward(request.name if rpc != "ModelInfer"
-                                                else request.model_name, call, protocol="grpc")
-        except GatewayError as err:
+            return await self.dataplane.forward(model, call, protocol="grpc", options=options,
+                                                metered=False)
+        except (GatewayError, RelayedError) as err:
             await _abort(context, err)
-        except RelayedError as err:
-            await context.abort(err.code, err.details)
 
+    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._model_call("ModelReady", request.name, request, context)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._model_call("ModelMetadata", request.name, request, context)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._model_call("ModelConfig", request.name, request, context)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._model_call("ModelStatistics", request.name, request, context)
+
+    # -- server calls ------------------------------------------------------------------
     async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802
         return service_pb2.ServerLiveResponse(live=True)
 
@@ -91,40 +223,94 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
         try:
             member = self.dataplane.any_member()
-            return await _invoke(self.upstream.stub(member).ServerMetadata, request, context)
-        except GatewayError as err:
+            return await _invoke(self.upstream.stub(member).ServerMetadata, request,
+                                 context.time_remaining())
+        except (GatewayError, RelayedError) as err:
             await _abort(context, err)
-        except RelayedError as err:
-            await context.abort(err.code, err.details)
 
-    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return await self._model_call("ModelReady", request, context)
+    # -- repository: routed to every member of the pools that own the model ----------
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
+        try:
+            answers = await self.control.index(
+                lambda m: _invoke(self.upstream.stub(m).RepositoryIndex, request, None)
+            )
+        except (GatewayError, RelayedError) as err:
+            await _abort(context, err)
+        merged = service_pb2.RepositoryIndexResponse()
+        seen = set()
+        for answer in answers:
+            for entry in answer.models:
+                if (entry.name, entry.version) not in seen:
+                    seen.add((entry.name, entry.version))
+                    merged.models.append(entry)
+        return merged
 
-    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return await self._model_call("ModelMetadata", request, context)
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
+        try:
+            await self.control.broadcast(
+                request.model_name,
+                lambda m: _invoke(self.upstream.stub(m).RepositoryModelLoad, request, None),
+            )
+            return service_pb2.RepositoryModelLoadResponse()
+        except (GatewayError, RelayedError) as err:
+            await _abort(context, err)
 
-    async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return await self._model_call("ModelConfig", request, context)
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
+        try:
+            await self.control.broadcast(
+                request.model_name,
+                lambda m: _invoke(self.upstream.stub(m).RepositoryModelUnload, request, None),
+            )
+            return service_pb2.RepositoryModelUnloadResponse()
+        except (GatewayError, RelayedError) as err:
+            await _abort(context, err)
 
-    async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return await self._model_call("ModelStatistics", request, context)
 
-    async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return await self._model_call("ModelInfer", request, context)
+def _unsupported(name: str) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def handler(request: Any, context: Any) -> Any:
+        await _abort(context, Unsupported(
+            f"{name}: shared memory is not supported through the gateway (the gateway and "
+            "Triton do not share memory with the client); send tensors in the request"
+        ))
+
+    return handler
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: GatewayError) -> None:
-    if error.retry_after_s is not None:
-        context.set_trailing_metadata((("retry-after", str(max(1, round(error.retry_after_s)))),))
-    await context.abort(grpc.StatusCode[grpc_status_name(error)], error.message)
+class _HandlerRecorder:
+    """Stands in for a server to capture the method table tritonclient generates."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        self.handlers.update(handlers)
+
+
+def method_handlers(servicer: GatewayServicer) -> dict[str, grpc.RpcMethodHandler]:
+    recorder = _HandlerRecorder()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, recorder)
+    handlers = dict(recorder.handlers)
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer, request_deserializer=None, response_serializer=None
+    )
+    for name in SHARED_MEMORY_RPCS:
+        old = handlers[name]
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            _unsupported(name),
+            request_deserializer=old.request_deserializer,
+            response_serializer=old.response_serializer,
+        )
+    return handlers
 
 
 def create_grpc_server(
-    dataplane: DataPlane, upstream: UpstreamGRPC, address: str
+    dataplane: DataPlane, control: ModelControl, upstream: UpstreamGRPC, address: str
 ) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        GatewayServicer(dataplane, upstream), server
-    )
+    server = grpc.aio.server(options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 1)])
+    handlers = method_handlers(GatewayServicer(dataplane, control, upstream))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     port = server.add_insecure_port(address)
     return server, port

@@ -1,38 +1,79 @@
 """HTTP adapter: the KServe v2 REST surface (Triton-compatible) over the data plane.
 
-Request and response bodies are forwarded as bytes (JSON or JSON + binary tensors with
+Bodies are forwarded as bytes (JSON, or JSON + binary tensors with
 ``Inference-Header-Content-Length``): the gateway reads only the path, so answers and
 Triton's own errors reach the client unchanged.
+
+``POST .../infer`` is the hot path and is served by :class:`InferFastPath`, a plain ASGI
+layer in front of the FastAPI app (FastAPI's request/response machinery costs more per
+call than the forwarding itself); everything else is an ordinary FastAPI route.
+
+Request headers the gateway reads: ``X-API-Key`` (or ``Authorization: Bearer``) for rate
+limits, ``X-Request-Timeout-Ms`` for a deadline (HTTP has no standard one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
-from gateway.dataplane import DataPlane
-from gateway.errors import GatewayError, Unavailable, http_status
+from gateway.control import ModelControl
+from gateway.dataplane import DataPlane, RequestOptions
+from gateway.errors import (
+    DeadlineExceeded,
+    GatewayError,
+    InvalidInput,
+    Unavailable,
+    Unsupported,
+    http_status,
+)
 from gateway.pools import PoolMember
 
 FORWARDED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "content-encoding")
 FORWARDED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length")
-# Responses are relayed uncompressed: compressing per hop costs more CPU than it saves on
-# loopback/cluster networks, and httpx would otherwise ask Triton for gzip by default.
-UPSTREAM_ACCEPT_ENCODING = {"accept-encoding": "identity"}
+INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+
+ASGIScope = dict[str, Any]
+ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
+ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class UpstreamResponse:
+    __slots__ = ("status", "body", "headers")
+
+    def __init__(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status, self.body, self.headers = status, body, headers
 
 
 class UpstreamHTTP:
-    """Persistent keep-alive connections to every member's HTTP port."""
+    """Keep-alive connections to every member's HTTP port (one aiohttp session).
+
+    Responses are relayed uncompressed and never decoded: ``auto_decompress`` is off and
+    we ask Triton for ``identity``.
+    """
 
     def __init__(self, timeout_s: float = 60.0, max_connections: int = 256) -> None:
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=2.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
-            trust_env=False,
-        )
+        self.timeout_s = timeout_s
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:  # created lazily, inside the running event loop
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=2.0),
+            )
+        return self._session
 
     async def request(
         self,
@@ -41,65 +82,135 @@ class UpstreamHTTP:
         path: str,
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
+        timeout_s: float | None = None,
+    ) -> UpstreamResponse:
         url = f"http://{member.spec.host}:{member.spec.http_port}{path}"
+        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
         try:
-            return await self.client.request(method, url, content=body, headers=headers)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            async with self.session.request(method, url, data=body, headers=headers,
+                                            timeout=timeout) as resp:
+                data = await resp.read()
+                relayed = [
+                    (k.lower().encode(), v.encode()) for k, v in resp.headers.items()
+                    if k.lower() in FORWARDED_RESPONSE_HEADERS
+                ]
+                return UpstreamResponse(resp.status, data, relayed)
+        except (aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise Unavailable(f"member {member.key} unreachable: {exc!r}") from exc
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"no answer from member {member.key} in time") from exc
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
 
-def _outcome(resp: httpx.Response) -> str:
-    if resp.status_code < 400:
+def _outcome(resp: UpstreamResponse) -> str:
+    if resp.status < 400:
         return "success"
-    return "client_error" if resp.status_code < 500 else "upstream_error"
+    return "client_error" if resp.status < 500 else "upstream_error"
 
 
-def _relay(resp: httpx.Response) -> Response:
-    headers = {k: v for k, v in resp.headers.items() if k.lower() in FORWARDED_RESPONSE_HEADERS}
-    return Response(content=resp.content, status_code=resp.status_code, headers=headers)
-
-
-def _error_response(error: GatewayError) -> JSONResponse:
-    headers = {}
+def _error_body(error: GatewayError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    headers = [(b"content-type", b"application/json")]
     if error.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
-    return JSONResponse({"error": error.message}, status_code=http_status(error), headers=headers)
+        headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
+    return http_status(error), json.dumps({"error": error.message}).encode(), headers
 
 
-def create_http_app(dataplane: DataPlane, upstream: UpstreamHTTP) -> FastAPI:
+def options_from_headers(headers: Mapping[str, str]) -> RequestOptions:
+    api_key = headers.get("x-api-key")
+    auth = headers.get("authorization", "")
+    if api_key is None and auth.lower().startswith("bearer "):
+        api_key = auth[7:].strip()
+    timeout = headers.get("x-request-timeout-ms")
+    deadline = None
+    if timeout is not None:
+        try:
+            deadline = float(timeout) / 1e3
+        except ValueError:
+            raise InvalidInput(f"X-Request-Timeout-Ms must be a number, got {timeout!r}") from None
+    return RequestOptions(deadline_s=deadline, api_key=api_key)
+
+
+class InferFastPath:
+    """ASGI layer serving ``POST /v2/models/{m}[/versions/{v}]/infer``; the rest falls
+    through to the FastAPI app."""
+
+    def __init__(self, app: Any, dataplane: DataPlane, upstream: UpstreamHTTP) -> None:
+        self.app, self.dataplane, self.upstream = app, dataplane, upstream
+
+    async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
+        match = INFER_PATH.match(scope["path"]) if scope["type"] == "http" else None
+        if match is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            status, body, headers = await self._infer(match.group(1), scope, receive)
+        except GatewayError as error:
+            status, body, headers = _error_body(error)
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _infer(self, model: str, scope: ASGIScope, receive: ASGIReceive
+                     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        raw_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        body = await _read_body(receive)
+        forwarded = {k: v for k, v in raw_headers.items() if k in FORWARDED_REQUEST_HEADERS}
+        forwarded["accept-encoding"] = "identity"
+        options = options_from_headers(raw_headers)
+        path = scope["path"]
+        if scope.get("query_string"):
+            path = f"{path}?{scope['query_string'].decode('latin-1')}"
+
+        async def call(member: PoolMember) -> UpstreamResponse:
+            return await self.upstream.request(member, "POST", path, body, forwarded,
+                                               options.deadline_s)
+
+        resp = await self.dataplane.forward(model, call, protocol="http", options=options,
+                                            outcome=_outcome)
+        return resp.status, resp.body, list(resp.headers)
+
+
+async def _read_body(receive: ASGIReceive) -> bytes:
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        return body  # type: ignore[no-any-return]
+    chunks = [body]
+    while message.get("more_body"):
+        message = await receive()
+        chunks.append(message.get("body", b""))
+    return b"".join(chunks)
+
+
+class BatchingRequest(BaseModel):
+    latency_slo_ms: float = Field(gt=0, description="Latency SLO the batching must respect.")
+
+
+def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: UpstreamHTTP) -> Any:
     app = FastAPI(title="infergate", description="KServe v2 / Triton-compatible gateway")
 
     @app.exception_handler(GatewayError)
-    async def _on_gateway_error(_: Request, error: GatewayError) -> JSONResponse:
-        return _error_response(error)
+    async def _on_gateway_error(_: Request, error: GatewayError) -> Response:
+        status, body, headers = _error_body(error)
+        return Response(body, status_code=status,
+                        headers={k.decode(): v.decode() for k, v in headers})
 
-    async def model_call(model: str, request: Request, protocol: str = "http") -> Response:
+    def relay(resp: UpstreamResponse) -> Response:
+        return Response(resp.body, status_code=resp.status,
+                        headers={k.decode(): v.decode() for k, v in resp.headers})
+
+    async def model_call(model: str, request: Request) -> Response:
         body = await request.body()
-        headers = {
-            k: v for k, v in request.headers.items() if k.lower() in FORWARDED_REQUEST_HEADERS
-        }
-        headers.update(UPSTREAM_ACCEPT_ENCODING)
-        path = request.url.path
-        if request.url.query:
-            path = f"{path}?{request.url.query}"
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
 
-        async def call(member: PoolMember) -> httpx.Response:
-            return await upstream.request(member, request.method, path, body, headers)
+        async def call(member: PoolMember) -> UpstreamResponse:
+            return await upstream.request(member, request.method, path, body,
+                                          {"accept-encoding": "identity"})
 
-        resp = await dataplane.forward(model, call, protocol=protocol, outcome=_outcome)
-        return _relay(resp)
-
-    async def server_call(request: Request) -> Response:
-        member = dataplane.any_member()
-        return _relay(
-            await upstream.request(
-                member, request.method, request.url.path, headers=UPSTREAM_ACCEPT_ENCODING
-            )
-        )
+        return relay(await dataplane.forward(model, call, protocol="http", metered=False))
 
     @app.get("/v2/health/live")
     async def live() -> Response:
@@ -110,29 +221,77 @@ def create_http_app(dataplane: DataPlane, upstream: UpstreamHTTP) -> FastAPI:
         return Response(status_code=200 if dataplane.ready() else 503)
 
     @app.get("/v2")
-    async def server_metadata(request: Request) -> Response:
-        return await server_call(request)
+    async def server_metadata() -> Response:
+        return relay(await upstream.request(dataplane.any_member(), "GET", "/v2"))
 
     @app.get("/metrics")
     async def metrics() -> Response:
         dataplane.update_saturation()
-        return Response(
-            dataplane.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
+        return Response(dataplane.metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
 
     for suffix in ("", "/versions/{version}"):
         base = "/v2/models/{model}" + suffix
-        app.add_api_route(base, _model_route(model_call, "meta"), methods=["GET"])
-        app.add_api_route(base + "/ready", _model_route(model_call, "ready"), methods=["GET"])
-        app.add_api_route(base + "/config", _model_route(model_call, "config"), methods=["GET"])
-        app.add_api_route(base + "/stats", _model_route(model_call, "stats"), methods=["GET"])
-        app.add_api_route(base + "/infer", _model_route(model_call, "infer"), methods=["POST"])
-    return app
+        for tail in ("", "/ready", "/config", "/stats"):
+            app.add_api_route(base + tail, _model_route(model_call), methods=["GET"],
+                              name=f"model{tail.replace('/', '_')}{suffix and '_version'}")
+
+    @app.post("/v2/repository/index")
+    async def repository_index() -> Response:
+        answers = await control.index(
+            lambda m: upstream.request(m, "POST", "/v2/repository/index", b"{}")
+        )
+        merged: dict[tuple[str, str], Any] = {}
+        for answer in answers:
+            if answer.status != 200:
+                return relay(answer)
+            for entry in json.loads(answer.body):
+                merged.setdefault((entry.get("name"), entry.get("version", "")), entry)
+        return JSONResponse(list(merged.values()))
+
+    for action in ("load", "unload"):
+        app.add_api_route(f"/v2/repository/models/{{model}}/{action}",
+                          _repository_route(control, upstream, action), methods=["POST"],
+                          name=f"repository_{action}")
+
+    @app.api_route("/v2/systemsharedmemory{rest:path}", methods=["GET", "POST"])
+    @app.api_route("/v2/cudasharedmemory{rest:path}", methods=["GET", "POST"])
+    async def shared_memory(rest: str) -> Response:
+        raise Unsupported("shared memory is not supported through the gateway (the gateway "
+                          "and Triton do not share memory with the client); send tensors "
+                          "in the request")
+
+    @app.post("/v1/models/{model}/batching")
+    async def tune_batching(model: str, body: BatchingRequest) -> JSONResponse:
+        """Derive dynamic-batching settings from the SLO and measured batch latency, and
+        reload the model with them on every member that serves it."""
+        decision = await control.apply_batching(model, body.latency_slo_ms)
+        return JSONResponse({"model": model, **decision.__dict__,
+                             "dynamic_batching": decision.as_config()})
+
+    return InferFastPath(app, dataplane, upstream)
 
 
-def _model_route(model_call, name: str):  # type: ignore[no-untyped-def]
+def _model_route(model_call: Callable[[str, Request], Awaitable[Response]]
+                 ) -> Callable[..., Awaitable[Response]]:
     async def route(model: str, request: Request) -> Response:
         return await model_call(model, request)
 
-    route.__name__ = f"model_{name}"
+    return route
+
+
+def _repository_route(control: ModelControl, upstream: UpstreamHTTP, action: str
+                      ) -> Callable[..., Awaitable[Response]]:
+    async def route(model: str, request: Request) -> Response:
+        body = await request.body()
+        path = f"/v2/repository/models/{model}/{action}"
+        answers = await control.broadcast(
+            model, lambda m: upstream.request(m, "POST", path, body,
+                                              {"content-type": "application/json"})
+        )
+        failed = next((a for a in answers if a.status >= 400), None)
+        answer = failed or answers[0]
+        return Response(answer.body, status_code=answer.status,
+                        headers={k.decode(): v.decode() for k, v in answer.headers})
+
     return route

@@ -22,6 +22,7 @@ class GatewayMetrics:
     requests: Counter
     latency: Histogram
     in_flight: Gauge
+    queued: Gauge
     rejected: Counter
     upstream_errors: Counter
     member_healthy: Gauge
@@ -55,6 +56,12 @@ def create_metrics(registry: CollectorRegistry | None = None) -> GatewayMetrics:
             "infergate_in_flight_requests",
             "Requests forwarded to Triton and not yet answered.",
             labels,
+            registry=registry,
+        ),
+        queued=Gauge(
+            "infergate_queued_requests",
+            "Requests waiting in the gateway's admission queue.",
+            ("model",),
             registry=registry,
         ),
         rejected=Counter(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class MemberSpec(BaseModel):
@@ -37,8 +37,10 @@ class PoolSpec(BaseModel):
 
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
     members: tuple[MemberSpec, ...] = ()
-    # DNS name of a Kubernetes headless Service; resolved to members periodically.
+    # DNS name of a Kubernetes headless Service; every address it resolves to becomes a
+    # member with the ports of ``dns_ports`` (re-resolved by the probe loop).
     dns: str | None = None
+    dns_ports: MemberSpec = MemberSpec()
     models: tuple[str, ...] = ("*",)
     # model -> routing weight in this pool (canary); absent models weigh 1.0
     weights: dict[str, float] = Field(default_factory=dict)
@@ -53,6 +55,12 @@ class PoolSpec(BaseModel):
             raise ValueError(f"weights must be >= 0: {bad}")
         return value
 
+    @model_validator(mode="after")
+    def _has_members(self) -> PoolSpec:
+        if not self.members and not self.dns:
+            raise ValueError(f"pool {self.name!r} needs 'members' or 'dns'")
+        return self
+
     def serves(self, model: str) -> bool:
         return "*" in self.models or model in self.models
 
@@ -60,14 +68,54 @@ class PoolSpec(BaseModel):
         return self.weights.get(model, 1.0)
 
 
-class PoolsFile(BaseModel):
+class ModelPolicy(BaseModel):
+    """Per-model admission limits and latency SLO (absent fields derive from capacity)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_concurrency: int | None = Field(None, ge=1)
+    max_queue: int | None = Field(None, ge=0)
+    latency_slo_ms: float | None = Field(None, gt=0)
+
+
+class RateLimitSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rate_per_s: float = Field(gt=0)
+    burst: float = Field(ge=1)
+
+
+class RateLimits(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    default: RateLimitSpec | None = None
+    keys: dict[str, RateLimitSpec] = Field(default_factory=dict)
+
+
+class GatewayConfig(BaseModel):
+    """The gateway's YAML file: pools, optional model policies and rate limits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     pools: tuple[PoolSpec, ...]
+    models: dict[str, ModelPolicy] = Field(default_factory=dict)
+    rate_limits: RateLimits = Field(default_factory=RateLimits)
+    # queued requests allowed per admitted one when a model policy does not say
+    queue_factor: float = Field(2.0, ge=0)
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_names(cls, pools: tuple[PoolSpec, ...]) -> tuple[PoolSpec, ...]:
+        names = [p.name for p in pools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate pool names: {duplicates}")
+        return pools
 
 
-def load_pools(path: Path) -> tuple[PoolSpec, ...]:
+def load_gateway_config(path: Path) -> GatewayConfig:
     data = yaml.safe_load(path.read_text()) or {}
-    return PoolsFile.model_validate(data).pools
+    return GatewayConfig.model_validate(data)
 
 
 @dataclass(eq=False)

@@ -1,6 +1,8 @@
 """Active probes: each member's readiness and queue depth, refreshed periodically.
 
-Readiness comes from ``/v2/health/ready`` on the member's HTTP port; queue depth is the
+Health is ``/v2/health/live`` on the member's HTTP port, not ``/ready``: with Triton's
+strict readiness a server reports not-ready while any one of its models is unloading,
+and a member serving other models must not be ejected for that. Queue depth is the
 sum of ``nv_inference_pending_request_count`` over the member's models, scraped from its
 metrics port. The router treats a scrape older than its staleness bound as absent.
 """
@@ -10,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.dataplane import DataPlane
-from gateway.pools import PoolMember
+from gateway.pools import MemberSpec, Pool, PoolMember
 
 log = logging.getLogger(__name__)
 PENDING = "nv_inference_pending_request_count"
@@ -32,8 +35,8 @@ def pending_requests(metrics_text: str) -> int:
 async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: PoolMember) -> None:
     spec = member.spec
     try:
-        ready = await client.get(f"http://{spec.host}:{spec.http_port}/v2/health/ready")
-        healthy = ready.status_code == 200
+        live = await client.get(f"http://{spec.host}:{spec.http_port}/v2/health/live")
+        healthy = live.status_code == 200
     except httpx.HTTPError:
         healthy = False
     was_healthy = member.healthy
@@ -58,9 +61,38 @@ async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: 
         metrics.member_queue.labels(member.pool, member.key).set(member.upstream_queue)
 
 
+async def resolve_members(pool: Pool) -> None:
+    """Members of a pool declared by DNS (a Kubernetes headless Service): one per address.
+    Known members keep their state; vanished addresses leave the pool."""
+    assert pool.spec.dns is not None
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            pool.spec.dns, None, type=socket.SOCK_STREAM
+        )
+    except OSError as exc:
+        log.warning("pool %s: cannot resolve %s: %s", pool.name, pool.spec.dns, exc)
+        return
+    addresses = sorted({str(info[4][0]) for info in infos})
+    ports = pool.spec.dns_ports
+    wanted = {
+        MemberSpec(host=a, http_port=ports.http_port, grpc_port=ports.grpc_port,
+                   metrics_port=ports.metrics_port).key: a for a in addresses
+    }
+    kept = [m for m in pool.members if m.key in wanted or m.spec in pool.spec.members]
+    known = {m.key for m in kept}
+    for key, address in wanted.items():
+        if key not in known:
+            spec = MemberSpec(host=address, http_port=ports.http_port,
+                              grpc_port=ports.grpc_port, metrics_port=ports.metrics_port)
+            kept.append(PoolMember(pool.name, spec))
+            log.info("pool %s: member %s joined via DNS", pool.name, key)
+    pool.members[:] = kept
+
+
 async def probe_forever(dataplane: DataPlane, interval_s: float) -> None:
     async with httpx.AsyncClient(timeout=max(0.5, interval_s), trust_env=False) as client:
         while True:
+            await asyncio.gather(*(resolve_members(p) for p in dataplane.pools if p.spec.dns))
             await asyncio.gather(*(probe_member(client, dataplane, m) for m in dataplane.members()))
             dataplane.update_saturation()
             await asyncio.sleep(interval_s)

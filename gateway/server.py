@@ -16,11 +16,14 @@ from typing import Any
 
 import uvicorn
 
+import httpx
+
+from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
 from gateway.grpc_api import UpstreamGRPC, create_grpc_server
 from gateway.http_api import UpstreamHTTP, create_http_app
 from gateway.metrics import create_metrics
-from gateway.pools import PoolSpec, build_pools
+from gateway.pools import GatewayConfig, build_pools
 from gateway.probes import probe_forever
 
 log = logging.getLogger(__name__)
@@ -37,13 +40,13 @@ class GatewaySettings:
     log_level: str = "warning"
 
 
-def build_dataplane(pools: tuple[PoolSpec, ...]) -> DataPlane:
-    return DataPlane(pools=build_pools(pools), metrics=create_metrics())
+def build_dataplane(config: GatewayConfig) -> DataPlane:
+    return DataPlane(config=config, pools=build_pools(config.pools), metrics=create_metrics())
 
 
 async def serve(
     settings: GatewaySettings,
-    pools: tuple[PoolSpec, ...],
+    config: GatewayConfig,
     stop: asyncio.Event | None = None,
     started: asyncio.Event | None = None,
 ) -> None:
@@ -53,10 +56,12 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
-    dataplane = build_dataplane(pools)
+    dataplane = build_dataplane(config)
     upstream_http = UpstreamHTTP(timeout_s=settings.upstream_timeout_s)
     upstream_grpc = UpstreamGRPC()
-    app = create_http_app(dataplane, upstream_http)
+    admin_client = httpx.AsyncClient(timeout=settings.upstream_timeout_s, trust_env=False)
+    control = ModelControl(dataplane, admin_client)
+    app = create_http_app(dataplane, control, upstream_http)
     http_server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -65,11 +70,13 @@ async def serve(
             log_level=settings.log_level,
             access_log=False,
             lifespan="off",
+            loop="asyncio",
+            http="httptools",
         )
     )
     http_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     grpc_server, _ = create_grpc_server(
-        dataplane, upstream_grpc, f"{settings.host}:{settings.grpc_port}"
+        dataplane, control, upstream_grpc, f"{settings.host}:{settings.grpc_port}"
     )
     await grpc_server.start()
     tasks: list[asyncio.Task[Any]] = [
@@ -99,6 +106,7 @@ async def serve(
             await asyncio.gather(*tasks, return_exceptions=True)
         await upstream_http.aclose()
         await upstream_grpc.close()
+        await admin_client.aclose()
 
 
 async def _drain(dataplane: DataPlane, timeout_s: float) -> None:

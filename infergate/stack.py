@@ -19,7 +19,7 @@ import numpy as np
 import uvicorn
 
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
-from gateway.pools import MemberSpec, PoolSpec
+from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.server import GatewaySettings, serve
 from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
 
@@ -88,7 +88,9 @@ async def _serve_all(settings: LocalStackSettings, pool: PoolSpec) -> None:
     gateway_settings = GatewaySettings(
         host=settings.host, http_port=settings.http_port, grpc_port=settings.grpc_port
     )
-    gateway = asyncio.create_task(serve(gateway_settings, (pool,), stop, started))
+    gateway = asyncio.create_task(
+        serve(gateway_settings, GatewayConfig(pools=(pool,)), stop, started)
+    )
     scheduler = _scheduler_server(settings)
     tasks: list[asyncio.Task[Any]] = [gateway]
     if scheduler is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model
+from converters.tiny import TINY_MODEL_NAME, build_tiny_model
 from infergate.triton.local import LocalTriton, TritonSettings
 from tests.procs import ROOT, GatewayProcess, pools_yaml, run_gateway, triton_processes
 
@@ -20,9 +21,11 @@ RUNTIME_ENV = ROOT / ".venv-triton"
 
 @pytest.fixture(scope="session")
 def sample_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model repository holding the EfficientNet-Lite0 sample (exported once)."""
+    """A model repository holding the EfficientNet-Lite0 sample (exported once) and the
+    tiny ``y = 2x + 1`` model."""
     repo = tmp_path_factory.mktemp("repo") / "model_repo"
     build_sample_model(repo)
+    build_tiny_model(repo)
     return repo
 
 
@@ -38,7 +41,8 @@ def triton_settings(repo: Path, log_dir: Path, *models: str) -> TritonSettings:
 @pytest.fixture(scope="session")
 def triton(sample_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     server = LocalTriton(
-        triton_settings(sample_repo, tmp_path_factory.mktemp("triton"), SAMPLE_MODEL_NAME)
+        triton_settings(sample_repo, tmp_path_factory.mktemp("triton"), SAMPLE_MODEL_NAME,
+                        TINY_MODEL_NAME)
     )
     server.start()
     try:

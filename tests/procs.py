@@ -1,24 +1,18 @@
-"""Process helpers for integration tests: run the gateway as a real subprocess, and
-find any tritonserver / Python-backend stub a test might have left behind."""
+"""Process helpers for integration tests: find any tritonserver / Python-backend stub a
+test might have left behind; the gateway runner lives in infergate.processes."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-import yaml
-
-from infergate.triton.local import TritonEndpoints, free_port
-
-ROOT = Path(__file__).resolve().parent.parent
+from infergate.processes import (  # noqa: F401 (re-exported for tests)
+    ROOT,
+    GatewayProcess,
+    pools_yaml,
+    run_gateway,
+    wait_until,
+)
 
 
 def triton_processes(marker: str = "") -> list[str]:
@@ -32,84 +26,3 @@ def triton_processes(marker: str = "") -> list[str]:
                                  in cmdline) and marker in cmdline:
                 found.append(f"{proc.name}: {cmdline[:200]}")
     return found
-
-
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
-
-
-def pools_yaml(path: Path, pools: dict[str, list[TritonEndpoints]], **extra: object) -> Path:
-    data = {
-        "pools": [
-            {
-                "name": name,
-                "members": [
-                    {"host": e.host, "http_port": e.http_port, "grpc_port": e.grpc_port,
-                     "metrics_port": e.metrics_port}
-                    for e in members
-                ],
-                **extra,
-            }
-            for name, members in pools.items()
-        ]
-    }
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-@dataclass
-class GatewayProcess:
-    proc: subprocess.Popen[bytes]
-    http_port: int
-    grpc_port: int
-    log: Path
-
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def terminate(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def run_gateway(pools_file: Path, log_dir: Path, *args: str) -> Iterator[GatewayProcess]:
-    http_port, grpc_port = free_port(), free_port()
-    log = log_dir / f"gateway-{http_port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--pools", str(pools_file),
-             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-             "--probe-interval", "0.5", "--log-level", "warning", *args],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    gateway = GatewayProcess(proc, http_port, grpc_port, log)
-    try:
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"http://{gateway.http_url}/v2/health/ready").status_code == 200
-            return False
-
-        if not wait_until(ready, 30):
-            raise RuntimeError(f"gateway not ready: {log.read_text()[-2000:]}")
-        yield gateway
-    finally:
-        gateway.terminate()

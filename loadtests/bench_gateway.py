@@ -1,0 +1,221 @@
+"""Gateway overhead: the same client against direct Triton and against the gateway,
+interleaved in one run.
+
+For each model (the tiny ``y = 2x + 1`` model, where per-request overhead dominates, and
+EfficientNet-Lite0) and each protocol (gRPC, HTTP binary tensors):
+
+- added p50 latency at concurrency 1 (gateway p50 - direct p50, medians over rounds);
+- throughput ratio at concurrency 16 (gateway / direct, median over rounds).
+
+The client is deliberately lean (pre-serialised requests over grpc.aio / one aiohttp
+session), so that the figures show server-side cost, not client-side Python.
+
+    python -m loadtests.bench_gateway [--rounds 5] [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
+from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
+from infergate.processes import ROOT, pools_yaml, run_gateway
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    grpc: str
+    http: str
+
+
+def grpc_request_bytes(model: str, x: np.ndarray, input_name: str) -> bytes:
+    request = service_pb2.ModelInferRequest(model_name=model)
+    request.inputs.add(name=input_name, datatype="FP32", shape=list(x.shape))
+    request.raw_input_contents.append(x.astype(np.float32).tobytes())
+    return request.SerializeToString()
+
+
+async def closed_loop(
+    call: Callable[[], Awaitable[None]], concurrency: int, seconds: float
+) -> tuple[list[float], float]:
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            await call()
+            latencies.append(time.perf_counter() - t0)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, len(latencies) / (time.perf_counter() - started)
+
+
+class Client:
+    def __init__(self, model: str, x: np.ndarray, input_name: str, output_name: str) -> None:
+        self.grpc_body = grpc_request_bytes(model, x, input_name)
+        header = (
+            '{"inputs":[{"name":"%s","shape":%s,"datatype":"FP32","parameters":'
+            '{"binary_data_size":%d}}],"outputs":[{"name":"%s","parameters":'
+            '{"binary_data":true}}]}' % (input_name, list(x.shape), x.nbytes, output_name)
+        ).encode()
+        self.http_body = header + x.astype(np.float32).tobytes()
+        self.http_headers = {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(len(header)),
+        }
+        self.model = model
+        self.channels: dict[str, grpc.aio.Channel] = {}
+        self.session: aiohttp.ClientSession | None = None
+
+    async def grpc_call(self, target: str) -> Callable[[], Awaitable[None]]:
+        channel = self.channels.get(target)
+        if channel is None:
+            channel = self.channels[target] = grpc.aio.insecure_channel(target)
+        method = channel.unary_unary(INFER)
+
+        async def call() -> None:
+            await method(self.grpc_body)
+
+        return call
+
+    async def http_call(self, target: str) -> Callable[[], Awaitable[None]]:
+        if self.session is None:
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=64), auto_decompress=False
+            )
+        url = f"http://{target}/v2/models/{self.model}/infer"
+        session = self.session
+
+        async def call() -> None:
+            async with session.post(url, data=self.http_body, headers=self.http_headers) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}")
+
+        return call
+
+    async def close(self) -> None:
+        for channel in self.channels.values():
+            await channel.close()
+        if self.session is not None:
+            await self.session.close()
+
+
+async def measure(client: Client, protocol: str, direct: Target, gateway: Target,
+                  rounds: int, seconds: float) -> dict[str, float]:
+    make = client.grpc_call if protocol == "grpc" else client.http_call
+    calls = {}
+    for t in (direct, gateway):
+        calls[t.name] = await make(t.grpc if protocol == "grpc" else t.http)
+        await closed_loop(calls[t.name], 4, 0.5)  # warm connections and caches
+    p50 = {t: [] for t in calls}
+    tput = {t: [] for t in calls}
+    for r in range(rounds):
+        order = list(calls) if r % 2 == 0 else list(reversed(list(calls)))
+        for name in order:
+            lat, _ = await closed_loop(calls[name], 1, seconds / 2)
+            p50[name].append(statistics.median(lat))
+        for name in order:
+            _, rps = await closed_loop(calls[name], 16, seconds)
+            tput[name].append(rps)
+    d50, g50 = statistics.median(p50["direct"]), statistics.median(p50["gateway"])
+    dt, gt = statistics.median(tput["direct"]), statistics.median(tput["gateway"])
+    return {
+        "direct_p50_ms": d50 * 1e3,
+        "gateway_p50_ms": g50 * 1e3,
+        "added_p50_ms": (g50 - d50) * 1e3,
+        "direct_rps_c16": dt,
+        "gateway_rps_c16": gt,
+        "throughput_ratio": gt / dt,
+    }
+
+
+@contextlib.contextmanager
+def stack(workdir: Path, gateway_args: tuple[str, ...] = ()) -> Iterator[tuple[Target, Target]]:
+    repo = workdir / "model_repo"
+    build_sample_model(repo)
+    build_tiny_model(repo)
+    settings = TritonSettings(
+        model_repository=repo, runtime_env=ROOT / ".venv-triton",
+        log_file=workdir / "triton.log", models=(SAMPLE_MODEL_NAME, TINY_MODEL_NAME),
+    )
+    with LocalTriton(settings) as triton:
+        ep: TritonEndpoints = triton.endpoints  # type: ignore[assignment]
+        pools = pools_yaml(workdir / "pools.yaml", {"local": [ep]})
+        with run_gateway(pools, workdir, *gateway_args) as gw:
+            yield (Target("direct", ep.grpc_url, ep.http_url),
+                   Target("gateway", gw.grpc_url, gw.http_url))
+
+
+def run(rounds: int = 5, seconds: float = 3.0, protocols: tuple[str, ...] = ("grpc", "http"),
+        gateway_args: tuple[str, ...] = ()) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    models = {
+        TINY_MODEL_NAME: (np.ones((1, TINY_WIDTH), np.float32), "x", "y"),
+        SAMPLE_MODEL_NAME: (cat_input(), "input", "logits"),
+    }
+    with tempfile.TemporaryDirectory() as tmp, stack(Path(tmp), gateway_args) as (direct, gw):
+
+        async def main() -> None:
+            for model, (x, inp, out) in models.items():
+                client = Client(model, x, inp, out)
+                try:
+                    for protocol in protocols:
+                        figures = await measure(client, protocol, direct, gw, rounds, seconds)
+                        rows.append({"model": model, "protocol": protocol, **figures})
+                finally:
+                    await client.close()
+
+        asyncio.run(main())
+    return rows
+
+
+def markdown(rows: list[dict[str, object]]) -> str:
+    lines = [
+        "| model | protocol | direct p50 ms | gateway p50 ms | added p50 ms | direct rps c16 "
+        "| gateway rps c16 | throughput ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['protocol']} | {r['direct_p50_ms']:.2f} | "
+            f"{r['gateway_p50_ms']:.2f} | {r['added_p50_ms']:+.2f} | {r['direct_rps_c16']:.0f} | "
+            f"{r['gateway_rps_c16']:.0f} | {r['throughput_ratio']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--protocols", default="grpc,http")
+    parser.add_argument("--gateway-arg", action="append", default=[],
+                        help="extra argument for 'python -m gateway serve'")
+    args = parser.parse_args()
+    rows = run(args.rounds, args.seconds, tuple(args.protocols.split(",")),
+               tuple(args.gateway_arg))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
