@@ -93,14 +93,24 @@ class DataPlane:
             pools = pools_for_model(self.pools, model)
             if not pools:
                 raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
-            policy = self.config.models.get(model)
-            capacity = sum(p.capacity for p in pools)
-            concurrency = (policy and policy.max_concurrency) or capacity
-            queue = policy.max_queue if policy and policy.max_queue is not None else int(
-                concurrency * self.config.queue_factor
-            )
-            route = self.routes[model] = ModelRoute(model, pools, AdmissionGate(concurrency, queue))
+            route = self.routes[model] = ModelRoute(model, pools, AdmissionGate(1, 0))
+            self._size_gate(route)
         return route
+
+    def _size_gate(self, route: ModelRoute) -> None:
+        """Limits from the model's policy, else from the capacity of its pools."""
+        policy = self.config.models.get(route.model)
+        capacity = sum(p.capacity for p in route.pools)
+        concurrency = (policy and policy.max_concurrency) or capacity
+        queue = policy.max_queue if policy and policy.max_queue is not None else int(
+            concurrency * self.config.queue_factor
+        )
+        route.gate.max_concurrency, route.gate.max_queue = concurrency, queue
+
+    def refresh_limits(self) -> None:
+        """Re-size admission gates after pool membership changed (DNS discovery)."""
+        for route in self.routes.values():
+            self._size_gate(route)
 
     def members(self) -> list[PoolMember]:
         return [m for p in self.pools for m in p.members]

@@ -92,7 +92,10 @@ async def resolve_members(pool: Pool) -> None:
 async def probe_forever(dataplane: DataPlane, interval_s: float) -> None:
     async with httpx.AsyncClient(timeout=max(0.5, interval_s), trust_env=False) as client:
         while True:
-            await asyncio.gather(*(resolve_members(p) for p in dataplane.pools if p.spec.dns))
+            dns_pools = [p for p in dataplane.pools if p.spec.dns]
+            if dns_pools:
+                await asyncio.gather(*(resolve_members(p) for p in dns_pools))
+                dataplane.refresh_limits()
             await asyncio.gather(*(probe_member(client, dataplane, m) for m in dataplane.members()))
             dataplane.update_saturation()
             await asyncio.sleep(interval_s)

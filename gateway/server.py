@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,7 @@ async def serve(
     admin_client = httpx.AsyncClient(timeout=settings.upstream_timeout_s, trust_env=False)
     control = ModelControl(dataplane, admin_client)
     app = create_http_app(dataplane, control, upstream_http)
-    http_server = uvicorn.Server(
+    http_server = EmbeddedServer(
         uvicorn.Config(
             app,
             host=settings.host,
@@ -74,7 +75,6 @@ async def serve(
             http="httptools",
         )
     )
-    http_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     grpc_server, _ = create_grpc_server(
         dataplane, control, upstream_grpc, f"{settings.host}:{settings.grpc_port}"
     )
@@ -107,6 +107,15 @@ async def serve(
         await upstream_http.aclose()
         await upstream_grpc.close()
         await admin_client.aclose()
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handling: this loop owns SIGTERM/SIGINT, so that
+    draining (readiness false, in-flight finishing) happens before the listener closes."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 async def _drain(dataplane: DataPlane, timeout_s: float) -> None:

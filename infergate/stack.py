@@ -20,7 +20,7 @@ import uvicorn
 
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
-from gateway.server import GatewaySettings, serve
+from gateway.server import EmbeddedServer, GatewaySettings, serve
 from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
 
 log = logging.getLogger("infergate")
@@ -110,7 +110,7 @@ async def _serve_all(settings: LocalStackSettings, pool: PoolSpec) -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _scheduler_server(settings: LocalStackSettings) -> uvicorn.Server | None:
+def _scheduler_server(settings: LocalStackSettings) -> EmbeddedServer | None:
     if not settings.scheduler_port:
         return None
     try:
@@ -118,10 +118,8 @@ def _scheduler_server(settings: LocalStackSettings) -> uvicorn.Server | None:
     except ImportError:
         return None
     app = service.create_app(service.SchedulerSettings())
-    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.scheduler_port,
-                                           log_level="warning", lifespan="off"))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    return server
+    return EmbeddedServer(uvicorn.Config(app, host=settings.host, port=settings.scheduler_port,
+                                         log_level="warning", lifespan="off"))
 
 
 def _print_welcome(settings: LocalStackSettings, with_scheduler: bool) -> None:
