@@ -31,6 +31,7 @@ def serve_command(
     probe_interval: float = typer.Option(1.0, help="Seconds between member health probes."),
     drain_timeout: float = typer.Option(10.0, help="Seconds to finish in-flight on SIGTERM."),
     log_level: str = typer.Option("warning", help="Log level."),
+    event_loop: str = typer.Option("uvloop", help="Event loop: uvloop or asyncio."),
 ) -> None:
     """Serve HTTP and gRPC until SIGTERM/SIGINT, then drain and exit."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -42,4 +43,16 @@ def serve_command(
         drain_timeout_s=drain_timeout,
         log_level=log_level,
     )
-    asyncio.run(serve(settings, load_gateway_config(pools)))
+    config = load_gateway_config(pools)
+    with asyncio.Runner(loop_factory=_loop_factory(event_loop)) as runner:
+        runner.run(serve(settings, config))
+
+
+def _loop_factory(name: str):  # type: ignore[no-untyped-def]
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    if name == "asyncio":
+        return None
+    raise typer.BadParameter(f"unknown event loop {name!r} (uvloop or asyncio)")
