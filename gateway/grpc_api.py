@@ -77,6 +77,18 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     raise InvalidInput("malformed protobuf request (truncated varint)")
 
 
+def with_timeout_parameter(request: bytes, deadline_s: float) -> bytes:
+    """The client's remaining deadline as Triton's ``timeout`` request parameter (µs).
+
+    Appended on the wire without decoding: a later entry of a protobuf map field wins,
+    so this sets ``parameters["timeout"]`` whatever the request carried before. Triton
+    rejects a request whose queue wait exceeds it (when the model allows overrides).
+    """
+    extra = service_pb2.ModelInferRequest()
+    extra.parameters["timeout"].int64_param = max(1, int(deadline_s * 1e6))
+    return request + extra.SerializeToString()
+
+
 class UpstreamGRPC:
     """One persistent aio channel per member; typed stubs plus a raw ModelInfer."""
 
@@ -156,6 +168,8 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             model = read_string_field(request, 1)
             options = _options(context)
+            if options.deadline_s is not None:
+                request = with_timeout_parameter(request, options.deadline_s)
 
             async def call(member: PoolMember) -> bytes:
                 return await _invoke(self.upstream.raw_infer(member), request,

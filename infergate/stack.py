@@ -117,7 +117,7 @@ def _scheduler_server(settings: LocalStackSettings) -> EmbeddedServer | None:
         service = importlib.import_module("scheduler.service")
     except ImportError:
         return None
-    app = service.create_app(service.SchedulerSettings())
+    app = service.create_app(service.ServiceSettings(output_dir=settings.log_dir / "scheduler"))
     return EmbeddedServer(uvicorn.Config(app, host=settings.host, port=settings.scheduler_port,
                                          log_level="warning", lifespan="off"))
 

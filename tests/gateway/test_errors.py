@@ -82,3 +82,4 @@ def test_error_reaches_http_and_grpc_clients_with_table_codes(
     else:
         assert message == details == error.message
     assert bool(retry_after) == (error.retry_after_s is not None)
+
