@@ -119,7 +119,7 @@ def _enumerate(allow_4g_3g: bool) -> tuple[Layout, ...]:
     return tuple(found)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LayoutTable:
     """All layouts of one driver family, indexed by count vector."""
 
@@ -134,18 +134,31 @@ class LayoutTable:
     ) -> Layout | None:
         """The layout for ``counts`` keeping most of ``keep`` in place, then least
         fragmented, then lowest start slots (deterministic)."""
+        if not keep:
+            return _fresh_layout(self, counts)
         candidates = self.by_counts.get(counts)
         if not candidates:
             return None
         return min(
             candidates,
-            key=lambda lay: (-len(keep.intersection(lay.placements)), lay.fragmentation,
-                             lay.placements),
+            key=lambda lay: (
+                -len(keep.intersection(lay.placements)),
+                lay.fragmentation,
+                lay.placements,
+            ),
         )
 
     def min_fragmentation(self, counts: CountVector) -> int:
         layout = self.best_layout(counts)
         return MEMORY_SLOTS if layout is None else layout.fragmentation
+
+
+@cache
+def _fresh_layout(table: LayoutTable, counts: CountVector) -> Layout | None:
+    candidates = table.by_counts.get(counts)
+    if not candidates:
+        return None
+    return min(candidates, key=lambda lay: (lay.fragmentation, lay.placements))
 
 
 @cache
@@ -179,3 +192,18 @@ def memory_slices(counts: CountVector) -> int:
 
 def compute_slices(counts: CountVector) -> int:
     return sum(n * PROFILES[p].compute_slices for p, n in zip(PROFILE_ORDER, counts, strict=True))
+
+
+# Profiles from the biggest to the smallest instance: what "largest placeable" means.
+_BY_SIZE: tuple[int, ...] = tuple(
+    sorted(PROFILES, key=lambda p: (-PROFILES[p].memory_slices, -PROFILES[p].compute_slices, p))
+)
+
+
+def largest_placeable(occupied: int) -> int | None:
+    """Profile id of the biggest instance that still fits beside ``occupied``."""
+    for pid in _BY_SIZE:
+        spec = PROFILES[pid]
+        if any(not spec.slot_mask(s) & occupied for s in spec.start_slots):
+            return pid
+    return None

@@ -165,7 +165,9 @@ _GPU_TYPES: tuple[GpuType, ...] = (
         ("H200-SXM-141GB", "H200 141GB"),
         r"h200",
     ),
-    GpuType("T4", 15.0, False, aliases=("Tesla-T4", "Tesla T4"), product_pattern=r"(^|[-_ ])t4($|[-_ ])"),
+    GpuType(
+        "T4", 15.0, False, aliases=("Tesla-T4", "Tesla T4"), product_pattern=r"(^|[-_ ])t4($|[-_ ])"
+    ),
     GpuType(
         "V100", 31.75, False, aliases=("V100-SXM2-32GB", "Tesla-V100"), product_pattern=r"v100"
     ),

@@ -1,0 +1,3 @@
+from scheduler.cli import app
+
+app(prog_name="python -m scheduler")

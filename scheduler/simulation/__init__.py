@@ -1,0 +1,1 @@
+"""Replay a demand trace on a fleet under several allocation strategies."""

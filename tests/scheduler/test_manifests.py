@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from scheduler.manifests import TRITON_IMAGE, ManifestSettings, build_manifests, to_yaml
+from scheduler.plan import PlanRecord
+from scheduler.planner import plan_placement
+from tests.scheduler.builders import gpu, node, pool, request
+
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+K8S = "1.31"
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def objects(example_record: PlanRecord) -> list[dict[str, Any]]:
+    return build_manifests(example_record.plan, example_record.request.pools)
+
+
+def test_build_manifests_pass_kubernetes_schemas_when_validated(
+    objects: list[dict[str, Any]],
+) -> None:
+    for obj in objects:
+        if obj["kind"] != "Node":  # label patches are partial objects, by design
+            kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def test_deployments_request_one_mig_resource_when_pool_is_placed(
+    objects: list[dict[str, Any]], example_record: PlanRecord
+) -> None:
+    deployments = by_kind(objects, "Deployment")
+    placed = {p.name: p for p in example_record.plan.pools if p.replicas_placed}
+    assert {d["metadata"]["labels"]["infergate.io/pool"] for d in deployments} == set(placed)
+    for d in deployments:
+        assert DNS_LABEL.match(d["metadata"]["name"])
+        pod = d["spec"]["template"]
+        assert d["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        (container,) = pod["spec"]["containers"]
+        assert container["image"] == TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:24.10-py3"
+        assert [p["containerPort"] for p in container["ports"]] == [8000, 8001, 8002]
+        gpu_resources = [r for r in container["resources"]["limits"] if r.startswith("nvidia.com/")]
+        assert len(gpu_resources) == 1
+        assert gpu_resources[0].startswith("nvidia.com/mig-")
+
+
+def test_deployment_replicas_and_affinity_match_plan_when_built(
+    objects: list[dict[str, Any]], example_record: PlanRecord
+) -> None:
+    for d in by_kind(objects, "Deployment"):
+        name = d["metadata"]["labels"]["infergate.io/pool"]
+        resource = next(iter(d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]))
+        where = [
+            g.node
+            for g in example_record.plan.gpus
+            for i in g.instances
+            if i.pool == name and resource == f"nvidia.com/mig-{i.profile}"
+        ]
+        assert d["spec"]["replicas"] == len(where)
+        terms = d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"][0]["values"] == sorted(set(where))
+
+
+def test_priority_classes_cover_every_pool_when_built(
+    objects: list[dict[str, Any]], example_record: PlanRecord
+) -> None:
+    classes = {c["metadata"]["name"]: c["value"] for c in by_kind(objects, "PriorityClass")}
+    for p in example_record.request.pools:
+        assert classes[p.priority_class_name] == p.priority
+    for d in by_kind(objects, "Deployment"):
+        assert d["spec"]["template"]["spec"]["priorityClassName"] in classes
+
+
+def test_services_are_headless_per_pool_when_built(objects: list[dict[str, Any]]) -> None:
+    services = by_kind(objects, "Service")
+    pods = [d["spec"]["template"]["metadata"]["labels"] for d in by_kind(objects, "Deployment")]
+    for s in services:
+        assert s["spec"]["clusterIP"] == "None"
+        assert s["metadata"]["name"] == f"triton-{s['spec']['selector']['infergate.io/pool']}"
+        assert any(s["spec"]["selector"].items() <= labels.items() for labels in pods)
+        assert [p["port"] for p in s["spec"]["ports"]] == [8000, 8001, 8002]
+
+
+def test_manifests_carry_tolerations_when_pool_tolerates_taints(
+    objects: list[dict[str, Any]],
+) -> None:
+    (llama,) = [d for d in by_kind(objects, "Deployment") if "llama" in d["metadata"]["name"]]
+    tolerations = llama["spec"]["template"]["spec"]["tolerations"]
+    assert tolerations[0]["key"] == "dedicated"
+
+
+def test_pool_gets_one_deployment_per_resource_when_replicas_span_gpu_types() -> None:
+    nodes = [node("a100", [gpu(0, "A100-40GB")]), node("h200", [gpu(0, "H200")])]
+    spread = pool("spread", {9: 100}, target=200, constraints={"max_replicas_per_gpu": 1})
+    req = request(nodes, [spread])
+    plan = plan_placement(req)
+    deployments = by_kind(build_manifests(plan, req.pools), "Deployment")
+    resources = sorted(
+        next(iter(d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]))
+        for d in deployments
+    )
+    assert resources == ["nvidia.com/mig-3g.20gb", "nvidia.com/mig-3g.71gb"]
+
+
+def test_manifests_order_node_phase_first_when_built(objects: list[dict[str, Any]]) -> None:
+    kinds = [o["kind"] for o in objects]
+    first_pool = min(kinds.index("Service"), kinds.index("Deployment"))
+    assert (
+        max(i for i, k in enumerate(kinds) if k in ("PriorityClass", "ConfigMap", "Node"))
+        < first_pool
+    )
+    assert by_kind(objects, "ConfigMap")[0]["metadata"]["namespace"] == "gpu-operator"
+
+
+def test_to_yaml_round_trips_without_aliases_when_dumped(objects: list[dict[str, Any]]) -> None:
+    text = to_yaml(objects)
+    assert "&id" not in text and "*id" not in text
+    assert list(yaml.safe_load_all(text)) == objects
+
+
+def test_manifest_settings_change_namespace_when_given(example_record: PlanRecord) -> None:
+    settings = ManifestSettings(namespace="serving", image="registry.local/triton:1")
+    out = build_manifests(example_record.plan, example_record.request.pools, settings)
+    d = by_kind(out, "Deployment")[0]
+    assert d["metadata"]["namespace"] == "serving"
+    assert d["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/triton:1"

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from unittest.mock import create_autospec
+
+import httpx
+import pytest
+import yaml
+
+from scheduler.apply import AppliedObject, ClusterApplier
+from scheduler.planner import plan_id
+from scheduler.request import PlanningRequest
+from scheduler.service import ServiceSettings, create_app
+
+
+def body(request: PlanningRequest) -> dict[str, Any]:
+    """The example request as a client sends it (heuristic solver: fast, deterministic)."""
+    data = json.loads(request.model_dump_json())
+    data["options"]["solver"] = "heuristic"
+    return data
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(ServiceSettings(output_dir=tmp_path))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://scheduler") as c:
+        yield c
+
+
+async def test_post_plan_returns_plan_and_links_when_request_is_valid(
+    client: httpx.AsyncClient, example_request: PlanningRequest
+) -> None:
+    response = await client.post("/v1/plans", json=body(example_request))
+    assert response.status_code == 201
+    data = response.json()
+    assert data["id"] == plan_id(PlanningRequest.model_validate(body(example_request)))
+    assert data["plan"]["metrics"]["pools_unplaced"] == 0
+    fetched = await client.get(data["links"]["self"])
+    assert fetched.status_code == 200 and fetched.json()["id"] == data["id"]
+
+
+async def test_get_manifests_returns_objects_when_plan_exists(
+    client: httpx.AsyncClient, example_request: PlanningRequest
+) -> None:
+    created = (await client.post("/v1/plans", json=body(example_request))).json()
+    manifests = (await client.get(created["links"]["manifests"])).json()
+    kinds = {o["kind"] for o in manifests["objects"]}
+    assert {"PriorityClass", "ConfigMap", "Deployment", "Service"} <= kinds
+    assert manifests["mig_parted"]["version"] == "v1"
+    as_yaml = await client.get(created["links"]["manifests"], params={"format": "yaml"})
+    assert as_yaml.headers["content-type"].startswith("application/yaml")
+    assert len(list(yaml.safe_load_all(as_yaml.text))) == len(manifests["objects"])
+
+
+async def test_get_layout_serves_svg_and_png_when_plan_exists(
+    client: httpx.AsyncClient, example_request: PlanningRequest
+) -> None:
+    created = (await client.post("/v1/plans", json=body(example_request))).json()
+    svg = await client.get(created["links"]["layout_svg"])
+    assert svg.headers["content-type"] == "image/svg+xml" and svg.text.startswith("<svg")
+    png = await client.get(created["links"]["layout_png"])
+    assert png.content[:4] == b"\x89PNG"
+
+
+async def test_apply_writes_directory_when_no_kubeconfig(
+    client: httpx.AsyncClient, example_request: PlanningRequest, tmp_path: Path
+) -> None:
+    created = (await client.post("/v1/plans", json=body(example_request))).json()
+    response = await client.post(created["links"]["apply"])
+    assert response.status_code == 200
+    assert response.json()["target"] == str(tmp_path / created["id"])
+    assert (tmp_path / created["id"] / "30-pools.yaml").exists()
+
+
+async def test_apply_uses_cluster_when_applier_is_configured(
+    example_request: PlanningRequest,
+) -> None:
+    applier = create_autospec(ClusterApplier, instance=True)
+    applier.apply.side_effect = lambda objects: [
+        AppliedObject(o["kind"], o["metadata"]["name"], None, "cluster") for o in objects
+    ]
+    app = create_app(ServiceSettings(wait_for_mig_s=0), applier_factory=lambda: applier)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://s") as c:
+        created = (await c.post("/v1/plans", json=body(example_request))).json()
+        response = await c.post(created["links"]["apply"])
+    assert response.json()["target"] == "cluster"
+    assert applier.apply.call_count == 2  # node phase, then pools
+    applier.wait_for_mig.assert_not_called()
+
+
+async def test_get_plan_answers_404_when_id_is_unknown(client: httpx.AsyncClient) -> None:
+    response = await client.get("/v1/plans/plan-nope")
+    assert response.status_code == 404 and "plan-nope" in response.json()["detail"]
+
+
+async def test_post_plan_answers_422_naming_field_when_gpu_type_is_unknown(
+    client: httpx.AsyncClient, example_request: PlanningRequest
+) -> None:
+    data = body(example_request)
+    data["fleet"]["nodes"][1]["gpus"][0]["type"] = "B200"
+    response = await client.post("/v1/plans", json=data)
+    assert response.status_code == 422
+    locs = [d["loc"] for d in response.json()["detail"]]
+    assert ["body", "fleet", "nodes", 1, "gpus", 0, "type"] in locs
+
+
+async def test_post_plan_answers_422_naming_field_when_start_slot_is_invalid(
+    client: httpx.AsyncClient, example_request: PlanningRequest
+) -> None:
+    data = body(example_request)
+    data["fleet"]["nodes"][0]["gpus"][0]["mig"]["instances"][0]["start"] = 2
+    response = await client.post("/v1/plans", json=data)
+    assert response.status_code == 422
+    (detail,) = response.json()["detail"]
+    assert detail["loc"] == ["body", "fleet", "nodes", 0, "gpus", 0, "mig", "instances", 0, "start"]
+
+
+async def test_post_plan_answers_422_naming_field_when_pool_is_malformed(
+    client: httpx.AsyncClient, example_request: PlanningRequest
+) -> None:
+    data = body(example_request)
+    data["pools"][2]["target_rps"] = -5
+    response = await client.post("/v1/plans", json=data)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "pools", 2, "target_rps"]
