@@ -31,7 +31,7 @@ run: venv runtime
 	$(VENV)/bin/infergate up --repo model_repo --runtime-env $(RUNTIME)
 
 ## test: set up the same environments and run the whole suite
-test: venv runtime
+test: venv runtime system-deps
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-fast: venv runtime
@@ -43,6 +43,19 @@ lint: venv
 
 bench: venv runtime
 	$(PY) -m loadtests.bench --out results
+
+## system-deps: Debian packages the tests need (prometheus: the HPA adapter-rule test)
+.PHONY: system-deps
+system-deps:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
+## loadtest: locust against a running `make run` stack (127.0.0.1:8000/8001), SLO verdict
+LOADTEST_ARGS ?= --protocol all --scenario steady --users 4 --duration 30 --slo-p99-ms 2000
+loadtest: venv
+	$(PY) -m loadtests.run --http 127.0.0.1:8000 --grpc 127.0.0.1:8001 --out results/loadtest $(LOADTEST_ARGS)
 
 clean:
 	rm -rf .run results .model_repo.staging

@@ -15,14 +15,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-
 import httpx
+import uvicorn
 
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
 from gateway.grpc_api import UpstreamGRPC, create_grpc_server
 from gateway.http_api import UpstreamHTTP, create_http_app
+from gateway.lifecycle.auth import TokenTable
+from gateway.lifecycle.control_plane import build_control_plane
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, build_pools
 from gateway.probes import probe_forever
@@ -50,6 +51,7 @@ async def serve(
     config: GatewayConfig,
     stop: asyncio.Event | None = None,
     started: asyncio.Event | None = None,
+    auth: TokenTable | None = None,
 ) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -62,7 +64,11 @@ async def serve(
     upstream_grpc = UpstreamGRPC()
     admin_client = httpx.AsyncClient(timeout=settings.upstream_timeout_s, trust_env=False)
     control = ModelControl(dataplane, admin_client)
-    app = create_http_app(dataplane, control, upstream_http)
+    auth = auth or TokenTable()
+    if not auth.enabled:
+        log.warning("no API tokens configured: every endpoint is open (see --tokens)")
+    control_plane = build_control_plane(config, dataplane, admin_client)
+    app = create_http_app(dataplane, control, upstream_http, auth, control_plane.lifecycle)
     http_server = EmbeddedServer(
         uvicorn.Config(
             app,
@@ -73,12 +79,17 @@ async def serve(
             lifespan="off",
             loop="asyncio",
             http="httptools",
+            # per-request work nobody reads: X-Forwarded parsing, Server and Date headers
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
         )
     )
     grpc_server, _ = create_grpc_server(
-        dataplane, control, upstream_grpc, f"{settings.host}:{settings.grpc_port}"
+        dataplane, control, upstream_grpc, f"{settings.host}:{settings.grpc_port}", auth
     )
     await grpc_server.start()
+    control_plane.start()  # preloading holds readiness down until the models are warm
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(http_server.serve(), name="http"),
         asyncio.create_task(probe_forever(dataplane, settings.probe_interval_s), name="probes"),
@@ -98,6 +109,7 @@ async def serve(
         await stop.wait()
     finally:
         await _drain(dataplane, settings.drain_timeout_s)
+        await control_plane.close()
         http_server.should_exit = True
         await grpc_server.stop(grace=1.0)
         for task in tasks[1:]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import statistics
 import tempfile
 import time
@@ -32,8 +33,8 @@ from tritonclient.grpc import service_pb2
 
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
-from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
 from infergate.processes import ROOT, pools_yaml, run_gateway
+from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -72,11 +73,11 @@ async def closed_loop(
 class Client:
     def __init__(self, model: str, x: np.ndarray, input_name: str, output_name: str) -> None:
         self.grpc_body = grpc_request_bytes(model, x, input_name)
-        header = (
-            '{"inputs":[{"name":"%s","shape":%s,"datatype":"FP32","parameters":'
-            '{"binary_data_size":%d}}],"outputs":[{"name":"%s","parameters":'
-            '{"binary_data":true}}]}' % (input_name, list(x.shape), x.nbytes, output_name)
-        ).encode()
+        header = json.dumps({
+            "inputs": [{"name": input_name, "shape": list(x.shape), "datatype": "FP32",
+                        "parameters": {"binary_data_size": x.nbytes}}],
+            "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
+        }).encode()
         self.http_body = header + x.astype(np.float32).tobytes()
         self.http_headers = {
             "Content-Type": "application/octet-stream",

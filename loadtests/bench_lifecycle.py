@@ -1,0 +1,252 @@
+"""Model lifecycle benchmark: upload-to-first-prediction, the first request after an idle
+spell with and without keep-warm, and predict latency while a conversion runs.
+
+One real Triton (explicit model control, empty repository) behind one real gateway with
+the lifecycle enabled. EfficientNet-Lite0 (real weights) is uploaded over HTTP twice,
+as ``effnet_keepwarm`` (keep-warm policy) and ``effnet_cold`` (none), FP32, evaluated
+on crops of the bundled photos.
+
+1. **Upload to first prediction**: from the first byte of the upload to the first
+   successful inference through the gateway (convert, publish, load, warm, route).
+2. **First request after an idle spell**: per round, the steady p50 of each model
+   (``--steady`` requests), then ``--idle-s`` seconds with no user request, then one
+   request to each (order alternating). Ratio = first / steady p50, median over rounds.
+   Goal: <= 1.5x with keep-warm.
+3. **Predict p99 while a conversion runs**: closed-loop requests to
+   ``effnet_keepwarm`` for ``--predict-s`` seconds with nothing else running, then
+   while a third upload (FP32 + INT8, calibration and repair) converts in its worker.
+
+    python -m loadtests.bench_lifecycle [--rounds 3] [--idle-s 20] [--predict-s 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+from converters.images import EFFICIENTNET_LITE, SAMPLE_PHOTOS, augmented_views, load_image
+from converters.images import sample_photo as photo_path
+from converters.samples import INPUT_NAME
+from infergate.processes import run_gateway
+from infergate.triton.local import TritonEndpoints
+from loadtests.benchkit import median, percentile, sample_model_dir, triton
+
+WARM, COLD, HEAVY = "effnet_keepwarm", "effnet_cold", "effnet_int8"
+KEEP_WARM = {"interval_s": 2.0, "idle_after_s": 3.0, "batch_sizes": [1]}
+
+
+def _samples(count: int, seed: int) -> bytes:
+    images = []
+    for index, name in enumerate(SAMPLE_PHOTOS):
+        views = augmented_views(load_image(photo_path(name)), count // len(SAMPLE_PHOTOS) + 1,
+                                seed + index)
+        images.extend(EFFICIENTNET_LITE(v) for v in views)
+    out = io.BytesIO()
+    np.savez(out, **{INPUT_NAME: np.stack(images[:count]).astype(np.float32)})
+    return out.getvalue()
+
+
+def _spec(precisions: list[str], keep_warm: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "inputs": [{"name": INPUT_NAME, "datatype": "FP32", "shape": ["batch", 3, 224, 224]}],
+        "precisions": precisions, "max_batch_size": 8, "profile_iterations": 5,
+        "accuracy_budget": {"max_top1_drop": 0.05, "min_cosine": 0.98},
+    }
+    if keep_warm:
+        spec["keep_warm"] = KEEP_WARM
+    return spec
+
+
+def _config(folder: Path, endpoints: TritonEndpoints, repo: Path) -> Path:
+    member = {"host": endpoints.host, "http_port": endpoints.http_port,
+              "grpc_port": endpoints.grpc_port, "metrics_port": endpoints.metrics_port}
+    path = folder / "gateway.yaml"
+    path.write_text(yaml.safe_dump({
+        "pools": [{"name": "local", "members": [member]}],
+        "lifecycle": {"repository": str(repo), "state_dir": str(folder / "state")},
+    }))
+    return path
+
+
+def _upload(client: httpx.Client, name: str, model: Path, spec: dict[str, Any],
+            evaluation: bytes, calibration: bytes | None = None) -> str:
+    files: dict[str, Any] = {"model": ("model.onnx", model.open("rb")),
+                             "spec": ("spec.json", json.dumps(spec)),
+                             "evaluation": ("evaluation.npz", evaluation)}
+    if calibration is not None:
+        files["calibration"] = ("calibration.npz", calibration)
+    resp = client.post(f"/v1/models/{name}/versions", files=files, timeout=600)
+    resp.raise_for_status()
+    return str(resp.json()["id"])
+
+
+def _job(client: httpx.Client, job_id: str) -> dict[str, Any]:
+    return client.get(f"/v1/jobs/{job_id}").json()  # type: ignore[no-any-return]
+
+
+def _infer_body() -> bytes:
+    x = EFFICIENTNET_LITE(load_image(photo_path("chelsea")))[None].astype(np.float32)
+    header = json.dumps({"inputs": [{"name": INPUT_NAME, "shape": list(x.shape),
+                                     "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]})
+    return header.encode() + x.tobytes()
+
+
+class Predictor:
+    def __init__(self, url: str) -> None:
+        self.client = httpx.Client(base_url=url, timeout=60, trust_env=False)
+        body = _infer_body()
+        self.body = body
+        self.header_len = str(len(body) - 3 * 224 * 224 * 4)
+
+    def once(self, model: str) -> float:
+        t0 = time.perf_counter()
+        resp = self.client.post(f"/v2/models/{model}/infer", content=self.body, headers={
+            "inference-header-content-length": self.header_len,
+            "content-type": "application/octet-stream"})
+        elapsed = (time.perf_counter() - t0) * 1e3
+        if resp.status_code != 200:
+            raise RuntimeError(f"{model}: {resp.status_code} {resp.text[:200]}")
+        return elapsed
+
+    def closed_loop(self, model: str, seconds: float) -> list[float]:
+        deadline = time.monotonic() + seconds
+        latencies = []
+        while time.monotonic() < deadline:
+            latencies.append(self.once(model))
+        return latencies
+
+
+def upload_to_first_prediction(client: httpx.Client, predictor: Predictor, model: Path,
+                               name: str, keep_warm: bool, evaluation: bytes) -> float:
+    started = time.perf_counter()
+    job_id = _upload(client, name, model, _spec(["fp32"], keep_warm), evaluation)
+    while True:
+        try:
+            predictor.once(name)
+            return time.perf_counter() - started
+        except RuntimeError:
+            job = _job(client, job_id)
+            if job["state"] == "failed":
+                raise RuntimeError(f"{name}: {job['error']}") from None
+            time.sleep(0.05)
+
+
+def idle_round(predictor: Predictor, idle_s: float, steady: int, order: tuple[str, ...]
+               ) -> dict[str, tuple[float, float]]:
+    p50 = {m: percentile([predictor.once(m) for _ in range(steady)], 50) for m in order}
+    time.sleep(idle_s)
+    first = {m: predictor.once(m) for m in order}
+    return {m: (first[m], p50[m]) for m in order}
+
+
+def predict_during_conversion(client: httpx.Client, predictor: Predictor, model: Path,
+                              seconds: float, evaluation: bytes, calibration: bytes
+                              ) -> dict[str, Any]:
+    quiet = predictor.closed_loop(WARM, seconds)
+    job_id = _upload(client, HEAVY, model, _spec(["fp32", "int8"], False), evaluation,
+                     calibration)
+    busy: list[float] = []  # only while the worker converts (not during load/warm-up)
+    while _job(client, job_id)["state"] in ("queued", "converting"):
+        busy.extend(predictor.closed_loop(WARM, 1.0))
+    job = _job(client, job_id)
+    deadline = time.monotonic() + 900
+    while job["state"] not in ("succeeded", "failed") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = _job(client, job_id)
+    return {"quiet": quiet, "busy": busy, "job": job}
+
+
+@contextmanager
+def stack(folder: Path) -> Iterator[tuple[str, Path]]:
+    repo = folder / "repo"
+    repo.mkdir()
+    with triton(repo, folder, ()) as server:
+        assert server.endpoints is not None
+        config = _config(folder, server.endpoints, repo)
+        with run_gateway(config, folder) as gateway:
+            yield f"http://{gateway.http_url}", repo
+
+
+def run(rounds: int = 3, idle_s: float = 20.0, steady: int = 30,
+        predict_s: float = 20.0) -> list[dict[str, Any]]:
+    model = sample_model_dir() / "1" / "model.onnx"
+    evaluation, calibration = _samples(24, seed=1), _samples(48, seed=100)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, stack(Path(tmp)) as (url, _):
+        client = httpx.Client(base_url=url, timeout=60, trust_env=False)
+        predictor = Predictor(url)
+        for name, keep in ((WARM, True), (COLD, False)):
+            seconds = upload_to_first_prediction(client, predictor, model, name, keep,
+                                                 evaluation)
+            print(f"[bench_lifecycle] {name}: upload -> first prediction {seconds:.1f} s",
+                  flush=True)
+            rows.append({"figure": "upload -> first prediction", "model": name,
+                         "value": round(seconds, 1), "unit": "s"})
+        ratios: dict[str, list[float]] = {WARM: [], COLD: []}
+        for r in range(rounds):
+            order = (WARM, COLD) if r % 2 == 0 else (COLD, WARM)
+            result = idle_round(predictor, idle_s, steady, order)
+            for m, (first, p50) in result.items():
+                ratios[m].append(first / p50)
+                print(f"[bench_lifecycle] round {r + 1} {m}: first {first:.1f} ms, "
+                      f"steady p50 {p50:.1f} ms, ratio {first / p50:.2f}x", flush=True)
+        for name, label in ((WARM, "with keep-warm"), (COLD, "without keep-warm")):
+            rows.append({"figure": f"first request after {idle_s:g} s idle / steady p50",
+                         "model": f"{name} ({label})", "value": round(median(ratios[name]), 2),
+                         "unit": "x", "rounds": [round(x, 2) for x in ratios[name]]})
+        during = predict_during_conversion(client, predictor, model, predict_s, evaluation,
+                                           calibration)
+        for key, label in (("quiet", "no conversion"), ("busy", "conversion running")):
+            values = during[key]
+            rows.append({"figure": f"predict p99 ({label})", "model": WARM,
+                         "value": round(percentile(values, 99), 1), "unit": "ms",
+                         "p50_ms": round(percentile(values, 50), 1), "requests": len(values)})
+        job = during["job"]
+        rows.append({"figure": "FP32+INT8 conversion job", "model": HEAVY,
+                     "value": round((job.get("finished_at") or time.time())
+                                    - job["created_at"], 1),
+                     "unit": "s", "state": job["state"], "error": job.get("error")})
+        client.close()
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| figure | model | value |", "|---|---|---|"]
+    for row in rows:
+        extra = ""
+        if "p50_ms" in row:
+            extra = f" (p50 {row['p50_ms']} ms, {row['requests']} requests)"
+        if "rounds" in row:
+            extra = f" (rounds {row['rounds']})"
+        if row.get("state"):
+            extra = f" ({row['state']}{': ' + row['error'] if row.get('error') else ''})"
+        lines.append(f"| {row['figure']} | {row['model']} | {row['value']} {row['unit']}"
+                     f"{extra} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--idle-s", type=float, default=20.0)
+    parser.add_argument("--steady", type=int, default=30)
+    parser.add_argument("--predict-s", type=float, default=20.0)
+    args = parser.parse_args()
+    print(markdown(run(args.rounds, args.idle_s, args.steady, args.predict_s)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Shared pieces of the Triton benchmarks (bench_batching, bench_coldstart): variants of
+the sample model in a scratch repository, a local Triton, and a closed-loop gRPC client.
+
+Variants are the same ONNX model and ``model.py`` with one config field changed, so a
+side-by-side comparison isolates that field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from converters.samples import INPUT_NAME, SAMPLE_MODEL_NAME, build_sample_model
+from infergate.triton.local import LocalTriton, TritonSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNTIME_ENV = ROOT / ".venv-triton"
+SAMPLE_REPO = ROOT / "model_repo"
+
+ConfigEdit = Callable[[mc.ModelConfig], None]
+
+
+def sample_model_dir() -> Path:
+    """The sample model in ./model_repo (exported there first if absent, as `make run`)."""
+    build_sample_model(SAMPLE_REPO)
+    return SAMPLE_REPO / SAMPLE_MODEL_NAME
+
+
+def write_variant(repo: Path, name: str, edit: ConfigEdit) -> None:
+    """Copy the sample model to ``repo/name`` with its config edited by ``edit``."""
+    source = sample_model_dir()
+    target = repo / name
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    config = text_format.Parse((source / "config.pbtxt").read_text(), mc.ModelConfig())
+    config.name = name
+    edit(config)
+    (target / "config.pbtxt").write_text(text_format.MessageToString(config))
+
+
+@contextlib.contextmanager
+def triton(repo: Path, log_dir: Path, models: tuple[str, ...]) -> Iterator[LocalTriton]:
+    server = LocalTriton(TritonSettings(
+        model_repository=repo, runtime_env=RUNTIME_ENV, log_file=log_dir / "triton.log",
+        models=models,
+    ))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, int(np.ceil(q / 100 * len(ordered))))
+    return ordered[rank - 1]
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    requests: int
+    images: int
+    seconds: float
+    latencies_ms: tuple[float, ...]
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile(list(self.latencies_ms), 50)
+
+    @property
+    def p99_ms(self) -> float:
+        return percentile(list(self.latencies_ms), 99)
+
+
+def infer_input(x: np.ndarray) -> grpcclient.InferInput:
+    inp = grpcclient.InferInput(INPUT_NAME, list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return inp
+
+
+def closed_loop(url: str, model: str, x: np.ndarray, concurrency: int,
+                seconds: float, min_requests: int = 3) -> LoadResult:
+    """``concurrency`` clients each send the next request when the last one returns, for
+    ``seconds`` (and at least ``min_requests`` each, for slow large batches) after one
+    untimed request each (connection set-up)."""
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    deadline: list[float] = [0.0]
+    began: list[float] = [0.0]
+
+    def start_clock() -> None:  # runs once, before any client is released
+        began[0] = time.perf_counter()
+        deadline[0] = began[0] + seconds
+
+    start_barrier = threading.Barrier(concurrency + 1, action=start_clock)
+    errors: list[BaseException] = []
+
+    def client_loop(mine: list[float]) -> None:
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            inp = infer_input(x)
+            client.infer(model, [inp])
+            start_barrier.wait(timeout=120)
+            while time.perf_counter() < deadline[0] or len(mine) < min_requests:
+                t0 = time.perf_counter()
+                client.infer(model, [inp])
+                mine.append((time.perf_counter() - t0) * 1000.0)
+        except BaseException as err:  # noqa: BLE001 - surfaced below
+            errors.append(err)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                start_barrier.abort()
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=client_loop, args=(mine,), daemon=True)
+               for mine in latencies]
+    for t in threads:
+        t.start()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        start_barrier.wait(timeout=180)
+    for t in threads:
+        t.join(timeout=seconds + 120)
+    # until the last in-flight request returned: the same tail for every variant
+    elapsed = time.perf_counter() - began[0]
+    if errors:
+        raise RuntimeError(f"{model}: {errors[0]!r}") from errors[0]
+    flat = [v for mine in latencies for v in mine]
+    if not flat:
+        raise RuntimeError(f"{model}: no request finished within {seconds} s")
+    return LoadResult(len(flat), len(flat) * x.shape[0], elapsed, tuple(flat))

@@ -1,0 +1,262 @@
+"""The prometheus-adapter rule's PromQL, run by a real Prometheus scraping a real gateway
+under load, returns the pool saturation the gateway itself reports.
+
+Prometheus is Debian's ``prometheus`` binary (``make system-deps``), started on a free
+loopback port with a throw-away config that scrapes the session's gateway every 0.5 s and
+labels the target ``namespace="infergate"``, as the Prometheus Operator does through the
+ServiceMonitor. The adapter's Go template is filled in as prometheus-adapter does for an
+External metric request with selector ``pool=<pool>`` from an HPA in ``infergate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+import tritonclient.http as httpclient
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from converters.samples import INPUT_NAME, SAMPLE_MODEL_NAME, cat_input
+from infergate.triton.local import free_port
+from tests.k8s.conftest import K8S
+from tests.procs import GatewayProcess, wait_until
+
+pytestmark = pytest.mark.integration
+
+ADAPTER_CONFIG = K8S / "monitoring" / "prometheus-adapter" / "config.yaml"
+DASHBOARD = K8S / "monitoring" / "grafana-dashboard.json"
+NAMESPACE = "infergate"
+POOL = "local"  # the pool name of the session's gateway fixture
+SCRAPE_S = 0.5
+CONCURRENCY = 12  # > capacity_per_member (8): saturation well above 1 while loaded
+
+
+def render_external_query(
+    rule: dict[str, object], selector: dict[str, str], namespace: str
+) -> str:
+    """prometheus-adapter's BuildExternal for equality selectors: the selector's matchers,
+    then the namespace matcher (namespace override), joined by commas."""
+    template = str(rule["metricsQuery"])
+    used = set(re.findall(r"<<\s*\.(\w+)\s*>>", template))
+    assert used <= {"Series", "LabelMatchers"}, f"template fields not rendered here: {used}"
+    series = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", str(rule["seriesQuery"]))
+    assert series is not None
+    matchers = [f'{k}="{v}"' for k, v in selector.items()] + [f'namespace="{namespace}"']
+    return (template.replace("<<.Series>>", series.group(1))
+            .replace("<<.LabelMatchers>>", ",".join(matchers)))
+
+
+@dataclass
+class Prometheus:
+    url: str
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=5, trust_env=False))
+
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, object]]:
+        params = {"query": promql, **({"time": f"{at:.3f}"} if at is not None else {})}
+        body = self.client.get(f"{self.url}/api/v1/query", params=params).json()
+        assert body["status"] == "success", body
+        return body["data"]["result"]  # type: ignore[no-any-return]
+
+    def scalar(self, promql: str, at: float | None = None) -> float | None:
+        result = self.query(promql, at)
+        assert len(result) <= 1, result
+        return float(result[0]["value"][1]) if result else None  # type: ignore[index]
+
+    def series(self, match: str) -> list[dict[str, str]]:
+        body = self.client.get(f"{self.url}/api/v1/series", params={"match[]": match}).json()
+        assert body["status"] == "success", body
+        return body["data"]  # type: ignore[no-any-return]
+
+
+def prometheus_binary() -> str:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        message = "Debian 'prometheus' is not installed: run 'make system-deps'"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(f"NOT CHECKED: {message}")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    gateway: GatewayProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Prometheus]:
+    binary = prometheus_binary()
+    tmp_path = tmp_path_factory.mktemp("prometheus")
+    port = free_port()
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{
+            "job_name": "infergate-gateway",
+            "scrape_interval": f"{int(SCRAPE_S * 1000)}ms",
+            "scrape_timeout": f"{int(SCRAPE_S * 800)}ms",
+            "metrics_path": "/metrics",
+            "static_configs": [{"targets": [gateway.http_url],
+                                "labels": {"namespace": NAMESPACE,
+                                           "service": "infergate-gateway"}}],
+        }],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    log = (tmp_path / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+         "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    prom = Prometheus(f"http://127.0.0.1:{port}")
+    try:
+        def ready() -> bool:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+            with contextlib.suppress(httpx.HTTPError):
+                return prom.client.get(f"{prom.url}/-/ready").status_code == 200
+            return False
+
+        assert wait_until(ready, 30), "prometheus not ready"
+        yield prom
+    finally:
+        prom.client.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        log.close()
+
+
+def gateway_saturation(client: httpx.Client, gateway: GatewayProcess) -> float | None:
+    text = client.get(f"http://{gateway.http_url}/metrics").text
+    for family in text_string_to_metric_families(text):
+        if family.name == "infergate_pool_saturation":
+            for sample in family.samples:
+                if sample.labels.get("pool") == POOL:
+                    return float(sample.value)
+    return None
+
+
+@contextlib.contextmanager
+def load(gateway: GatewayProcess, seconds_max: float) -> Iterator[threading.Event]:
+    """CONCURRENCY closed-loop HTTP clients until the block exits (at most seconds_max)."""
+    stop = threading.Event()
+    deadline = time.monotonic() + seconds_max
+    x = cat_input()
+
+    def client_loop() -> None:
+        client = httpclient.InferenceServerClient(gateway.http_url)
+        inp = httpclient.InferInput(INPUT_NAME, list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        try:
+            while not stop.is_set() and time.monotonic() < deadline:
+                with contextlib.suppress(Exception):
+                    client.infer(SAMPLE_MODEL_NAME, [inp])
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(CONCURRENCY)]
+    for t in threads:
+        t.start()
+    try:
+        yield stop
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+
+
+@contextlib.contextmanager
+def gauge_recorder(gateway: GatewayProcess) -> Iterator[list[tuple[float, float]]]:
+    """(wall time, saturation) read from the gateway's /metrics every 50 ms."""
+    readings: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        with httpx.Client(timeout=2, trust_env=False) as client:
+            while not stop.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    value = gateway_saturation(client, gateway)
+                    if value is not None:
+                        readings.append((time.time(), value))
+                stop.wait(0.05)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield readings
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def test_adapter_query_returns_the_gateway_saturation_when_under_load(
+    gateway: GatewayProcess, prometheus: Prometheus
+) -> None:
+    (rule,) = yaml.safe_load(ADAPTER_CONFIG.read_text())["externalRules"]
+    query = render_external_query(rule, {"pool": POOL}, NAMESPACE)
+    sample_time = f'timestamp(infergate_pool_saturation{{pool="{POOL}",namespace="{NAMESPACE}"}})'
+    assert wait_until(lambda: prometheus.series(rule["seriesQuery"]), 15)
+    assert prometheus.series(rule["seriesQuery"])[0]["pool"] == POOL
+
+    pairs: list[tuple[float, float]] = []  # (sample timestamp, adapter query value)
+    with gauge_recorder(gateway) as readings, load(gateway, seconds_max=20) as stop:
+        assert wait_until(lambda: any(v >= 1.0 for _, v in readings), 10), readings[-5:]
+        for _ in range(8):
+            time.sleep(SCRAPE_S)
+            now = time.time()
+            value, at = prometheus.scalar(query, now), prometheus.scalar(sample_time, now)
+            if value is not None and at is not None:
+                pairs.append((at, value))
+        stop.set()
+    # The gateway computes the gauge at each scrape from its instantaneous in-flight count
+    # (plus the members' queue depth from the last probe round), so Prometheus's sample
+    # and our own reads a few milliseconds apart are draws of a moving value: Triton's
+    # dynamic batcher answers requests in groups (2-6 per execution at this load), so
+    # in-flight can jump by a whole group between two reads. Hence, against the median of
+    # what /metrics said within +/- 0.5 s of each sample's timestamp:
+    # - typical agreement: at least 3/4 of the answers within 2 requests (0.25);
+    # - no answer off by more than the pool's whole capacity (1.0): a query that counted a
+    #   series twice or picked the wrong one would be;
+    # - on average over the window, where the jumps cancel, within 0.25.
+    assert len(pairs) >= 4
+    deviations = []
+    for at, value in pairs:
+        nearby = [v for t, v in readings if abs(t - at) <= 0.5]
+        assert nearby, f"no direct reading near {at}"
+        print(f"adapter {value:.3f}, gateway /metrics median {statistics.median(nearby):.3f} "
+              f"({min(nearby):.3f}..{max(nearby):.3f})")
+        deviations.append(abs(value - statistics.median(nearby)))
+    assert max(deviations) <= 1.0, deviations
+    assert sum(d <= 0.25 for d in deviations) >= 0.75 * len(deviations), deviations
+    window = [v for t, v in readings if pairs[0][0] <= t <= pairs[-1][0]]
+    mean_adapter = statistics.fmean(v for _, v in pairs)
+    assert abs(mean_adapter - statistics.fmean(window)) <= 0.25, (mean_adapter, window)
+    peak = max(v for _, v in pairs)
+    assert peak >= 1.0  # 12 clients over capacity 8: the load is visible
+    # Load gone: the same query follows the gauge back down.
+    assert wait_until(lambda: (prometheus.scalar(query) or 0.0) <= 0.25 * peak, 15)
+
+
+def test_dashboard_queries_evaluate_in_prometheus(
+    gateway: GatewayProcess, prometheus: Prometheus
+) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert wait_until(lambda: prometheus.series("infergate_pool_saturation"), 15)
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = (target["expr"].replace("$namespace", NAMESPACE)
+                    .replace("$pool", ".*").replace("$model", ".*")
+                    .replace("$__rate_interval", "1m"))
+            prometheus.query(expr)  # asserts status == success (valid PromQL)

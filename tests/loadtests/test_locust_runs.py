@@ -1,0 +1,84 @@
+"""Headless locust runs against a real stack (Triton + gateway): reports are written and
+the SLO verdict decides the exit status, both ways. About 25 s in all."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from loadtests.run import LoadTestSettings, locust_command, run_one
+from tests.procs import GatewayProcess
+
+pytestmark = pytest.mark.integration
+
+
+def settings(
+    gateway: GatewayProcess, out: Path, protocol: str, **overrides: object
+) -> LoadTestSettings:
+    base: dict[str, object] = dict(
+        protocols=(protocol,), scenario="steady", http=gateway.http_url, grpc=gateway.grpc_url,
+        users=2, duration_s=4.0, spawn_rate=2.0, models="efficientnet_lite0", batch_size=1,
+        slo_p99_ms=30_000.0, slo_max_error_rate=0.5, out=out,
+    )
+    base.update(overrides)
+    return LoadTestSettings(**base)  # type: ignore[arg-type]
+
+
+def aggregated_row(directory: Path) -> dict[str, str]:
+    with (directory / "locust_stats.csv").open() as f:
+        return next(r for r in csv.DictReader(f) if r["Name"] == "Aggregated")
+
+
+def test_locust_grpc_run_passes_and_writes_reports_when_slo_is_generous(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    result = run_one(settings(gateway, tmp_path, "grpc"), "grpc")
+    assert result.exit_code == 0
+    verdict = result.verdict()
+    assert verdict is not None and verdict["passed"] is True
+    row = aggregated_row(result.directory)
+    assert int(row["Request Count"]) > 0 and int(row["Failure Count"]) == 0
+    # The CSV is written as users stop; each of the 2 users may finish one more request.
+    judged = verdict["summary"]["requests"]  # type: ignore[index]
+    assert 0 <= judged - int(row["Request Count"]) <= 2
+    assert (result.directory / "report.html").stat().st_size > 10_000
+    assert (result.directory / "locust_verdict.md").read_text().startswith("**SLO verdict: PASS")
+
+
+def test_locust_http_binary_run_fails_when_p99_slo_is_impossible(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    result = run_one(settings(gateway, tmp_path, "http-binary", slo_p99_ms=0.001), "http-binary")
+    assert result.exit_code == 1
+    verdict = result.verdict()
+    assert verdict is not None and verdict["passed"] is False
+    assert verdict["summary"]["failures"] == 0  # type: ignore[index]
+    assert [v for v in verdict["violations"] if "p99" in v]  # type: ignore[union-attr]
+
+
+def test_locust_http_json_run_fails_on_error_rate_when_the_model_is_unknown(
+    gateway: GatewayProcess, tmp_path: Path
+) -> None:
+    # A model the gateway does not serve: every request fails (metadata lookup included),
+    # latency is tiny, so only the error-rate limit can fail the run.
+    result = run_one(
+        settings(gateway, tmp_path, "http-json", models="no_such_model", duration_s=3.0,
+                 slo_max_error_rate=0.01),
+        "http-json",
+    )
+    assert result.exit_code == 1
+    verdict = json.loads((result.directory / "locust_verdict.json").read_text())
+    assert verdict["summary"]["requests"] > 0
+    assert verdict["summary"]["error_rate"] == 1.0
+    assert [v for v in verdict["violations"] if "error rate" in v]
+
+
+def test_locust_command_selects_the_scenario_shape_file(tmp_path: Path) -> None:
+    s = LoadTestSettings(("grpc",), "spike", "h:1", "h:2", 3, 5.0, 1.0, "m", 1, 1.0, 0.1, tmp_path)
+    cmd = locust_command(s, "grpc", tmp_path)
+    files = cmd[cmd.index("-f") + 1].split(",")
+    assert files[0].endswith("locustfile_grpc.py") and files[1].endswith("scenarios/spike.py")
+    assert all(Path(f).is_file() for f in files)
