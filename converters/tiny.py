@@ -31,7 +31,8 @@ def tiny_onnx(path: Path) -> Path:
     two = helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])
     one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["x2"]), helper.make_node("Add", ["x2", "one"], ["y"])],
+        [helper.make_node("Mul", ["x", "two"], ["x2"]),
+         helper.make_node("Add", ["x2", "one"], ["y"])],
         "tiny", [x], [y], initializer=[two, one],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

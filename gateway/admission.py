@@ -12,6 +12,7 @@ converter's profile or a load test) unless a model policy overrides them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -71,10 +72,8 @@ class AdmissionGate:
         self.active -= 1
 
     def _remove(self, waiter: asyncio.Future[None]) -> None:
-        try:
+        with contextlib.suppress(ValueError):
             self._waiters.remove(waiter)
-        except ValueError:
-            pass
 
 
 @dataclass

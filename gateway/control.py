@@ -75,7 +75,7 @@ class ModelControl:
         if probe_batches:
             await self._probe_batches(member, model, config, max_batch)
         stats = await self._get_json(member, f"/v2/models/{model}/stats")
-        model_stats = next(iter(stats.get("model_stats", [])), {})
+        model_stats: dict[str, Any] = next(iter(stats.get("model_stats", [])), {})
         latency = batch_latency_from_stats(model_stats)
         if not latency:
             raise Unavailable(f"no batch statistics for '{model}' yet: send traffic first")
@@ -102,7 +102,8 @@ class ModelControl:
 
     async def _get_json(self, member: PoolMember, path: str) -> dict[str, Any]:
         resp = await self._request(member, "GET", path)
-        return resp.json()  # type: ignore[no-any-return]
+        data: dict[str, Any] = resp.json()
+        return data
 
     async def _post(self, member: PoolMember, path: str, body: bytes | str,
                     headers: dict[str, str] | None = None) -> None:
@@ -127,7 +128,7 @@ def _synthetic_request(config: dict[str, Any], batch: int) -> tuple[bytes, dict[
     for spec in config.get("input", []):
         datatype = spec["data_type"].removeprefix("TYPE_")
         dims = [batch] + [d if d > 0 else 8 for d in spec.get("dims", [])]
-        array = np.zeros(dims, dtype=NUMPY_DTYPES.get(datatype, np.float32))
+        array: np.ndarray = np.zeros(dims, dtype=NUMPY_DTYPES.get(datatype, np.float32))
         blobs.append(array.tobytes())
         inputs.append({"name": spec["name"], "shape": dims, "datatype": datatype,
                        "parameters": {"binary_data_size": array.nbytes}})

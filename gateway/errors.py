@@ -71,6 +71,24 @@ class Unsupported(GatewayError):
     """A protocol feature the gateway deliberately does not offer (e.g. shared memory)."""
 
 
+class Conflict(GatewayError):
+    """The request clashes with work in progress (a second upload of a model that is
+    converting) or with the model's state (deleting the serving version)."""
+
+
+class PayloadTooLarge(GatewayError):
+    """An upload exceeds its size limit; nothing of it is kept."""
+
+
+class JobNotFound(GatewayError):
+    """No conversion job has this id."""
+
+
+class DeployFailed(GatewayError):
+    """A member refused to load a version, or its warm-up failed; the version that was
+    serving still serves."""
+
+
 # error class -> (HTTP status, gRPC status code name). Looked up along the MRO.
 ERROR_TABLE: dict[type[GatewayError], tuple[int, str]] = {
     GatewayError: (500, "INTERNAL"),
@@ -83,13 +101,17 @@ ERROR_TABLE: dict[type[GatewayError], tuple[int, str]] = {
     Unauthorized: (401, "UNAUTHENTICATED"),
     Forbidden: (403, "PERMISSION_DENIED"),
     Unsupported: (501, "UNIMPLEMENTED"),
+    Conflict: (409, "ABORTED"),
+    PayloadTooLarge: (413, "RESOURCE_EXHAUSTED"),
+    JobNotFound: (404, "NOT_FOUND"),
+    DeployFailed: (500, "INTERNAL"),
 }
 
 
 def _lookup(error: GatewayError) -> tuple[int, str]:
     for cls in type(error).__mro__:
         if cls in ERROR_TABLE:
-            return ERROR_TABLE[cls]  # type: ignore[index]
+            return ERROR_TABLE[cls]
     return ERROR_TABLE[GatewayError]
 
 

@@ -14,14 +14,18 @@ from pathlib import Path
 import typer
 
 from gateway.cli import app as gateway_app
+from gateway.models_cli import app as models_app
 
 app = typer.Typer(
     help="infergate: a Triton inference gateway, model converter and MIG scheduler.",
     no_args_is_help=True,
 )
 app.add_typer(gateway_app, name="gateway")
+app.add_typer(models_app, name="models")
 
-sample_app = typer.Typer(help="The bundled sample model (EfficientNet-Lite0).", no_args_is_help=True)
+sample_app = typer.Typer(
+    help="The bundled sample model (EfficientNet-Lite0).", no_args_is_help=True
+)
 app.add_typer(sample_app, name="sample")
 
 

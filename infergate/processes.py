@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from infergate.triton.local import TritonEndpoints, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

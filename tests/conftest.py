@@ -52,7 +52,9 @@ def triton(sample_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="session")
-def gateway(triton: LocalTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(
+    triton: LocalTriton, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
     assert triton.endpoints is not None
     tmp = tmp_path_factory.mktemp("gateway")
     pools = pools_yaml(tmp / "pools.yaml", {"local": [triton.endpoints]})

@@ -248,10 +248,8 @@ class LocalTriton:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=self.settings.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
         # Whatever is left of the group (the server if it hung, Python-backend stubs).
         leftovers = process_group_members(pgid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -298,10 +296,12 @@ class LocalTriton:
                     f"tritonserver exited with status {code} during start-up "
                     f"(log {self.settings.log_file}):\n{self.log_tail()}"
                 )
-            with contextlib.suppress(urllib.error.URLError, OSError):
-                with urllib.request.urlopen(url, timeout=1) as resp:  # noqa: S310 (loopback)
-                    if resp.status == 200:
-                        return
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(url, timeout=1) as resp,  # loopback only
+            ):
+                if resp.status == 200:
+                    return
             time.sleep(0.2)
         raise TritonStartupError(
             f"tritonserver not ready after {self.settings.startup_timeout_s:.0f} s "

@@ -8,7 +8,10 @@ Python-backend stub (numpy<2, onnxruntime); it must not import anything from inf
 - A dynamic batch (several requests) is executed in one ONNX Runtime call: requests whose
   non-batch shapes agree are concatenated along axis 0, run once, and split back.
 - Config parameters: ``intra_op_threads`` (0 = ONNX Runtime's default),
-  ``onnx_model_filename`` (default ``model.onnx``).
+  ``onnx_model_filename`` (default ``model.onnx``), ``disabled_optimizers``
+  (comma-separated ONNX Runtime graph optimizers to turn off; the converter sets
+  ``WeightBiasQuantization`` for mixed-precision INT8 models, whose float layers that
+  pass would otherwise re-quantize).
 """
 
 from __future__ import annotations
@@ -38,8 +41,12 @@ class TritonPythonModel:
         options.intra_op_num_threads = int(_param(config, "intra_op_threads", "0"))
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        disabled = [o.strip() for o in _param(config, "disabled_optimizers", "").split(",")]
         self.session = ort.InferenceSession(
-            os.path.join(version_dir, filename), options, providers=["CPUExecutionProvider"]
+            os.path.join(version_dir, filename),
+            options,
+            providers=["CPUExecutionProvider"],
+            disabled_optimizers=[o for o in disabled if o] or None,
         )
         self.batched = int(config.get("max_batch_size", 0)) > 0
         self.inputs = [

@@ -4,6 +4,7 @@ admitted requests keep bounded latency, memory stays bounded; metrics show it al
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 from collections import Counter
@@ -50,8 +51,8 @@ def limited_gateway(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory
 
 def _body() -> tuple[bytes, dict[str, str]]:
     x = np.ones((1, TINY_WIDTH), np.float32)
-    header = ('{"inputs":[{"name":"x","shape":[1,%d],"datatype":"FP32","parameters":'
-              '{"binary_data_size":%d}}]}' % (TINY_WIDTH, x.nbytes)).encode()
+    header = json.dumps({"inputs": [{"name": "x", "shape": [1, TINY_WIDTH], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}]}).encode()
     return header + x.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
 
 
