@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from gateway.lifecycle.auth import TOKENS_ENV, TokenConfigError, TokenTable, load_token_entries
 from gateway.pools import load_gateway_config
 from gateway.server import GatewaySettings, serve
 
@@ -21,10 +25,10 @@ def _group() -> None:
 
 @app.command("serve")
 def serve_command(
-    pools: Path = typer.Option(
-        ..., exists=True, dir_okay=False,
+    pools: Annotated[Path, typer.Option(
+        exists=True, dir_okay=False,
         help="YAML: pools (members or DNS), optional model policies and rate limits.",
-    ),
+    )],
     host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 in a container)."),
     http_port: int = typer.Option(8000, help="HTTP (KServe v2 REST) port."),
     grpc_port: int = typer.Option(8001, help="gRPC (inference.GRPCInferenceService) port."),
@@ -32,6 +36,11 @@ def serve_command(
     drain_timeout: float = typer.Option(10.0, help="Seconds to finish in-flight on SIGTERM."),
     log_level: str = typer.Option("warning", help="Log level."),
     event_loop: str = typer.Option("uvloop", help="Event loop: uvloop or asyncio."),
+    tokens: Annotated[Path | None, typer.Option(
+        exists=True, dir_okay=False,
+        help=f"API tokens (YAML: name, scopes, sha256). Also read from ${TOKENS_ENV}; "
+             "overrides auth.tokens_file of the config.",
+    )] = None,
 ) -> None:
     """Serve HTTP and gRPC until SIGTERM/SIGINT, then drain and exit."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -44,11 +53,16 @@ def serve_command(
         log_level=log_level,
     )
     config = load_gateway_config(pools)
+    try:
+        auth = TokenTable(load_token_entries(tokens or config.auth.tokens_file, os.environ),
+                          predict_open=config.auth.predict == "open")
+    except (TokenConfigError, OSError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tokens") from exc
     with asyncio.Runner(loop_factory=_loop_factory(event_loop)) as runner:
-        runner.run(serve(settings, config))
+        runner.run(serve(settings, config, auth=auth))
 
 
-def _loop_factory(name: str):  # type: ignore[no-untyped-def]
+def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     if name == "uvloop":
         import uvloop
 

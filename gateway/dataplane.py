@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gateway.admission import AdmissionGate, RateLimit, RateLimiter
-from gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, Unavailable
+from gateway.errors import (
+    DeadlineExceeded,
+    GatewayError,
+    ModelNotFound,
+    ModelNotReady,
+    Unavailable,
+)
 from gateway.metrics import GatewayMetrics
 from gateway.pools import GatewayConfig, Pool, PoolMember, pools_for_model
 from gateway.routing import RoutingPolicy
@@ -63,6 +69,7 @@ class ModelRoute:
     pools: list[Pool]
     gate: AdmissionGate
     children: dict[tuple[str, ...], Any] = field(default_factory=dict)
+    last_user_request_at: float = float("-inf")  # keep-warm's idleness clock
 
 
 @dataclass
@@ -76,6 +83,14 @@ class DataPlane:
     rng: random.Random = field(default_factory=random.Random)
     draining: bool = False
     routes: dict[str, ModelRoute] = field(default_factory=dict)
+    # Readiness gate: false until start-up preloading has loaded the configured models.
+    preloaded: bool = True
+    # model -> why it cannot take requests yet (first load, warm-up): answered 503 +
+    # Retry-After instead of reaching Triton, which would say "unknown model" (400).
+    not_ready: dict[str, str] = field(default_factory=dict)
+    # model -> pools that serve it, set by the model lifecycle (an upload's target
+    # pools); overrides the pools' static ``models`` lists for that model.
+    assigned_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)
     rate_limiter: RateLimiter = field(init=False)
 
     def __post_init__(self) -> None:
@@ -90,12 +105,27 @@ class DataPlane:
     def route(self, model: str) -> ModelRoute:
         route = self.routes.get(model)
         if route is None:
-            pools = pools_for_model(self.pools, model)
+            pools = self._pools_for(model)
             if not pools:
                 raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
             route = self.routes[model] = ModelRoute(model, pools, AdmissionGate(1, 0))
             self._size_gate(route)
         return route
+
+    def _pools_for(self, model: str) -> list[Pool]:
+        assigned = self.assigned_pools.get(model)
+        if assigned is None:
+            return pools_for_model(self.pools, model)
+        return [p for p in self.pools if p.name in assigned]
+
+    def assign_pools(self, model: str, pool_names: Sequence[str]) -> None:
+        """Serve ``model`` from these pools from now on (a cached route is updated in
+        place: requests holding its admission gate keep it)."""
+        self.assigned_pools[model] = tuple(pool_names)
+        route = self.routes.get(model)
+        if route is not None:
+            route.pools = self._pools_for(model)
+            self._size_gate(route)
 
     def _size_gate(self, route: ModelRoute) -> None:
         """Limits from the model's policy, else from the capacity of its pools."""
@@ -118,7 +148,7 @@ class DataPlane:
     def ready(self) -> bool:
         """Ready when not draining and every pool has at least one available member."""
         now = self.clock()
-        return not self.draining and all(
+        return not self.draining and self.preloaded and all(
             any(m.available(now) for m in p.members) for p in self.pools
         )
 
@@ -139,7 +169,12 @@ class DataPlane:
         started = self.clock()
         if not metered:
             return (await self._attempts(route, call, protocol, options))[0]
+        if options.traffic == "user":
+            route.last_user_request_at = started
         try:
+            if self.not_ready and model in self.not_ready:
+                raise ModelNotReady(f"model '{model}' is not ready yet: "
+                                    f"{self.not_ready[model]}", retry_after_s=2.0)
             self.rate_limiter.check(options.api_key)
             if options.deadline_s is not None and options.deadline_s <= 0:
                 raise DeadlineExceeded("deadline exceeded before the request was admitted")
@@ -198,6 +233,29 @@ class DataPlane:
         self._count(route, "-", protocol, "unavailable", options.traffic)
         raise Unavailable(f"all members serving '{route.model}' failed ({', '.join(tried)})")
 
+    async def send_to(self, model: str, member: PoolMember, call: UpstreamCall[T], *,
+                      protocol: str, traffic: str = "warmup",
+                      outcome: Callable[[T], str] | None = None) -> T:
+        """One request to a chosen member, outside admission control and routing: the
+        synthetic traffic (warm-up, keep-warm) that must reach every member. Counted
+        under ``traffic`` so that SLO figures can leave it out."""
+        route = self.route(model)
+        started = self.clock()
+        member.in_flight += 1
+        try:
+            result = await call(member)
+        except GatewayError as err:
+            self._count(route, member.pool, protocol, _outcome_name(err), traffic)
+            raise
+        finally:
+            member.in_flight -= 1
+        self._count(route, member.pool, protocol, outcome(result) if outcome else "success",
+                    traffic)
+        self._child(route, ("latency", member.pool, protocol, traffic)).observe(
+            self.clock() - started
+        )
+        return result
+
     def _record_failure(self, member: PoolMember) -> None:
         member.consecutive_failures += 1
         self.metrics.upstream_errors.labels(member.pool, member.key).inc()
@@ -246,4 +304,5 @@ def _outcome_name(error: GatewayError) -> str:
         "Overloaded": "rejected",
         "DeadlineExceeded": "deadline",
         "Unavailable": "unavailable",
+        "ModelNotReady": "not_ready",
     }.get(type(error).__name__, "error")

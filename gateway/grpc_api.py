@@ -24,6 +24,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane, RequestOptions
 from gateway.errors import GatewayError, InvalidInput, Unavailable, Unsupported, grpc_status_name
+from gateway.lifecycle.auth import Scope, TokenTable
 from gateway.pools import PoolMember
 
 SERVICE = "inference.GRPCInferenceService"
@@ -153,21 +154,30 @@ async def _abort(context: grpc.aio.ServicerContext, error: Exception) -> None:
 def _options(context: grpc.aio.ServicerContext) -> RequestOptions:
     metadata = context.invocation_metadata() or ()
     api_key = next((v for k, v in metadata if k in ("x-api-key", "authorization")), None)
+    if api_key is not None and api_key[:7].lower() == "bearer ":
+        api_key = api_key[7:].strip()
     return RequestOptions(deadline_s=context.time_remaining(), api_key=api_key)
 
 
 class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlane, control: ModelControl,
-                 upstream: UpstreamGRPC) -> None:
+                 upstream: UpstreamGRPC, auth: TokenTable | None = None) -> None:
         self.dataplane = dataplane
         self.control = control
         self.upstream = upstream
+        self.auth = auth or TokenTable()
+
+    def _require(self, context: Any, scope: Scope) -> RequestOptions:
+        options = _options(context)
+        if scope is not Scope.PREDICT or self.auth.predict_gated:
+            self.auth.require(options.api_key, scope)
+        return options
 
     # -- model calls -------------------------------------------------------------------
     async def ModelInfer(self, request: bytes, context: Any) -> bytes:  # noqa: N802
         try:
             model = read_string_field(request, 1)
-            options = _options(context)
+            options = self._require(context, Scope.PREDICT)
             if options.deadline_s is not None:
                 request = with_timeout_parameter(request, options.deadline_s)
 
@@ -187,7 +197,10 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         stream still spreads over members; errors travel in ``error_message`` as
         Triton does. (Decoupled models, which answer one request with many responses,
         are not supported through the gateway's stream.)"""
-        options = _options(context)
+        try:
+            options = self._require(context, Scope.PREDICT)
+        except GatewayError as err:
+            await _abort(context, err)
         async for request in request_iterator:
             async def call(member: PoolMember, request: Any = request) -> Any:
                 return await _invoke(self.upstream.stub(member).ModelInfer, request, None)
@@ -210,6 +223,7 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                  options.deadline_s)
 
         try:
+            self._require(context, Scope.PREDICT)
             return await self.dataplane.forward(model, call, protocol="grpc", options=options,
                                                 metered=False)
         except (GatewayError, RelayedError) as err:
@@ -245,6 +259,7 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- repository: routed to every member of the pools that own the model ----------
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
         try:
+            self._require(context, Scope.ADMIN)
             answers = await self.control.index(
                 lambda m: _invoke(self.upstream.stub(m).RepositoryIndex, request, None)
             )
@@ -261,6 +276,7 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
         try:
+            self._require(context, Scope.ADMIN)
             await self.control.broadcast(
                 request.model_name,
                 lambda m: _invoke(self.upstream.stub(m).RepositoryModelLoad, request, None),
@@ -271,6 +287,7 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
         try:
+            self._require(context, Scope.ADMIN)
             await self.control.broadcast(
                 request.model_name,
                 lambda m: _invoke(self.upstream.stub(m).RepositoryModelUnload, request, None),
@@ -321,10 +338,11 @@ def method_handlers(servicer: GatewayServicer) -> dict[str, grpc.RpcMethodHandle
 
 
 def create_grpc_server(
-    dataplane: DataPlane, control: ModelControl, upstream: UpstreamGRPC, address: str
+    dataplane: DataPlane, control: ModelControl, upstream: UpstreamGRPC, address: str,
+    auth: TokenTable | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 1)])
-    handlers = method_handlers(GatewayServicer(dataplane, control, upstream))
+    handlers = method_handlers(GatewayServicer(dataplane, control, upstream, auth))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     port = server.add_insecure_port(address)
     return server, port

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -30,10 +30,14 @@ from gateway.errors import (
     DeadlineExceeded,
     GatewayError,
     InvalidInput,
+    Unauthorized,
     Unavailable,
     Unsupported,
     http_status,
 )
+from gateway.lifecycle.auth import Scope, TokenTable
+from gateway.lifecycle.service import ModelLifecycle
+from gateway.lifecycle_http import api_key, create_lifecycle_router, requires
 from gateway.pools import PoolMember
 
 FORWARDED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "content-encoding")
@@ -115,6 +119,8 @@ def _error_body(error: GatewayError) -> tuple[int, bytes, list[tuple[bytes, byte
     headers = [(b"content-type", b"application/json")]
     if error.retry_after_s is not None:
         headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
+    if isinstance(error, Unauthorized):
+        headers.append((b"www-authenticate", b'Bearer realm="infergate"'))
     return http_status(error), json.dumps({"error": error.message}).encode(), headers
 
 
@@ -137,8 +143,10 @@ class InferFastPath:
     """ASGI layer serving ``POST /v2/models/{m}[/versions/{v}]/infer``; the rest falls
     through to the FastAPI app."""
 
-    def __init__(self, app: Any, dataplane: DataPlane, upstream: UpstreamHTTP) -> None:
+    def __init__(self, app: Any, dataplane: DataPlane, upstream: UpstreamHTTP,
+                 auth: TokenTable | None = None) -> None:
         self.app, self.dataplane, self.upstream = app, dataplane, upstream
+        self.auth = auth or TokenTable()
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         match = INFER_PATH.match(scope["path"]) if scope["type"] == "http" else None
@@ -160,6 +168,8 @@ class InferFastPath:
         forwarded = {k: v for k, v in raw_headers.items() if k in FORWARDED_REQUEST_HEADERS}
         forwarded["accept-encoding"] = "identity"
         options = options_from_headers(raw_headers)
+        if self.auth.predict_gated:
+            self.auth.require(options.api_key, Scope.PREDICT)
         path = scope["path"]
         if scope.get("query_string"):
             path = f"{path}?{scope['query_string'].decode('latin-1')}"
@@ -177,7 +187,7 @@ async def _read_body(receive: ASGIReceive) -> bytes:
     message = await receive()
     body = message.get("body", b"")
     if not message.get("more_body"):
-        return body  # type: ignore[no-any-return]
+        return body
     chunks = [body]
     while message.get("more_body"):
         message = await receive()
@@ -189,8 +199,13 @@ class BatchingRequest(BaseModel):
     latency_slo_ms: float = Field(gt=0, description="Latency SLO the batching must respect.")
 
 
-def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: UpstreamHTTP) -> Any:
+def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: UpstreamHTTP,
+                    auth: TokenTable | None = None, lifecycle: ModelLifecycle | None = None
+                    ) -> Any:
     app = FastAPI(title="infergate", description="KServe v2 / Triton-compatible gateway")
+    auth = auth or TokenTable()
+    admin = Depends(requires(auth, Scope.ADMIN))
+    app.include_router(create_lifecycle_router(lifecycle, auth))
 
     @app.exception_handler(GatewayError)
     async def _on_gateway_error(_: Request, error: GatewayError) -> Response:
@@ -203,6 +218,7 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
                         headers={k.decode(): v.decode() for k, v in resp.headers})
 
     async def model_call(model: str, request: Request) -> Response:
+        auth.require(api_key(request), Scope.PREDICT)
         body = await request.body()
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
 
@@ -236,7 +252,7 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
             app.add_api_route(base + tail, _model_route(model_call), methods=["GET"],
                               name=f"model{tail.replace('/', '_')}{suffix and '_version'}")
 
-    @app.post("/v2/repository/index")
+    @app.post("/v2/repository/index", dependencies=[admin])
     async def repository_index() -> Response:
         answers = await control.index(
             lambda m: upstream.request(m, "POST", "/v2/repository/index", b"{}")
@@ -252,7 +268,7 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
     for action in ("load", "unload"):
         app.add_api_route(f"/v2/repository/models/{{model}}/{action}",
                           _repository_route(control, upstream, action), methods=["POST"],
-                          name=f"repository_{action}")
+                          name=f"repository_{action}", dependencies=[admin])
 
     @app.api_route("/v2/systemsharedmemory{rest:path}", methods=["GET", "POST"])
     @app.api_route("/v2/cudasharedmemory{rest:path}", methods=["GET", "POST"])
@@ -261,7 +277,7 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
                           "and Triton do not share memory with the client); send tensors "
                           "in the request")
 
-    @app.post("/v1/models/{model}/batching")
+    @app.post("/v1/models/{model}/batching", dependencies=[admin])
     async def tune_batching(model: str, body: BatchingRequest) -> JSONResponse:
         """Derive dynamic-batching settings from the SLO and measured batch latency, and
         reload the model with them on every member that serves it."""
@@ -269,7 +285,7 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
         return JSONResponse({"model": model, **decision.__dict__,
                              "dynamic_batching": decision.as_config()})
 
-    return InferFastPath(app, dataplane, upstream)
+    return InferFastPath(app, dataplane, upstream, auth)
 
 
 def _model_route(model_call: Callable[[str, Request], Awaitable[Response]]

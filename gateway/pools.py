@@ -14,6 +14,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.lifecycle.config import AuthSpec, KeepWarmPolicy, LifecycleSpec
+
 
 class MemberSpec(BaseModel):
     """One Triton server: host plus its HTTP, gRPC and metrics ports."""
@@ -76,6 +78,9 @@ class ModelPolicy(BaseModel):
     max_concurrency: int | None = Field(None, ge=1)
     max_queue: int | None = Field(None, ge=0)
     latency_slo_ms: float | None = Field(None, gt=0)
+    # loaded into its pools at start-up, before the gateway reports ready
+    preload: bool = False
+    keep_warm: KeepWarmPolicy | None = None
 
 
 class RateLimitSpec(BaseModel):
@@ -102,6 +107,9 @@ class GatewayConfig(BaseModel):
     rate_limits: RateLimits = Field(default_factory=RateLimits)
     # queued requests allowed per admitted one when a model policy does not say
     queue_factor: float = Field(2.0, ge=0)
+    # model lifecycle (uploads, versions, rollback); absent = no /v1/models uploads
+    lifecycle: LifecycleSpec | None = None
+    auth: AuthSpec = Field(default_factory=AuthSpec)
 
     @field_validator("pools")
     @classmethod
@@ -114,8 +122,20 @@ class GatewayConfig(BaseModel):
 
 
 def load_gateway_config(path: Path) -> GatewayConfig:
+    """Parse the YAML file; relative paths in it are relative to the file's folder."""
     data = yaml.safe_load(path.read_text()) or {}
-    return GatewayConfig.model_validate(data)
+    config = GatewayConfig.model_validate(data)
+    base = path.resolve().parent
+    if config.lifecycle is not None:
+        config = config.model_copy(update={"lifecycle": config.lifecycle.model_copy(update={
+            "repository": base / config.lifecycle.repository,
+            "state_dir": base / config.lifecycle.state_dir,
+        })})
+    if config.auth.tokens_file is not None:
+        config = config.model_copy(update={"auth": config.auth.model_copy(update={
+            "tokens_file": base / config.auth.tokens_file,
+        })})
+    return config
 
 
 @dataclass(eq=False)

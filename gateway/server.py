@@ -25,7 +25,7 @@ from gateway.http_api import UpstreamHTTP, create_http_app
 from gateway.lifecycle.auth import TokenTable
 from gateway.lifecycle.control_plane import build_control_plane
 from gateway.metrics import create_metrics
-from gateway.pools import GatewayConfig, build_pools
+from gateway.pools import GatewayConfig, PoolMember, build_pools
 from gateway.probes import probe_forever
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,13 @@ async def serve(
     auth = auth or TokenTable()
     if not auth.enabled:
         log.warning("no API tokens configured: every endpoint is open (see --tokens)")
-    control_plane = build_control_plane(config, dataplane, admin_client)
+
+    async def synthetic_infer(member: PoolMember, path: str, body: bytes,
+                              headers: dict[str, str]) -> tuple[int, bytes]:
+        answer = await upstream_http.request(member, "POST", path, body, headers)
+        return answer.status, answer.body
+
+    control_plane = build_control_plane(config, dataplane, admin_client, synthetic_infer)
     app = create_http_app(dataplane, control, upstream_http, auth, control_plane.lifecycle)
     http_server = EmbeddedServer(
         uvicorn.Config(

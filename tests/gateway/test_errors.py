@@ -22,7 +22,8 @@ from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
 ALL_ERRORS = [errors.GatewayError, *errors.GatewayError.__subclasses__()]
 # the canonical HTTP <-> gRPC correspondence (grpc-gateway / Google API design)
 CANONICAL = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
-             404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
+             404: "NOT_FOUND", 409: "ABORTED", 413: "RESOURCE_EXHAUSTED",
+             429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
              501: "UNIMPLEMENTED", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 

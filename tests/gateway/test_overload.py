@@ -140,7 +140,7 @@ def test_gateway_answers_resource_exhausted_when_grpc_overloaded(
                     codes[exc.code().name] += 1
                     assert ("retry-after", "1") in tuple(exc.trailing_metadata() or ())
 
-            await asyncio.gather(*(one() for _ in range(60)))
+            await asyncio.gather(*(one() for _ in range(200)))
         return codes
 
     codes = asyncio.run(run())

@@ -1,0 +1,155 @@
+"""API tokens with scopes: who may predict, upload, or administer models.
+
+Tokens come from a YAML/JSON document, read from a file and/or the environment
+(``INFERGATE_TOKENS`` holds the same document; read in ``main()``)::
+
+    tokens:
+      - name: ci-uploader
+        scopes: [upload]
+        sha256: 3a7bd3e2360a3d29eea436fcfb7e44c735d117c42d1c1835420b6b9942dd4f1b
+      - name: ops
+        scopes: [admin]
+        token: change-me          # accepted for convenience; hashed at load, then dropped
+
+Only SHA-256 digests are kept in memory. A presented token is hashed once per request,
+looked up by its digest's first bytes and confirmed with :func:`hmac.compare_digest`
+on the whole digest. No per-request I/O.
+
+Scopes: ``predict`` (inference and model metadata), ``upload`` (new versions, read
+jobs and the model registry), ``admin`` (load, unload, rollback, delete, batching;
+implies the other two). With no tokens configured the gateway is open (local use).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gateway.errors import Forbidden, Unauthorized
+
+TOKENS_ENV = "INFERGATE_TOKENS"
+
+
+class Scope(StrEnum):
+    PREDICT = "predict"
+    UPLOAD = "upload"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Whoever presented a valid token (or everyone, when auth is off)."""
+
+    name: str
+    scopes: frozenset[Scope]
+
+    def allows(self, scope: Scope) -> bool:
+        return scope in self.scopes or Scope.ADMIN in self.scopes
+
+
+ANONYMOUS = Principal("anonymous", frozenset(Scope))
+
+
+class TokenEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64)
+    scopes: tuple[Scope, ...] = Field(min_length=1)
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    token: str | None = Field(None, min_length=16)
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> TokenEntry:
+        if (self.sha256 is None) == (self.token is None):
+            raise ValueError(f"token {self.name!r}: give exactly one of 'sha256' or 'token'")
+        return self
+
+    def digest(self) -> bytes:
+        if self.sha256 is not None:
+            return bytes.fromhex(self.sha256)
+        assert self.token is not None
+        return token_digest(self.token)
+
+
+class TokenDocument(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens: tuple[TokenEntry, ...] = ()
+
+
+class TokenConfigError(ValueError):
+    """The token file or environment variable is malformed."""
+
+
+def token_digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def parse_tokens(text: str, source: str) -> tuple[TokenEntry, ...]:
+    try:
+        data = yaml.safe_load(text) or {}
+        return TokenDocument.model_validate(data).tokens
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise TokenConfigError(f"{source}: {exc}") from exc
+
+
+def load_token_entries(path: Path | None, environ: Mapping[str, str] | None = None
+                       ) -> tuple[TokenEntry, ...]:
+    """Entries from ``path`` (if given) plus ``$INFERGATE_TOKENS`` (if set)."""
+    entries: list[TokenEntry] = []
+    if path is not None:
+        entries.extend(parse_tokens(path.read_text(), str(path)))
+    env_value = (os.environ if environ is None else environ).get(TOKENS_ENV)
+    if env_value:
+        entries.extend(parse_tokens(env_value, f"${TOKENS_ENV}"))
+    return tuple(entries)
+
+
+class TokenTable:
+    """Digest prefix -> (digest, principal). ``require`` is what every adapter calls."""
+
+    def __init__(self, entries: Iterable[TokenEntry] = (), predict_open: bool = True) -> None:
+        # Indexed by the first 8 bytes of the digest; the full digest is then compared in
+        # constant time. The index reveals nothing: it is itself a hash of the secret.
+        self._index: dict[bytes, tuple[bytes, Principal]] = {}
+        names: set[str] = set()
+        for entry in entries:
+            digest = entry.digest()
+            if entry.name in names or digest[:8] in self._index:
+                raise TokenConfigError(f"token {entry.name!r} is declared twice")
+            names.add(entry.name)
+            self._index[digest[:8]] = (digest, Principal(entry.name, frozenset(entry.scopes)))
+        self.enabled = bool(self._index)
+        # When auth is on and predict is gated, inference needs a predict token.
+        self.predict_gated = self.enabled and not predict_open
+
+    def authenticate(self, presented: str | None) -> Principal:
+        if not self.enabled:
+            return ANONYMOUS
+        if not presented:
+            raise Unauthorized(
+                "missing API token: send 'X-API-Key: <token>' or 'Authorization: Bearer "
+                "<token>' (gRPC: 'x-api-key' or 'authorization' metadata)"
+            )
+        digest = token_digest(presented)
+        stored, principal = self._index.get(digest[:8], (b"", ANONYMOUS))
+        if not hmac.compare_digest(stored, digest):
+            raise Unauthorized("unknown API token")
+        return principal
+
+    def require(self, presented: str | None, scope: Scope) -> Principal:
+        """The principal behind ``presented`` if it holds ``scope``; else 401/403."""
+        if scope is Scope.PREDICT and not self.predict_gated:
+            return ANONYMOUS
+        principal = self.authenticate(presented)
+        if not principal.allows(scope):
+            raise Forbidden(f"token {principal.name!r} lacks the {scope.value!r} scope")
+        return principal

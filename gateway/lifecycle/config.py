@@ -1,0 +1,78 @@
+"""Configuration of the model lifecycle, as data (validated with pydantic).
+
+Lives in the gateway's YAML file next to the pools (``lifecycle:``, ``auth:``, and per
+model ``preload`` / ``keep_warm`` under ``models:``). Built once in ``main()``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class KeepWarmPolicy(BaseModel):
+    """Synthetic requests to every pool member once a model has been idle.
+
+    Every ``interval_s`` the keep-warm loop looks at the model: when no user request
+    arrived for ``idle_after_s``, one request per batch size in ``batch_sizes`` goes to
+    each member serving it (labelled ``traffic="warmup"`` in metrics).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    interval_s: float = Field(10.0, gt=0)
+    idle_after_s: float = Field(30.0, ge=0)
+    batch_sizes: tuple[int, ...] = (1,)
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(b < 1 for b in value):
+            raise ValueError("batch_sizes must be a non-empty list of sizes >= 1")
+        return tuple(sorted(set(value)))
+
+
+class UploadLimits(BaseModel):
+    """Bounds on what an upload may write to disk (checked while streaming)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_model_bytes: int = Field(2 << 30, ge=1)
+    max_samples_bytes: int = Field(1 << 30, ge=1)  # each of calibration / evaluation
+    max_spec_bytes: int = Field(64 << 10, ge=1)
+    max_request_bytes: int = Field(4 << 30, ge=1)
+    # archives of samples (.zip / .tar[.gz]): extracted size, member count, and the
+    # expansion ratio that gives a zip bomb away
+    max_extracted_bytes: int = Field(2 << 30, ge=1)
+    max_archive_members: int = Field(100_000, ge=1)
+    max_compression_ratio: float = Field(200.0, gt=1)
+
+
+class LifecycleSpec(BaseModel):
+    """Where versions are written and how conversions run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # The Triton model repository the pools' servers load from (shared volume in
+    # Kubernetes). New versions are published here atomically.
+    repository: Path
+    # SQLite job store and upload scratch space (not inside the repository).
+    state_dir: Path
+    retention: int = Field(3, ge=2)  # versions kept per model (serving + rollback target + ...)
+    workers: int = Field(1, ge=1)  # conversions running at once (each its own process)
+    worker_nice: int = Field(10, ge=0, le=19)  # conversions yield the CPU to serving
+    worker_timeout_s: float = Field(3600.0, gt=0)
+    limits: UploadLimits = Field(default_factory=lambda: UploadLimits.model_validate({}))
+    load_timeout_s: float = Field(600.0, gt=0)  # one repository load on one member
+
+
+class AuthSpec(BaseModel):
+    """API tokens. Without tokens (no file, no environment) the gateway is open."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens_file: Path | None = None
+    # "open": inference needs no token; "token": a token with the predict scope.
+    predict: Literal["open", "token"] = "open"

@@ -1,0 +1,92 @@
+"""Assembly of the lifecycle's parts for one gateway process (called from ``serve``):
+the upload/version core when a ``lifecycle:`` section is configured, the start-up
+preloader (readiness gate) and the keep-warm loop (both also without it, for models
+marked ``preload`` / ``keep_warm`` in the configuration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from gateway.dataplane import DataPlane
+from gateway.lifecycle.config import KeepWarmPolicy
+from gateway.lifecycle.deploy import Deployer, load_as_configured
+from gateway.lifecycle.jobs import LifecycleStore
+from gateway.lifecycle.keepwarm import KeepWarm
+from gateway.lifecycle.preload import Preloader
+from gateway.lifecycle.service import ModelLifecycle
+from gateway.lifecycle.triton_admin import InferTransport, MemberAdmin
+from gateway.lifecycle.worker import ConversionWorkers
+from gateway.pools import GatewayConfig
+
+
+@dataclass
+class ControlPlane:
+    config: GatewayConfig
+    dataplane: DataPlane
+    admin: MemberAdmin
+    keepwarm: KeepWarm
+    lifecycle: ModelLifecycle | None = None
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    preloader: Preloader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.preloader = Preloader(self.dataplane, self.load_one)
+
+    def preload_models(self) -> list[str]:
+        if self.lifecycle is not None:
+            return self.lifecycle.preload_models()
+        return sorted(m for m, p in self.config.models.items() if p.preload)
+
+    async def load_one(self, model: str) -> None:
+        if self.lifecycle is not None:
+            await self.lifecycle.preload_one(model)
+            return
+        policy = self.config.models.get(model)
+        batches = policy.keep_warm.batch_sizes if policy and policy.keep_warm else (1,)
+        await load_as_configured(self.dataplane, self.admin, model, batches)
+
+    def start(self) -> None:
+        """Start preloading (readiness turns true when it is done) and keep-warm."""
+        models = self.preload_models()
+        if models:
+            self.dataplane.preloaded = False  # before the first readiness probe
+        self.tasks.append(asyncio.create_task(self.preloader.run(models), name="preload"))
+        self.tasks.append(asyncio.create_task(self.keepwarm.run_forever(), name="keep-warm"))
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.lifecycle is not None:
+            await self.lifecycle.close()
+            self.lifecycle.store.close()
+
+
+def build_control_plane(config: GatewayConfig, dataplane: DataPlane,
+                        client: httpx.AsyncClient,
+                        infer_transport: InferTransport | None = None) -> ControlPlane:
+    spec = config.lifecycle
+    admin = MemberAdmin(client, spec.load_timeout_s if spec else 600.0, infer_transport)
+    lifecycle = None
+    if spec is not None:
+        store = LifecycleStore(spec.state_dir / "lifecycle.db")
+        deployer = Deployer(dataplane, admin, store, spec.repository, spec.retention)
+        lifecycle = ModelLifecycle(spec, config, dataplane, store, admin, deployer,
+                                   ConversionWorkers(spec.worker_timeout_s))
+
+    def policies() -> dict[str, KeepWarmPolicy]:
+        if lifecycle is not None:
+            return lifecycle.keep_warm_policies()
+        return {m: p.keep_warm for m, p in config.models.items() if p.keep_warm}
+
+    keepwarm = KeepWarm(dataplane, admin, policies)
+    if lifecycle is not None:
+        lifecycle.keepwarm = keepwarm
+    return ControlPlane(config, dataplane, admin, keepwarm, lifecycle)

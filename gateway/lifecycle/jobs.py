@@ -1,0 +1,308 @@
+"""The lifecycle's records, persisted in SQLite: conversion jobs with per-step progress,
+model versions (state, precision, the config each was published with), and per model
+the serving and previous version.
+
+A restarted gateway reads them back: finished and failed jobs are reported as they
+ended; a job that was still running when the gateway died is marked failed with that
+reason (:meth:`LifecycleStore.fail_interrupted`), since its worker died with it.
+
+The store is used by the control plane only (uploads, job polls, deploys), never on
+the inference path. WAL journal with ``synchronous=NORMAL``: a commit does not fsync,
+so it costs tens of microseconds on the event loop, and a crashed *process* loses
+nothing (the WAL is in the OS page cache); only power loss may drop the last commits.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
+
+from gateway.errors import Conflict, JobNotFound
+
+ACTIVE_JOB_STATES = ("receiving", "queued", "converting", "deploying")
+TERMINAL_JOB_STATES = ("succeeded", "failed")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    state TEXT NOT NULL,
+    version INTEGER,
+    steps TEXT NOT NULL DEFAULT '[]',
+    error TEXT,
+    spec TEXT NOT NULL DEFAULT '{}',
+    submitted_by TEXT NOT NULL DEFAULT '',
+    worker_pid INTEGER,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_by_model ON jobs (model, state);
+CREATE TABLE IF NOT EXISTS versions (
+    model TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    precision TEXT,
+    job_id TEXT,
+    config TEXT NOT NULL,
+    metadata TEXT NOT NULL DEFAULT '{}',
+    report TEXT,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (model, version)
+);
+CREATE TABLE IF NOT EXISTS models (
+    name TEXT PRIMARY KEY,
+    serving_version INTEGER,
+    previous_version INTEGER,
+    pools TEXT NOT NULL DEFAULT '[]',
+    keep_warm TEXT,
+    state TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT '',
+    updated_at REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a job: ``state`` is running, done, failed or skipped."""
+
+    name: str
+    state: str
+    started_at: float
+    finished_at: float | None = None
+    detail: str = ""
+    fraction: float | None = None  # progress inside the step, 0..1, when known
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    model: str
+    state: str
+    created_at: float
+    updated_at: float
+    version: int | None = None
+    steps: tuple[Step, ...] = ()
+    error: str | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
+    submitted_by: str = ""
+    worker_pid: int | None = None
+    finished_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["steps"] = [asdict(s) for s in self.steps]
+        return data
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """``state``: available (on disk, loadable), serving, or failed."""
+
+    model: str
+    version: int
+    state: str
+    config: str  # config.pbtxt as published with this version
+    created_at: float
+    precision: str | None = None
+    job_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    report: str | None = None  # report file, relative to the version folder
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """``state``: loading (first version on its way), serving, failed, unloaded."""
+
+    name: str
+    state: str
+    updated_at: float
+    serving_version: int | None = None
+    previous_version: int | None = None
+    pools: tuple[str, ...] = ()
+    keep_warm: dict[str, Any] | None = None
+    detail: str = ""
+
+
+def with_step(steps: tuple[Step, ...], name: str, state: str, detail: str = "",
+              fraction: float | None = None, now: float | None = None) -> tuple[Step, ...]:
+    """``steps`` with step ``name`` started, updated or finished (appended if new).
+
+    Starting a step finishes any other step still running (the pipeline runs one at a
+    time); a step that ends keeps its start time."""
+    now = time.time() if now is None else now
+    finished = None if state == "running" else now
+    out = []
+    found = False
+    for step in steps:
+        if step.name == name:
+            found = True
+            step = replace(step, state=state, finished_at=finished, detail=detail or step.detail,
+                           fraction=fraction if fraction is not None else step.fraction)
+        elif step.state == "running" and state == "running":
+            step = replace(step, state="done", finished_at=now)
+        out.append(step)
+    if not found:
+        out.append(Step(name, state, now, finished, detail, fraction))
+    return tuple(out)
+
+
+class LifecycleStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- jobs ------------------------------------------------------------------------------
+    def create_job(self, job_id: str, model: str, submitted_by: str) -> JobRecord:
+        """A new job in state ``receiving``; Conflict while another job for the model is
+        active (check and insert in one transaction)."""
+        now = time.time()
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(
+                f"SELECT id, state FROM jobs WHERE model = ? AND state IN "
+                f"({','.join('?' * len(ACTIVE_JOB_STATES))})",
+                (model, *ACTIVE_JOB_STATES),
+            ).fetchone()
+            if row is not None:
+                raise Conflict(
+                    f"model {model!r} already has job {row['id']} in progress (state "
+                    f"{row['state']}); wait for it to finish before uploading again"
+                )
+            self._db.execute(
+                "INSERT INTO jobs (id, model, state, submitted_by, created_at, updated_at) "
+                "VALUES (?, ?, 'receiving', ?, ?, ?)",
+                (job_id, model, submitted_by, now, now),
+            )
+        return self.job(job_id)
+
+    def update_job(self, job_id: str, **changes: Any) -> JobRecord:
+        job = replace(self.job(job_id), **changes, updated_at=time.time())
+        if job.state in TERMINAL_JOB_STATES and job.finished_at is None:
+            job = replace(job, finished_at=job.updated_at)
+        self._db.execute(
+            "UPDATE jobs SET state=?, version=?, steps=?, error=?, spec=?, worker_pid=?, "
+            "updated_at=?, finished_at=? WHERE id=?",
+            (job.state, job.version, json.dumps([asdict(s) for s in job.steps]), job.error,
+             json.dumps(job.spec), job.worker_pid, job.updated_at, job.finished_at, job.id),
+        )
+        return job
+
+    def job(self, job_id: str) -> JobRecord:
+        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return _job(row)
+
+    def jobs(self, model: str | None = None, limit: int = 50) -> list[JobRecord]:
+        query, args = "SELECT * FROM jobs", cast(tuple[str, ...], ())
+        if model is not None:
+            query, args = query + " WHERE model = ?", (model,)
+        rows = self._db.execute(query + " ORDER BY created_at DESC LIMIT ?", (*args, limit))
+        return [_job(r) for r in rows]
+
+    def fail_interrupted(self, reason: str) -> list[str]:
+        """Jobs left active by a previous gateway process become failed."""
+        rows = self._db.execute(
+            f"SELECT id FROM jobs WHERE state IN ({','.join('?' * len(ACTIVE_JOB_STATES))})",
+            ACTIVE_JOB_STATES,
+        ).fetchall()
+        for row in rows:
+            job = self.job(row["id"])
+            now = time.time()
+            steps = tuple(replace(s, state="failed", finished_at=now, detail=reason)
+                          if s.state == "running" else s for s in job.steps)
+            self.update_job(job.id, state="failed", error=reason, steps=steps)
+        return [r["id"] for r in rows]
+
+    # -- versions --------------------------------------------------------------------------
+    def put_version(self, record: VersionRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO versions (model, version, state, precision, job_id, "
+            "config, metadata, report, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (record.model, record.version, record.state, record.precision, record.job_id,
+             record.config, json.dumps(record.metadata), record.report, record.created_at),
+        )
+
+    def set_version_state(self, model: str, version: int, state: str) -> None:
+        self._db.execute("UPDATE versions SET state = ? WHERE model = ? AND version = ?",
+                         (state, model, version))
+
+    def version(self, model: str, version: int) -> VersionRecord | None:
+        row = self._db.execute("SELECT * FROM versions WHERE model = ? AND version = ?",
+                               (model, version)).fetchone()
+        return _version(row) if row else None
+
+    def versions(self, model: str) -> list[VersionRecord]:
+        rows = self._db.execute("SELECT * FROM versions WHERE model = ? ORDER BY version",
+                                (model,))
+        return [_version(r) for r in rows]
+
+    def delete_version(self, model: str, version: int) -> None:
+        self._db.execute("DELETE FROM versions WHERE model = ? AND version = ?",
+                         (model, version))
+
+    # -- models ----------------------------------------------------------------------------
+    def put_model(self, record: ModelRecord) -> ModelRecord:
+        record = replace(record, updated_at=time.time())
+        self._db.execute(
+            "INSERT OR REPLACE INTO models (name, serving_version, previous_version, pools, "
+            "keep_warm, state, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (record.name, record.serving_version, record.previous_version,
+             json.dumps(list(record.pools)),
+             json.dumps(record.keep_warm) if record.keep_warm is not None else None,
+             record.state, record.detail, record.updated_at),
+        )
+        return record
+
+    def model(self, name: str) -> ModelRecord | None:
+        row = self._db.execute("SELECT * FROM models WHERE name = ?", (name,)).fetchone()
+        return _model(row) if row else None
+
+    def models(self) -> list[ModelRecord]:
+        return [_model(r) for r in self._db.execute("SELECT * FROM models ORDER BY name")]
+
+    def delete_model(self, name: str) -> None:
+        self._db.execute("DELETE FROM models WHERE name = ?", (name,))
+
+
+def _job(row: sqlite3.Row) -> JobRecord:
+    return JobRecord(
+        id=row["id"], model=row["model"], state=row["state"], version=row["version"],
+        steps=tuple(Step(**s) for s in json.loads(row["steps"])), error=row["error"],
+        spec=json.loads(row["spec"]), submitted_by=row["submitted_by"],
+        worker_pid=row["worker_pid"], created_at=row["created_at"],
+        updated_at=row["updated_at"], finished_at=row["finished_at"],
+    )
+
+
+def _version(row: sqlite3.Row) -> VersionRecord:
+    return VersionRecord(
+        model=row["model"], version=row["version"], state=row["state"],
+        precision=row["precision"], job_id=row["job_id"], config=row["config"],
+        metadata=json.loads(row["metadata"]), report=row["report"],
+        created_at=row["created_at"],
+    )
+
+
+def _model(row: sqlite3.Row) -> ModelRecord:
+    return ModelRecord(
+        name=row["name"], state=row["state"], serving_version=row["serving_version"],
+        previous_version=row["previous_version"], pools=tuple(json.loads(row["pools"])),
+        keep_warm=json.loads(row["keep_warm"]) if row["keep_warm"] else None,
+        detail=row["detail"], updated_at=row["updated_at"],
+    )

@@ -1,0 +1,147 @@
+"""The JSON spec a model owner uploads with a model: what the model takes, which
+precisions to try under which accuracy budget, the latency SLO, and where to serve it.
+
+Example::
+
+    {
+      "inputs": [{"name": "input", "datatype": "FP32", "shape": ["batch", 3, 224, 224]}],
+      "precisions": ["fp32", "int8"],
+      "accuracy_budget": {"max_top1_drop": 0.01, "min_cosine": 0.99},
+      "latency_slo_ms": 50,
+      "target": "cpu",
+      "pools": ["cpu-a"],
+      "max_batch_size": 32,
+      "keep_warm": {"interval_s": 10, "idle_after_s": 30, "batch_sizes": [1, 8]}
+    }
+
+Optional: ``preprocessing`` (for folders of images), ``instance_count``,
+``intra_op_threads``, ``profile_iterations``, ``repair`` (INT8 accuracy repair, on).
+
+Shapes include the batch axis; a string (or -1) is a dynamic dimension.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.errors import InvalidInput
+from gateway.lifecycle.config import KeepWarmPolicy
+
+Precision = Literal["fp32", "fp16", "int8"]
+ModelFormat = Literal["onnx", "pt2", "torchscript"]
+TRITON_DATATYPES = ("FP32", "FP16", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "BOOL")
+
+
+class TensorDecl(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    datatype: str
+    shape: tuple[int | str, ...] = Field(min_length=1)
+
+    @field_validator("datatype")
+    @classmethod
+    def _known_datatype(cls, value: str) -> str:
+        value = value.upper().removeprefix("TYPE_")
+        if value not in TRITON_DATATYPES:
+            raise ValueError(f"datatype {value!r} is not one of {', '.join(TRITON_DATATYPES)}")
+        return value
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, value: tuple[int | str, ...]) -> tuple[int | str, ...]:
+        for dim in value:
+            if isinstance(dim, int) and dim < 1 and dim != -1:
+                raise ValueError(f"dimension {dim} must be >= 1, -1 or a name")
+        return value
+
+    def dynamic(self, axis: int) -> bool:
+        return isinstance(self.shape[axis], str) or self.shape[axis] == -1
+
+
+class AccuracyBudget(BaseModel):
+    """How far a faster variant may stray from the FP32 reference on the evaluation set."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_top1_drop: float | None = Field(None, ge=0, le=1)
+    min_cosine: float | None = Field(None, ge=-1, le=1)
+
+    @model_validator(mode="after")
+    def _something(self) -> AccuracyBudget:
+        if self.max_top1_drop is None and self.min_cosine is None:
+            raise ValueError("give max_top1_drop and/or min_cosine")
+        return self
+
+
+class UploadSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: ModelFormat | None = None  # default: from the model file's extension
+    inputs: tuple[TensorDecl, ...] = Field(min_length=1)
+    precisions: tuple[Precision, ...] = ("fp32",)
+    accuracy_budget: AccuracyBudget | None = None
+    latency_slo_ms: float | None = Field(None, gt=0)
+    target: Literal["cpu", "onnxruntime", "tensorrt"] = "cpu"
+    pools: tuple[str, ...] = ()  # default: the pools that serve the model by configuration
+    max_batch_size: int = Field(32, ge=1, le=1024)
+    keep_warm: KeepWarmPolicy | None = None
+    # image folders in an archive need their preprocessing: a preset
+    # ("efficientnet-lite", "imagenet") or a JSON object of ImagePreprocessing fields
+    preprocessing: str | None = None
+    instance_count: int = Field(1, ge=1, le=64)
+    intra_op_threads: int = Field(0, ge=0, le=256)  # ONNX Runtime threads; 0 = its default
+    profile_iterations: int = Field(20, ge=1, le=1000)  # per batch size when profiling
+    # INT8 that misses the budget: keep its most sensitive layers in float and retry
+    repair: bool = True
+
+    @field_validator("precisions")
+    @classmethod
+    def _unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("precisions must name at least one of fp32, fp16, int8")
+        return tuple(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _budget_for_reduced_precision(self) -> UploadSpec:
+        reduced = [p for p in self.precisions if p != "fp32"]
+        if reduced and self.accuracy_budget is None:
+            raise ValueError(
+                f"precisions {reduced} need an accuracy_budget (max_top1_drop and/or "
+                "min_cosine): a reduced-precision variant is only served within a budget"
+            )
+        names = [t.name for t in self.inputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"input names repeat: {names}")
+        for tensor in self.inputs:
+            if not tensor.dynamic(0):
+                raise ValueError(f"input {tensor.name!r}: the first (batch) dimension must be "
+                                 "dynamic (a name such as \"batch\", or -1)")
+        return self
+
+    @property
+    def needs_calibration(self) -> bool:
+        return "int8" in self.precisions
+
+    @property
+    def needs_evaluation(self) -> bool:
+        return True  # every variant, FP32 included, is verified on the evaluation set
+
+
+def parse_spec(text: str) -> UploadSpec:
+    """Parse and validate; every problem is an :class:`InvalidInput` naming the field."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"spec is not valid JSON: {exc}") from None
+    try:
+        return UploadSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise InvalidInput(f"invalid spec: {problems}") from None

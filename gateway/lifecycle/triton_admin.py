@@ -1,0 +1,156 @@
+"""Calls to one Triton member on behalf of the lifecycle: repository load/unload with a
+config override, and synthetic inference requests (warm-up, keep-warm).
+
+A version is loaded with its own config (the one published with it) plus
+``version_policy { specific { versions: [v] } }``. Triton loads the new version in the
+background while the loaded one keeps serving, runs the config's ``model_warmup``
+before marking it ready, and only then swaps and unloads the old one (checked against
+tritonserver 2.51: no failed request across a swap; a refused load leaves the serving
+version in place). A change of ``version_policy`` alone reloads nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from gateway.errors import DeployFailed, Unavailable
+from gateway.pools import PoolMember
+
+NUMPY_DTYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64,
+                "INT64": np.int64, "INT32": np.int32, "INT16": np.int16, "INT8": np.int8,
+                "UINT8": np.uint8, "BOOL": np.bool_}
+DYNAMIC_DIM_FALLBACK = 8  # a dynamic non-batch dimension with no warm-up dims to copy
+
+
+# (member, path, body, headers) -> (status, body): how synthetic inference is sent
+InferTransport = Callable[[PoolMember, str, bytes, dict[str, str]],
+                          Awaitable[tuple[int, bytes]]]
+
+
+class MemberAdmin:
+    """``infer_transport``: the data path's own upstream (server.py passes the HTTP
+    adapter's keep-alive pool), so warm-up requests keep warm the very connections user
+    requests use; default: this client."""
+
+    def __init__(self, client: httpx.AsyncClient, load_timeout_s: float = 600.0,
+                 infer_transport: InferTransport | None = None) -> None:
+        self.client = client
+        self.load_timeout_s = load_timeout_s
+        self.infer_transport = infer_transport
+
+    async def load(self, member: PoolMember, model: str,
+                   config: dict[str, Any] | None = None) -> None:
+        body: dict[str, Any] = {}
+        if config is not None:
+            body["parameters"] = {"config": json.dumps(config)}
+        resp = await self._post(member, f"/v2/repository/models/{model}/load",
+                                json.dumps(body).encode(), timeout=self.load_timeout_s)
+        if resp.status_code != 200:
+            raise DeployFailed(f"{member.key}: loading {model!r} failed: {_message(resp)}")
+
+    async def unload(self, member: PoolMember, model: str) -> None:
+        resp = await self._post(member, f"/v2/repository/models/{model}/unload", b"{}")
+        if resp.status_code != 200:
+            raise DeployFailed(f"{member.key}: unloading {model!r} failed: {_message(resp)}")
+
+    async def config(self, member: PoolMember, model: str) -> mc.ModelConfig:
+        url = f"http://{member.spec.host}:{member.spec.http_port}/v2/models/{model}/config"
+        try:
+            resp = await self.client.get(url)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"member {member.key} unreachable: {exc!r}") from exc
+        if resp.status_code != 200:
+            raise DeployFailed(f"{member.key}: no config for {model!r}: {_message(resp)}")
+        return json_format.ParseDict(resp.json(), mc.ModelConfig(), ignore_unknown_fields=True)
+
+    async def loaded_versions(self, member: PoolMember, model: str) -> list[int]:
+        """Versions of ``model`` the member has loaded and ready (empty if none)."""
+        url = f"http://{member.spec.host}:{member.spec.http_port}/v2/models/{model}"
+        try:
+            resp = await self.client.get(url)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"member {member.key} unreachable: {exc!r}") from exc
+        if resp.status_code != 200:
+            return []
+        return sorted(int(v) for v in resp.json().get("versions", []) if str(v).isdigit())
+
+    async def infer(self, member: PoolMember, model: str, version: int | None, body: bytes,
+                    headers: dict[str, str]) -> tuple[int, bytes]:
+        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+        if self.infer_transport is not None:
+            return await self.infer_transport(member, path, body, headers)
+        resp = await self._post(member, path, body, headers)
+        return resp.status_code, resp.content
+
+    async def _post(self, member: PoolMember, path: str, body: bytes,
+                    headers: dict[str, str] | None = None,
+                    timeout: float | None = None) -> httpx.Response:
+        url = f"http://{member.spec.host}:{member.spec.http_port}{path}"
+        try:
+            return await self.client.post(url, content=body, headers=headers,
+                                          timeout=timeout or self.client.timeout)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"member {member.key} unreachable: {exc!r}") from exc
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json().get("error", resp.text))[:2000]
+    except ValueError:
+        return resp.text[:2000]
+
+
+def override_for_version(config: mc.ModelConfig, version: int | None,
+                         warm_batches: tuple[int, ...] = (1,)) -> dict[str, Any]:
+    """The JSON load override: ``config`` pinned to ``version`` (``None``: as it is),
+    with zero-data ``model_warmup`` at ``warm_batches`` when it declares none, so no
+    version ever reaches traffic cold."""
+    pinned = mc.ModelConfig()
+    pinned.CopyFrom(config)
+    if version is not None:
+        pinned.version_policy.Clear()
+        pinned.version_policy.specific.versions.append(version)
+    if not pinned.model_warmup and pinned.max_batch_size > 0:
+        for batch in warm_batches:
+            if batch > pinned.max_batch_size:
+                continue
+            warm = pinned.model_warmup.add(name=f"zero_batch_{batch}", batch_size=batch,
+                                           count=1)
+            for tensor in pinned.input:
+                entry = warm.inputs[tensor.name]
+                entry.data_type = tensor.data_type
+                entry.dims.extend(d if d > 0 else DYNAMIC_DIM_FALLBACK for d in tensor.dims)
+                entry.zero_data = True
+    return json_format.MessageToDict(pinned, preserving_proto_field_name=True)
+
+
+def synthetic_request(config: mc.ModelConfig, batch: int) -> tuple[bytes, dict[str, str]]:
+    """A binary-tensor infer request of zeros at ``batch`` (dims from the config, dynamic
+    ones from its warm-up entries when it has any)."""
+    warm_dims: dict[str, list[int]] = {}
+    for warm in config.model_warmup:
+        for name, entry in warm.inputs.items():
+            warm_dims.setdefault(name, list(entry.dims))
+    inputs, blobs = [], []
+    for tensor in config.input:
+        datatype = mc.DataType.Name(tensor.data_type).removeprefix("TYPE_")
+        declared = list(tensor.dims)
+        known = warm_dims.get(tensor.name, [])
+        dims = [d if d > 0 else (known[i] if i < len(known) and known[i] > 0
+                                 else DYNAMIC_DIM_FALLBACK) for i, d in enumerate(declared)]
+        shape = ([batch] if config.max_batch_size > 0 else []) + dims
+        array: np.ndarray = np.zeros(shape, dtype=NUMPY_DTYPES.get(datatype, np.float32))
+        blobs.append(array.tobytes())
+        inputs.append({"name": tensor.name, "shape": shape, "datatype": datatype,
+                       "parameters": {"binary_data_size": array.nbytes}})
+    outputs = [{"name": o.name, "parameters": {"binary_data": True}} for o in config.output]
+    header = json.dumps({"inputs": inputs, "outputs": outputs}).encode()
+    return header + b"".join(blobs), {"Inference-Header-Content-Length": str(len(header)),
+                                      "Content-Type": "application/octet-stream"}

@@ -1,0 +1,226 @@
+"""``infergate models ...``: the model lifecycle from a terminal, against a running gateway.
+
+    infergate models upload NAME --model model.onnx --spec spec.json \\
+        [--calibration calib.npz] [--evaluation eval.npz]     # then follows the job
+    infergate models job JOB_ID                               # follow (or re-attach to) a job
+    infergate models list | show NAME | rollback NAME [--version V] | delete NAME VERSION
+    infergate models hash-token                               # sha256 for a tokens file
+
+The gateway is ``--url`` (``$INFERGATE_URL``, default http://127.0.0.1:8000); the token
+is ``--token`` (``$INFERGATE_TOKEN``), sent as ``Authorization: Bearer``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.table import Table
+
+app = typer.Typer(help="Upload, follow, roll back and delete model versions.",
+                  no_args_is_help=True)
+console = Console()
+err_console = Console(stderr=True)
+
+Url = Annotated[str, typer.Option(envvar="INFERGATE_URL", help="Gateway HTTP address.")]
+Token = Annotated[str | None, typer.Option(envvar="INFERGATE_TOKEN", help="API token.",
+                                           show_default=False)]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")]
+TERMINAL = ("succeeded", "failed")
+STEP_MARKS = {"done": "[green]✓[/]", "failed": "[red]✗[/]", "running": "[yellow]…[/]",
+              "skipped": "[dim]-[/]"}
+
+
+def _client(url: str, token: str | None, timeout: float = 60.0) -> httpx.Client:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout,
+                        trust_env=False)
+
+
+def _answer(resp: httpx.Response) -> Any:
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {"error": resp.text}
+    if resp.status_code >= 400:
+        message = body.get("error") if isinstance(body, dict) else body
+        err_console.print(f"[red]error {resp.status_code}:[/] {message}")
+        raise typer.Exit(2 if resp.status_code < 500 else 1)
+    return body
+
+
+class _Counted:
+    """A file whose reads advance a progress bar (httpx streams multipart files)."""
+
+    def __init__(self, handle: IO[bytes], progress: Progress, task: Any) -> None:
+        self.handle, self.progress, self.task = handle, progress, task
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.progress.advance(self.task, len(data))
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+
+@app.command()
+def upload(
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    model: Annotated[Path, typer.Option(exists=True, dir_okay=False,
+                                        help="ONNX (.onnx), torch.export (.pt2) or "
+                                             "TorchScript (.pt).")],
+    spec: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="JSON spec.")],
+    calibration: Annotated[Path | None, typer.Option(exists=True, dir_okay=False,
+                                                     help=".npz/.npy or archive.")] = None,
+    evaluation: Annotated[Path | None, typer.Option(exists=True, dir_okay=False,
+                                                    help=".npz/.npy or archive.")] = None,
+    follow: Annotated[bool, typer.Option(help="Follow the job until it ends.")] = True,
+    url: Url = "http://127.0.0.1:8000",
+    token: Token = None,
+    as_json: AsJson = False,
+) -> None:
+    """Upload a model version; the gateway converts, loads, warms and serves it."""
+    parts = {"model": model, "calibration": calibration, "evaluation": evaluation}
+    total = sum(p.stat().st_size for p in parts.values() if p is not None)
+    handles = {k: p.open("rb") for k, p in parts.items() if p is not None}
+    try:
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      DownloadColumn(), TransferSpeedColumn(), console=err_console,
+                      transient=True) as progress:
+            task = progress.add_task(f"uploading {name}", total=total)
+            files = {k: (parts[k].name, _Counted(h, progress, task))  # type: ignore[union-attr]
+                     for k, h in handles.items()}
+            files["spec"] = ("spec.json", spec.read_bytes())  # type: ignore[assignment]
+            with _client(url, token, timeout=600.0) as client:
+                job = _answer(client.post(f"/v1/models/{name}/versions",
+                                          files=files))  # type: ignore[arg-type]
+    finally:
+        for handle in handles.values():
+            handle.close()
+    if not follow:
+        console.print_json(data=job) if as_json else console.print(f"job {job['id']}")
+        return
+    _follow(job["id"], url, token, as_json)
+
+
+@app.command("job")
+def job_command(job_id: str, url: Url = "http://127.0.0.1:8000", token: Token = None,
+                as_json: AsJson = False) -> None:
+    """Follow a job (per-step progress) until it succeeds or fails."""
+    _follow(job_id, url, token, as_json)
+
+
+def _follow(job_id: str, url: str, token: str | None, as_json: bool,
+            poll_s: float = 0.5) -> None:
+    with _client(url, token) as client, Live(console=err_console, transient=as_json) as live:
+        while True:
+            job = _answer(client.get(f"/v1/jobs/{job_id}"))
+            live.update(_job_table(job))
+            if job["state"] in TERMINAL:
+                break
+            time.sleep(poll_s)
+    if as_json:
+        console.print_json(data=job)
+    if job["state"] == "failed":
+        err_console.print(f"[red]job {job_id} failed:[/] {job.get('error')}")
+        raise typer.Exit(1)
+    console.print(f"[green]{job['model']} version {job.get('version')} is serving[/]")
+
+
+def _job_table(job: dict[str, Any]) -> Table:
+    table = Table(title=f"{job['id']}  {job['model']}  [bold]{job['state']}[/]",
+                  title_justify="left", show_edge=False)
+    for column in ("", "step", "time", "detail"):
+        table.add_column(column)
+    now = time.time()
+    for step in job.get("steps", []):
+        took = (step.get("finished_at") or now) - step["started_at"]
+        detail = step.get("detail") or ""
+        if step.get("fraction") is not None and step["state"] == "running":
+            detail = f"{step['fraction']:.0%} {detail}"
+        table.add_row(STEP_MARKS.get(step["state"], step["state"]), step["name"],
+                      f"{took:.1f} s", detail[:100])
+    return table
+
+
+@app.command("list")
+def list_models(url: Url = "http://127.0.0.1:8000", token: Token = None,
+                as_json: AsJson = False) -> None:
+    """Models the gateway manages: serving version, state, versions kept."""
+    with _client(url, token) as client:
+        answer = _answer(client.get("/v1/models"))
+    if as_json:
+        console.print_json(data=answer)
+        return
+    table = Table("model", "state", "serving", "previous", "versions", "pools")
+    for m in answer["models"]:
+        table.add_row(m["name"], m["state"], str(m["serving_version"] or "-"),
+                      str(m["previous_version"] or "-"),
+                      ", ".join(str(v["version"]) for v in m["versions"]),
+                      ", ".join(m["pools"]) or "(config)")
+    console.print(table)
+
+
+@app.command()
+def show(name: str, url: Url = "http://127.0.0.1:8000", token: Token = None,
+         as_json: AsJson = False) -> None:
+    """One model: versions with state, precision and report link; recent jobs."""
+    with _client(url, token) as client:
+        answer = _answer(client.get(f"/v1/models/{name}"))
+    if as_json:
+        console.print_json(data=answer)
+        return
+    console.print(f"[bold]{answer['name']}[/]  {answer['state']}  serving "
+                  f"{answer['serving_version']}  previous {answer['previous_version']}")
+    table = Table("version", "state", "precision", "job", "report")
+    for v in answer["versions"]:
+        table.add_row(str(v["version"]), v["state"], v["precision"] or "-", v["job"] or "-",
+                      v["report"] or "-")
+    console.print(table)
+
+
+@app.command()
+def rollback(name: str,
+             version: Annotated[int | None, typer.Option(help="Default: previous.")] = None,
+             url: Url = "http://127.0.0.1:8000", token: Token = None,
+             as_json: AsJson = False) -> None:
+    """Serve the previous (or a given) version again: loaded, warmed, then routed."""
+    with _client(url, token, timeout=600.0) as client:
+        answer = _answer(client.post(f"/v1/models/{name}/rollback",
+                                     json={"version": version}))
+    if as_json:
+        console.print_json(data=answer)
+        return
+    console.print(f"[green]{name} serves version {answer['serving_version']}[/] "
+                  f"(previous {answer['previous_version']})")
+
+
+@app.command()
+def delete(name: str, version: int, url: Url = "http://127.0.0.1:8000",
+           token: Token = None, as_json: AsJson = False) -> None:
+    """Delete a version that is not serving."""
+    with _client(url, token) as client:
+        answer = _answer(client.delete(f"/v1/models/{name}/versions/{version}"))
+    if as_json:
+        console.print_json(data=answer)
+        return
+    console.print(f"deleted {name} version {version}")
+
+
+@app.command("hash-token")
+def hash_token() -> None:
+    """Read a token on stdin; print its sha256 for the tokens file."""
+    token = (typer.prompt("token", hide_input=True) if sys.stdin.isatty()
+             else sys.stdin.readline()).strip()
+    if not token:
+        raise typer.BadParameter("no token on stdin")
+    typer.echo(hashlib.sha256(token.encode()).hexdigest())

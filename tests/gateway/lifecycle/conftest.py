@@ -1,0 +1,269 @@
+"""Helpers for lifecycle tests: a repository with two versions of the tiny model, a
+gateway config with a ``lifecycle:`` section and tokens, a steady load that records
+every answer, a gateway started without waiting for readiness, and uploads/jobs
+through a running gateway."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper
+
+from converters.images import EFFICIENTNET_LITE, SAMPLE_PHOTOS, augmented_views, load_image
+from converters.images import sample_photo as photo
+from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from infergate.processes import ROOT, GatewayProcess, wait_until
+from infergate.triton.local import TritonEndpoints, free_port
+
+TOKENS = {"predict": "predict-token-0123456789", "upload": "upload-token-0123456789",
+          "admin": "admin-token-0123456789ab"}
+X = np.ones((1, TINY_WIDTH), np.float32)
+
+
+def affine_onnx(path: Path, slope: float) -> Path:
+    """``y = slope * x + 1`` over FP32 [batch, 16] (the tiny model with another slope)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", TINY_WIDTH])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", TINY_WIDTH])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["kx"]),
+         helper.make_node("Add", ["kx", "one"], ["y"])],
+        "affine", [x], [y],
+        initializer=[helper.make_tensor("k", TensorProto.FLOAT, [1], [slope]),
+                     helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def add_version(repo: Path, model: str, version: int, slope: float | None) -> None:
+    """Copy version 1's folder as ``version``; its ONNX computes ``slope*x+1`` (None:
+    garbage bytes, a corrupt model)."""
+    target = repo / model / str(version)
+    shutil.copytree(repo / model / "1", target)
+    if slope is None:
+        (target / "model.onnx").write_bytes(b"this is not an onnx file")
+    else:
+        affine_onnx(target / "model.onnx", slope)
+
+
+@pytest.fixture
+def two_version_repo(tmp_path: Path) -> Path:
+    """``tiny`` with version 1 (2x+1) and version 2 (3x+1)."""
+    repo = tmp_path / "model_repo"
+    build_tiny_model(repo)
+    add_version(repo, TINY_MODEL_NAME, 2, 3.0)
+    return repo
+
+
+def tokens_file(path: Path) -> Path:
+    path.write_text(yaml.safe_dump({"tokens": [
+        {"name": scope, "scopes": [scope], "token": token} for scope, token in TOKENS.items()
+    ]}))
+    return path
+
+
+def lifecycle_config(path: Path, pools: dict[str, list[TritonEndpoints]], repo: Path,
+                     *, predict: str = "open", models: dict[str, Any] | None = None,
+                     lifecycle: dict[str, Any] | None = None, tokens: bool = True) -> Path:
+    data: dict[str, Any] = {
+        "pools": [{"name": name, "members": [
+            {"host": e.host, "http_port": e.http_port, "grpc_port": e.grpc_port,
+             "metrics_port": e.metrics_port} for e in members]}
+            for name, members in pools.items()],
+        "lifecycle": {"repository": str(repo), "state_dir": str(path.parent / "state"),
+                      **(lifecycle or {})},
+        "auth": {"predict": predict},
+        "models": models or {},
+    }
+    if tokens:
+        data["auth"]["tokens_file"] = str(tokens_file(path.parent / "tokens.yaml"))
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def bearer(scope: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {TOKENS[scope]}"}
+
+
+def infer_body(x: np.ndarray = X) -> dict[str, Any]:
+    return {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                        "data": x.ravel().tolist()}]}
+
+
+def slope_of(answer: dict[str, Any]) -> float:
+    """The tiny family computes slope*x+1: with x = 1 the output is slope + 1."""
+    return float(answer["outputs"][0]["data"][0]) - 1.0
+
+
+@dataclass
+class SteadyLoad:
+    """Requests back to back from a thread; every answer is kept (status, slope)."""
+
+    url: str
+    model: str = TINY_MODEL_NAME
+    headers: dict[str, str] = field(default_factory=dict)
+    answers: list[tuple[int, float | None]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        with httpx.Client(timeout=30, trust_env=False) as client:
+            while not self._stop.is_set():
+                try:
+                    resp = client.post(f"{self.url}/v2/models/{self.model}/infer",
+                                       json=infer_body(), headers=self.headers)
+                except httpx.HTTPError:
+                    self.answers.append((-1, None))  # connection failed: a failure too
+                    time.sleep(0.05)
+                    continue
+                slope = slope_of(resp.json()) if resp.status_code == 200 else None
+                self.answers.append((resp.status_code, slope))
+                time.sleep(0.005)
+
+    @property
+    def failures(self) -> list[int]:
+        return [status for status, _ in self.answers if status != 200]
+
+    def slopes(self) -> list[float]:
+        """Distinct slopes in the order they were first seen."""
+        seen: list[float] = []
+        for _, slope in self.answers:
+            if slope is not None and (not seen or seen[-1] != slope):
+                seen.append(slope)
+        return seen
+
+
+@pytest.fixture
+def steady_load() -> Iterator[Any]:
+    loads: list[tuple[SteadyLoad, threading.Thread]] = []
+
+    def start(url: str, **kwargs: Any) -> SteadyLoad:
+        load = SteadyLoad(url, **kwargs)
+        thread = threading.Thread(target=load.run, daemon=True)
+        thread.start()
+        loads.append((load, thread))
+        return load
+
+    try:
+        yield start
+    finally:
+        for load, thread in loads:
+            load._stop.set()
+            thread.join(timeout=30)
+
+
+def stop(load: SteadyLoad, settle_s: float = 0.2) -> None:
+    time.sleep(settle_s)
+    load._stop.set()
+    time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def spawn_gateway(config: Path, log_dir: Path, *args: str) -> Iterator[GatewayProcess]:
+    """A gateway subprocess, returned as soon as it is *live* (not ready): for tests of
+    the readiness gate. Stopped with SIGTERM on exit."""
+    http_port, grpc_port = free_port(), free_port()
+    log = log_dir / f"gateway-{http_port}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--pools", str(config),
+             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+             "--probe-interval", "0.5", *args],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    gateway = GatewayProcess(proc, http_port, grpc_port, log)
+    try:
+        def live() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"http://{gateway.http_url}/v2/health/live").status_code == 200
+            return False
+
+        if not wait_until(live, 30, 0.02):
+            raise RuntimeError(f"gateway not live: {log.read_text()[-2000:]}")
+        yield gateway
+    finally:
+        gateway.terminate()
+
+
+# -- uploads through a running gateway -------------------------------------------------
+TINY_SPEC = {"inputs": [{"name": "x", "datatype": "FP32", "shape": ["batch", 16]}],
+             "max_batch_size": 8, "profile_iterations": 3, "intra_op_threads": 1}
+EFFNET_SPEC = {"inputs": [{"name": "input", "datatype": "FP32",
+                           "shape": ["batch", 3, 224, 224]}],
+               "max_batch_size": 4, "profile_iterations": 3}
+
+
+def npz(arrays: dict[str, np.ndarray]) -> bytes:
+    out = io.BytesIO()
+    np.savez(out, **arrays)  # type: ignore[arg-type]
+    return out.getvalue()
+
+
+def photo_crops(count: int, seed: int) -> bytes:
+    views = [EFFICIENTNET_LITE(v) for i, name in enumerate(SAMPLE_PHOTOS)
+             for v in augmented_views(load_image(photo(name)), count // len(SAMPLE_PHOTOS) + 1,
+                                      seed + i)]
+    return npz({"input": np.stack(views[:count]).astype(np.float32)})
+
+
+def tiny_samples(count: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    return npz({"x": rng.normal(size=(count, 16)).astype(np.float32)})
+
+
+def tree(repo: Path) -> dict[str, str]:
+    return {str(p.relative_to(repo)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(repo.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def upload(url: str, name: str, model: Path | bytes, spec: dict[str, Any], evaluation: bytes,
+           calibration: bytes | None = None) -> dict[str, Any]:
+    files: dict[str, Any] = {
+        "model": ("model.onnx", model.read_bytes() if isinstance(model, Path) else model),
+        "spec": ("spec.json", json.dumps(spec)), "evaluation": ("evaluation.npz", evaluation)}
+    if calibration is not None:
+        files["calibration"] = ("calibration.npz", calibration)
+    resp = httpx.post(f"{url}/v1/models/{name}/versions", files=files,
+                      headers=bearer("upload"), timeout=120)
+    assert resp.status_code == 202, resp.text
+    return resp.json()  # type: ignore[no-any-return]
+
+
+def job(url: str, job_id: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/v1/jobs/{job_id}",  # type: ignore[no-any-return]
+                     headers=bearer("upload")).json()
+
+
+def finished(url: str, job_id: str, timeout_s: float = 180) -> dict[str, Any]:
+    assert wait_until(lambda: job(url, job_id)["state"] in ("succeeded", "failed"),
+                      timeout_s, 0.2), job(url, job_id)
+    return job(url, job_id)
+
+
+def show(url: str, name: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/v1/models/{name}",  # type: ignore[no-any-return]
+                     headers=bearer("upload")).json()
+
+
