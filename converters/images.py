@@ -7,10 +7,12 @@ per channel (the normalisation the Lite models were trained with).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -37,14 +39,36 @@ class ImagePreprocessing:
         w, h = image.size
         left, top = (w - self.size) // 2, (h - self.size) // 2
         image = image.crop((left, top, left + self.size, top + self.size))
-        pixels = np.asarray(image, dtype=np.float32)
-        pixels = (pixels - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        pixels: np.ndarray = np.asarray(image, dtype=np.float32)
+        pixels = np.subtract(pixels, np.asarray(self.mean, np.float32))
+        pixels = np.divide(pixels, np.asarray(self.std, np.float32))
         if self.layout == "NCHW":
             pixels = pixels.transpose(2, 0, 1)
         return np.ascontiguousarray(pixels, dtype=np.float32)
 
 
 EFFICIENTNET_LITE = ImagePreprocessing()
+# torchvision's ImageNet normalisation, in 0-255 pixel units
+IMAGENET = ImagePreprocessing(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375))
+PREPROCESSING_PRESETS = {"efficientnet-lite": EFFICIENTNET_LITE, "imagenet": IMAGENET}
+
+
+def preprocessing_from_text(text: str) -> ImagePreprocessing:
+    """A preset name (``efficientnet-lite``, ``imagenet``) or a JSON object of fields."""
+    if text in PREPROCESSING_PRESETS:
+        return PREPROCESSING_PRESETS[text]
+    try:
+        fields: dict[str, Any] = json.loads(text)
+        values: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()
+        }
+        return ImagePreprocessing(**values)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ValueError(
+            f"unknown image preprocessing {text!r}: use one of "
+            f"{', '.join(PREPROCESSING_PRESETS)} or a JSON object of ImagePreprocessing fields "
+            f"({exc})"
+        ) from None
 
 
 def load_image(path: str | os.PathLike[str]) -> Image.Image:
@@ -53,13 +77,17 @@ def load_image(path: str | os.PathLike[str]) -> Image.Image:
 
 
 def sample_photo(name: str = "chelsea") -> Path:
-    """Path of a photograph bundled inside scikit-image (no download): 'chelsea' is a cat."""
+    """Path of a photograph bundled inside scikit-image (no download): 'chelsea' is a cat.
+    Some are PNG, some JPEG ('rocket', 'retina')."""
     import skimage
 
-    path = Path(skimage.__file__).parent / "data" / f"{name}.png"
-    if not path.is_file():
-        raise FileNotFoundError(f"bundled photo {path} missing: is scikit-image installed?")
-    return path
+    folder = Path(skimage.__file__).parent / "data"
+    for suffix in (".png", ".jpg"):
+        path = folder / f"{name}{suffix}"
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"bundled photo {name} missing from {folder}: is scikit-image installed?")
 
 
 SAMPLE_PHOTOS = ("chelsea", "astronaut", "coffee", "rocket", "motorcycle_left", "retina")

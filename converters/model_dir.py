@@ -78,7 +78,9 @@ def write_model_directory(request: ModelDirectoryRequest) -> WrittenModel:
     config = request.config
     with stage_version(request.repo, config.name) as staged:
         for filename, source in request.artifact.files.items():
-            shutil.copy2(source, staged.version_dir / filename)
+            target = staged.version_dir / filename  # may name a sub-folder: report/x.png
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
         if config.target == "cpu":
             shutil.copy2(PYTHON_BACKEND_MODEL, staged.version_dir / "model.py")
         warmup = _write_warmup(staged.model_dir / "warmup", staged.version, request)

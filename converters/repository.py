@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from converters.errors import ConversionError
+
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class InvalidModelName(ValueError):
+class InvalidModelName(ConversionError, ValueError):
     """A model name that is not a safe single path component."""
 
 

