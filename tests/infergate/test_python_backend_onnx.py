@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import tritonclient.http as httpclient
 
 from converters.samples import INPUT_NAME, OUTPUT_NAME, SAMPLE_MODEL_NAME
 from infergate.triton.local import LocalTriton
+from tests.conftest import triton_settings
 
 pytestmark = pytest.mark.integration
 
@@ -20,9 +22,19 @@ def _stats(client: httpclient.InferenceServerClient) -> tuple[int, int]:
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 
+@pytest.fixture(scope="module")
+def own_triton(sample_repo: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[LocalTriton]:
+    """A Triton of its own: the statistics below must count this test's requests only."""
+    tmp = tmp_path_factory.mktemp("batching")
+    with LocalTriton(triton_settings(sample_repo, tmp, SAMPLE_MODEL_NAME)) as server:
+        yield server
+
+
 def test_python_backend_splits_dynamic_batch_per_request_when_requests_concurrent(
-    triton: LocalTriton, sample_repo: Path
+    own_triton: LocalTriton, sample_repo: Path
 ) -> None:
+    triton = own_triton
     assert triton.endpoints is not None
     rng = np.random.default_rng(1)
     # different batch sizes per request, so a wrong split shows up as a shape/value error
