@@ -90,7 +90,11 @@ async def resolve_members(pool: Pool) -> None:
 
 
 async def probe_forever(dataplane: DataPlane, interval_s: float) -> None:
-    async with httpx.AsyncClient(timeout=max(0.5, interval_s), trust_env=False) as client:
+    # The probe's timeout is not its interval: a member slow to answer /live while it
+    # loads a model under load must not be ejected for it. Rounds run concurrently per
+    # member, so one slow member does not delay the others' verdicts.
+    timeout = httpx.Timeout(max(2.0, 2 * interval_s), connect=max(0.5, interval_s))
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
         while True:
             dns_pools = [p for p in dataplane.pools if p.spec.dns]
             if dns_pools:
