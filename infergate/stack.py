@@ -143,11 +143,10 @@ def _print_welcome(settings: LocalStackSettings, with_scheduler: bool) -> None:
         "",
         "Try it:",
         f"  curl -s http://{http}/v2/models/{SAMPLE_MODEL_NAME} | python3 -m json.tool",
-        f"  curl -s -X POST http://{http}/v2/models/{SAMPLE_MODEL_NAME}/infer \\",
-        "    -H 'Content-Type: application/json' -d \"$(python3 -c 'import json; "
-        "print(json.dumps({\\\"inputs\\\": [{\\\"name\\\": \\\"input\\\", \\\"shape\\\": "
-        "[1, 3, 224, 224], \\\"datatype\\\": \\\"FP32\\\", \\\"data\\\": [0.0] * 150528}]}))')\" "
-        "| head -c 300",
+        "  python3 -c 'import json; print(json.dumps({\"inputs\": [{\"name\": \"input\", "
+        "\"shape\": [1, 3, 224, 224], \"datatype\": \"FP32\", \"data\": [0.0] * 150528}]}))' \\",
+        f"    | curl -s -X POST http://{http}/v2/models/{SAMPLE_MODEL_NAME}/infer "
+        "-H 'Content-Type: application/json' --data-binary @- | head -c 300",
         "",
         "  .venv/bin/python - <<'EOF'",
         "  import tritonclient.grpc as grpcclient",
