@@ -84,7 +84,14 @@ def prepare_for_quantization(source: Path, target: Path) -> Path:
     """``quant_pre_process``: symbolic shape inference + ORT's basic graph optimisations."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    with quiet_ort_quantization():
+    source, target = source.resolve(), target.resolve()
+    # When symbolic shape inference fails, ONNX Runtime dumps "sym_shape_infer_temp.onnx"
+    # and a ~100 MB "<uuid>.data" into the *current directory*: run it in a scratch one.
+    with (
+        quiet_ort_quantization(),
+        tempfile.TemporaryDirectory(dir=target.parent) as scratch,
+        contextlib.chdir(scratch),
+    ):
         try:
             quant_pre_process(str(source), str(target), skip_symbolic_shape=False)
         except Exception:  # noqa: BLE001 - symbolic shape inference fails on some graphs
