@@ -88,6 +88,12 @@ class DataPlane:
     # model -> why it cannot take requests yet (first load, warm-up): answered 503 +
     # Retry-After instead of reaching Triton, which would say "unknown model" (400).
     not_ready: dict[str, str] = field(default_factory=dict)
+    # run when a member comes back from the dead, before it is routable again (the
+    # lifecycle reloads the serving versions there: a restarted Triton has none loaded)
+    member_recovered: list[Callable[[PoolMember], Awaitable[None]]] = field(
+        default_factory=list
+    )
+    background: set[Any] = field(default_factory=set)  # running member restores
     # model -> pools that serve it, set by the model lifecycle (an upload's target
     # pools); overrides the pools' static ``models`` lists for that model.
     assigned_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)

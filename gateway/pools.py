@@ -150,13 +150,15 @@ class PoolMember:
     healthy: bool = True
     ejected_until: float = 0.0
     consecutive_failures: int = 0
+    # back from the dead, its models being reloaded: healthy but not routable yet
+    restoring: bool = False
 
     @property
     def key(self) -> str:
         return self.spec.key
 
     def available(self, now: float) -> bool:
-        return self.healthy and now >= self.ejected_until
+        return self.healthy and not self.restoring and now >= self.ejected_until
 
 
 @dataclass

@@ -42,10 +42,16 @@ async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: 
     was_healthy = member.healthy
     member.healthy = healthy
     if healthy and not was_healthy:
-        # A member back from the dead gets traffic at once, not after its back-off.
+        # A member back from the dead gets traffic at once, not after its back-off;
+        # first, though, whatever must be loaded on it is (see DataPlane.member_recovered).
         member.ejected_until = 0.0
         member.consecutive_failures = 0
         log.info("member %s/%s is healthy again", member.pool, member.key)
+        if dataplane.member_recovered and not member.restoring:
+            member.restoring = True
+            task = asyncio.create_task(_restore(dataplane, member))
+            dataplane.background.add(task)  # a strong reference until it is done
+            task.add_done_callback(dataplane.background.discard)
     elif was_healthy and not healthy:
         log.warning("member %s/%s failed its health check", member.pool, member.key)
     metrics = dataplane.metrics
@@ -59,6 +65,17 @@ async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: 
         member.upstream_queue = pending_requests(resp.text)
         member.queue_scraped_at = dataplane.clock()
         metrics.member_queue.labels(member.pool, member.key).set(member.upstream_queue)
+
+
+async def _restore(dataplane: DataPlane, member: PoolMember) -> None:
+    try:
+        for hook in dataplane.member_recovered:
+            await hook(member)
+        log.info("member %s/%s restored", member.pool, member.key)
+    except Exception:  # noqa: BLE001 - logged; the member serves what it has
+        log.exception("restoring member %s/%s failed", member.pool, member.key)
+    finally:
+        member.restoring = False
 
 
 async def resolve_members(pool: Pool) -> None:

@@ -15,14 +15,19 @@ import httpx
 
 from gateway.dataplane import DataPlane
 from gateway.lifecycle.config import KeepWarmPolicy
-from gateway.lifecycle.deploy import Deployer, load_as_configured
+from gateway.lifecycle.deploy import (
+    Deployer,
+    load_as_configured,
+    restore_as_configured,
+    serves,
+)
 from gateway.lifecycle.jobs import LifecycleStore
 from gateway.lifecycle.keepwarm import KeepWarm
 from gateway.lifecycle.preload import Preloader
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.lifecycle.triton_admin import InferTransport, MemberAdmin
 from gateway.lifecycle.worker import ConversionWorkers
-from gateway.pools import GatewayConfig
+from gateway.pools import GatewayConfig, PoolMember
 
 
 @dataclass
@@ -51,8 +56,21 @@ class ControlPlane:
         batches = policy.keep_warm.batch_sizes if policy and policy.keep_warm else (1,)
         await load_as_configured(self.dataplane, self.admin, model, batches)
 
+    async def restore_member(self, member: PoolMember) -> None:
+        """Reload what a member that came back empty must serve (see probes.py)."""
+        if self.lifecycle is not None:
+            await self.lifecycle.restore_member(member)
+            return
+        for model in self.preload_models():
+            if serves(self.dataplane, model, member):
+                policy = self.config.models.get(model)
+                batches = policy.keep_warm.batch_sizes if policy and policy.keep_warm else (1,)
+                await restore_as_configured(self.dataplane, self.admin, member, model, batches)
+
     def start(self) -> None:
-        """Start preloading (readiness turns true when it is done) and keep-warm."""
+        """Start preloading (readiness turns true when it is done) and keep-warm, and
+        have members that come back from the dead restored before they take traffic."""
+        self.dataplane.member_recovered.append(self.restore_member)
         models = self.preload_models()
         if models:
             self.dataplane.preloaded = False  # before the first readiness probe

@@ -97,6 +97,23 @@ async def load_as_configured(dataplane: DataPlane, admin: MemberAdmin, model: st
                            for m in members))
 
 
+async def restore_as_configured(dataplane: DataPlane, admin: MemberAdmin, member: PoolMember,
+                                model: str, warm_batches: Sequence[int] = (1,)) -> None:
+    """Load a model on one member as its ``config.pbtxt`` says, then warm it there."""
+    await load_on(admin, model, None, [member], [])
+    config = await admin.config(member, model)
+    await warm_on(dataplane, admin, model, None, config, _batches(config, warm_batches),
+                  member)
+
+
+def serves(dataplane: DataPlane, model: str, member: PoolMember) -> bool:
+    """Whether traffic for ``model`` can be routed to ``member``."""
+    try:
+        return any(member in pool.members for pool in dataplane.route(model).pools)
+    except GatewayError:
+        return False
+
+
 @dataclass
 class Deployer:
     dataplane: DataPlane
@@ -111,6 +128,24 @@ class Deployer:
 
     def members(self, model: str) -> list[PoolMember]:
         return available_members(self.dataplane, model)
+
+    async def restore_on(self, member: PoolMember, model: str, version: int | None,
+                         warm_batches: Sequence[int] = (1,)) -> None:
+        """Load and warm what ``model`` serves on one member that came back empty (a
+        restarted Triton): ``version`` pinned as published, or the repository's config
+        for a model the lifecycle does not manage (``version`` None)."""
+        if version is None:
+            await restore_as_configured(self.dataplane, self.admin, member, model,
+                                        warm_batches)
+            return
+        target = self.store.version(model, version)
+        if target is None:
+            raise ModelNotFound(f"model {model!r} has no version {version}")
+        config = parse_model_config(target.config)
+        batches = _batches(config, warm_batches)
+        await load_on(self.admin, model, override_for_version(config, version, batches),
+                      [member], [])
+        await warm_on(self.dataplane, self.admin, model, version, config, batches, member)
 
     # -- activation ------------------------------------------------------------------------
     async def activate(self, model: str, version: int, warm_batches: Sequence[int] = (1,),

@@ -28,14 +28,14 @@ from gateway.errors import GatewayError, InvalidInput, ModelNotFound
 from gateway.lifecycle import versions as repo_edits
 from gateway.lifecycle.auth import Principal
 from gateway.lifecycle.config import KeepWarmPolicy, LifecycleSpec
-from gateway.lifecycle.deploy import Deployer, load_as_configured
+from gateway.lifecycle.deploy import Deployer, load_as_configured, serves
 from gateway.lifecycle.jobs import JobRecord, LifecycleStore, ModelRecord, VersionRecord, with_step
 from gateway.lifecycle.keepwarm import KeepWarm
 from gateway.lifecycle.spec import UploadSpec, parse_spec
 from gateway.lifecycle.triton_admin import MemberAdmin
 from gateway.lifecycle.uploads import ReceivedUpload, receive_upload
 from gateway.lifecycle.worker import ConversionFailed, ConversionWorkers, StepEvent, WorkerTask
-from gateway.pools import GatewayConfig, pools_for_model
+from gateway.pools import GatewayConfig, PoolMember, pools_for_model
 
 log = logging.getLogger(__name__)
 RESTART_REASON = "the gateway stopped while this job was running (its worker died with it)"
@@ -392,6 +392,19 @@ class ModelLifecycle:
         managed = [r.name for r in self.store.models() if r.serving_version is not None]
         configured = [m for m, p in self.config.models.items() if p.preload]
         return sorted(set(managed) | set(configured))
+
+    async def restore_member(self, member: PoolMember) -> None:
+        """A member back from the dead (e.g. a restarted Triton pod, nothing loaded):
+        load and warm there every preloaded model its pool serves, before it takes
+        traffic (the data plane keeps it out of routing meanwhile)."""
+        for model in self.preload_models():
+            if not serves(self.dataplane, model, member):
+                continue
+            record = self.store.model(model)
+            version = record.serving_version if record is not None else None
+            async with self.deployer.lock(model):
+                await self.deployer.restore_on(member, model, version,
+                                               self.warm_batches(model))
 
     async def preload_one(self, model: str) -> None:
         record = self.store.model(model)
