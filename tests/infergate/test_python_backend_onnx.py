@@ -13,6 +13,7 @@ import tritonclient.http as httpclient
 from converters.samples import INPUT_NAME, OUTPUT_NAME, SAMPLE_MODEL_NAME
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
+from tests.procs import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -54,12 +55,15 @@ def test_python_backend_splits_dynamic_batch_per_request_when_requests_concurren
 
     pending = [send(x) for x in inputs]  # all in flight at once (gevent pool of 12)
     results = [p.get_result().as_numpy(OUTPUT_NAME) for p in pending]
+    sent = sum(x.shape[0] for x in inputs)
+    # Triton updates its statistics just after answering: let the last ones land
+    wait_until(lambda: _stats(client)[0] - before[0] >= sent, 10)
     after = _stats(client)
     client.close()
     for got, want in zip(results, expected, strict=True):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     inferences, executions = after[0] - before[0], after[1] - before[1]
-    assert inferences == sum(x.shape[0] for x in inputs)
+    assert inferences == sent
     # the dynamic batcher merged requests: fewer model executions than requests
     assert executions < len(inputs)
