@@ -109,6 +109,12 @@ class UpstreamHTTP:
             await self._session.close()
 
 
+def relay(resp: UpstreamResponse) -> Response:
+    """A FastAPI response carrying an upstream (or error) answer as it is."""
+    return Response(resp.body, status_code=resp.status,
+                    headers={k.decode(): v.decode() for k, v in resp.headers})
+
+
 def _outcome(resp: UpstreamResponse) -> str:
     if resp.status < 400:
         return "success"
@@ -209,13 +215,7 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
 
     @app.exception_handler(GatewayError)
     async def _on_gateway_error(_: Request, error: GatewayError) -> Response:
-        status, body, headers = _error_body(error)
-        return Response(body, status_code=status,
-                        headers={k.decode(): v.decode() for k, v in headers})
-
-    def relay(resp: UpstreamResponse) -> Response:
-        return Response(resp.body, status_code=resp.status,
-                        headers={k.decode(): v.decode() for k, v in resp.headers})
+        return relay(UpstreamResponse(*_error_body(error)))
 
     async def model_call(model: str, request: Request) -> Response:
         auth.require(api_key(request), Scope.PREDICT)
@@ -306,8 +306,6 @@ def _repository_route(control: ModelControl, upstream: UpstreamHTTP, action: str
                                               {"content-type": "application/json"})
         )
         failed = next((a for a in answers if a.status >= 400), None)
-        answer = failed or answers[0]
-        return Response(answer.body, status_code=answer.status,
-                        headers={k.decode(): v.decode() for k, v in answer.headers})
+        return relay(failed or answers[0])
 
     return route
