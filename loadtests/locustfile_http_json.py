@@ -10,40 +10,16 @@
 from __future__ import annotations
 
 import json
-import random
+from typing import Any
 
-from locust import FastHttpUser, task
-
-from loadtests import locust_common
-from loadtests.workload import PayloadCache
+from loadtests.locust_http import KServeHttpUser
 
 
-class HttpJsonUser(FastHttpUser):
-    # Closed loop: each user sends its next request as soon as the last one is answered,
-    # so --scenario-users is the concurrency the gateway sees.
-    def wait_time(self) -> float:
-        return 0.0
+class HttpJsonUser(KServeHttpUser):
+    payload_format = "json"
 
-    def on_start(self) -> None:
-        options = self.environment.parsed_options
-        self.rng = random.Random()
-        self.payloads = PayloadCache(locust_common.http_metadata(self.client),
-                                     batch_size=options.batch_size if options else 1)
-
-    @task
-    def infer(self) -> None:
-        model = locust_common.current_mix(self.environment).choose(self.rng)
-        try:
-            payload = self.payloads.get(model, "json")
-        except locust_common.MetadataUnavailable:
-            return
-        with self.client.post(f"/v2/models/{model}/infer", data=payload.body,
-                              headers=payload.headers, name=f"http-json {model}",
-                              catch_response=True) as resp:
-            if resp.status_code != 200:
-                resp.failure(f"HTTP {resp.status_code}: {(resp.text or '')[:200]}")
-                return
-            outputs = json.loads(resp.content or b"{}").get("outputs") or []
-            expected = {o.name for o in self.payloads.meta(model).outputs}
-            if {o.get("name") for o in outputs} != expected:
-                resp.failure(f"outputs {[o.get('name') for o in outputs]} != {sorted(expected)}")
+    def check(self, resp: Any, model: str) -> None:
+        outputs = json.loads(resp.content or b"{}").get("outputs") or []
+        expected = {o.name for o in self.payloads.meta(model).outputs}
+        if {o.get("name") for o in outputs} != expected:
+            resp.failure(f"outputs {[o.get('name') for o in outputs]} != {sorted(expected)}")
