@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import re
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.errors import DeadlineExceeded, Overloaded
+
+DEFAULT_MAX_BUCKETS = 10_000
+DIGEST_PREFIX = "sha256:"
+ANONYMOUS = "anonymous"  # requests without a key share one bucket (never a hex digest)
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class AdmissionGate:
@@ -106,28 +113,80 @@ class RateLimit:
 
 
 class RateLimiter:
-    """Token bucket per API key; keys without an explicit limit share the default."""
+    """Token bucket per API key; keys without an explicit limit share the default.
+
+    Buckets are keyed by the SHA-256 digest of the presented key, never the key itself,
+    so neither this table nor an error message holds a credential. Configured limits
+    name a key as ``sha256:<hex digest>`` (a config file need not hold the key) or as a
+    plain key, hashed here and not kept. Buckets of unconfigured keys live in an LRU
+    table of at most ``max_buckets``: a client sending random keys evicts the least
+    recently seen bucket instead of growing the table (an evicted bucket comes back
+    full, which gives nothing away: a fresh random key gets a full bucket anyway).
+    Configured keys keep their buckets outside that table, so no flood of other keys
+    can refill a limited key's bucket.
+    """
 
     def __init__(self, default: RateLimit | None, per_key: dict[str, RateLimit],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 max_buckets: int = DEFAULT_MAX_BUCKETS) -> None:
+        if max_buckets < 1:
+            raise ValueError(f"max_buckets must be >= 1, not {max_buckets}")
         self.default = default
-        self.per_key = per_key
+        self.limits = {configured_key_digest(key): limit for key, limit in per_key.items()}
         self.clock = clock
-        self._buckets: dict[str, TokenBucket] = {}
+        self.max_buckets = max_buckets
+        self._configured: dict[str, TokenBucket] = {}
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+
+    def __len__(self) -> int:
+        """Buckets held (configured keys plus the LRU table)."""
+        return len(self._configured) + len(self._buckets)
 
     def check(self, api_key: str | None) -> None:
-        key = api_key or "anonymous"
-        limit = self.per_key.get(key, self.default)
-        if limit is None:
+        key = key_digest(api_key) if api_key else ANONYMOUS
+        limit = self.limits.get(key)
+        if limit is not None:
+            bucket = self._configured.get(key)
+            if bucket is None:
+                bucket = self._configured[key] = self._bucket(limit)
+        elif self.default is None:
             return
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = TokenBucket(limit.rate_per_s, limit.burst, self.clock)
+        else:
+            bucket = self._lru_bucket(key, self.default)
         wait = bucket.take()
         if wait > 0:
-            raise Overloaded(f"rate limit exceeded for API key {_redact(key)}",
+            raise Overloaded(f"rate limit exceeded for API key {_label(key)}",
                              retry_after_s=wait)
 
+    def _lru_bucket(self, key: str, limit: RateLimit) -> TokenBucket:
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            self._buckets.move_to_end(key)
+            return bucket
+        while len(self._buckets) >= self.max_buckets:
+            self._buckets.popitem(last=False)
+        bucket = self._buckets[key] = self._bucket(limit)
+        return bucket
 
-def _redact(key: str) -> str:
-    return key if key == "anonymous" else f"{key[:4]}…"
+    def _bucket(self, limit: RateLimit) -> TokenBucket:
+        return TokenBucket(limit.rate_per_s, limit.burst, self.clock)
+
+
+def key_digest(api_key: str) -> str:
+    """What the limiter keys a bucket by: the hex SHA-256 of the key's UTF-8 bytes."""
+    return hashlib.sha256(api_key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def configured_key_digest(configured: str) -> str:
+    """A configured key, ``sha256:<64 hex digits>`` or a plain key, as its digest."""
+    if configured.startswith(DIGEST_PREFIX):
+        digest = configured[len(DIGEST_PREFIX):].lower()
+        if not _HEX_DIGEST.fullmatch(digest):
+            raise ValueError(f"rate limit key {configured[:12]}…: expected sha256: followed "
+                             "by 64 hexadecimal digits")
+        return digest
+    return key_digest(configured)
+
+
+def _label(key: str) -> str:
+    return key if key == ANONYMOUS else f"{DIGEST_PREFIX}{key[:12]}…"
