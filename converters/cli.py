@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from converters.errors import ConversionError, InvalidRequest
+from converters.errors import ConversionError, InvalidRequest, wrap_message
 from converters.images import preprocessing_from_text
 from converters.metrics import AccuracyBudget
 from converters.pipeline import ConversionFailed, ConversionRequest, ConversionResult, convert
@@ -101,11 +101,18 @@ def convert_command(
     except ConversionError as exc:
         step = exc.step if isinstance(exc, ConversionFailed) else "request"
         if json_output:
-            typer.echo(json.dumps({"error": str(exc), "step": step,
+            typer.echo(json.dumps({"error": str(exc), "action": exc.action,
+                                   "reason": exc.reason, "step": step,
                                    "kind": type(getattr(exc, "cause", exc)).__name__}))
         else:
-            err.print(f"[bold red]error[/]: {exc}", highlight=False, markup=True)
-            err.print(f"repository {repo} left unchanged")
+            message = str(exc) if isinstance(exc, ConversionFailed) else \
+                f"{exc.action.rstrip('.')}.\n{exc}"
+            # markup off: a reason may hold "[batch,3,224,224]"; soft_wrap: wrapped here,
+            # between words, not by rich (which would fold inside a long token)
+            err.print(wrap_message(f"error: {message}", err.width), style="red",
+                      markup=False, highlight=False, soft_wrap=True)
+            err.print(f"repository {repo} left unchanged", markup=False, highlight=False,
+                      soft_wrap=True)
         raise typer.Exit(EXIT_REFUSED) from None
     if json_output:
         typer.echo(json.dumps(result.to_dict(), default=str))

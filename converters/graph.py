@@ -51,12 +51,31 @@ class ModelFacts:
 
 
 def load_onnx(path: Path) -> onnx.ModelProto:
+    """The model with its external data (weights files beside it) loaded."""
     try:
         return onnx.load(str(path))
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise InvalidSource(f"{path} is not a valid ONNX model (cannot parse: {exc})") from None
+    except FileNotFoundError as exc:
+        raise InvalidSource(
+            f"{path} keeps its weights in external data files, and {exc.filename or exc} is "
+            "missing: upload or copy the weights files beside the .onnx file (same relative "
+            "paths as when it was saved)",
+            action="Give the model together with its external weights files") from None
     except OSError as exc:
         raise InvalidSource(f"{path} cannot be read: {exc}") from None
+
+
+def uses_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def save_onnx(model: onnx.ModelProto, path: Path) -> Path:
+    """One file when it fits protobuf's 2 GB limit, else the weights beside it."""
+    large = model.ByteSize() > 1_900_000_000
+    onnx.save(model, str(path), save_as_external_data=large,
+              location=f"{path.name}.data" if large else None)
+    return path
 
 
 def facts(model: onnx.ModelProto, path: Path) -> ModelFacts:
@@ -97,30 +116,33 @@ def unsupported_operators(model: onnx.ModelProto) -> list[str]:
     return sorted(set(unknown))
 
 
-def check(model: onnx.ModelProto, path: Path) -> None:
+def check(model: onnx.ModelProto, path: Path, name: str | None = None) -> None:
+    """Refuse what ONNX or ONNX Runtime cannot run, with their whole reason; ``name`` is
+    what the owner calls the model (``path`` may be a work copy)."""
+    name = name or path.name
     unknown = unsupported_operators(model)
     if unknown:
         raise UnsupportedOperator(
-            f"{path.name} uses operators that ONNX / ONNX Runtime cannot run: "
+            f"{name} uses operators that ONNX / ONNX Runtime cannot run: "
             f"{', '.join(unknown)}", tuple(unknown)
         )
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise InvalidSource(f"{path.name} fails the ONNX checker: {first}") from None
+        raise InvalidSource(f"{name} fails the ONNX checker: {str(exc).strip()}") from None
     except onnx.shape_inference.InferenceError as exc:
-        raise InvalidSource(f"{path.name} fails ONNX shape inference: {exc}") from None
+        raise InvalidSource(f"{name} fails ONNX shape inference: {exc}") from None
     try:
         open_session(path, RuntimeSettings())
     except Exception as exc:  # noqa: BLE001 - ORT raises its own Fail/NotImplemented types
-        message = str(exc)
+        message = str(exc).strip()
         if "NOT_IMPLEMENTED" in message or "Could not find an implementation" in message:
             raise UnsupportedOperator(
-                f"ONNX Runtime has no kernel for an operator in {path.name}: "
-                f"{message.splitlines()[-1][:300]}"
+                f"ONNX Runtime has no kernel for an operator in {name}. "
+                f"ONNX Runtime says: {message}"
             ) from None
-        raise InvalidSource(f"ONNX Runtime cannot load {path.name}: {message[:300]}") from None
+        raise InvalidSource(f"ONNX Runtime cannot load {name}. "
+                            f"ONNX Runtime says: {message}") from None
 
 
 def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:

@@ -37,7 +37,7 @@ from converters.steps.base import (
     StepState,
 )
 from converters.steps.build import BuildVariant, PrepareQuantization, RepairVariant, VerifyVariants
-from converters.steps.measure import BuildEngines, ProfileVariants, SelectVariant
+from converters.steps.measure import ProfileVariants, SelectVariant
 from converters.steps.prepare import (
     CheckModel,
     ComputeReference,
@@ -47,6 +47,7 @@ from converters.steps.prepare import (
     ValidateRequest,
 )
 from converters.steps.publish import BuildReport, Publish
+from converters.steps.tensorrt import BuildEngines
 from converters.variants import VariantPlan, plan_variants
 
 __all__ = ["ConversionFailed", "ConversionRequest", "ConversionResult", "ProgressEvent",
@@ -56,12 +57,19 @@ log = logging.getLogger("converters.pipeline")
 
 
 class ConversionFailed(ConversionError):
-    """A fatal step refused the conversion; ``cause`` names the problem."""
+    """A fatal step refused the conversion. The message's first line says what to do
+    (the cause's ``action``); the next names the step and carries the cause's whole
+    reason."""
 
     def __init__(self, step: str, title: str, cause: ConversionError,
                  records: Sequence[StepRecord]) -> None:
-        super().__init__(f"{title}: {cause}")
-        self.step, self.cause, self.records = step, cause, tuple(records)
+        super().__init__(f"{cause.action.rstrip('.')}.\n{title}: {cause}",
+                         action=cause.action)
+        self.step, self.title, self.cause, self.records = step, title, cause, tuple(records)
+
+    @property
+    def reason(self) -> str:
+        return str(self.cause)
 
 
 @dataclass(frozen=True)

@@ -98,10 +98,15 @@ def render_markdown(report: Mapping[str, Any]) -> str:
               "```", "", "## Steps", "", "| step | state | seconds | detail |", "|---|---|---|---|"]
     for step in report.get("steps", []):
         lines.append(f"| {step['label']} | {step['state']} | {step['seconds']:.1f} "
-                     f"| {step['detail'][:160]} |")
+                     f"| {_cell(step['detail'])} |")
     if report.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Whole text in one Markdown table cell (a failure's reason is never cut)."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def _flips(accuracy: Mapping[str, Any]) -> str:

@@ -68,6 +68,9 @@ class Selection:
 class NoVariantWithinBudget(ConversionError):
     """Every requested variant failed or missed the accuracy budget."""
 
+    action = ("Request another precision (e.g. fp32), loosen the accuracy budget, or give "
+              "a calibration set closer to the served data")
+
 
 def select_variant(candidates: Sequence[Candidate], budget: AccuracyBudget) -> Selection:
     eligible: list[Candidate] = []

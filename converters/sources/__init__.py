@@ -45,8 +45,43 @@ class LoadedSource:
     output_names: tuple[str, ...] = ()
 
 
+COMPRESSED_SUFFIXES = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".zip", ".tar", ".7z")
+MAGIC = {b"\x1f\x8b": "gzip-compressed", b"PK\x03\x04": "a zip archive",
+         b"BZh": "bzip2-compressed", b"\xfd7zXZ": "xz-compressed",
+         b"\x28\xb5\x2f\xfd": "zstd-compressed"}
+
+
+def sniff(path: Path) -> str | None:
+    """What the file's first bytes say it is, when it is a known wrapper format."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return None
+    return next((what for magic, what in MAGIC.items() if head.startswith(magic)), None)
+
+
+def _refuse_wrapped(path: Path) -> None:
+    """An ONNX model inside a compression/archive wrapper, or under a wrong extension, is
+    refused with what it is and what to do; never guessed at."""
+    wrapper = sniff(path) if path.is_file() else None
+    compressed = path.suffix.lower() in COMPRESSED_SUFFIXES
+    if path.suffix == ".onnx" and wrapper == "a zip archive":
+        raise InvalidSource(
+            f"{path.name} is named .onnx but is a zip archive (PyTorch and TorchScript files "
+            "are zip archives), not an ONNX protobuf",
+            action="Give the ONNX model itself, or a TorchScript archive named .pt")
+    if path.suffix == ".onnx" and wrapper is not None or compressed:
+        what = wrapper or f"a {path.suffix} file"
+        raise InvalidSource(
+            f"{path.name} is {what}, not an ONNX model: the converter reads uncompressed "
+            ".onnx files (with any external weights files beside them)",
+            action=f"Decompress {path.name} and give the .onnx file inside it")
+
+
 def source_kind(location: str) -> SourceKind:
     path = Path(location)
+    _refuse_wrapped(path)
     if path.suffix == ".onnx":
         return "onnx"
     if path.suffix == ".pt2":
@@ -55,10 +90,25 @@ def source_kind(location: str) -> SourceKind:
         return "torchscript"
     if not path.exists() and ENTRY_POINT_RE.match(location):
         return "entrypoint"
+    if path.is_file() and _parses_as_onnx(path):
+        raise InvalidSource(
+            f"{path.name} looks like an ONNX model but its extension is {path.suffix or 'none'}"
+            ": the converter tells models apart by extension",
+            action=f"Rename {path.name} to {path.stem}.onnx")
     raise InvalidSource(
         f"cannot tell what {location!r} is: give an .onnx file, a torch.export .pt2 "
         "program, a TorchScript .pt archive, or an entry point package.module:factory"
     )
+
+
+def _parses_as_onnx(path: Path) -> bool:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - anything unparsable is not ONNX
+        return False
+    return len(model.graph.node) > 0 and model.ir_version > 0
 
 
 def load_source(location: str) -> LoadedSource:

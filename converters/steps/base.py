@@ -38,6 +38,7 @@ from converters.triton_config import Target
 from converters.variants import Precision, Variant, VariantPlan
 
 Task = Literal["auto", "classification", "other"]
+T = TypeVar("T")
 StepState = Literal["started", "running", "done", "skipped", "failed"]
 
 
@@ -132,7 +133,8 @@ class ConversionState:
     written: WrittenModel | None = None
     records: tuple[StepRecord, ...] = ()  # kept by the runner
 
-    def require(self, value: Any, what: str) -> Any:
+    def require(self, value: T | None, what: str) -> T:
+        """``value``, known to be set (a step's precondition); typed ``T | None -> T``."""
         if value is None:
             raise RuntimeError(f"pipeline wiring: {what} is not available yet")
         return value

@@ -167,7 +167,7 @@ class VerifyVariants(Step[VerifyInputs, VerifyOutput]):
             try:
                 accuracy[name] = measure(variant.path, variant.runtime, inputs)
             except Exception as exc:  # noqa: BLE001 - ORT run errors end this variant only
-                failures[name] = f"failed to run: {type(exc).__name__}: {str(exc)[:200]}"
+                failures[name] = f"failed to run: {type(exc).__name__}: {exc}"
         return VerifyOutput(accuracy, failures)
 
     def apply(self, state: ConversionState, output: VerifyOutput) -> ConversionState:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from converters import graph
+from converters.compat import RuntimeLimits, limits_for, make_compatible
 from converters.datasets import SampleSet, load_samples
 from converters.errors import InputSpecMismatch, InvalidDataset, InvalidRequest, TargetUnavailable
 from converters.images import ImagePreprocessing
@@ -198,8 +199,14 @@ class ExportOnnx(Step[ExportInputs, ExportOutput]):
         source = inputs.source
         if source.kind == "onnx":
             assert source.onnx_path is not None
-            shutil.copy2(source.onnx_path, inputs.target)
-            return ExportOutput(inputs.target, {"exporter": "none (ONNX source)"})
+            model = graph.load_onnx(source.onnx_path)
+            if not graph.uses_external_data(model):
+                shutil.copy2(source.onnx_path, inputs.target)
+                return ExportOutput(inputs.target, {"exporter": "none (ONNX source)"})
+            # external weights loaded beside the source: the work copy is one file
+            graph.save_onnx(model, inputs.target)
+            return ExportOutput(inputs.target, {"exporter": "none (ONNX source with "
+                                                            "external data, inlined)"})
         exported = export_to_onnx(source.program, source.kind, inputs.spec, inputs.example,
                                   source.output_names, inputs.target, inputs.opset)
         return ExportOutput(exported.path, {"exporter": exported.exporter,
@@ -219,6 +226,8 @@ class CheckInputs:
     spec: InputSpec
     example: dict[str, np.ndarray]
     workdir: Path
+    limits: RuntimeLimits
+    source_name: str  # what the owner calls the model, for messages
 
 
 @dataclass(frozen=True)
@@ -236,17 +245,23 @@ class CheckModel(Step[CheckInputs, CheckOutput]):
         evaluation: SampleSet = state.require(state.evaluation, "evaluation set")
         return CheckInputs(state.require(state.exported, "exported model"),
                            state.require(state.spec, "input spec"),
-                           evaluation.first_batch(2), state.workdir)
+                           evaluation.first_batch(2), state.workdir,
+                           limits_for(state.request.target),
+                           Path(state.request.source).name)
 
     def run(self, inputs: CheckInputs, ctx: StepContext) -> CheckOutput:
         import onnx
 
         model = graph.load_onnx(inputs.exported)
-        graph.check(model, inputs.exported)
-        check_spec_matches(inputs.spec, spec_from_onnx(model))
-        notes = []
-        upgraded, note = graph.upgrade_opset(model)
         current = inputs.exported
+        compatible = make_compatible(model, inputs.limits, inputs.source_name)
+        notes = list(compatible.notes)
+        if compatible.notes:
+            model, current = compatible.model, inputs.workdir / "compatible.onnx"
+            graph.save_onnx(model, current)
+        graph.check(model, current, inputs.source_name)
+        check_spec_matches(inputs.spec, spec_from_onnx(model))
+        upgraded, note = graph.upgrade_opset(model)
         if note:
             notes.append(note)
             current = inputs.workdir / "upgraded.onnx"

@@ -14,7 +14,7 @@ import numpy as np
 from converters.datasets import SampleSet
 from converters.errors import TargetUnavailable
 from converters.graph import ModelFacts
-from converters.metrics import Accuracy
+from converters.metrics import Accuracy, AccuracyBudget
 from converters.model_dir import (
     ModelArtifact,
     ModelDirectoryRequest,
@@ -23,8 +23,11 @@ from converters.model_dir import (
     sha256_file,
     write_model_directory,
 )
+from converters.profile import VariantProfile
+from converters.repair import RepairOutcome
 from converters.report import write_report
-from converters.select import ServingPlan
+from converters.select import Selection, ServingPlan
+from converters.sources import LoadedSource
 from converters.spec import InputSpec, is_dynamic, numpy_dtype_name
 from converters.steps.base import (
     ConversionRequest,
@@ -32,10 +35,11 @@ from converters.steps.base import (
     EngineRecord,
     Step,
     StepContext,
+    StepRecord,
 )
 from converters.tensorrt import cc_model_filenames
 from converters.triton_config import NUMPY_TO_TRITON, DynamicBatching, ModelConfigSpec, TensorSpec
-from converters.variants import Variant
+from converters.variants import Variant, VariantPlan
 
 REPORT_FOLDER = "report"
 TRT_PRECISION_MODE = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}
@@ -57,50 +61,90 @@ def accuracy_dict(accuracy: Accuracy | None) -> dict[str, Any] | None:
     return result
 
 
-def report_dict(state: ConversionState) -> dict[str, Any]:
-    r = state.request
-    source = state.require(state.source, "source")
-    selection = state.selection
-    fp32 = state.profiles.get("fp32")
+@dataclass(frozen=True)
+class ReportInputs:
+    """What the report describes, picked from the state (not the whole state)."""
+
+    model: str
+    target: str
+    budget: AccuracyBudget
+    latency_budget_ms: float | None
+    source: LoadedSource
+    source_sha256: str
+    classify: bool
+    calibration: SampleSet | None
+    evaluation: SampleSet | None
+    spec: InputSpec | None
+    export_info: Mapping[str, Any]
+    facts: ModelFacts | None
+    plans: tuple[VariantPlan, ...]
+    variants: Mapping[str, Variant]
+    failures: Mapping[str, str]
+    accuracy: Mapping[str, Accuracy]
+    profiles: Mapping[str, VariantProfile]
+    repairs: Mapping[str, RepairOutcome]
+    selection: Selection | None
+    serving: ServingPlan | None
+    engines: tuple[EngineRecord, ...]
+    records: tuple[StepRecord, ...]
+    notes: tuple[str, ...]
+
+    @classmethod
+    def of(cls, state: ConversionState) -> ReportInputs:
+        r = state.request
+        return cls(
+            r.name, r.target, r.budget, r.latency_budget_ms,
+            state.require(state.source, "source"), source_sha256(state), state.classify,
+            state.calibration, state.evaluation, state.spec, state.export_info, state.facts,
+            state.plans, state.variants, state.failures, state.accuracy, state.profiles,
+            state.repairs, state.selection, state.serving, state.engines, state.records,
+            state.notes,
+        )
+
+
+def report_dict(inputs: ReportInputs) -> dict[str, Any]:
+    selection = inputs.selection
+    fp32 = inputs.profiles.get("fp32")
     variants = []
-    for plan in state.plans:
-        variant = state.variants.get(plan.name)
-        if variant is None and plan.name not in state.failures:
+    for plan in inputs.plans:
+        variant = inputs.variants.get(plan.name)
+        if variant is None and plan.name not in inputs.failures:
             continue
-        profile = state.profiles.get(plan.name)
+        profile = inputs.profiles.get(plan.name)
         entry: dict[str, Any] = variant.to_dict() if variant else {
             "name": plan.name, "precision": plan.precision, "recipe": plan.describe()}
         entry.update(
-            accuracy=accuracy_dict(state.accuracy.get(plan.name)),
+            accuracy=accuracy_dict(inputs.accuracy.get(plan.name)),
             profile=profile.to_dict() if profile else None,
             speedup=(profile.speed / fp32.speed) if profile and fp32 else None,
             speedup_by_batch={t.batch: fp32.at(t.batch).p50_ms / t.p50_ms
                               for t in profile.timings} if profile and fp32 else None,
-            failure=state.failures.get(plan.name),
+            failure=inputs.failures.get(plan.name),
             verdict=selection.verdict(plan.name).to_dict() if selection and any(
                 v.variant == plan.name for v in selection.verdicts) else None,
         )
         variants.append(entry)
+    source = inputs.source
     return {
-        "model": r.name,
-        "target": r.target,
+        "model": inputs.model,
+        "target": inputs.target,
         "source": {"kind": source.kind, "location": source.location,
-                   "sha256": source_sha256(state)},
-        "budget": asdict(r.budget),
-        "latency_budget_ms": r.latency_budget_ms,
-        "task": "classification" if state.classify else "other",
-        "calibration": _set_info(state.calibration),
-        "evaluation": _set_info(state.evaluation),
-        "input_spec": state.spec.to_dict() if state.spec else None,
-        "export": dict(state.export_info),
-        "facts": state.facts.to_dict() if state.facts else None,
+                   "sha256": inputs.source_sha256},
+        "budget": asdict(inputs.budget),
+        "latency_budget_ms": inputs.latency_budget_ms,
+        "task": "classification" if inputs.classify else "other",
+        "calibration": _set_info(inputs.calibration),
+        "evaluation": _set_info(inputs.evaluation),
+        "input_spec": inputs.spec.to_dict() if inputs.spec else None,
+        "export": dict(inputs.export_info),
+        "facts": inputs.facts.to_dict() if inputs.facts else None,
         "variants": variants,
-        "repairs": {name: _repair_dict(o) for name, o in state.repairs.items()},
+        "repairs": {name: _repair_dict(o) for name, o in inputs.repairs.items()},
         "chosen": selection.chosen if selection else None,
-        "serving": state.serving.to_dict() if state.serving else None,
-        "tensorrt": [_engine_dict(e) for e in state.engines],
-        "steps": [rec.to_dict() for rec in state.records],
-        "notes": list(state.notes),
+        "serving": inputs.serving.to_dict() if inputs.serving else None,
+        "tensorrt": [_engine_dict(e) for e in inputs.engines],
+        "steps": [rec.to_dict() for rec in inputs.records],
+        "notes": list(inputs.notes),
         "versions": {**runtime_versions(), "converter": _converter_version()},
     }
 
@@ -148,15 +192,15 @@ class ReportOutput:
     files: dict[str, Path]
 
 
-class BuildReport(Step[ConversionState, ReportOutput]):
+class BuildReport(Step[ReportInputs, ReportOutput]):
     """Renders into the work folder; Publish moves it in beside the model."""
 
     name, title = "report", "Write the report"
 
-    def inputs(self, state: ConversionState) -> ConversionState:
-        return state  # the report describes the whole conversion
+    def inputs(self, state: ConversionState) -> ReportInputs:
+        return ReportInputs.of(state)
 
-    def run(self, inputs: ConversionState, ctx: StepContext) -> ReportOutput:
+    def run(self, inputs: ReportInputs, ctx: StepContext) -> ReportOutput:
         report = report_dict(inputs)
         return ReportOutput(report, write_report(report, ctx.workdir / REPORT_FOLDER))
 

@@ -9,7 +9,7 @@ import pytest
 
 from converters.errors import EngineMismatch, StepSkipped
 from converters.spec import parse_input_spec
-from converters.steps.measure import BuildEngines
+from converters.steps.tensorrt import BuildEngines
 from converters.tensorrt import (
     EngineTag,
     cc_model_filenames,
