@@ -216,7 +216,10 @@ def inventory_command(
     """Read the fleet from GPU feature discovery labels and print it as fleet.yaml."""
     from scheduler.k8s_inventory import read_fleet
 
-    fleet = read_fleet(kubeconfig, context)
+    try:
+        fleet = read_fleet(kubeconfig, context)
+    except SchedulerError as e:
+        raise _fail(e) from e
     text = yaml.safe_dump(fleet.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
     if out is None:
         typer.echo(text)

@@ -54,11 +54,17 @@ class ApplyFailed(SchedulerError):
     """The cluster refused an object, or writing the manifests failed."""
 
 
+class UnsupportedCluster(SchedulerError):
+    """The cluster is set up in a way the scheduler cannot plan for (e.g. the device
+    plugin's single MIG strategy)."""
+
+
 _TABLE: dict[type[SchedulerError], tuple[int, int]] = {
     InvalidPlanningInput: (422, 2),
     PlanNotFound: (404, 3),
     ApplyFailed: (502, 4),
     PlanRejected: (500, 5),
+    UnsupportedCluster: (409, 6),
     SchedulerError: (500, 1),
 }
 

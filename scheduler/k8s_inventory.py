@@ -10,11 +10,30 @@ placeable). Start slots are then the least fragmented layout of each GPU's count
 driver's actual slots are not visible from Kubernetes. Pods labelled
 ``infergate.io/pool`` tell which pool uses which kind of instance.
 
+What a real GPU Operator cluster looks like, and how it is read:
+
+- the MIG manager's config is the ConfigMap the ClusterPolicy names
+  (``infergate-mig-parted-config`` once the scheduler wrote it, else the operator's
+  ``default-mig-parted-config``), document under the key ``config.yaml``;
+- an entry applies to a GPU only when its ``device-filter`` (PCI device ids) matches the
+  GPU, and of several matching entries the last one wins, as mig-parted walks them: the
+  operator's ``all-1g.10gb`` is 7 x 1g.10gb on an A100-80GB / H100 but 4 x 1g.10gb (the
+  2-slice profile) on an A100-40GB;
+- a profile name is read on the node's own GPU type only, with the driver's naming drift
+  tolerated within 1 GB (``3g.39gb`` for ``3g.40gb``), never mapped across types
+  (``1g.5gb`` is not an A100-80GB profile);
+- the device plugin spells ``+me`` profiles with a dot (``nvidia.com/mig-1g.10gb.me``);
+- under the device plugin's ``single`` strategy MIG devices are ``nvidia.com/gpu`` and
+  ``nvidia.com/gpu.count`` counts MIG devices, not GPUs: such nodes are refused with
+  :class:`~scheduler.errors.UnsupportedCluster` (the plans and manifests are for the
+  ``mixed`` strategy) instead of being misread.
+
 The label parsing is pure (:func:`node_from_labels`); :func:`read_fleet` only fetches.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,14 +42,32 @@ from typing import Any
 
 import yaml
 
+from scheduler.errors import UnsupportedCluster
 from scheduler.inventory import Fleet, GpuSpec, MigInstanceSpec, MigState, NodeSpec, Taint
 from scheduler.layouts import CountVector, add_profile, layout_table
-from scheduler.profiles import PROFILE_INDEX, PROFILE_ORDER, GpuType, gpu_type_from_product
+from scheduler.profiles import (
+    PROFILE_INDEX,
+    PROFILE_ORDER,
+    GpuType,
+    canonical_profile_name,
+    gpu_type_from_product,
+)
+
+log = logging.getLogger(__name__)
 
 PRODUCT = "nvidia.com/gpu.product"
 COUNT = "nvidia.com/gpu.count"
+GPU_MEMORY = "nvidia.com/gpu.memory"
 MIG_CONFIG = "nvidia.com/mig.config"
-_MIG_COUNT = re.compile(r"^nvidia\.com/mig-(?P<name>.+)\.count$")
+MIG_STRATEGY = "nvidia.com/mig.strategy"
+MIG_CONFIG_KEY = "config.yaml"
+"""The ConfigMap key the GPU Operator's MIG manager reads its mig-parted document from."""
+MIG_CONFIG_MAPS = ("infergate-mig-parted-config", "default-mig-parted-config")
+"""The ConfigMap the scheduler writes, then the operator's own default."""
+DRIFT_GB = 1
+"""How far a profile name's memory may drift with the driver and still be read as the
+profile (``3g.39gb`` for ``3g.40gb``; ``1g.12gb`` is another GPU's profile, not drift)."""
+_MIG_LABEL = re.compile(r"^nvidia\.com/mig-(?P<name>.+)\.(?P<what>count|memory)$")
 _NAME = re.compile(r"^(?P<g>\d)g\.(?P<gb>\d+)gb(?P<me>\+me)?$")
 
 
@@ -60,6 +97,12 @@ class MigPartedConfigs:
         doc = yaml.safe_load(text) or {}
         return cls(doc.get("mig-configs", {}))
 
+    @classmethod
+    def from_config_map(cls, config_map: Mapping[str, Any]) -> MigPartedConfigs | None:
+        """The document under ``config.yaml`` (None when the key is absent)."""
+        text = (config_map.get("data") or {}).get(MIG_CONFIG_KEY)
+        return None if text is None else cls.from_yaml(text)
+
 
 def resolve_profile_name(kind: GpuType, name: str) -> int | None:
     """Profile id for a name label, tolerating driver drift (``3g.39gb`` for ``3g.40gb``):
@@ -67,7 +110,7 @@ def resolve_profile_name(kind: GpuType, name: str) -> int | None:
     exact = kind.resolve_profile(name)
     if exact is not None:
         return exact
-    wanted = _NAME.match(name.lower())
+    wanted = _NAME.match(canonical_profile_name(name))
     if wanted is None:
         return None
     best: tuple[int, int] | None = None
@@ -76,7 +119,7 @@ def resolve_profile_name(kind: GpuType, name: str) -> int | None:
         if have is None or have["g"] != wanted["g"] or bool(have["me"]) != bool(wanted["me"]):
             continue
         distance = abs(int(have["gb"]) - int(wanted["gb"]))
-        if best is None or distance < best[0]:
+        if distance <= DRIFT_GB and (best is None or distance < best[0]):
             best = (distance, pid)
     return None if best is None else best[1]
 
@@ -95,6 +138,8 @@ def _counts_from_config(
 ) -> list[tuple[bool, dict[int, int]]] | None:
     per_gpu: list[tuple[bool, dict[int, int]] | None] = [None] * gpus
     for entry in entries:
+        if not kind.matches_device_filter(entry.get("device-filter")):
+            continue  # meant for another GPU model (mig-parted skips it too)
         devices = entry.get("devices", "all")
         indexes = range(gpus) if devices == "all" else [int(i) for i in devices]
         counts: dict[int, int] = {}
@@ -154,12 +199,23 @@ def node_from_labels(
     configs: MigPartedConfigs | None = None,
     pods: Sequence[PodFacts] = (),
 ) -> NodeSpec | None:
-    """The node as inventory, or None when it has no GPU the scheduler knows."""
+    """The node as inventory, or None when it has no GPU the scheduler knows.
+
+    Raises :class:`UnsupportedCluster` for a MIG-capable node under the device plugin's
+    ``single`` strategy (its labels count MIG devices, not GPUs)."""
     labels = facts.labels
-    kind = gpu_type_from_product(labels.get(PRODUCT, ""))
+    kind = node_gpu_type(labels)
     count = int(labels.get(COUNT, "0") or 0)
     if kind is None or count == 0:
         return None
+    if kind.mig_capable and single_strategy(labels):
+        raise UnsupportedCluster(
+            f"node {facts.name} runs the device plugin's single MIG strategy "
+            f"({MIG_STRATEGY}={labels.get(MIG_STRATEGY, '?')}, product "
+            f"{labels.get(PRODUCT, '?')}): its MIG devices are advertised as nvidia.com/gpu "
+            f"and {COUNT} counts MIG devices, not GPUs; the scheduler plans per-profile "
+            f"resources, so set the device plugin / GPU Operator mig.strategy to mixed"
+        )
     driver = _driver(labels)
     node = NodeSpec(name=facts.name, labels=dict(labels), taints=facts.taints,
                     driver_version=driver, gpus=())  # fmt: skip
@@ -175,9 +231,8 @@ def node_from_labels(
         per_gpu = _counts_from_config(kind, configs.configs[config_name], count)
     if per_gpu is None:
         totals: dict[int, int] = {}
-        for key, value in labels.items():
-            match = _MIG_COUNT.match(key)
-            pid = resolve_profile_name(kind, match["name"]) if match else None
+        for name, value in mig_labels(labels, "count").items():
+            pid = resolve_profile_name(kind, name)
             if pid is not None:
                 totals[pid] = totals.get(pid, 0) + int(value)
         per_gpu = _spread(kind, totals, count)
@@ -193,6 +248,47 @@ def node_from_labels(
             GpuSpec(index=i, type=kind.name, mig=MigState(enabled=enabled, instances=instances))
         )
     return node.model_copy(update={"gpus": tuple(gpus)})
+
+
+def node_gpu_type(labels: Mapping[str, str]) -> GpuType | None:
+    memory = labels.get(GPU_MEMORY, "")
+    return gpu_type_from_product(labels.get(PRODUCT, ""), int(memory) if memory.isdigit() else None)
+
+
+def single_strategy(labels: Mapping[str, str]) -> bool:
+    """The device plugin's single strategy: said by GPU feature discovery, or visible in a
+    ``-MIG-<profile>`` product suffix."""
+    return labels.get(MIG_STRATEGY) == "single" or "-mig-" in labels.get(PRODUCT, "").lower()
+
+
+def mig_labels(labels: Mapping[str, str], what: str) -> dict[str, str]:
+    """``nvidia.com/mig-<name>.<what>`` labels by profile name (``count``, ``memory``)."""
+    out = {}
+    for key, value in labels.items():
+        match = _MIG_LABEL.match(key)
+        if match and match["what"] == what:
+            out[match["name"]] = value
+    return out
+
+
+def memory_mismatches(facts: NodeFacts) -> list[str]:
+    """Profiles whose memory, as the device plugin labels it (``.memory``, MiB), is below
+    the profile table's figure: sizing would trust memory the instance lacks."""
+    kind = node_gpu_type(facts.labels)
+    if kind is None or not kind.mig_capable:
+        return []
+    out = []
+    for name, value in sorted(mig_labels(facts.labels, "memory").items()):
+        pid = resolve_profile_name(kind, name)
+        if pid is None or not value.isdigit():
+            continue
+        labelled, table = int(value) / 1024, kind.profile_memory_gib(pid)
+        if labelled + 0.01 < table:
+            out.append(
+                f"node {facts.name}: {name} has {labelled:.2f} GiB by its label, the "
+                f"{kind.name} table says {table:g} GiB"
+            )
+    return out
 
 
 def fleet_from_facts(
@@ -239,9 +335,11 @@ def pod_facts(pod: Mapping[str, Any]) -> list[PodFacts]:
 def read_fleet(
     kubeconfig: Path,
     context: str | None = None,
-    mig_config_map: tuple[str, str] = ("gpu-operator", "default-mig-parted-config"),
+    namespace: str = "gpu-operator",
+    config_maps: Sequence[str] = MIG_CONFIG_MAPS,
 ) -> Fleet:
-    """Fetch nodes, pool pods and the mig-parted ConfigMap, then parse them."""
+    """Fetch nodes, pool pods and the mig-parted ConfigMap (the first of ``config_maps``
+    that exists in ``namespace``), then parse them."""
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
@@ -260,10 +358,15 @@ def read_fleet(
         for facts in pod_facts(pod)
     ]
     configs = None
-    try:
-        cm = as_json(api.read_namespaced_config_map(mig_config_map[1], mig_config_map[0]))
-        configs = MigPartedConfigs.from_yaml(next(iter((cm.get("data") or {}).values()), ""))
-    except ApiException as e:
-        if e.status != 404:
-            raise
+    for name in config_maps:
+        try:
+            cm = as_json(api.read_namespaced_config_map(name, namespace))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            continue
+        configs = MigPartedConfigs.from_config_map(cm)
+        break
+    for warning in (w for n in nodes for w in memory_mismatches(n)):
+        log.warning("%s", warning)
     return fleet_from_facts(nodes, configs, pods)

@@ -67,6 +67,9 @@ class GpuType:
     # Regex over the lower-cased GPU feature discovery product label; types are tried
     # in catalogue order, so more specific patterns come first.
     product_pattern: str = ""
+    pci_device_ids: tuple[int, ...] = ()
+    """PCI device ids (the high half of mig-parted's ``device-filter`` values,
+    ``0x20B210DE`` = device 0x20B2 of vendor 0x10DE)."""
 
     def profile_name(self, profile_id: int) -> str:
         if profile_id == WHOLE_DEVICE:
@@ -79,12 +82,15 @@ class GpuType:
         return self.profiles[profile_id][1]
 
     def resolve_profile(self, ref: int | str) -> int | None:
-        """Profile id for an id or a name label of this type; None if unknown here."""
+        """Profile id for an id or a name label of this type; None if unknown here.
+
+        The device plugin's spelling (``1g.10gb.me``, ``+`` is not allowed in a resource
+        name or label key) is accepted beside the driver's (``1g.10gb+me``)."""
         if not self.mig_capable:
             return None
         if isinstance(ref, int):
             return ref if ref in self.profiles else None
-        text = ref.strip().lower().removeprefix("mig-")
+        text = canonical_profile_name(ref)
         if text.isdigit():
             return self.resolve_profile(int(text))
         for pid, (name, _) in self.profiles.items():
@@ -93,10 +99,40 @@ class GpuType:
         return None
 
     def resource_name(self, profile_id: int) -> str:
-        """The Kubernetes extended resource (mixed strategy) that serves this profile."""
+        """The Kubernetes extended resource (mixed strategy) that serves this profile:
+        ``nvidia.com/mig-<name>`` with ``+`` replaced by ``.``, as the device plugin
+        advertises it (``nvidia.com/mig-1g.10gb.me``)."""
         if profile_id == WHOLE_DEVICE or not self.mig_capable:
             return "nvidia.com/gpu"
-        return f"nvidia.com/mig-{self.profile_name(profile_id)}"
+        return "nvidia.com/mig-" + self.profile_name(profile_id).replace("+", ".")
+
+    def matches_device_filter(self, device_filter: object) -> bool:
+        """Whether a mig-parted entry's ``device-filter`` (absent, one string or a list of
+        ``0x<device><vendor>`` ids) selects GPUs of this type."""
+        if device_filter in (None, "", []):
+            return True
+        items = [device_filter] if isinstance(device_filter, str) else device_filter
+        if not isinstance(items, list):
+            return False
+        for item in items:
+            try:
+                raw = int(str(item).split(":")[0], 0)
+            except ValueError:
+                continue
+            if raw >> 16 in self.pci_device_ids and raw & 0xFFFF == NVIDIA_VENDOR_ID:
+                return True
+        return False
+
+
+NVIDIA_VENDOR_ID = 0x10DE
+
+
+def canonical_profile_name(name: str) -> str:
+    """``MIG 1g.10gb.me`` / ``mig-1g.10gb+me`` -> ``1g.10gb+me`` (lower case)."""
+    text = name.strip().lower().removeprefix("mig-").removeprefix("mig ").strip()
+    if text.endswith(".me"):
+        text = text[: -len(".me")] + "+me"
+    return text
 
 
 def _mig_type(
@@ -106,6 +142,7 @@ def _mig_type(
     memory: tuple[float, float, float, float, float, float, float],
     aliases: tuple[str, ...],
     pattern: str,
+    pci_ids: tuple[int, ...],
 ) -> GpuType:
     # names/memory are given in the column order of mig.md: 19, 20, 15, 14, 9, 5, 0.
     ids = (19, 20, 15, 14, 9, 5, 0)
@@ -118,52 +155,89 @@ def _mig_type(
         ),
         aliases=aliases,
         product_pattern=pattern,
+        pci_device_ids=pci_ids,
     )
 
 
-# Usable memory per profile: A100/H100-80GB from `nvidia-smi mig -lgip` (mig.md);
-# A100-40GB likewise; H100 NVL and H200 are the nominal size x 0.95 (conservative until
-# read from the device plugin's `.memory` labels at run time).
+_NAMES_96GB = ("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb")
+# GiB per instance as `nvidia-smi mig -lgip` reports it (the smallest figure seen across
+# drivers, so that a replica that fits here fits on every driver). Figures marked (est.)
+# were not in any capture we had: they follow the 4g -> 7g ratio (x2.0) of the others.
+# The inventory compares these with the device plugin's `nvidia.com/mig-<name>.memory`
+# labels when it reads a cluster and reports any profile that is smaller there.
 _GPU_TYPES: tuple[GpuType, ...] = (
     _mig_type(
         "A100-40GB",
         39.5,
         ("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
         (4.75, 4.75, 9.62, 9.75, 19.62, 19.62, 39.5),
-        ("A100", "A100-SXM4-40GB", "A100-PCIE-40GB"),
-        r"a100.*40gb",
+        ("A100", "A100-SXM4-40GB", "A100-PCIE-40GB", "A800-40GB"),
+        r"a[18]00.*40gb",
+        (0x20B0, 0x20B1, 0x20F1, 0x20F6),
     ),
     _mig_type(
         "A100-80GB",
-        79.25,
+        78.5,
         ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-        (9.75, 9.75, 19.62, 19.62, 39.5, 39.5, 79.25),
-        ("A100-SXM4-80GB", "A100-PCIE-80GB", "A100 80GB"),
-        r"a100.*80gb",
+        # A100-80GB lgip: 1g 9.50 (14 SMs), 2g 19.50, 3g/4g 39.25, 7g 78.50-79.12.
+        (9.5, 9.5, 19.5, 19.5, 39.25, 39.25, 78.5),
+        ("A100-SXM4-80GB", "A100-PCIE-80GB", "A100 80GB", "A800-80GB"),
+        r"a[18]00.*80gb",
+        (0x20B2, 0x20B5, 0x20F3, 0x20F5),
     ),
     _mig_type(
         "H100-80GB",
         79.25,
         ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
         (9.75, 9.75, 19.62, 19.62, 39.5, 39.5, 79.25),
-        ("H100", "H100-SXM5-80GB", "H100-PCIE-80GB", "H100 80GB"),
-        r"h100(?!.*nvl)",
+        ("H100", "H100-SXM5-80GB", "H100-PCIE-80GB", "H100 80GB", "H800-80GB"),
+        "",  # matched by gpu_type_from_product: the H100 label needs the memory size
+        (0x2330, 0x2331, 0x2322, 0x2324),
     ),
     _mig_type(
         "H100-NVL",
-        89.3,
+        92.62,
         ("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"),
-        (11.4, 11.4, 22.8, 22.8, 44.65, 44.65, 89.3),
-        ("H100 NVL", "H100NVL", "H100-NVL-94GB"),
-        r"h100.*nvl",
+        (10.75, 10.75, 21.5, 21.5, 46.12, 46.12, 92.62),
+        ("H100 NVL", "H100NVL", "H100-NVL-94GB", "H100-94GB", "H800-NVL"),
+        "",
+        (0x2321, 0x233A),
+    ),
+    _mig_type(
+        "H100-96GB",
+        93.0,
+        _NAMES_96GB,
+        (10.75, 10.75, 23.0, 23.0, 46.5, 46.5, 93.0),  # 1g.12gb: as H100 NVL's (est.)
+        ("H100 96GB", "H100-SXM5-96GB", "H20"),
+        "",
+        (0x233D, 0x20B6, 0x2329),
+    ),
+    _mig_type(
+        "GH200-144GB",
+        140.0,
+        ("1g.18gb", "1g.18gb+me", "1g.36gb", "2g.36gb", "3g.72gb", "4g.72gb", "7g.144gb"),
+        (17.5, 17.5, 35.25, 35.25, 70.0, 70.0, 140.0),  # 3g/4g/7g (est.)
+        ("GH200 144GB", "GH200-144G-HBM3e"),
+        r"gh200.*144g",
+        (0x2348,),
+    ),
+    _mig_type(
+        "GH200",
+        93.0,
+        _NAMES_96GB,
+        (10.75, 10.75, 23.0, 23.0, 46.5, 46.5, 93.0),  # 1g.12gb (est.)
+        ("GH200-96GB", "GH200-480GB", "GH200 480GB"),
+        r"gh200",
+        (0x2342,),
     ),
     _mig_type(
         "H200",
-        133.95,
+        139.0,
         ("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
-        (17.1, 17.1, 33.25, 33.25, 67.45, 67.45, 133.95),
-        ("H200-SXM-141GB", "H200 141GB"),
-        r"h200",
+        (16.0, 16.0, 32.25, 32.25, 69.5, 69.5, 139.0),  # 7g (est.)
+        ("H200-SXM-141GB", "H200 141GB", "H200-NVL"),
+        r"(^|[^g])h200",  # not GH200: a different part with other profile sizes
+        (0x2335, 0x233B),
     ),
     GpuType(
         "T4", 15.0, False, aliases=("Tesla-T4", "Tesla T4"), product_pattern=r"(^|[-_ ])t4($|[-_ ])"
@@ -188,13 +262,31 @@ def gpu_type(name: str) -> GpuType:
     return found
 
 
-def gpu_type_from_product(product: str) -> GpuType | None:
+def _h100_class(text: str, memory_mib: int | None) -> str:
+    """Which H100 part a product label names: 80, 94 (NVL) or 96 GB differ in profile
+    names and sizes. The label says so when it carries a size; otherwise GPU feature
+    discovery's ``nvidia.com/gpu.memory`` (MiB) decides."""
+    if "nvl" in text or "94gb" in text:
+        return "H100-NVL"
+    if "96gb" in text:
+        return "H100-96GB"
+    if "80gb" in text or memory_mib is None:
+        return "H100-80GB"
+    if memory_mib > 97_000:
+        return "H100-96GB"
+    return "H100-NVL" if memory_mib > 88_000 else "H100-80GB"
+
+
+def gpu_type_from_product(product: str, memory_mib: int | None = None) -> GpuType | None:
     """Match a GPU feature discovery ``nvidia.com/gpu.product`` label to a type.
 
     Labels look like ``NVIDIA-A100-SXM4-80GB`` or, with the single strategy,
-    ``NVIDIA-A100-SXM4-40GB-MIG-1g.5gb``; the MIG suffix is ignored.
+    ``NVIDIA-A100-SXM4-40GB-MIG-1g.5gb``; the MIG suffix is ignored. ``memory_mib`` is
+    ``nvidia.com/gpu.memory``, used where the product does not name its size.
     """
     text = product.lower().split("-mig-")[0]
+    if re.search(r"h[18]00", text) and not re.search(r"gh200|h200", text):
+        return GPU_TYPES[_h100_class(text, memory_mib)]
     for t in _GPU_TYPES:
         if t.product_pattern and re.search(t.product_pattern, text):
             return t
