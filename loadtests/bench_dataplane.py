@@ -1,0 +1,538 @@
+"""Data plane benchmark: direct Triton vs the gateway with each data plane (HAProxy,
+Python), driven by a C load generator (h2load), interleaved rounds in one run.
+
+For the tiny ``y = 2x + 1`` model (per-request overhead dominates) and EfficientNet-Lite0
+(600 KB requests), for gRPC ModelInfer and HTTP binary tensors, at 1 and 16 in flight:
+
+- throughput ratio gateway / direct (median req/s over rounds);
+- added latency: gateway p50 - direct p50 (per-request log of h2load, medians over rounds);
+- gateway CPU per request: utime+stime+cutime+cstime of the gateway process and every
+  descendant (HAProxy master and workers are its children, and a live child's CPU is not
+  in its parent's cutime), after minus before, over the requests Triton served.
+
+h2load counts any HTTP 200 as a success, gRPC errors included (they travel as HTTP 200
+with ``grpc-status`` in the trailers), so each run is checked against Triton's own
+``/v2/models/NAME/stats`` success count: h2load's successes <= Triton's <= h2load's
+started requests, or the row says it is unverified.
+
+    python -m loadtests.bench_dataplane [--rounds 3] [--seconds 3] \
+        [--plane haproxy='--data-plane haproxy' --plane python='--data-plane python']
+
+A data plane whose gateway does not start is skipped with a printed line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
+from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from infergate.processes import ROOT, pools_yaml, run_gateway
+from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
+from loadtests.bench_gateway import INFER, grpc_request_bytes
+
+IN_FLIGHT = (1, 16)
+PROTOCOLS = ("grpc", "http")
+# (throughput ratio at 16 in flight, added p50 ms at 1 in flight, CPU us per request)
+GOALS: dict[str, tuple[float, float, float | None]] = {
+    TINY_MODEL_NAME: (0.85, 0.25, 100.0),
+    SAMPLE_MODEL_NAME: (0.98, 0.5, None),
+}
+
+
+def say(line: str) -> None:
+    print(f"[bench_dataplane] {line}", flush=True)
+
+
+# -- h2load's output ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class H2loadSummary:
+    seconds: float
+    req_per_s: float
+    started: int
+    done: int
+    succeeded: int
+    failed: int
+    errored: int
+    timeout: int
+    mean_us: float
+
+
+_UNITS_US = {"us": 1.0, "ms": 1e3, "s": 1e6}
+
+
+def duration_us(text: str) -> float:
+    """h2load's '242us' / '6.13ms' / '1.02s' in microseconds."""
+    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text.strip())
+    if match is None:
+        raise ValueError(f"not an h2load duration: {text!r}")
+    return float(match[1]) * _UNITS_US[match[2]]
+
+
+def parse_h2load(stdout: str) -> H2loadSummary:
+    finished = re.search(r"finished in ([\d.]+(?:us|ms|s)), ([\d.]+) req/s", stdout)
+    counts = re.search(r"requests: \d+ total, (\d+) started, (\d+) done, (\d+) succeeded, "
+                       r"(\d+) failed, (\d+) errored, (\d+) timeout", stdout)
+    timing = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", stdout)
+    if finished is None or counts is None or timing is None:
+        raise ValueError(f"unexpected h2load output: {stdout[-800:]!r}")
+    started, done, succeeded, failed, errored, timeout = (int(g) for g in counts.groups())
+    return H2loadSummary(duration_us(finished[1]) / 1e6, float(finished[2]), started, done,
+                         succeeded, failed, errored, timeout, duration_us(timing[3]))
+
+
+def log_latencies_us(log_text: str) -> list[float]:
+    """Per-request times from ``h2load --log-file`` (start us, status, us to the end)."""
+    return [float(line.split("\t")[2]) for line in log_text.splitlines() if line.strip()]
+
+
+# -- CPU of a process tree ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    ppid: int
+    ticks: int  # utime + stime + cutime + cstime
+
+
+def parse_proc_stat(text: str) -> ProcStat:
+    """One /proc/<pid>/stat line; the command name may hold spaces and parentheses."""
+    head, _, rest = text.rpartition(")")
+    fields = rest.split()  # fields[0] is field 3 (state) of proc(5)
+    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
+    return ProcStat(int(head.split("(", 1)[0]), int(fields[1]), utime + stime + cutime + cstime)
+
+
+def tree_ticks(root: int, stats: Sequence[ProcStat]) -> int:
+    """CPU ticks of ``root`` and all its descendants. Children that ended and were reaped
+    are in their parent's cutime/cstime, so a difference of two readings counts each
+    tick once, also across a child that exited between them (e.g. an old HAProxy worker
+    after a reload)."""
+    children: dict[int, list[ProcStat]] = {}
+    by_pid = {s.pid: s for s in stats}
+    for s in stats:
+        children.setdefault(s.ppid, []).append(s)
+    if root not in by_pid:
+        return 0
+    total, pending, seen = 0, [by_pid[root]], set()
+    while pending:
+        s = pending.pop()
+        if s.pid in seen:
+            continue
+        seen.add(s.pid)
+        total += s.ticks
+        pending.extend(children.get(s.pid, ()))
+    return total
+
+
+def read_proc_stats() -> list[ProcStat]:
+    stats = []
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # it may just have ended
+            stats.append(parse_proc_stat(path.read_text()))
+    return stats
+
+
+def cpu_us_per_request(ticks: int, requests: int, clock_ticks_per_s: int) -> float:
+    return ticks * 1e6 / clock_ticks_per_s / requests if requests else float("nan")
+
+
+# -- Triton's count of what it served -------------------------------------------------
+
+def success_count(stats: Mapping[str, Any]) -> int:
+    """Successful inferences over every version in a ``/v2/models/NAME/stats`` answer."""
+    return sum(int(m["inference_stats"]["success"]["count"]) for m in stats["model_stats"])
+
+
+def served_by_triton(http_url: str, model: str) -> int:
+    answer = httpx.get(f"http://{http_url}/v2/models/{model}/stats", timeout=10)
+    answer.raise_for_status()
+    return success_count(answer.json())
+
+
+def settled_count(http_url: str, model: str, quiet_s: float, timeout_s: float = 20.0) -> int:
+    """Triton's count once it has not moved for ``quiet_s``: requests a client gave up on
+    at the end of a run still finish, and statistics land just after each answer."""
+    last, since = served_by_triton(http_url, model), time.monotonic()
+    deadline = since + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = served_by_triton(http_url, model)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+    return last
+
+
+def served_check(h2: H2loadSummary, served: int) -> str:
+    """'' when Triton's count agrees with h2load's, else why not."""
+    problems = []
+    if h2.failed or h2.errored or h2.timeout:
+        problems.append(f"h2load: {h2.failed} failed, {h2.errored} errored, {h2.timeout} timeout")
+    if served < h2.succeeded:
+        problems.append(f"Triton served {served} < {h2.succeeded} h2load successes")
+    if served > h2.started:
+        problems.append(f"Triton served {served} > {h2.started} requests sent")
+    return "; ".join(problems)
+
+
+# -- requests and h2load command lines ------------------------------------------------
+
+@dataclass(frozen=True)
+class Workload:
+    model: str
+    grpc_file: Path
+    http_file: Path
+    http_header_length: int
+
+
+def write_workload(folder: Path, model: str, x: np.ndarray, input_name: str,
+                   output_name: str) -> Workload:
+    body = grpc_request_bytes(model, x, input_name)
+    grpc_file = folder / f"{model}.grpc"
+    grpc_file.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC framing
+    header = json.dumps({
+        "inputs": [{"name": input_name, "shape": list(x.shape), "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
+    }).encode()
+    http_file = folder / f"{model}.bin"
+    http_file.write_bytes(header + x.astype(np.float32).tobytes())
+    return Workload(model, grpc_file, http_file, len(header))
+
+
+def h2load_command(work: Workload, protocol: str, target: TritonEndpoints | Any,
+                   in_flight: int, duration: str, log_file: Path | None) -> list[str]:
+    """gRPC: HTTP/2, up to 4 connections with streams multiplexed; HTTP: one HTTP/1.1
+    connection per request in flight (as Triton's HTTP clients do)."""
+    cmd = ["h2load", "-D", duration]
+    if log_file is not None:
+        cmd += ["--log-file", str(log_file)]
+    if protocol == "grpc":
+        clients = min(4, in_flight)
+        cmd += ["-c", str(clients), "-m", str(in_flight // clients), "-d", str(work.grpc_file),
+                "-H", "content-type: application/grpc", "-H", "te: trailers",
+                f"http://{target.grpc_url}{INFER}"]
+    else:
+        cmd += ["--h1", "-c", str(in_flight), "-d", str(work.http_file),
+                "-H", f"Inference-Header-Content-Length: {work.http_header_length}",
+                "-H", "Content-Type: application/octet-stream",
+                f"http://{target.http_url}/v2/models/{work.model}/infer"]
+    return cmd
+
+
+# -- one measured run -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # "direct" or a data plane's name
+    endpoints: Any  # TritonEndpoints or GatewayProcess: .grpc_url, .http_url
+    pid: int | None  # the gateway process, whose tree's CPU is counted
+
+
+@dataclass(frozen=True)
+class Sample:
+    req_per_s: float
+    p50_ms: float
+    p99_ms: float
+    requests: int  # served by Triton during the run
+    cpu_us_per_request: float | None
+    problem: str
+
+
+def measure(target: Target, work: Workload, protocol: str, in_flight: int, seconds: float,
+            triton_http: str, scratch: Path) -> Sample:
+    log_file = scratch / "h2load.tsv"
+    log_file.unlink(missing_ok=True)  # h2load appends to it
+    cmd = h2load_command(work, protocol, target.endpoints, in_flight,
+                         f"{round(seconds * 1000)}ms", log_file)
+    before = served_by_triton(triton_http, work.model)
+    ticks0 = tree_ticks(target.pid, read_proc_stats()) if target.pid else 0
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120,
+                          check=False)
+    ticks1 = tree_ticks(target.pid, read_proc_stats()) if target.pid else 0
+    if done.returncode != 0:
+        raise RuntimeError(f"h2load exited {done.returncode}: {done.stderr[-800:]}")
+    h2 = parse_h2load(done.stdout)
+    latencies = log_latencies_us(log_file.read_text())
+    if not latencies:
+        raise RuntimeError(f"no request finished: {' '.join(cmd)}")
+    # a batch Triton is still computing can take as long as the slowest answer did
+    served = settled_count(triton_http, work.model, max(0.3, 2e-6 * max(latencies))) - before
+    cpu = (cpu_us_per_request(ticks1 - ticks0, served, os.sysconf("SC_CLK_TCK"))
+           if target.pid else None)
+    return Sample(h2.req_per_s, statistics.median(latencies) / 1e3,
+                  float(np.percentile(latencies, 99)) / 1e3, served, cpu,
+                  served_check(h2, served))
+
+
+def warm_up(targets: Sequence[Target], works: Sequence[Workload], triton_http: str,
+            scratch: Path) -> None:
+    for work in works:
+        for protocol in PROTOCOLS:
+            for target in targets:
+                measure(target, work, protocol, 4, 0.5, triton_http, scratch)
+
+
+def interleaved(targets: Sequence[Target], works: Sequence[Workload], rounds: int,
+                seconds: float, triton_http: str,
+                scratch: Path) -> dict[tuple[str, str, int, str], list[Sample]]:
+    """Every cell (model, protocol, in flight) against every target once per round, the
+    targets' order rotated each round so that none always runs first."""
+    samples: dict[tuple[str, str, int, str], list[Sample]] = {}
+    for r in range(rounds):
+        order = [*targets[r % len(targets):], *targets[:r % len(targets)]]
+        for work in works:
+            for protocol in PROTOCOLS:
+                for in_flight in IN_FLIGHT:
+                    for target in order:
+                        s = measure(target, work, protocol, in_flight, seconds, triton_http,
+                                    scratch)
+                        samples.setdefault((work.model, protocol, in_flight, target.name),
+                                           []).append(s)
+                        say(f"round {r + 1}/{rounds} {work.model} {protocol} x{in_flight} "
+                            f"{target.name}: {s.req_per_s:.0f} req/s, p50 {s.p50_ms:.3f} ms"
+                            + (f" UNVERIFIED: {s.problem}" if s.problem else ""))
+    return samples
+
+
+# -- figures --------------------------------------------------------------------------
+
+def goal_verdicts(model: str, in_flight: int, ratio: float, added_ms: float,
+                  cpu_us: float | None) -> dict[str, str]:
+    """The issue's goals beside the figures they judge ('' where a goal does not apply)."""
+    ratio_goal, latency_goal, cpu_goal = GOALS.get(model, (None, None, None))
+
+    def verdict(ok: bool, goal: str) -> str:
+        return f"{goal} {'met' if ok else 'MISSED'}"
+
+    return {
+        "throughput_goal": verdict(ratio >= ratio_goal, f">={ratio_goal:g}x")
+        if ratio_goal is not None and in_flight == 16 else "",
+        "latency_goal": verdict(added_ms <= latency_goal, f"<={latency_goal:g} ms")
+        if latency_goal is not None and in_flight == 1 else "",
+        "cpu_goal": verdict(cpu_us <= cpu_goal, f"<={cpu_goal:g} us")
+        if cpu_goal is not None and cpu_us is not None else "",
+    }
+
+
+def summarise(samples: Mapping[tuple[str, str, int, str], Sequence[Sample]],
+              planes: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per (model, protocol, in flight, data plane): medians over rounds."""
+    rows = []
+    cells = dict.fromkeys(k[:3] for k in samples)
+    for model, protocol, in_flight in cells:
+        direct = samples[(model, protocol, in_flight, "direct")]
+        for plane in planes:
+            gateway = samples.get((model, protocol, in_flight, plane))
+            if not gateway:
+                continue
+            d_rps = statistics.median(s.req_per_s for s in direct)
+            g_rps = statistics.median(s.req_per_s for s in gateway)
+            d_p50 = statistics.median(s.p50_ms for s in direct)
+            g_p50 = statistics.median(s.p50_ms for s in gateway)
+            cpus = [s.cpu_us_per_request for s in gateway if s.cpu_us_per_request is not None]
+            cpu = statistics.median(cpus) if cpus else None
+            problems = [s.problem for s in (*direct, *gateway) if s.problem]
+            rows.append({
+                "model": model, "protocol": protocol, "in_flight": in_flight,
+                "data_plane": plane,
+                "direct_rps": d_rps, "gateway_rps": g_rps, "throughput_ratio": g_rps / d_rps,
+                "direct_p50_ms": d_p50, "gateway_p50_ms": g_p50, "added_p50_ms": g_p50 - d_p50,
+                "direct_p99_ms": statistics.median(s.p99_ms for s in direct),
+                "gateway_p99_ms": statistics.median(s.p99_ms for s in gateway),
+                "gateway_cpu_us_per_request": cpu,
+                "gateway_requests": sum(s.requests for s in gateway),
+                "rounds": len(gateway), "verified": not problems,
+                "problems": "; ".join(problems),
+                **goal_verdicts(model, in_flight, g_rps / d_rps, g_p50 - d_p50, cpu),
+            })
+    return rows
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "(no gateway data plane started: nothing to compare)"
+    lines = [
+        "| model | protocol | in flight | data plane | direct req/s | gateway req/s "
+        "| gateway/direct | direct p50 ms | gateway p50 ms | added p50 ms "
+        "| gateway CPU us/req | served checked |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cpu = r["gateway_cpu_us_per_request"]
+        lines.append(
+            f"| {r['model']} | {r['protocol']} | {r['in_flight']} | {r['data_plane']} "
+            f"| {r['direct_rps']:.0f} | {r['gateway_rps']:.0f} "
+            f"| {r['throughput_ratio']:.2f}x {r['throughput_goal']} "
+            f"| {r['direct_p50_ms']:.3f} | {r['gateway_p50_ms']:.3f} "
+            f"| {r['added_p50_ms']:+.3f} {r['latency_goal']} "
+            f"| {'' if cpu is None else f'{cpu:.0f}'} {r['cpu_goal']} "
+            f"| {'yes' if r['verified'] else 'NO: ' + r['problems']} |"
+        )
+    lines.append("\ngRPC at 16 in flight: 4 HTTP/2 connections x 4 streams; HTTP: one HTTP/1.1 "
+                 "connection per request in flight. CPU: the gateway process and all its "
+                 "descendants (HAProxy included), per request Triton served. 'served "
+                 "checked': h2load's successes <= Triton's success count <= requests sent.")
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
+    if not rows:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    planes = list(dict.fromkeys(str(r["data_plane"]) for r in rows))
+    groups = list(dict.fromkeys((str(r["model"]), str(r["protocol"])) for r in rows))
+    positions = np.arange(len(groups))
+    width = 0.8 / len(planes)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    panels = ((ax1, 16, "throughput_ratio", 0, "gateway / direct throughput, 16 in flight"),
+              (ax2, 1, "added_p50_ms", 1, "added p50 latency (ms), 1 in flight"))
+    for ax, in_flight, key, goal_index, title in panels:
+        for i, plane in enumerate(planes):
+            by_group = {(r["model"], r["protocol"]): float(r[key]) for r in rows
+                        if r["data_plane"] == plane and r["in_flight"] == in_flight}
+            ax.bar(positions + (i - (len(planes) - 1) / 2) * width,
+                   [by_group.get(g, np.nan) for g in groups], width, label=plane)
+        for x, (model, _) in zip(positions, groups, strict=True):
+            goal = GOALS.get(model, (None, None, None))[goal_index]
+            if goal is not None:
+                ax.hlines(goal, x - 0.45, x + 0.45, colors="k", linestyles="dashed")
+        ax.set_xticks(positions, [f"{m.replace('efficientnet_', 'effnet-')}\n{p}"
+                                  for m, p in groups])
+        ax.set_title(title)
+        ax.legend()
+    fig.suptitle("Gateway data planes vs direct Triton (h2load; dashed: the goals)")
+    fig.tight_layout()
+    path = out / "bench_dataplane.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+# -- the stack and the run ------------------------------------------------------------
+
+Plane = tuple[str, tuple[str, ...]]
+
+
+def parse_plane(spec: str) -> Plane:
+    """'haproxy' -> --data-plane haproxy; 'name=ARGS' -> ARGS (shell words; may be empty)."""
+    name, sep, args = spec.partition("=")
+    if not name.strip():
+        raise ValueError(f"a data plane needs a name: {spec!r}")
+    return name.strip(), tuple(shlex.split(args)) if sep else ("--data-plane", name.strip())
+
+
+def default_planes(serve_help: str) -> list[Plane]:
+    if "--data-plane" in serve_help:
+        return [parse_plane("haproxy"), parse_plane("python")]
+    say("this gateway has no --data-plane option yet: measuring its only (Python) "
+        "data plane, started without the flag")
+    return [("python", ())]
+
+
+def serve_help() -> str:
+    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "COLUMNS": "200"})
+    return done.stdout + done.stderr
+
+
+@contextlib.contextmanager
+def stack(workdir: Path, planes: Sequence[Plane]) -> Iterator[tuple[TritonEndpoints, list[Target]]]:
+    """A local Triton with both models, and one gateway per data plane in front of it."""
+    repo = workdir / "model_repo"
+    build_sample_model(repo)
+    build_tiny_model(repo)
+    settings = TritonSettings(
+        model_repository=repo, runtime_env=ROOT / ".venv-triton",
+        log_file=workdir / "triton.log", models=(SAMPLE_MODEL_NAME, TINY_MODEL_NAME),
+    )
+    with LocalTriton(settings) as triton, contextlib.ExitStack() as gateways:
+        ep: TritonEndpoints = triton.endpoints  # type: ignore[assignment]
+        pools = pools_yaml(workdir / "pools.yaml", {"local": [ep]})
+        targets = [Target("direct", ep, None)]
+        for name, args in planes:
+            log_dir = workdir / f"gateway-{name}"
+            log_dir.mkdir()
+            try:
+                gateway = gateways.enter_context(run_gateway(pools, log_dir, *args))
+            except RuntimeError as err:
+                why = str(err).strip().splitlines()[-1:] or ["?"]
+                say(f"skipped data plane {name}: the gateway with {list(args)} did not start "
+                    f"({why[0][:300]})")
+                continue
+            targets.append(Target(name, gateway, gateway.proc.pid))
+        yield ep, targets
+
+
+def run(rounds: int = 3, seconds: float = 3.0,
+        planes: Sequence[Plane] | None = None) -> list[dict[str, Any]]:
+    if shutil.which("h2load") is None:
+        raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
+    chosen = list(planes) if planes is not None else default_planes(serve_help())
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp, stack(Path(tmp), chosen) as (triton, targets):
+        scratch = Path(tmp)
+        works = [
+            write_workload(scratch, TINY_MODEL_NAME, np.ones((1, TINY_WIDTH), np.float32),
+                           "x", "y"),
+            write_workload(scratch, SAMPLE_MODEL_NAME, cat_input(), "input", "logits"),
+        ]
+        if len(targets) == 1:
+            say("no gateway started: nothing to compare")
+            return []
+        warm_up(targets, works, triton.http_url, scratch)
+        samples = interleaved(targets, works, rounds, seconds, triton.http_url, scratch)
+    say(f"measured in {time.monotonic() - started:.0f} s")
+    return summarise(samples, [t.name for t in targets[1:]])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--plane", action="append", type=parse_plane, default=None,
+                        help="NAME (runs 'gateway serve --data-plane NAME') or NAME=ARGS "
+                             "(extra gateway arguments, may be empty); repeatable. Default: "
+                             "haproxy and python, or the plain gateway if it has no "
+                             "--data-plane option")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write bench_dataplane.json/.md/.png into this folder")
+    args = parser.parse_args()
+    rows = run(args.rounds, args.seconds, args.plane)
+    table = markdown(rows)
+    print(table)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_dataplane.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (args.out / "bench_dataplane.md").write_text(table + "\n")
+        plot(rows, args.out)
+
+
+if __name__ == "__main__":
+    main()
