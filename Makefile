@@ -44,13 +44,13 @@ lint: venv
 bench: venv runtime
 	$(PY) -m loadtests.bench --out results
 
-## system-deps: Debian packages the tests need (prometheus: the HPA adapter-rule test)
+## system-deps: Debian packages the tests need (prometheus: the HPA adapter-rule test; nghttp2-client: h2load, make bench)
 .PHONY: system-deps
 system-deps:
-	@command -v prometheus >/dev/null 2>&1 || { \
+	@command -v prometheus >/dev/null 2>&1 && command -v h2load >/dev/null 2>&1 || { \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus nghttp2-client; }
 
 ## loadtest: locust against a running `make run` stack (127.0.0.1:8000/8001), SLO verdict
 LOADTEST_ARGS ?= --protocol all --scenario steady --users 4 --duration 30 --slo-p99-ms 2000

@@ -364,8 +364,9 @@ def summarise(samples: Mapping[tuple[str, str, int, str], Sequence[Sample]],
                 "gateway_cpu_us_per_request": cpu,
                 "gateway_requests": sum(s.requests for s in gateway),
                 "rounds": len(gateway), "verified": not problems,
-                "problems": "; ".join(problems),
-                **goal_verdicts(model, in_flight, g_rps / d_rps, g_p50 - d_p50, cpu),
+                **({"problems": "; ".join(problems)} if problems else {}),
+                **{k: v for k, v in goal_verdicts(model, in_flight, g_rps / d_rps,
+                                                  g_p50 - d_p50, cpu).items() if v},
             })
     return rows
 
@@ -384,11 +385,11 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         lines.append(
             f"| {r['model']} | {r['protocol']} | {r['in_flight']} | {r['data_plane']} "
             f"| {r['direct_rps']:.0f} | {r['gateway_rps']:.0f} "
-            f"| {r['throughput_ratio']:.2f}x {r['throughput_goal']} "
+            f"| {r['throughput_ratio']:.2f}x {r.get('throughput_goal', '')} "
             f"| {r['direct_p50_ms']:.3f} | {r['gateway_p50_ms']:.3f} "
-            f"| {r['added_p50_ms']:+.3f} {r['latency_goal']} "
-            f"| {'' if cpu is None else f'{cpu:.0f}'} {r['cpu_goal']} "
-            f"| {'yes' if r['verified'] else 'NO: ' + r['problems']} |"
+            f"| {r['added_p50_ms']:+.3f} {r.get('latency_goal', '')} "
+            f"| {'' if cpu is None else f'{cpu:.0f}'} {r.get('cpu_goal', '')} "
+            f"| {'yes' if r['verified'] else 'NO: ' + r.get('problems', '')} |"
         )
     lines.append("\ngRPC at 16 in flight: 4 HTTP/2 connections x 4 streams; HTTP: one HTTP/1.1 "
                  "connection per request in flight. CPU: the gateway process and all its "
