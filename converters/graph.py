@@ -53,21 +53,31 @@ class ModelFacts:
 def load_onnx(path: Path) -> onnx.ModelProto:
     """The model with its external data (weights files beside it) loaded."""
     try:
-        return onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise InvalidSource(f"{path} is not a valid ONNX model (cannot parse: {exc})") from None
-    except FileNotFoundError as exc:
-        raise InvalidSource(
-            f"{path} keeps its weights in external data files, and {exc.filename or exc} is "
-            "missing: upload or copy the weights files beside the .onnx file (same relative "
-            "paths as when it was saved)",
-            action="Give the model together with its external weights files") from None
     except OSError as exc:
         raise InvalidSource(f"{path} cannot be read: {exc}") from None
+    missing = sorted({location for location in external_locations(model)
+                      if not (path.parent / location).is_file()})
+    if missing:
+        raise InvalidSource(
+            f"{path.name} keeps its weights in external data files, and "
+            f"{', '.join(missing)} is missing beside it (in {path.parent})",
+            action="Give the model together with its external weights files, at the "
+                   "relative paths it names")
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except Exception as exc:  # noqa: BLE001 - onnx raises ValidationError/OSError here
+        raise InvalidSource(f"{path.name}: its external data cannot be read: {exc}") from None
+    return model
 
 
-def uses_external_data(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+def external_locations(model: onnx.ModelProto) -> list[str]:
+    """The external data files the model's initializers name (as loaded, unresolved)."""
+    return [entry.value for t in model.graph.initializer
+            if t.data_location == onnx.TensorProto.EXTERNAL
+            for entry in t.external_data if entry.key == "location"]
 
 
 def save_onnx(model: onnx.ModelProto, path: Path) -> Path:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from converters import graph
 from converters.compat import RuntimeLimits, limits_for, make_compatible
@@ -200,10 +201,11 @@ class ExportOnnx(Step[ExportInputs, ExportOutput]):
         if source.kind == "onnx":
             assert source.onnx_path is not None
             model = graph.load_onnx(source.onnx_path)
-            if not graph.uses_external_data(model):
+            if not graph.external_locations(onnx.load(str(source.onnx_path),
+                                                      load_external_data=False)):
                 shutil.copy2(source.onnx_path, inputs.target)
                 return ExportOutput(inputs.target, {"exporter": "none (ONNX source)"})
-            # external weights loaded beside the source: the work copy is one file
+            # external weights loaded from beside the source: the work copy is one file
             graph.save_onnx(model, inputs.target)
             return ExportOutput(inputs.target, {"exporter": "none (ONNX source with "
                                                             "external data, inlined)"})
@@ -250,8 +252,6 @@ class CheckModel(Step[CheckInputs, CheckOutput]):
                            Path(state.request.source).name)
 
     def run(self, inputs: CheckInputs, ctx: StepContext) -> CheckOutput:
-        import onnx
-
         model = graph.load_onnx(inputs.exported)
         current = inputs.exported
         compatible = make_compatible(model, inputs.limits, inputs.source_name)
