@@ -13,7 +13,7 @@ import typer
 
 from gateway.lifecycle.auth import TOKENS_ENV, TokenConfigError, TokenTable, load_token_entries
 from gateway.pools import load_gateway_config
-from gateway.server import GatewaySettings, serve
+from gateway.server import GatewaySettings, choose_data_plane, serve
 
 app = typer.Typer(help="The KServe v2 / Triton-compatible gateway.", no_args_is_help=True)
 
@@ -36,6 +36,15 @@ def serve_command(
     drain_timeout: float = typer.Option(10.0, help="Seconds to finish in-flight on SIGTERM."),
     log_level: str = typer.Option("warning", help="Log level."),
     event_loop: str = typer.Option("uvloop", help="Event loop: uvloop or asyncio."),
+    data_plane: str = typer.Option(
+        "auto", help="Who carries inference requests: 'haproxy' (native, HAProxy in front "
+        "of this process), 'python' (this process), or 'auto' (haproxy when installed)."),
+    haproxy_run_dir: Annotated[Path | None, typer.Option(
+        help="Folder for HAProxy's configuration, maps and sockets (default: a new "
+             "temporary folder).")] = None,
+    haproxy_external: bool = typer.Option(
+        False, help="HAProxy runs elsewhere on --haproxy-run-dir (its own container): "
+                    "write its files and reload it through its master socket."),
     tokens: Annotated[Path | None, typer.Option(
         exists=True, dir_okay=False,
         help=f"API tokens (YAML: name, scopes, sha256). Also read from ${TOKENS_ENV}; "
@@ -51,6 +60,9 @@ def serve_command(
         probe_interval_s=probe_interval,
         drain_timeout_s=drain_timeout,
         log_level=log_level,
+        data_plane=choose_data_plane(data_plane),
+        haproxy_run_dir=haproxy_run_dir,
+        haproxy_external=haproxy_external,
     )
     config = load_gateway_config(pools)
     try:

@@ -24,6 +24,7 @@ from gateway.errors import (
     ModelNotFound,
     ModelNotReady,
     Unavailable,
+    outcome_name,
 )
 from gateway.metrics import GatewayMetrics
 from gateway.pools import GatewayConfig, Pool, PoolMember, pools_for_model
@@ -111,14 +112,15 @@ class DataPlane:
     def route(self, model: str) -> ModelRoute:
         route = self.routes.get(model)
         if route is None:
-            pools = self._pools_for(model)
+            pools = self.pools_for(model)
             if not pools:
                 raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
             route = self.routes[model] = ModelRoute(model, pools, AdmissionGate(1, 0))
             self._size_gate(route)
         return route
 
-    def _pools_for(self, model: str) -> list[Pool]:
+    def pools_for(self, model: str) -> list[Pool]:
+        """The pools serving ``model``: the lifecycle's assignment, else the static lists."""
         assigned = self.assigned_pools.get(model)
         if assigned is None:
             return pools_for_model(self.pools, model)
@@ -130,18 +132,22 @@ class DataPlane:
         self.assigned_pools[model] = tuple(pool_names)
         route = self.routes.get(model)
         if route is not None:
-            route.pools = self._pools_for(model)
+            route.pools = self.pools_for(model)
             self._size_gate(route)
 
     def _size_gate(self, route: ModelRoute) -> None:
-        """Limits from the model's policy, else from the capacity of its pools."""
-        policy = self.config.models.get(route.model)
-        capacity = sum(p.capacity for p in route.pools)
+        route.gate.max_concurrency, route.gate.max_queue = self.admission_limits(
+            route.model, route.pools)
+
+    def admission_limits(self, model: str, pools: Sequence[Pool]) -> tuple[int, int]:
+        """(concurrency, queue) from the model's policy, else from its pools' capacity."""
+        policy = self.config.models.get(model)
+        capacity = sum(p.capacity for p in pools)
         concurrency = (policy and policy.max_concurrency) or capacity
         queue = policy.max_queue if policy and policy.max_queue is not None else int(
             concurrency * self.config.queue_factor
         )
-        route.gate.max_concurrency, route.gate.max_queue = concurrency, queue
+        return concurrency, queue
 
     def refresh_limits(self) -> None:
         """Re-size admission gates after pool membership changed (DNS discovery)."""
@@ -187,8 +193,8 @@ class DataPlane:
             if not route.gate.try_acquire():
                 await self._queue(route, options)
         except GatewayError as err:
-            self._count(route, "-", protocol, _outcome_name(err), options.traffic)
-            self._child(route, ("rejected", _outcome_name(err))).inc()
+            self._count(route, "-", protocol, outcome_name(err), options.traffic)
+            self._child(route, ("rejected", outcome_name(err))).inc()
             raise
         try:
             result, pool = await self._attempts(route, call, protocol, options)
@@ -251,7 +257,7 @@ class DataPlane:
         try:
             result = await call(member)
         except GatewayError as err:
-            self._count(route, member.pool, protocol, _outcome_name(err), traffic)
+            self._count(route, member.pool, protocol, outcome_name(err), traffic)
             raise
         finally:
             member.in_flight -= 1
@@ -301,14 +307,7 @@ class DataPlane:
 
     def update_saturation(self) -> None:
         for pool in self.pools:
-            load = sum(m.in_flight + m.upstream_queue for m in pool.members)
+            load = sum(m.in_flight + m.external_in_flight + m.upstream_queue
+                       for m in pool.members)
             self.metrics.saturation.labels(pool.name).set(load / pool.capacity)
 
-
-def _outcome_name(error: GatewayError) -> str:
-    return {
-        "Overloaded": "rejected",
-        "DeadlineExceeded": "deadline",
-        "Unavailable": "unavailable",
-        "ModelNotReady": "not_ready",
-    }.get(type(error).__name__, "error")

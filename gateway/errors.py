@@ -108,11 +108,70 @@ ERROR_TABLE: dict[type[GatewayError], tuple[int, str]] = {
 }
 
 
-def _lookup(error: GatewayError) -> tuple[int, str]:
-    for cls in type(error).__mro__:
-        if cls in ERROR_TABLE:
-            return ERROR_TABLE[cls]
+# gRPC status code numbers (the wire values of ``grpc-status``), fixed by the gRPC spec;
+# the HAProxy data plane writes them into the answers it produces itself.
+GRPC_CODE_NUMBERS: dict[str, int] = {
+    "OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5, "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9, "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12,
+    "INTERNAL": 13, "UNAVAILABLE": 14, "DATA_LOSS": 15, "UNAUTHENTICATED": 16,
+}
+
+# error class -> the ``outcome`` label of ``infergate_requests_total`` (and the ``reason``
+# of ``infergate_rejected_requests_total``) when the gateway itself answers with it.
+OUTCOMES: dict[type[GatewayError], str] = {
+    Overloaded: "rejected",
+    DeadlineExceeded: "deadline",
+    Unavailable: "unavailable",
+    ModelNotReady: "not_ready",
+}
+
+
+def outcome_name(error: GatewayError | type[GatewayError]) -> str:
+    """The metrics outcome for an answer the gateway produced (``error`` otherwise)."""
+    cls = error if isinstance(error, type) else type(error)
+    for base in cls.__mro__:
+        if base in OUTCOMES:
+            return OUTCOMES[base]
+    return "error"
+
+
+# gRPC codes Triton answers for a client's mistake (counted as ``client_error``)
+GRPC_CLIENT_CODES = frozenset({3, 5, 6, 7, 9, 11, 12, 16})
+GRPC_OUTCOMES = {4: "deadline", 8: "rejected", 14: "unavailable"}
+
+
+def outcome_of_answer(http_status: int, grpc_status: int | None = None) -> str:
+    """The metrics outcome of an answer relayed from Triton (HTTP status, or gRPC's
+    ``grpc-status`` when it has one)."""
+    if grpc_status is not None:
+        if grpc_status == 0:
+            return "success"
+        if grpc_status in GRPC_CLIENT_CODES:
+            return "client_error"
+        return GRPC_OUTCOMES.get(grpc_status, "upstream_error")
+    if http_status < 400:
+        return "success"
+    return "client_error" if http_status < 500 else "upstream_error"
+
+
+def grpc_code_number(error: GatewayError | type[GatewayError]) -> int:
+    return GRPC_CODE_NUMBERS[_lookup_class(error if isinstance(error, type) else type(error))[1]]
+
+
+def _lookup_class(cls: type[GatewayError]) -> tuple[int, str]:
+    for base in cls.__mro__:
+        if base in ERROR_TABLE:
+            return ERROR_TABLE[base]
     return ERROR_TABLE[GatewayError]
+
+
+def http_status_of(cls: type[GatewayError]) -> int:
+    return _lookup_class(cls)[0]
+
+
+def _lookup(error: GatewayError) -> tuple[int, str]:
+    return _lookup_class(type(error))
 
 
 def http_status(error: GatewayError) -> int:

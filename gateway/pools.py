@@ -145,6 +145,8 @@ class PoolMember:
     pool: str
     spec: MemberSpec
     in_flight: int = 0
+    # requests HAProxy has at this member right now (the native data plane's count)
+    external_in_flight: int = 0
     upstream_queue: int = 0  # nv_inference_pending_request_count summed over models
     queue_scraped_at: float = float("-inf")
     healthy: bool = True

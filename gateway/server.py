@@ -1,8 +1,15 @@
-"""Run the gateway: HTTP (uvicorn) and gRPC (grpc.aio) on one event loop.
+"""Run the gateway: HTTP (uvicorn) and gRPC (grpc.aio) on one event loop, and, with the
+native data plane, HAProxy in front of them.
+
+``data_plane="haproxy"``: HAProxy listens on the gateway's HTTP and gRPC ports and
+carries every inference request (HTTP ``.../infer``, gRPC ``ModelInfer``) straight to the
+pools; everything else (health, metadata, repository, streams, uploads, metrics) it
+forwards to this process's servers on private loopback ports. ``data_plane="python"``:
+this process listens on the gateway's ports itself and forwards every request.
 
 Shutdown (SIGTERM/SIGINT or ``stop`` set): readiness turns false at once, new work is
-still served while in-flight requests finish for up to ``drain_timeout_s``, then both
-servers close.
+still served while in-flight requests finish for up to ``drain_timeout_s``, then
+HAProxy stops softly and both servers close.
 """
 
 from __future__ import annotations
@@ -10,9 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import signal
 from collections.abc import Iterator
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +31,8 @@ import uvicorn
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
 from gateway.grpc_api import UpstreamGRPC, create_grpc_server
+from gateway.haproxy.controller import HAProxyDataPlane, default_layout
+from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
 from gateway.http_api import UpstreamHTTP, create_http_app
 from gateway.lifecycle.auth import TokenTable
 from gateway.lifecycle.control_plane import build_control_plane
@@ -40,6 +52,27 @@ class GatewaySettings:
     drain_timeout_s: float = 10.0
     upstream_timeout_s: float = 60.0
     log_level: str = "warning"
+    data_plane: str = "python"  # "haproxy": HAProxy carries the hot path
+    haproxy_binary: str | None = None
+    # HAProxy's files and sockets (a fresh temporary folder when None); with
+    # ``haproxy_external`` HAProxy runs elsewhere (its own container) on this folder
+    haproxy_run_dir: Path | None = None
+    haproxy_external: bool = False
+
+
+def choose_data_plane(requested: str) -> str:
+    """``auto`` -> ``haproxy`` when HAProxy is installed, else ``python`` (said loudly)."""
+    if requested not in ("auto", "haproxy", "python"):
+        raise ValueError(f"unknown data plane {requested!r} (auto, haproxy or python)")
+    if requested != "auto":
+        return requested
+    if find_haproxy() is not None:
+        return "haproxy"
+    log.warning("HAProxy is not installed: the Python data plane carries inference "
+                "(slower; install Debian's 'haproxy' for the native one)")
+    print("[infergate] HAProxy not found: falling back to the Python data plane "
+          "(apt-get install haproxy for the native one)", flush=True)
+    return "python"
 
 
 def build_dataplane(config: GatewayConfig) -> DataPlane:
@@ -75,11 +108,16 @@ async def serve(
 
     control_plane = build_control_plane(config, dataplane, admin_client, synthetic_infer)
     app = create_http_app(dataplane, control, upstream_http, auth, control_plane.lifecycle)
+    native = settings.data_plane == "haproxy"
+    # with HAProxy in front, this process serves on private loopback ports
+    own_host = "127.0.0.1" if native else settings.host
+    own_http = free_port() if native else settings.http_port
+    own_grpc = free_port() if native else settings.grpc_port
     http_server = EmbeddedServer(
         uvicorn.Config(
             app,
-            host=settings.host,
-            port=settings.http_port,
+            host=own_host,
+            port=own_http,
             log_level=settings.log_level,
             access_log=False,
             lifespan="off",
@@ -92,7 +130,7 @@ async def serve(
         )
     )
     grpc_server, _ = create_grpc_server(
-        dataplane, control, upstream_grpc, f"{settings.host}:{settings.grpc_port}", auth
+        dataplane, control, upstream_grpc, f"{own_host}:{own_grpc}", auth
     )
     await grpc_server.start()
     control_plane.start()  # preloading holds readiness down until the models are warm
@@ -103,18 +141,30 @@ async def serve(
     while not http_server.started:
         if tasks[0].done():
             await tasks[0]  # surfaces bind errors
-            raise RuntimeError(f"HTTP server on port {settings.http_port} did not start")
+            raise RuntimeError(f"HTTP server on port {own_http} did not start")
         await asyncio.sleep(0.02)
+    haproxy = None
+    if native:
+        haproxy = _haproxy(settings, dataplane, auth, f"{own_host}:{own_http}",
+                           f"{own_host}:{own_grpc}")
+        await asyncio.to_thread(haproxy.start)
+        tasks.append(asyncio.create_task(haproxy.run_forever(settings.probe_interval_s),
+                                         name="haproxy"))
     log.warning(
-        "infergate gateway: HTTP %s:%d gRPC %s:%d",
-        settings.host, settings.http_port, settings.host, settings.grpc_port,
+        "infergate gateway (%s data plane): HTTP %s:%d gRPC %s:%d",
+        settings.data_plane, settings.host, settings.http_port, settings.host,
+        settings.grpc_port,
     )
     if started is not None:
         started.set()
     try:
         await stop.wait()
     finally:
-        await _drain(dataplane, settings.drain_timeout_s)
+        await _drain(dataplane, settings.drain_timeout_s, haproxy)
+        if haproxy is not None:
+            await asyncio.to_thread(haproxy.stop, settings.drain_timeout_s)
+            if settings.haproxy_run_dir is None:  # the temporary folder we made
+                shutil.rmtree(haproxy.layout.run_dir, ignore_errors=True)
         await control_plane.close()
         http_server.should_exit = True
         await grpc_server.stop(grace=1.0)
@@ -136,12 +186,30 @@ class EmbeddedServer(uvicorn.Server):
         yield
 
 
-async def _drain(dataplane: DataPlane, timeout_s: float) -> None:
+def _haproxy(settings: GatewaySettings, dataplane: DataPlane, auth: TokenTable,
+             control_http: str, control_grpc: str) -> HAProxyDataPlane:
+    run_dir = settings.haproxy_run_dir or Path(tempfile.mkdtemp(prefix="infergate-haproxy-"))
+    layout = default_layout(settings.host, settings.http_port, settings.grpc_port,
+                            control_http, control_grpc, run_dir)
+    process = HAProxyProcess(layout, settings.haproxy_binary,
+                             external=settings.haproxy_external)
+    return HAProxyDataPlane(dataplane, auth, layout, process)
+
+
+async def _drain(dataplane: DataPlane, timeout_s: float,
+                 haproxy: HAProxyDataPlane | None = None) -> None:
+    """Readiness false at once; wait (bounded) until no request is in flight, in this
+    process or in HAProxy."""
     dataplane.draining = True
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while any(m.in_flight for m in dataplane.members()):
-        if asyncio.get_running_loop().time() >= deadline:
-            log.warning("drain timeout: %d requests still in flight",
-                        sum(m.in_flight for m in dataplane.members()))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        held = sum(m.in_flight for m in dataplane.members())
+        if haproxy is not None:
+            held += await haproxy.in_flight()
+        if not held:
+            return
+        if loop.time() >= deadline:
+            log.warning("drain timeout: %d requests still in flight", held)
             return
         await asyncio.sleep(0.05)

@@ -54,6 +54,7 @@ class GatewayProcess:
     http_port: int
     grpc_port: int
     log: Path
+    data_plane: str = "auto"
 
     @property
     def http_url(self) -> str:
@@ -74,8 +75,12 @@ class GatewayProcess:
 
 
 @contextlib.contextmanager
-def run_gateway(pools_file: Path, log_dir: Path, *args: str) -> Iterator[GatewayProcess]:
+def run_gateway(pools_file: Path, log_dir: Path, *args: str,
+                data_plane: str | None = None) -> Iterator[GatewayProcess]:
+    """``data_plane``: ``haproxy`` or ``python`` (None: the gateway's default, auto)."""
     http_port, grpc_port = free_port(), free_port()
+    if data_plane is not None:
+        args = ("--data-plane", data_plane, *args)
     log = log_dir / f"gateway-{http_port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -85,7 +90,7 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str) -> Iterator[Gateway
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    gateway = GatewayProcess(proc, http_port, grpc_port, log)
+    gateway = GatewayProcess(proc, http_port, grpc_port, log, data_plane or "auto")
     try:
         def ready() -> bool:
             if proc.poll() is not None:

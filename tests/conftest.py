@@ -51,15 +51,27 @@ def triton(sample_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         server.stop()
 
 
-@pytest.fixture(scope="session")
+DATA_PLANES = ("haproxy", "python")
+
+
+@pytest.fixture(scope="session", params=DATA_PLANES)
 def gateway(
-    triton: LocalTriton, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, triton: LocalTriton,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GatewayProcess]:
+    """A gateway over the session's Triton, once per data plane: HAProxy carrying the
+    hot path (the default) and the Python data plane."""
     assert triton.endpoints is not None
-    tmp = tmp_path_factory.mktemp("gateway")
+    tmp = tmp_path_factory.mktemp(f"gateway-{request.param}")
     pools = pools_yaml(tmp / "pools.yaml", {"local": [triton.endpoints]})
-    with run_gateway(pools, tmp) as proc:
+    with run_gateway(pools, tmp, data_plane=request.param) as proc:
         yield proc
+
+
+@pytest.fixture(params=DATA_PLANES)
+def data_plane(request: pytest.FixtureRequest) -> str:
+    """For tests that start their own gateway: run them on both data planes."""
+    return str(request.param)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -131,6 +131,11 @@ class TokenTable:
         # When auth is on and predict is gated, inference needs a predict token.
         self.predict_gated = self.enabled and not predict_open
 
+    def digests(self) -> list[tuple[bytes, Principal]]:
+        """Every token's SHA-256 digest and principal (what a native data plane checks
+        presented tokens against); never a token itself."""
+        return list(self._index.values())
+
     def authenticate(self, presented: str | None) -> Principal:
         if not self.enabled:
             return ANONYMOUS

@@ -1,0 +1,223 @@
+"""The control plane's hold on HAProxy: build a snapshot each round, move HAProxy to it
+(runtime API for weights, member states and maps; a seamless reload for structure),
+and read HAProxy's counters back into the gateway's gauges.
+
+The Python :class:`~gateway.dataplane.DataPlane` stays the owner of what the gateway
+knows (pools, members' health and queue depth, model assignments, readiness); this
+module only reads it, once per round, never per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.dataplane import DataPlane
+from gateway.haproxy.process import HAProxyProcess, write_files
+from gateway.haproxy.render import render, runtime_commands
+from gateway.haproxy.runtime import RuntimeAPI, parse_csv_stats, parse_table
+from gateway.haproxy.snapshot import (
+    Layout,
+    MemberState,
+    PoolState,
+    RateClass,
+    RouteState,
+    Snapshot,
+    key_digest,
+    queue_weight,
+    server_name,
+    top_pools,
+)
+from gateway.haproxy.telemetry import LogReceiver, RequestLog
+from gateway.lifecycle.auth import TokenTable
+from gateway.pools import Pool
+from gateway.routing import RoutingPolicy
+
+log = logging.getLogger(__name__)
+
+
+def snapshot_of(dataplane: DataPlane, auth: TokenTable, now: float,
+                policy: RoutingPolicy | None = None) -> Snapshot:
+    """What HAProxy must know, read off the data plane's state at ``now``."""
+    policy = policy or dataplane.policy
+    pools = tuple(
+        PoolState(
+            name=pool.name,
+            members=tuple(
+                MemberState(
+                    name=server_name(m.key), host=m.spec.host, http_port=m.spec.http_port,
+                    grpc_port=m.spec.grpc_port, routable=m.healthy and not m.restoring,
+                    weight=queue_weight(m.upstream_queue
+                                        if now - m.queue_scraped_at <= policy.stale_after_s
+                                        else 0),
+                )
+                for m in pool.members
+            ),
+            max_conn_per_member=pool.spec.capacity_per_member,
+        )
+        for pool in dataplane.pools
+    )
+    routable = {p.name for p in pools if any(m.routable for m in p.members)}
+    config = dataplane.config
+    named = {m for p in dataplane.pools for m in p.spec.models if m != "*"}
+    named |= set(dataplane.config.models) | set(dataplane.assigned_pools)
+    named |= set(dataplane.not_ready) | set(dataplane.routes)
+    routes = tuple(
+        route for model in sorted(named)
+        if (route := _route(dataplane, model, dataplane.pools_for(model), routable))
+    )
+    wildcard = [p for p in dataplane.pools if "*" in p.spec.models]
+    default = _route(dataplane, "", wildcard, routable, weigh=False) if wildcard else None
+    limits = config.rate_limits
+    return Snapshot(
+        pools=pools,
+        routes=routes,
+        default_route=default,
+        rate_default=(RateClass(limits.default.rate_per_s, limits.default.burst)
+                      if limits.default else None),
+        rate_keys=tuple(sorted((key_digest(k), RateClass(v.rate_per_s, v.burst))
+                               for k, v in limits.keys.items())),
+        tokens=tuple(sorted(
+            (digest.hex().upper(), f"{','.join(sorted(p.scopes))};{p.name}")
+            for digest, p in auth.digests()
+        )),
+        predict_gated=auth.predict_gated,
+    )
+
+
+def _route(dataplane: DataPlane, model: str, pools: list[Pool], routable: set[str],
+           weigh: bool = True) -> RouteState | None:
+    if not pools:
+        return None
+    weights = {p.name: (p.spec.weight(model) if weigh else 1.0) for p in pools}
+    live = {p: w for p, w in weights.items() if p in routable and w > 0}
+    chosen = top_pools(live or weights)  # none routable: let HAProxy answer 503
+    if not chosen:
+        return None
+    concurrency, queue = dataplane.admission_limits(model, pools)
+    return RouteState(model=model, pools=chosen, max_in_system=concurrency + queue,
+                      not_ready=dataplane.not_ready.get(model))
+
+
+@dataclass
+class HAProxyDataPlane:
+    """HAProxy carrying the hot path, programmed from the Python data plane's state."""
+
+    dataplane: DataPlane
+    auth: TokenTable
+    layout: Layout
+    process: HAProxyProcess
+    applied: Snapshot | None = None
+    reloads: int = 0
+    _receiver: LogReceiver | None = None
+    _errors_seen: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def api(self) -> RuntimeAPI:
+        return RuntimeAPI(self.layout.admin_socket)
+
+    def start(self) -> None:
+        """Telemetry socket first (HAProxy logs to it from its first request), then the
+        files, then the process."""
+        self.layout.run_dir.mkdir(parents=True, exist_ok=True)
+        self._receiver = LogReceiver(self.layout.log_socket, RequestLog(self.dataplane.metrics))
+        self._receiver.start()
+        snapshot = snapshot_of(self.dataplane, self.auth, self.dataplane.clock())
+        write_files(render(snapshot, self.layout), self.layout)
+        self.process.start()
+        self.applied = snapshot
+
+    async def apply(self) -> None:
+        """Move HAProxy to the current snapshot: runtime commands when they can, else a
+        reload (files first, so that a reload or a restart renders the same)."""
+        snapshot = snapshot_of(self.dataplane, self.auth, self.dataplane.clock())
+        if snapshot == self.applied:
+            return
+        assert self.applied is not None
+        commands = runtime_commands(self.applied, snapshot, self.layout)
+        await asyncio.to_thread(write_files, render(snapshot, self.layout), self.layout)
+        if commands is None:
+            log.info("HAProxy: structural change, reloading")
+            await asyncio.to_thread(self.process.reload)
+            self.reloads += 1
+        elif commands:
+            await self.api.arun(commands)
+        self.applied = snapshot
+
+    async def observe(self) -> None:
+        """HAProxy's live counts -> gauges: in flight per model and pool, queued per
+        model, per-member in flight (saturation) and connection errors."""
+        stats_text, routes_text = await asyncio.gather(
+            self.api.aquery("show stat"), self.api.aquery("show table st_route"))
+        stats = parse_csv_stats(stats_text)
+        per_route = parse_table(routes_text)
+        servers = {(row["pxname"], row["svname"]): row for row in stats}
+        metrics = self.dataplane.metrics
+        pool_queue: dict[str, int] = defaultdict(int)
+        for pool in self.dataplane.pools:
+            for proto in ("http", "grpc"):
+                row = servers.get((f"{proto}_{pool.name}", "BACKEND"))
+                if row:
+                    pool_queue[pool.name] += _int(row.get("qcur"))
+            for member in pool.members:
+                name = server_name(member.key)
+                rows = [servers.get((f"{p}_{pool.name}", name)) for p in ("http", "grpc")]
+                member.external_in_flight = sum(_int(r.get("scur")) for r in rows if r)
+                failures = sum(_int(r.get("econ")) + _int(r.get("eresp")) for r in rows if r)
+                seen = self._errors_seen.get((pool.name, member.key), 0)
+                if failures > seen:
+                    metrics.upstream_errors.labels(pool.name, member.key).inc(failures - seen)
+                self._errors_seen[(pool.name, member.key)] = failures
+        in_pool: dict[str, int] = defaultdict(int)
+        for key, values in per_route.items():
+            in_pool[key.rpartition("/")[2]] += values.get("conn_cur", 0)
+        queued: dict[str, float] = defaultdict(float)
+        for key, values in per_route.items():
+            model, _, pool_name = key.rpartition("/")
+            current = values.get("conn_cur", 0)
+            metrics.in_flight.labels(model, pool_name).set(current)
+            if in_pool[pool_name]:
+                queued[model] += pool_queue[pool_name] * current / in_pool[pool_name]
+        for model, value in queued.items():
+            metrics.queued.labels(model).set(round(value))
+
+    async def in_flight(self) -> int:
+        """Inference requests HAProxy holds now (at members or in its queues)."""
+        with contextlib.suppress(OSError):
+            table = parse_table(await self.api.aquery("show table st_model"))
+            return sum(v.get("conn_cur", 0) for v in table.values())
+        return 0
+
+    async def run_forever(self, interval_s: float) -> None:
+        while True:
+            try:
+                await self.apply()
+                await self.observe()
+            except Exception:  # noqa: BLE001 - keep serving on the last good state
+                log.exception("programming HAProxy failed; it keeps its last state")
+            await asyncio.sleep(interval_s)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        self.process.stop(grace_s)
+        if self._receiver is not None:
+            self._receiver.stop()
+
+
+def _int(value: str | None) -> int:
+    return int(value) if value and value.isdigit() else 0
+
+
+def default_layout(host: str, http_port: int, grpc_port: int, control_http: str,
+                   control_grpc: str, run_dir: Path) -> Layout:
+    return Layout(
+        http_bind=f"{host}:{http_port}",
+        grpc_bind=f"{host}:{grpc_port}",
+        control_http=control_http,
+        control_grpc=control_grpc,
+        run_dir=run_dir,
+        log_socket=run_dir / "log.sock",
+    )

@@ -1,0 +1,169 @@
+"""The HAProxy process: files on disk, start in master-worker mode, seamless reload,
+graceful stop. Which HAProxy and where it runs is all this module knows.
+
+``haproxy -W`` keeps a master process that re-executes workers on ``reload``; listening
+sockets pass to the new worker (``expose-fd listeners``), so a reload drops no
+connection and the old worker finishes what it has in flight. In Kubernetes HAProxy
+runs in its own container (``external=True``): the control plane only writes the files
+and talks to the master socket on the shared volume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from gateway.haproxy.render import Rendered
+from gateway.haproxy.runtime import send
+from gateway.haproxy.snapshot import Layout
+
+log = logging.getLogger(__name__)
+
+
+class HAProxyError(RuntimeError):
+    """HAProxy refused its configuration or did not start."""
+
+
+def find_haproxy() -> str | None:
+    """The ``haproxy`` binary on PATH or in the usual Debian place, if installed."""
+    return shutil.which("haproxy") or next(
+        (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.access(p, os.X_OK)),
+        None,
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the gateway dies, however it dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_files(rendered: Rendered, layout: Layout) -> None:
+    """Error files, maps, then the configuration: a reload always finds a whole set."""
+    for name, body in rendered.error_files.items():
+        _atomic_write(layout.run_dir / "errors" / name, body)
+    for name, entries in rendered.maps.items():
+        _atomic_write(layout.map_path(name),
+                      "".join(f"{k} {v}\n" for k, v in sorted(entries.items())))
+    _atomic_write(layout.config_path, rendered.config)
+
+
+class HAProxyProcess:
+    def __init__(self, layout: Layout, binary: str | None = None, external: bool = False,
+                 log_file: Path | None = None) -> None:
+        self.layout = layout
+        self.binary = binary or find_haproxy() or "haproxy"
+        self.external = external
+        self.log_file = log_file or layout.run_dir / "haproxy.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def check(self) -> None:
+        """``haproxy -c``: refuse a configuration before any process sees it."""
+        result = subprocess.run([self.binary, "-c", "-q", "-f", str(self.layout.config_path)],
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise HAProxyError(f"HAProxy refused the configuration: "
+                               f"{(result.stderr or result.stdout).strip()[-2000:]}")
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self.check()
+        if self.external:
+            self.reload()
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.layout.admin_socket.unlink()
+        out = self.log_file.open("ab")
+        self._proc = subprocess.Popen(
+            [self.binary, "-W", "-db", "-S", f"{self.layout.master_socket},mode,600",
+             "-f", str(self.layout.config_path)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C reaches us first; we stop it in order
+            preexec_fn=_die_with_parent,
+        )
+        out.close()
+        self._wait_for_admin(timeout_s)
+
+    def _wait_for_admin(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise HAProxyError(f"HAProxy exited ({self._proc.returncode}): "
+                                   f"{self.log_tail()}")
+            with contextlib.suppress(OSError):
+                if "Name:" in send(self.layout.admin_socket, "show info", 1.0):
+                    return
+            time.sleep(0.05)
+        raise HAProxyError(f"HAProxy did not answer on {self.layout.admin_socket}: "
+                           f"{self.log_tail()}")
+
+    def reload(self, timeout_s: float = 10.0) -> None:
+        """Seamless reload through the master CLI; returns once the new worker answers."""
+        self.check()
+        before = self._worker_pid()
+        answer = send(self.layout.master_socket, "reload", timeout_s)
+        if "Success=0" in answer:
+            raise HAProxyError(f"HAProxy reload failed: {answer.strip()[-2000:]}")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pid = self._worker_pid()
+            if pid is not None and pid != before:
+                return
+            time.sleep(0.05)
+        raise HAProxyError("HAProxy reload: no new worker answered")
+
+    def _worker_pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            text = send(self.layout.admin_socket, "show info", 1.0)
+            for line in text.splitlines():
+                if line.startswith("Pid:"):
+                    return int(line.split(":", 1)[1])
+        return None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Soft stop (listeners close, in-flight finishes), then SIGTERM, then SIGKILL."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGUSR1, grace_s), (signal.SIGTERM, 5.0),
+                            (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                log.warning("HAProxy did not stop after %s", sig.name)
+
+    def log_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        return ""

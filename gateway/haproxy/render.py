@@ -1,0 +1,475 @@
+"""Snapshot -> HAProxy: configuration text, map files, error files and runtime commands.
+
+Pure functions, no I/O: :func:`render` gives everything a fresh HAProxy process needs;
+:func:`runtime_commands` gives the admin-socket commands that move a running one from
+one snapshot to the next, or ``None`` when the change is structural (pools, members,
+rate classes, default routes) and needs a seamless reload.
+
+The hot path, per request, inside HAProxy:
+1. the model name: HTTP from the path; gRPC ``ModelInfer`` from protobuf field 1 of the
+   buffered body's first bytes (``req.body,bytes(5),protobuf(1)``: the 5-byte gRPC
+   prefix skipped; the partial body in the buffer is enough);
+2. a model still loading -> 503 + Retry-After (map ``notready``);
+3. predict auth when gated: SHA-256 of the presented token looked up in map ``tokens``;
+4. rate limit per API key: a stick table per limit class, keyed by the key's digest,
+   bounded in size, never the key itself;
+5. the pool: weighted split over up to ``MAX_POOLS_PER_MODEL`` pools (maps
+   ``route<k>`` / ``cut<k>`` against one ``rand(1000)``);
+6. admission: requests of the model in the gateway (stick table ``st_model``,
+   ``conn_cur``) bounded by map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once;
+7. the pool's backend: least connections over members weighted by their Triton queue
+   depth, ``maxconn`` per member with HAProxy's queue behind it, active health checks on
+   ``/v2/health/live``, passive ejection, one retry on another member for connection
+   failures, the client's deadline as the server timeout.
+Every answer HAProxy produces itself is built from ``gateway.errors``' one table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway import errors
+from gateway.haproxy.snapshot import Layout, PoolState, RouteState, Snapshot
+
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+INFER_PATH_RE = r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$"
+# one line per inference request, to the control plane's datagram socket (telemetry.py)
+LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
+              "%[var(txn.gs)] %Tt %[var(txn.out)] %ts %s")
+MISSING_TOKEN = ("missing API token: send 'X-API-Key: <token>' or 'Authorization: Bearer "
+                 "<token>' (gRPC: 'x-api-key' or 'authorization' metadata)")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    config: str
+    maps: dict[str, dict[str, str]]  # map name -> key -> value
+    error_files: dict[str, str]  # file name -> raw HTTP response
+
+
+# -- maps ------------------------------------------------------------------------------
+def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
+    ranks = snapshot.split_ranks()
+    maps: dict[str, dict[str, str]] = {f"route{k}": {} for k in range(ranks)}
+    maps.update({f"cut{k}": {} for k in range(1, ranks)})
+    maps["limits"], maps["notready"] = {}, {}
+    for route in snapshot.routes:
+        pools, cuts = split(route, ranks)
+        for k in range(ranks):
+            maps[f"route{k}"][route.model] = pools[k]
+            if k:
+                maps[f"cut{k}"][route.model] = str(cuts[k])
+        maps["limits"][route.model] = str(route.max_in_system)
+        if route.not_ready:
+            maps["notready"][route.model] = _one_line(route.not_ready)
+    maps["tokens"] = {digest: scopes for digest, scopes in snapshot.tokens}
+    classes = snapshot.rate_classes()
+    maps["ratekeys"] = {digest: str(classes.index(c)) for digest, c in snapshot.rate_keys}
+    return maps
+
+
+def split(route: RouteState, ranks: int) -> tuple[list[str], list[int]]:
+    """Pool per rank and the cumulative permille at which each rank takes over: rank k
+    serves a request when ``rand(1000) >= cut[k]`` and no higher rank does."""
+    pools = [p for p, _ in route.pools][:ranks]
+    weights = [w for _, w in route.pools][:ranks]
+    total = sum(weights) or 1.0
+    cuts, acc = [0], 0.0
+    for w in weights[:-1]:
+        acc += w
+        cuts.append(round(1000 * acc / total))
+    while len(pools) < ranks:
+        pools.append(pools[0] if pools else "")
+        cuts.append(1000)
+    return pools, cuts
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "-"
+
+
+# -- answers HAProxy produces ----------------------------------------------------------
+def http_return(error: type[errors.GatewayError], message_lf: str,
+                retry_after: int | None = None) -> str:
+    """``http-request return`` for the HTTP frontend; ``message_lf`` is log-format text
+    already escaped for a JSON string inside a quoted HAProxy argument."""
+    hdrs = f" hdr retry-after {retry_after}" if retry_after is not None else ""
+    if error is errors.Unauthorized:
+        hdrs += ' hdr www-authenticate "Bearer realm=\\"infergate\\""'
+    body = '{\\"error\\":\\"' + message_lf + '\\"}'
+    return (f"http-request return status {errors.http_status_of(error)} "
+            f'content-type application/json{hdrs} lf-string "{body}"')
+
+
+def grpc_return(error: type[errors.GatewayError], message_lf: str,
+                retry_after: int | None = None) -> str:
+    """A trailers-only gRPC answer: HTTP 200, ``grpc-status`` and ``grpc-message``."""
+    hdrs = f" hdr retry-after {retry_after}" if retry_after is not None else ""
+    return (f"http-request return status 200 content-type application/grpc "
+            f"hdr grpc-status {errors.grpc_code_number(error)} "
+            f'hdr grpc-message "{message_lf}"{hdrs}')
+
+
+# status HAProxy may produce itself -> (error class, message)
+LOCAL_ERRORS: dict[int, tuple[type[errors.GatewayError], str]] = {
+    400: (errors.InvalidInput, "malformed HTTP request"),
+    403: (errors.Forbidden, "request denied"),
+    408: (errors.DeadlineExceeded, "the request was not received in time"),
+    413: (errors.PayloadTooLarge, "request too large"),
+    500: (errors.GatewayError, "internal error in the gateway's data plane"),
+    502: (errors.Unavailable, "invalid or no answer from the Triton member"),
+    503: (errors.Unavailable, "no healthy Triton member could take the request"),
+    504: (errors.DeadlineExceeded, "deadline exceeded waiting for the Triton member"),
+}
+
+
+def error_files() -> dict[str, str]:
+    files = {}
+    for status, (error, message) in LOCAL_ERRORS.items():
+        body = '{"error": "' + message + '"}'
+        retry = "retry-after: 1\r\n" if status == 503 else ""
+        files[f"http-{status}.http"] = (
+            f"HTTP/1.1 {status} {errors.__name__}\r\ncontent-type: application/json\r\n"
+            f"{retry}content-length: {len(body)}\r\ncache-control: no-cache\r\n\r\n{body}"
+        )
+        files[f"grpc-{status}.http"] = (
+            "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
+            f"grpc-status: {errors.grpc_code_number(error)}\r\ngrpc-message: {message}\r\n"
+            "content-length: 0\r\n\r\n"
+        )
+    return files
+
+
+# -- configuration ---------------------------------------------------------------------
+def render(snapshot: Snapshot, layout: Layout) -> Rendered:
+    return Rendered(render_config(snapshot, layout), route_maps(snapshot), error_files())
+
+
+def render_config(snapshot: Snapshot, layout: Layout) -> str:
+    parts = [
+        _global(layout),
+        _defaults(layout),
+        _errors_sections(layout),
+        _frontend(snapshot, layout, "http"),
+        _frontend(snapshot, layout, "grpc"),
+        _tables(snapshot),
+        _control_backends(layout),
+        *(_pool_backend(pool, "http", layout) for pool in snapshot.pools),
+        *(_pool_backend(pool, "grpc", layout) for pool in snapshot.pools),
+    ]
+    return with_map_paths("\n".join(parts), layout)
+
+
+def _global(layout: Layout) -> str:
+    lines = [
+        "global",
+        f"  nbthread {layout.nbthread}",
+        f"  stats socket {layout.admin_socket} mode 600 level admin expose-fd listeners",
+        f"  log {layout.log_socket} len 2048 format raw local0",
+        "  hard-stop-after 30s",
+        *(f"  {line}" for line in layout.extra_global),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _defaults(layout: Layout) -> str:
+    return "\n".join([
+        "defaults",
+        "  mode http",
+        "  log global",
+        "  option dontlognull",
+        f"  timeout connect {layout.connect_timeout_ms}ms",
+        f"  timeout client {layout.client_timeout_s}s",
+        f"  timeout server {layout.server_timeout_s}s",
+        f"  timeout queue {layout.queue_timeout_s}s",
+        "  timeout http-request 30s",
+        "  timeout http-keep-alive 300s",
+        "",
+    ])
+
+
+def _errors_sections(layout: Layout) -> str:
+    lines = []
+    for proto in ("http", "grpc"):
+        lines.append(f"http-errors {proto}_errors")
+        lines += [f"  errorfile {s} {layout.run_dir / 'errors' / f'{proto}-{s}.http'}"
+                  for s in LOCAL_ERRORS]
+    return "\n".join(lines) + "\n"
+
+
+def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
+    http = proto == "http"
+    bind = layout.http_bind if http else f"{layout.grpc_bind} proto h2"
+    lines = [
+        f"frontend {proto}",
+        f"  bind {bind}",
+        f"  errorfiles {proto}_errors",
+        f'  log-format "{LOG_FORMAT}"',
+        "  option http-keep-alive" if http else "  option http-no-delay",
+    ]
+    if http:
+        lines += [
+            f"  acl infer_path path_reg {INFER_PATH_RE}",
+            "  acl infer_method method POST",
+        ]
+        guard = "infer_path infer_method"
+        model_fetch = "path,field(4,/)"
+    else:
+        lines.append(f"  acl infer_path path {GRPC_INFER}")
+        guard = "infer_path"
+        model_fetch = "req.body,bytes(5),protobuf(1)"
+    lines += [
+        f"  http-request set-log-level silent unless {guard}",
+        f"  use_backend control_{proto} unless {guard}",
+    ]
+    first: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
+    if not http:
+        # only as much of the body as the model name needs (streams must not wait)
+        first.append(("wait-for-body time 1s at-least 1k", ""))
+    first.append((f"set-var(txn.model) {model_fetch}", ""))
+    answer = http_return if http else grpc_return
+    first.append((answer(errors.PayloadTooLarge,
+                         f"request body larger than {layout.max_body_bytes} bytes"),
+                  f"{{ req.hdr_val(content-length) gt {layout.max_body_bytes} }}"))
+    rules = [*first, *_model_rules(snapshot, answer, http)]
+    lines += [
+        *(f"  acl {acl}" for acl in _acls()),
+        *(_guarded(action, cond, guard) for action, cond in rules),
+    ]
+    if not http:
+        lines.append("  http-response set-var(txn.gs) res.hdr(grpc-status)")
+        # HAProxy drops content-type from a return without payload: put it back
+        lines.append("  http-after-response set-header content-type application/grpc "
+                     "if { var(txn.model) -m found } !{ res.hdr(content-type) -m found }")
+    lines.append(f"  use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}")
+    return "\n".join(lines) + "\n"
+
+
+def _acls() -> list[str]:
+    return [
+        "nr var(txn.nr) -m found",
+        "has_key var(txn.key) -m found",
+        "has_scopes var(txn.scopes) -m found",
+        "may_predict var(txn.scopes) -m reg (^|,)(predict|admin)(,|;)",
+        "has_pool var(txn.pool) -m found",
+        "over_limit var(txn.over) -m int gt 0",
+        "bearer req.fhdr(authorization) -i -m beg bearer",
+        "x_api_key req.fhdr(x-api-key) -m found",
+    ]
+
+
+def _guarded(action: str, cond: str, guard: str) -> str:
+    """``http-request <action> if <guard> <cond>``: the model rules run for inference
+    requests only (use_backend is decided after every http-request rule)."""
+    action = action.removeprefix("http-request ")
+    return f"  http-request {action} if {guard} {cond}".rstrip()
+
+
+Rule = tuple[str, str]  # (action, condition)
+
+
+def _model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> list[Rule]:
+    model_lf = "%[var(txn.model),json(utf8s)]" if http else "%[var(txn.model)]"
+    rules: list[Rule] = [
+        # a model still loading or warming up
+        ("set-var(txn.nr) var(txn.model),map(MAPS/notready.map)", ""),
+        ("set-var(txn.out) str(not_ready)", "nr"),
+        (answer(errors.ModelNotReady, f"model '{model_lf}' is not ready yet: %[var(txn.nr)]",
+                retry_after=2), "nr"),
+        # who is calling: X-API-Key, else Authorization: Bearer (one precedence)
+        ("set-var(txn.key) req.fhdr(x-api-key)", "x_api_key"),
+        ("set-var(txn.key) req.fhdr(authorization),bytes(7)", "!has_key bearer"),
+    ]
+    if snapshot.predict_gated:
+        rules += [
+            ("set-var(txn.out) str(auth)", "!has_key"),
+            (answer(errors.Unauthorized, MISSING_TOKEN), "!has_key"),
+            ("set-var(txn.kd) var(txn.key),sha2(256),hex", ""),
+            ("set-var(txn.scopes) var(txn.kd),map(MAPS/tokens.map)", ""),
+            ("set-var(txn.out) str(auth)", "!has_scopes"),
+            (answer(errors.Unauthorized, "unknown API token"), "!has_scopes"),
+            ("set-var(txn.out) str(auth)", "!may_predict"),
+            (answer(errors.Forbidden,
+                    "token '%[var(txn.scopes),field(2,;)]' lacks the 'predict' scope"),
+             "!may_predict"),
+        ]
+    rules += [
+        ("set-var(txn.key) str(anonymous)", "!has_key"),
+        ("set-var(txn.kd) var(txn.key),sha2(256),hex", ""),
+    ]
+    classes = snapshot.rate_classes()
+    if classes:
+        default = str(classes.index(snapshot.rate_default)) if snapshot.rate_default else "none"
+        rules.append((f"set-var(txn.rc) var(txn.kd),map(MAPS/ratekeys.map,{default})", ""))
+        for i, rate in enumerate(classes):
+            cls = f"{{ var(txn.rc) -m str {i} }}"
+            over = f"{cls} {{ sc2_http_req_rate gt {rate.limit} }}"
+            rules += [
+                (f"track-sc2 var(txn.kd) table rate{i}", cls),
+                ("set-var(txn.out) str(rejected)", over),
+                (answer(errors.Overloaded, "rate limit exceeded for this API key",
+                        retry_after=1), over),
+            ]
+    default_limit = snapshot.default_route.max_in_system if snapshot.default_route else 1
+    rules += _split_rules(snapshot)
+    rules += [
+        ("set-var(txn.out) str(unknown)", "!has_pool"),
+        (answer(errors.ModelNotFound, f"Request for unknown model: '{model_lf}' is not found"),
+         "!has_pool"),
+        ("track-sc0 var(txn.model) table st_model", ""),
+        ("set-var(txn.mp) var(txn.model),concat(/,txn.pool,)", ""),
+        ("track-sc1 var(txn.mp) table st_route", ""),
+        (f"set-var(txn.lim) var(txn.model),map_str_int(MAPS/limits.map,{default_limit})", ""),
+        ("set-var(txn.over) sc0_conn_cur,sub(txn.lim)", ""),
+        ("set-var(txn.out) str(rejected)", "over_limit"),
+        (answer(errors.Overloaded,
+                f"overloaded: model '{model_lf}' has %[sc0_conn_cur] requests in the gateway "
+                "(limit %[var(txn.lim)])", retry_after=1), "over_limit"),
+    ]
+    return rules
+
+
+def _split_rules(snapshot: Snapshot) -> list[Rule]:
+    ranks = snapshot.split_ranks()
+    default_pools, default_cuts = (split(snapshot.default_route, ranks)
+                                   if snapshot.default_route else ([""] * ranks, [1000] * ranks))
+    first = f",{default_pools[0]}" if default_pools[0] else ""
+    rules: list[Rule] = [(f"set-var(txn.pool) var(txn.model),map(MAPS/route0.map{first})", "")]
+    if ranks > 1:
+        rules.append(("set-var(txn.r) rand(1000)", ""))
+    for k in range(1, ranks):
+        pool_default = f",{default_pools[k]}" if default_pools[k] else ""
+        rules += [
+            (f"set-var(txn.c) var(txn.model),map_str_int(MAPS/cut{k}.map,{default_cuts[k]})", ""),
+            ("set-var(txn.d) var(txn.r),sub(txn.c)", ""),
+            (f"set-var(txn.pool) var(txn.model),map(MAPS/route{k}.map{pool_default})",
+             "{ var(txn.d) -m int ge 0 }"),
+        ]
+    return rules
+
+
+def _tables(snapshot: Snapshot) -> str:
+    lines = [
+        "backend st_model",
+        "  stick-table type string len 128 size 20k expire 10m store conn_cur",
+        "backend st_route",
+        "  stick-table type string len 192 size 20k expire 10m store conn_cur",
+    ]
+    for i, rate in enumerate(snapshot.rate_classes()):
+        lines += [
+            f"backend rate{i}",
+            f"  stick-table type string len 64 size 100k expire {2 * rate.window_ms}ms "
+            f"store http_req_rate({rate.window_ms}ms)",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _control_backends(layout: Layout) -> str:
+    return "\n".join([
+        "backend control_http",
+        "  errorfiles http_errors",
+        "  http-reuse always",
+        f"  server control {layout.control_http}",
+        "backend control_grpc",
+        "  errorfiles grpc_errors",
+        "  option http-no-delay",
+        f"  timeout server {layout.stream_timeout_s}s",
+        f"  timeout client {layout.stream_timeout_s}s",
+        f"  server control {layout.control_grpc} proto h2",
+        "",
+    ])
+
+
+GRPC_TIMEOUT_UNITS = {"H": ",mul(3600000)", "M": ",mul(60000)", "S": ",mul(1000)",
+                      "m": "", "u": ",div(1000),add(1)", "n": ",div(1000000),add(1)"}
+
+
+def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
+    http = proto == "http"
+    lines = [
+        f"backend {proto}_{pool.name}",
+        f"  errorfiles {proto}_errors",
+        "  balance leastconn",
+        "  option httpchk GET /v2/health/live",
+        "  http-check expect status 200",
+        "  http-reuse always",
+        "  retries 1",
+        "  option redispatch 1",
+        "  retry-on conn-failure empty-response",
+    ]
+    if http:
+        lines.append("  http-request set-timeout server req.hdr(x-request-timeout-ms) "
+                     "if { req.hdr(x-request-timeout-ms) -m reg ^[0-9]{1,9}$ }")
+    else:
+        lines += [
+            "  option http-no-delay",
+            "  http-request set-var(txn.gt) req.hdr(grpc-timeout),regsub([^0-9],,g) "
+            "if { req.hdr(grpc-timeout) -m reg ^[0-9]{1,8}[HMSmun]$ }",
+        ]
+        lines += [
+            f"  http-request set-timeout server var(txn.gt){conv} "
+            f"if {{ var(txn.gt) -m found }} {{ req.hdr(grpc-timeout) -m end {unit} }}"
+            for unit, conv in GRPC_TIMEOUT_UNITS.items()
+        ]
+    check = (f"check inter {layout.health_interval_ms}ms fall 2 rise 1 "
+             "observe layer4 error-limit 1 on-error mark-down")
+    for m in pool.members:
+        port = m.http_port if http else m.grpc_port
+        extra = "" if http else f" proto h2 port {m.http_port} check-proto h1"
+        lines.append(
+            f"  server {m.name} {m.host}:{port} {check} maxconn {pool.max_conn_per_member} "
+            f"weight {m.weight}{extra}{'' if m.routable else ' disabled'}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def with_map_paths(config: str, layout: Layout) -> str:
+    return config.replace("MAPS/", f"{layout.run_dir / 'maps'}/")
+
+
+# -- live changes ----------------------------------------------------------------------
+def structure(snapshot: Snapshot) -> tuple[object, ...]:
+    """What only a reload can change: listeners, backends, servers, tables, defaults."""
+    return (
+        tuple((p.name, p.max_conn_per_member,
+               tuple((m.name, m.host, m.http_port, m.grpc_port) for m in p.members))
+              for p in snapshot.pools),
+        snapshot.default_route.pools if snapshot.default_route else None,
+        snapshot.default_route.max_in_system if snapshot.default_route else None,
+        snapshot.rate_classes(),
+        snapshot.rate_default,
+        snapshot.predict_gated,
+        snapshot.split_ranks(),
+    )
+
+
+def runtime_commands(old: Snapshot, new: Snapshot, layout: Layout) -> list[str] | None:
+    """Admin-socket commands taking a process rendered from ``old`` to ``new``; ``None``
+    when only a reload can (see :func:`structure`)."""
+    if structure(old) != structure(new):
+        return None
+    commands: list[str] = []
+    old_maps, new_maps = route_maps(old), route_maps(new)
+    for name, entries in new_maps.items():
+        before = old_maps.get(name, {})
+        path = layout.map_path(name)
+        for key in sorted(before.keys() - entries.keys()):
+            commands.append(f"del map {path} {key}")
+        for key, value in sorted(entries.items()):
+            if key not in before:
+                commands.append(f"add map {path} {key} {value}")
+            elif before[key] != value:
+                commands.append(f"set map {path} {key} {value}")
+    old_members = {(p.name, m.name): m for p in old.pools for m in p.members}
+    for pool in new.pools:
+        for m in pool.members:
+            was = old_members[(pool.name, m.name)]
+            for proto in ("http", "grpc"):
+                server = f"{proto}_{pool.name}/{m.name}"
+                if was.weight != m.weight:
+                    commands.append(f"set server {server} weight {m.weight}")
+                if was.routable != m.routable:
+                    commands.append(f"set server {server} state "
+                                    f"{'ready' if m.routable else 'maint'}")
+    return commands

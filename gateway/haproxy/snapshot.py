@@ -1,0 +1,162 @@
+"""What HAProxy must know to route, as plain frozen data: the data plane's snapshot.
+
+The control plane builds one :class:`Snapshot` per probe round from what it owns (pools,
+members' health and queue depth, model assignments, admission limits, rate limits,
+token digests); :mod:`gateway.haproxy.render` turns it into HAProxy's configuration, map
+files and runtime commands without any I/O. Nothing here refers to a live object, so a
+snapshot can be compared, stored and replayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Canary splits: at most this many pools per model are rendered as split ranks; a model
+# assigned to more pools keeps its heaviest ones.
+MAX_POOLS_PER_MODEL = 4
+MAX_WEIGHT = 256  # HAProxy server weights are 0..256
+
+
+@dataclass(frozen=True)
+class MemberState:
+    """One Triton server as HAProxy sees it."""
+
+    name: str  # HAProxy server name (an identifier derived from the member key)
+    host: str
+    http_port: int
+    grpc_port: int
+    routable: bool  # False: held in maintenance (unhealthy, or being restored)
+    weight: int = MAX_WEIGHT  # 1..256, from the member's queue depth
+
+
+@dataclass(frozen=True)
+class PoolState:
+    name: str
+    members: tuple[MemberState, ...]
+    max_conn_per_member: int  # requests a member gets at once; more wait in HAProxy's queue
+
+
+@dataclass(frozen=True)
+class RouteState:
+    """Where one model's requests go and how many it may have in the gateway at once."""
+
+    model: str
+    pools: tuple[tuple[str, float], ...]  # (pool, weight), heaviest first
+    max_in_system: int  # in flight + queued; beyond that: 429 / RESOURCE_EXHAUSTED
+    not_ready: str | None = None  # why it cannot take requests yet (503 + Retry-After)
+
+
+@dataclass(frozen=True)
+class RateClass:
+    """A token bucket approximated by a sliding window: at most ``burst`` requests per
+    ``burst / rate_per_s`` seconds, so the long-run rate is ``rate_per_s``."""
+
+    rate_per_s: float
+    burst: float
+
+    @property
+    def window_ms(self) -> int:
+        return max(1, round(1000 * self.burst / self.rate_per_s))
+
+    @property
+    def limit(self) -> int:
+        return max(1, int(self.burst))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything routing depends on. ``default_route`` serves models no pool names
+    explicitly (pools that serve ``*``); ``None`` means unknown models are answered 404."""
+
+    pools: tuple[PoolState, ...]
+    routes: tuple[RouteState, ...] = ()
+    default_route: RouteState | None = None
+    rate_default: RateClass | None = None
+    rate_keys: tuple[tuple[str, RateClass], ...] = ()  # (sha256 hex of the key, class)
+    tokens: tuple[tuple[str, str], ...] = ()  # (sha256 hex, comma-separated scopes)
+    predict_gated: bool = False
+
+    def rate_classes(self) -> tuple[RateClass, ...]:
+        """Distinct limits, default first: one stick table each."""
+        classes: list[RateClass] = []
+        for rate in (self.rate_default, *(c for _, c in self.rate_keys)):
+            if rate is not None and rate not in classes:
+                classes.append(rate)
+        return tuple(classes)
+
+    def split_ranks(self) -> int:
+        widest = max((len(r.pools) for r in self.all_routes()), default=1)
+        return max(1, min(MAX_POOLS_PER_MODEL, widest))
+
+    def all_routes(self) -> tuple[RouteState, ...]:
+        extra = (self.default_route,) if self.default_route is not None else ()
+        return (*self.routes, *extra)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where HAProxy listens and where its files live (fixed for a process's life)."""
+
+    http_bind: str  # "127.0.0.1:8000"
+    grpc_bind: str
+    control_http: str  # the control plane's own HTTP server, "127.0.0.1:PORT"
+    control_grpc: str
+    run_dir: Path  # config, maps, error files, sockets
+    log_socket: Path  # unix datagram socket the control plane reads per-request lines from
+    nbthread: int = 1
+    connect_timeout_ms: int = 2000
+    client_timeout_s: int = 300
+    server_timeout_s: int = 300
+    queue_timeout_s: int = 60
+    health_interval_ms: int = 1000
+    max_body_bytes: int = 256 * 1024 * 1024
+    stream_timeout_s: int = 3600  # gRPC streams to the control plane may idle this long
+    extra_global: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "haproxy.cfg"
+
+    @property
+    def admin_socket(self) -> Path:
+        return self.run_dir / "admin.sock"
+
+    @property
+    def master_socket(self) -> Path:
+        return self.run_dir / "master.sock"
+
+    def map_path(self, name: str) -> Path:
+        return self.run_dir / "maps" / f"{name}.map"
+
+
+_NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def server_name(member_key: str) -> str:
+    """``127.0.0.1:8001`` -> ``127.0.0.1_8001``: a valid HAProxy server name."""
+    return _NOT_IDENTIFIER.sub("_", member_key)
+
+
+def key_digest(key: str) -> str:
+    """How HAProxy identifies an API key: ``sha2(256),hex`` of it (upper-case hex).
+    A configured ``sha256:<hex>`` is taken as the digest itself."""
+    if key.startswith("sha256:"):
+        return key[len("sha256:"):].upper()
+    return hashlib.sha256(key.encode("utf-8")).hexdigest().upper()
+
+
+def queue_weight(queue_depth: int) -> int:
+    """Server weight from Triton's queue depth: an idle member weighs the most, and each
+    queued request halves the share it gets under least-connections balancing."""
+    return max(1, MAX_WEIGHT // (1 + max(0, queue_depth)))
+
+
+def top_pools(weights: Mapping[str, float] | Iterable[tuple[str, float]]
+              ) -> tuple[tuple[str, float], ...]:
+    items = weights.items() if isinstance(weights, Mapping) else weights
+    ranked = sorted(((p, w) for p, w in items if w > 0), key=lambda pw: (-pw[1], pw[0]))
+    return tuple(ranked[:MAX_POOLS_PER_MODEL])

@@ -1,0 +1,131 @@
+"""Per-request telemetry from HAProxy: one log line per inference request, sent to a
+unix datagram socket this process reads, counted into the gateway's ``infergate_*``
+metrics (same names, labels and meaning as the Python data plane's).
+
+The line (``render.LOG_FORMAT``): ``model pool proto status grpc_status Tt outcome
+termination server``. This runs beside the hot path, in a thread, after HAProxy has
+answered: a few microseconds of Python per request, never in the request's way.
+Latency has HAProxy's resolution, milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import outcome_of_answer
+from gateway.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+# outcomes HAProxy decided itself (``txn.out``); auth failures and unknown models are not
+# inference outcomes, as on the Python data plane
+LOCAL_OUTCOMES = {"rejected": "rejected", "not_ready": "not_ready"}
+NOT_COUNTED = {"auth", "unknown"}
+
+
+def classify(proto: str, status: int, grpc_status: str, local: str, termination: str) -> str | None:
+    """The ``outcome`` label of one logged request, or None when it is not counted."""
+    if local in NOT_COUNTED:
+        return None
+    if local in LOCAL_OUTCOMES:
+        return LOCAL_OUTCOMES[local]
+    first = termination[:1]
+    if first == "s" or status == 504:
+        return "deadline"  # the server timeout is the client's deadline
+    if first in ("S", "P") or status == 503 and grpc_status == "-":
+        return "unavailable"
+    if first in ("c", "C"):
+        return "cancelled"
+    if proto == "grpc" and status == 200:
+        return outcome_of_answer(status, int(grpc_status) if grpc_status.isdigit() else 0)
+    return outcome_of_answer(status)
+
+
+class RequestLog:
+    """Counts parsed lines into the metrics; children cached per label set."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+        self._children: dict[tuple[str, ...], Any] = {}
+        self.lines = 0
+
+    def _child(self, key: tuple[str, ...]) -> Any:
+        child = self._children.get(key)
+        if child is None:
+            kind, *labels = key
+            family = {"requests": self.metrics.requests, "latency": self.metrics.latency,
+                      "rejected": self.metrics.rejected}[kind]
+            child = self._children[key] = family.labels(*labels)
+        return child
+
+    def record(self, line: str) -> None:
+        fields = line.split()
+        if len(fields) < 8:
+            return
+        model, pool, proto, status_text, gs, total_ms, local, termination = fields[:8]
+        if model == "-" or not status_text.isdigit():
+            return
+        self.lines += 1
+        outcome = classify(proto, int(status_text), gs, local, termination)
+        if outcome is None:
+            return
+        self._child(("requests", model, pool, proto, outcome, "user")).inc()
+        if outcome in ("rejected", "not_ready"):
+            self._child(("rejected", model, outcome)).inc()
+        elif pool != "-" and total_ms.lstrip("-").isdigit():
+            self._child(("latency", model, pool, proto, "user")).observe(
+                max(0, int(total_ms)) / 1e3)
+
+
+class LogReceiver:
+    """Binds the datagram socket HAProxy logs to and feeds :class:`RequestLog`."""
+
+    def __init__(self, path: Path, request_log: RequestLog) -> None:
+        self.path = path
+        self.request_log = request_log
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        sock.bind(str(self.path))
+        os.chmod(self.path, 0o600)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._loop, name="haproxy-log", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        assert self._sock is not None
+        record = self.request_log.record
+        while True:
+            try:
+                data = self._sock.recv(4096)
+            except OSError:
+                return  # closed
+            if not data:
+                return
+            try:
+                record(data.decode("utf-8", "replace"))
+            except Exception:  # noqa: BLE001 - one bad line must not stop the counting
+                log.exception("bad HAProxy log line %r", data[:200])
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            # a zero-length datagram wakes the thread, which then sees the socket closed
+            with contextlib.suppress(OSError), socket.socket(
+                    socket.AF_UNIX, socket.SOCK_DGRAM) as poke:
+                poke.sendto(b"", str(self.path))
+            if self._thread is not None:
+                self._thread.join(timeout=2)
+            self._sock.close()
+            self._sock = None
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
