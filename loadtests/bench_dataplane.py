@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,9 +101,15 @@ def parse_h2load(stdout: str) -> H2loadSummary:
                          succeeded, failed, errored, timeout, duration_us(timing[3]))
 
 
-def log_latencies_us(log_text: str) -> list[float]:
-    """Per-request times from ``h2load --log-file`` (start us, status, us to the end)."""
-    return [float(line.split("\t")[2]) for line in log_text.splitlines() if line.strip()]
+def parse_log(log_text: str) -> list[tuple[int, float]]:
+    """(HTTP status, us to the end of the response) per request of ``h2load --log-file``
+    (columns: start us since the epoch, status, us to the end)."""
+    rows = (line.split("\t") for line in log_text.splitlines() if line.strip())
+    return [(int(cols[1]), float(cols[2])) for cols in rows]
+
+
+def status_counts(log: Sequence[tuple[int, float]]) -> dict[int, int]:
+    return dict(sorted(Counter(status for status, _ in log).items()))
 
 
 # -- CPU of a process tree ------------------------------------------------------------
@@ -111,15 +118,28 @@ def log_latencies_us(log_text: str) -> list[float]:
 class ProcStat:
     pid: int
     ppid: int
+    name: str
     ticks: int  # utime + stime + cutime + cstime
 
 
 def parse_proc_stat(text: str) -> ProcStat:
     """One /proc/<pid>/stat line; the command name may hold spaces and parentheses."""
     head, _, rest = text.rpartition(")")
+    pid, _, name = head.partition("(")
     fields = rest.split()  # fields[0] is field 3 (state) of proc(5)
     utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
-    return ProcStat(int(head.split("(", 1)[0]), int(fields[1]), utime + stime + cutime + cstime)
+    return ProcStat(int(pid), int(fields[1]), name, utime + stime + cutime + cstime)
+
+
+def process_tree(root: int, stats: Sequence[ProcStat]) -> list[ProcStat]:
+    """``root`` and all its descendants (by parent pid), root first."""
+    children: dict[int, list[ProcStat]] = {}
+    for s in stats:
+        children.setdefault(s.ppid, []).append(s)
+    found = [s for s in stats if s.pid == root][:1]
+    for s in found:  # grows while iterating: breadth first
+        found.extend(c for c in children.get(s.pid, ()) if c not in found)
+    return found
 
 
 def tree_ticks(root: int, stats: Sequence[ProcStat]) -> int:
@@ -127,21 +147,7 @@ def tree_ticks(root: int, stats: Sequence[ProcStat]) -> int:
     are in their parent's cutime/cstime, so a difference of two readings counts each
     tick once, also across a child that exited between them (e.g. an old HAProxy worker
     after a reload)."""
-    children: dict[int, list[ProcStat]] = {}
-    by_pid = {s.pid: s for s in stats}
-    for s in stats:
-        children.setdefault(s.ppid, []).append(s)
-    if root not in by_pid:
-        return 0
-    total, pending, seen = 0, [by_pid[root]], set()
-    while pending:
-        s = pending.pop()
-        if s.pid in seen:
-            continue
-        seen.add(s.pid)
-        total += s.ticks
-        pending.extend(children.get(s.pid, ()))
-    return total
+    return sum(s.ticks for s in process_tree(root, stats))
 
 
 def read_proc_stats() -> list[ProcStat]:
@@ -184,11 +190,12 @@ def settled_count(http_url: str, model: str, quiet_s: float, timeout_s: float = 
     return last
 
 
-def served_check(h2: H2loadSummary, served: int) -> str:
+def served_check(h2: H2loadSummary, served: int, statuses: Mapping[int, int]) -> str:
     """'' when Triton's count agrees with h2load's, else why not."""
     problems = []
     if h2.failed or h2.errored or h2.timeout:
-        problems.append(f"h2load: {h2.failed} failed, {h2.errored} errored, {h2.timeout} timeout")
+        problems.append(f"h2load: {h2.failed} failed, {h2.errored} errored, {h2.timeout} "
+                        f"timeout; HTTP statuses {dict(statuses)}")
     if served < h2.succeeded:
         problems.append(f"Triton served {served} < {h2.succeeded} h2load successes")
     if served > h2.started:
@@ -274,7 +281,8 @@ def measure(target: Target, work: Workload, protocol: str, in_flight: int, secon
     if done.returncode != 0:
         raise RuntimeError(f"h2load exited {done.returncode}: {done.stderr[-800:]}")
     h2 = parse_h2load(done.stdout)
-    latencies = log_latencies_us(log_file.read_text())
+    log = parse_log(log_file.read_text())
+    latencies = [us for _, us in log]
     if not latencies:
         raise RuntimeError(f"no request finished: {' '.join(cmd)}")
     # a batch Triton is still computing can take as long as the slowest answer did
@@ -283,7 +291,7 @@ def measure(target: Target, work: Workload, protocol: str, in_flight: int, secon
            if target.pid else None)
     return Sample(h2.req_per_s, statistics.median(latencies) / 1e3,
                   float(np.percentile(latencies, 99)) / 1e3, served, cpu,
-                  served_check(h2, served))
+                  served_check(h2, served, status_counts(log)))
 
 
 def warm_up(targets: Sequence[Target], works: Sequence[Workload], triton_http: str,
@@ -298,16 +306,26 @@ def interleaved(targets: Sequence[Target], works: Sequence[Workload], rounds: in
                 seconds: float, triton_http: str,
                 scratch: Path) -> dict[tuple[str, str, int, str], list[Sample]]:
     """Every cell (model, protocol, in flight) against every target once per round, the
-    targets' order rotated each round so that none always runs first."""
+    targets' order rotated each round so that none always runs first. A gateway that
+    stops answering is dropped from the rest of the run (with a line saying so)."""
     samples: dict[tuple[str, str, int, str], list[Sample]] = {}
+    dropped: set[str] = set()
     for r in range(rounds):
         order = [*targets[r % len(targets):], *targets[:r % len(targets)]]
         for work in works:
             for protocol in PROTOCOLS:
                 for in_flight in IN_FLIGHT:
-                    for target in order:
-                        s = measure(target, work, protocol, in_flight, seconds, triton_http,
-                                    scratch)
+                    for target in (t for t in order if t.name not in dropped):
+                        try:
+                            s = measure(target, work, protocol, in_flight, seconds,
+                                        triton_http, scratch)
+                        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
+                            if target.pid is None:
+                                raise
+                            dropped.add(target.name)
+                            say(f"dropped data plane {target.name} ({work.model} {protocol} "
+                                f"x{in_flight}): {str(err)[:300]}")
+                            continue
                         samples.setdefault((work.model, protocol, in_flight, target.name),
                                            []).append(s)
                         say(f"round {r + 1}/{rounds} {work.model} {protocol} x{in_flight} "
@@ -463,6 +481,20 @@ def serve_help() -> str:
     return done.stdout + done.stderr
 
 
+def last_words(log_tail: str) -> str:
+    """The last line of a log tail that says something (not a box drawn around it)."""
+    lines = [ln.strip(" │╭╮╰╯─|") for ln in log_tail.splitlines()]
+    return next((ln for ln in reversed(lines) if any(c.isalnum() for c in ln)), "?")[:300]
+
+
+def describe_tree(plane: str, pid: int) -> None:
+    """Say whose CPU is counted: a process outside the gateway's tree would be missed."""
+    members = process_tree(pid, read_proc_stats())
+    say(f"data plane {plane}: CPU counted over {', '.join(f'{m.name}({m.pid})' for m in members)}")
+    if plane == "haproxy" and not any(m.name.startswith("haproxy") for m in members):
+        say("WARNING: no haproxy process below this gateway: its CPU would not be counted")
+
+
 @contextlib.contextmanager
 def stack(workdir: Path, planes: Sequence[Plane]) -> Iterator[tuple[TritonEndpoints, list[Target]]]:
     """A local Triton with both models, and one gateway per data plane in front of it."""
@@ -483,11 +515,11 @@ def stack(workdir: Path, planes: Sequence[Plane]) -> Iterator[tuple[TritonEndpoi
             try:
                 gateway = gateways.enter_context(run_gateway(pools, log_dir, *args))
             except RuntimeError as err:
-                why = str(err).strip().splitlines()[-1:] or ["?"]
                 say(f"skipped data plane {name}: the gateway with {list(args)} did not start "
-                    f"({why[0][:300]})")
+                    f"({last_words(str(err))})")
                 continue
             targets.append(Target(name, gateway, gateway.proc.pid))
+            describe_tree(name, gateway.proc.pid)
         yield ep, targets
 
 

@@ -55,14 +55,21 @@ def test_duration_us_converts_every_unit_h2load_prints(text: str, us: float) -> 
     assert bd.duration_us(text) == pytest.approx(us)
 
 
-def test_log_latencies_reads_the_third_column_when_lines_are_tab_separated() -> None:
-    log = "1796117577143390\t200\t2839\n1796117577143391\t200\t120\n\n"
-    assert bd.log_latencies_us(log) == [2839.0, 120.0]
+def test_parse_log_reads_status_and_time_when_lines_are_tab_separated() -> None:
+    log = bd.parse_log("1796117577143390\t200\t2839\n1796117577143391\t503\t120\n\n"
+                       "1796117577143392\t200\t99\n")
+    assert log == [(200, 2839.0), (503, 120.0), (200, 99.0)]
+    assert bd.status_counts(log) == {200: 2, 503: 1}
+
+
+def test_last_words_skips_the_box_a_cli_error_is_drawn_in() -> None:
+    tail = "Usage: gateway serve\n╭─ Error ─╮\n│ No such option: --nope │\n╰─────────╯\n"
+    assert bd.last_words(tail) == "No such option: --nope"
 
 
 def test_parse_proc_stat_sums_four_tick_fields_when_the_name_has_parentheses() -> None:
     s = bd.parse_proc_stat(stat_line(42, "haproxy (worker) x", 7, 10, 5, 3, 1))
-    assert (s.pid, s.ppid, s.ticks) == (42, 7, 19)
+    assert (s.pid, s.ppid, s.name, s.ticks) == (42, 7, "haproxy (worker) x", 19)
 
 
 def test_parse_proc_stat_reads_this_process_when_given_the_real_file() -> None:
@@ -71,20 +78,22 @@ def test_parse_proc_stat_reads_this_process_when_given_the_real_file() -> None:
 
 
 def test_tree_ticks_counts_live_descendants_but_not_other_processes() -> None:
-    stats = [bd.ProcStat(10, 1, 100),   # the gateway
-             bd.ProcStat(11, 10, 20),   # haproxy master
-             bd.ProcStat(12, 11, 300),  # haproxy worker: a grandchild
-             bd.ProcStat(20, 1, 999),   # Triton: not the gateway's
-             bd.ProcStat(21, 20, 50)]
+    stats = [bd.ProcStat(12, 11, "haproxy", 300),  # worker: a grandchild, listed first
+             bd.ProcStat(10, 1, "python", 100),    # the gateway
+             bd.ProcStat(11, 10, "haproxy", 20),   # master
+             bd.ProcStat(20, 1, "tritonserver", 999),  # not the gateway's
+             bd.ProcStat(21, 20, "stub", 50)]
+    assert [s.pid for s in bd.process_tree(10, stats)] == [10, 11, 12]
     assert bd.tree_ticks(10, stats) == 420
     assert bd.tree_ticks(99, stats) == 0
 
 
 def test_tree_ticks_difference_keeps_a_reaped_child_once_when_it_exited_between_reads() -> None:
-    before = [bd.ProcStat(10, 1, 100), bd.ProcStat(11, 10, 40), bd.ProcStat(12, 11, 30)]
+    before = [bd.ProcStat(10, 1, "gw", 100), bd.ProcStat(11, 10, "m", 40),
+              bd.ProcStat(12, 11, "w", 30)]
     # worker 12 burnt 5 more ticks, exited and was reaped: its 35 land in 11's cutime
-    after = [bd.ProcStat(10, 1, 110), bd.ProcStat(11, 10, 40 + 2 + 35),
-             bd.ProcStat(13, 11, 7)]  # its replacement
+    after = [bd.ProcStat(10, 1, "gw", 110), bd.ProcStat(11, 10, "m", 40 + 2 + 35),
+             bd.ProcStat(13, 11, "w", 7)]  # its replacement
     assert bd.tree_ticks(10, after) - bd.tree_ticks(10, before) == 10 + 2 + 5 + 7
 
 
@@ -118,10 +127,11 @@ def test_success_count_sums_versions_when_triton_reports_several() -> None:
 
 def test_served_check_flags_grpc_errors_when_triton_served_fewer_than_h2load_counted() -> None:
     h2 = bd.parse_h2load(H2LOAD_OUT.replace("2 failed", "0 failed"))
-    assert bd.served_check(h2, 25250) == ""
-    assert "Triton served 100 < 25240" in bd.served_check(h2, 100)
-    assert "> 25258 requests sent" in bd.served_check(h2, 30000)
-    assert "2 failed" in bd.served_check(bd.parse_h2load(H2LOAD_OUT), 25250)
+    assert bd.served_check(h2, 25250, {200: 25242}) == ""
+    assert "Triton served 100 < 25240" in bd.served_check(h2, 100, {200: 25242})
+    assert "> 25258 requests sent" in bd.served_check(h2, 30000, {200: 25242})
+    problem = bd.served_check(bd.parse_h2load(H2LOAD_OUT), 25250, {200: 25240, 429: 2})
+    assert "2 failed" in problem and "{200: 25240, 429: 2}" in problem
 
 
 def test_h2load_command_multiplexes_grpc_and_opens_one_http1_connection_per_request(
