@@ -166,9 +166,19 @@ def _global(layout: Layout) -> str:
         "global",
         f"  nbthread {layout.nbthread}",
         f"  stats socket {layout.admin_socket} mode 600 level admin expose-fd listeners",
-        f"  log {layout.log_socket} len 2048 format raw local0",
+        "  log ring@telemetry len 2048 format raw local0",
         "  hard-stop-after 30s",
         *(f"  {line}" for line in layout.extra_global),
+        "",
+        # a ring buffer streamed to the control plane: bursts wait in the ring instead of
+        # being dropped (a datagram socket's queue is a few lines long)
+        "ring telemetry",
+        "  format raw",
+        "  maxlen 2048",
+        "  size 16777216",
+        "  timeout connect 2s",
+        "  timeout server 300s",
+        f"  server control unix@{layout.log_socket}",
     ]
     return "\n".join(lines) + "\n"
 

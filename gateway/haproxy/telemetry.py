@@ -1,5 +1,5 @@
-"""Per-request telemetry from HAProxy: one log line per inference request, sent to a
-unix datagram socket this process reads, counted into the gateway's ``infergate_*``
+"""Per-request telemetry from HAProxy: one log line per inference request, streamed from
+HAProxy's ring buffer to a unix socket this process reads, counted into the gateway's ``infergate_*``
 metrics (same names, labels and meaning as the Python data plane's).
 
 The line (``render.LOG_FORMAT``): ``model pool proto status grpc_status Tt outcome
@@ -83,48 +83,63 @@ class RequestLog:
 
 
 class LogReceiver:
-    """Binds the datagram socket HAProxy logs to and feeds :class:`RequestLog`."""
+    """Listens on the unix socket HAProxy's ring forwards to (one connection per HAProxy
+    worker: a reload brings a new one) and feeds :class:`RequestLog`, line by line."""
 
     def __init__(self, path: Path, request_log: RequestLog) -> None:
         self.path = path
         self.request_log = request_log
         self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # RequestLog's caches are not shared across readers
 
     def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(str(self.path))
         os.chmod(self.path, 0o600)
+        sock.listen(8)
         self._sock = sock
-        self._thread = threading.Thread(target=self._loop, name="haproxy-log", daemon=True)
-        self._thread.start()
+        self._spawn(self._accept_loop, "haproxy-log-accept")
 
-    def _loop(self) -> None:
+    def _spawn(self, target: Any, name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept_loop(self) -> None:
         assert self._sock is not None
-        record = self.request_log.record
         while True:
             try:
-                data = self._sock.recv(4096)
+                conn, _ = self._sock.accept()
             except OSError:
                 return  # closed
-            if not data:
-                return
-            try:
-                record(data.decode("utf-8", "replace"))
-            except Exception:  # noqa: BLE001 - one bad line must not stop the counting
-                log.exception("bad HAProxy log line %r", data[:200])
+            self._spawn(self._read_loop, "haproxy-log", conn)
+
+    def _read_loop(self, conn: socket.socket) -> None:
+        record = self.request_log.record
+        pending = b""
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(262144)
+                except OSError:
+                    return
+                if not data:
+                    return
+                *lines, pending = (pending + data).split(b"\n")
+                with self._lock:
+                    for line in lines:
+                        try:
+                            record(line.decode("utf-8", "replace"))
+                        except Exception:  # noqa: BLE001 - one bad line must not stop it
+                            log.exception("bad HAProxy log line %r", line[:200])
 
     def stop(self) -> None:
         if self._sock is not None:
-            # a zero-length datagram wakes the thread, which then sees the socket closed
-            with contextlib.suppress(OSError), socket.socket(
-                    socket.AF_UNIX, socket.SOCK_DGRAM) as poke:
-                poke.sendto(b"", str(self.path))
-            if self._thread is not None:
-                self._thread.join(timeout=2)
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
             self._sock.close()
             self._sock = None
         with contextlib.suppress(FileNotFoundError):

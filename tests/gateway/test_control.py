@@ -58,7 +58,7 @@ def test_gateway_applies_batching_policy_when_slo_given(tiny_repo: Path, tmp_pat
 
 
 def test_gateway_finds_members_by_dns_when_pool_declares_service_name(
-    tiny_repo: Path, tmp_path: Path
+    tiny_repo: Path, tmp_path: Path, data_plane: str
 ) -> None:
     with LocalTriton(triton_settings(tiny_repo, tmp_path, TINY_MODEL_NAME)) as triton:
         e = triton.endpoints
@@ -66,14 +66,25 @@ def test_gateway_finds_members_by_dns_when_pool_declares_service_name(
         config = {"pools": [{"name": "headless", "dns": "localhost", "dns_ports": {
             "http_port": e.http_port, "grpc_port": e.grpc_port, "metrics_port": e.metrics_port}}]}
         (tmp_path / "dns.yaml").write_text(yaml.safe_dump(config))
-        with run_gateway(tmp_path / "dns.yaml", tmp_path) as gw:
+        with run_gateway(tmp_path / "dns.yaml", tmp_path, data_plane=data_plane) as gw:
             client = httpclient.InferenceServerClient(gw.http_url)
             assert client.is_model_ready(TINY_MODEL_NAME)
+            inp = httpclient.InferInput("x", [1, TINY_WIDTH], "FP32")
+            inp.set_data_from_numpy(np.ones((1, TINY_WIDTH), np.float32))
+            # inference too: on HAProxy the member found by DNS joined by a reload
+            assert wait_until(lambda: _infers(client, inp), 10)
             client.close()
 
 
+def _infers(client: httpclient.InferenceServerClient, inp: httpclient.InferInput) -> bool:
+    try:
+        return client.infer(TINY_MODEL_NAME, [inp]).as_numpy("y") is not None
+    except Exception:  # noqa: BLE001 - not routable yet
+        return False
+
+
 def test_gateway_drains_in_flight_requests_when_sigterm(triton: LocalTriton,
-                                                         tmp_path: Path) -> None:
+                                                         tmp_path: Path, data_plane: str) -> None:
     assert triton.endpoints is not None
     pools = pools_yaml(tmp_path / "p.yaml", {"local": [triton.endpoints]})
     x = np.random.default_rng(0).normal(size=(32, 3, 224, 224)).astype(np.float32)
@@ -85,15 +96,19 @@ def test_gateway_drains_in_flight_requests_when_sigterm(triton: LocalTriton,
         calls = [asyncio.create_task(client.infer(SAMPLE_MODEL_NAME, [inp])) for _ in range(3)]
         await asyncio.sleep(0.3)  # requests are in flight (batch 32 takes a while)
         terminate()  # type: ignore[operator]
-        await asyncio.sleep(0.2)
         async with httpx.AsyncClient() as h:
-            ready = (await h.get(f"http://{gw_http}/v2/health/ready")).status_code
+            ready = 200
+            for _ in range(50):  # readiness turns false within a second of SIGTERM
+                ready = (await h.get(f"http://{gw_http}/v2/health/ready")).status_code
+                if ready == 503:
+                    break
+                await asyncio.sleep(0.02)
         results = await asyncio.gather(*calls, return_exceptions=True)
         await client.close()
         shapes = [r.as_numpy("logits").shape[0] for r in results if not isinstance(r, Exception)]
         return shapes, ready == 503
 
-    with run_gateway(pools, tmp_path) as gw:
+    with run_gateway(pools, tmp_path, data_plane=data_plane) as gw:
         started = time.monotonic()
         shapes, not_ready = asyncio.run(
             scenario(gw.http_url, lambda: gw.proc.send_signal(signal.SIGTERM))

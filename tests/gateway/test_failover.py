@@ -70,7 +70,7 @@ async def steady_load(http_url: str, grpc_url: str, seconds: float,
 
 
 def test_gateway_loses_no_request_when_member_killed_and_rejoins_when_restarted(
-    tiny_repo: Path, tmp_path: Path
+    tiny_repo: Path, tmp_path: Path, data_plane: str
 ) -> None:
     a = LocalTriton(triton_settings(tiny_repo, tmp_path / "a", TINY_MODEL_NAME))
     b = LocalTriton(triton_settings(tiny_repo, tmp_path / "b", TINY_MODEL_NAME))
@@ -78,7 +78,7 @@ def test_gateway_loses_no_request_when_member_killed_and_rejoins_when_restarted(
     try:
         ea, eb = a.start(), b.start()
         pools = pools_yaml(tmp_path / "pools.yaml", {"pair": [ea, eb]})
-        with run_gateway(pools, tmp_path) as gw:
+        with run_gateway(pools, tmp_path, data_plane=data_plane) as gw:
             assert set(member_health(gw.http_url).values()) == {1.0}
             kill_at = time.monotonic() + 1.5
             schedule = [(kill_at, lambda: os.kill(a.pid or 0, signal.SIGKILL))]
