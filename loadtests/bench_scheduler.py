@@ -146,18 +146,31 @@ def plan_time(gpus: int = 1000, pools: int = 5000, repeats: int = 3, seed: int =
 def disruption(
     gpus: int = 32, pools: int = 40, seed: int = 3, time_limit_s: float = 10.0
 ) -> list[Row]:
-    """Re-plan after every pool's demand moves by up to +/-10%."""
+    """Re-plan after every pool's demand moves by up to +/-10%.
+
+    Disruption is counted as mig-parted causes it: a GPU whose profile counts change is
+    rebuilt and loses every instance (``instances destroyed``); ``disrupted`` adds the
+    instances handed to another pool or no longer needed. The first plan packs an empty
+    fleet for efficiency; the re-plan runs under each objective, ``auto`` being the
+    default (stability, since the fleet now runs pools).
+    """
     rng = random.Random(seed)
     specs = synthetic_pools(pools, rng, load=1.2, sizes=SMALL_MODELS)
     fleet = synthetic_fleet(gpus)
+    first = plan_placement(
+        PlanningRequest(
+            fleet=fleet,
+            pools=specs,
+            options=PlannerOptions(objective="efficiency", time_limit_s=time_limit_s, seed=seed),
+        ),
+        rng=random.Random(seed),
+    )
+    change = random.Random(seed + 1)
+    targets = {p.name: p.target_rps * change.uniform(0.9, 1.1) for p in specs}
+    instances = sum(p.replicas_placed for p in first.pools)
     rows = []
-    for objective in ("efficiency", "stability"):
+    for objective in ("efficiency", "stability", "auto"):
         options = PlannerOptions(objective=objective, time_limit_s=time_limit_s, seed=seed)
-        first = plan_placement(
-            PlanningRequest(fleet=fleet, pools=specs, options=options), rng=random.Random(seed)
-        )
-        change = random.Random(seed + 1)
-        targets = {p.name: p.target_rps * change.uniform(0.9, 1.1) for p in specs}
         again = plan_placement(
             PlanningRequest(
                 fleet=fleet_after(fleet, first), pools=with_targets(specs, targets), options=options
@@ -165,19 +178,25 @@ def disruption(
             rng=random.Random(seed),
         )
         m = again.metrics
-        instances = sum(p.replicas_placed for p in first.pools)
         rows.append(
             _row(
-                f"disruption after a 10% demand change ({objective})",
-                f"{m.instances_moved} instances moved "
-                f"({100 * m.instances_moved / max(1, instances):.0f}%), "
-                f"{m.gpus_repartitioned} GPUs repartitioned",
+                f"re-plan after a 10% demand change ({objective})",
+                f"{m.instances_disrupted} instances disrupted "
+                f"({100 * m.instances_disrupted / max(1, instances):.0f}%), "
+                f"{m.instances_destroyed} destroyed by {m.gpus_repartitioned} GPU rebuilds",
                 "low",
                 None,
                 f"{instances} instances on {first.metrics.gpus_used} GPUs before; "
-                f"{m.gpus_used} GPUs after; solver {again.solver} ({again.solver_status})",
+                f"{m.gpus_used} GPUs after; {m.instances_kept} kept, {m.instances_moved} moved, "
+                f"{m.instances_removed} removed; objective {again.objective}; "
+                f"solver {again.solver} ({again.solver_status})",
+                disrupted_instances_ratio=m.instances_disrupted / max(1, instances),
                 moved_instances_ratio=m.instances_moved / max(1, instances),
                 repartitioned_gpus_ratio=m.gpus_repartitioned / max(1, first.metrics.gpus_used),
+                instances_disrupted=m.instances_disrupted,
+                instances_destroyed=m.instances_destroyed,
+                gpus_repartitioned=m.gpus_repartitioned,
+                gpus_used=m.gpus_used,
             )
         )
     return rows

@@ -12,6 +12,7 @@ from typing import Any
 from scheduler import diagnose
 from scheduler.layouts import fragmentation, largest_placeable, mask_of
 from scheduler.leftover import FreeSpace
+from scheduler.objective import rebuilt
 from scheduler.plan import GpuPlan, PlacementPlan, PlanMetrics, PlannedInstance, PoolOutcome
 from scheduler.profiles import MEMORY_SLOTS, PROFILES, WHOLE_DEVICE
 from scheduler.request import PlanningRequest
@@ -43,34 +44,51 @@ def _instance(
     )
 
 
+def _kept_layout(gpu: GpuView, planned: list[Planned]) -> tuple[PlannedInstance, ...]:
+    """A GPU mig-parted leaves alone: its current instances where they are, handed to the
+    planned pools by profile (a pool keeps the instances it runs first), the rest idle."""
+    wanted: dict[int, list[str]] = {}
+    for pool, p, _ in planned:
+        wanted.setdefault(p, []).append(pool)
+    current = sorted(gpu.current, key=lambda c: c.start)
+    owner: dict[int, str | None] = {}
+    for i, c in enumerate(current):  # first, pools that already run this instance
+        if c.pool is not None and c.pool in wanted.get(c.profile, ()):
+            wanted[c.profile].remove(c.pool)
+            owner[i] = c.pool
+    for i, c in enumerate(current):
+        if i not in owner:
+            rest = wanted.get(c.profile)
+            owner[i] = rest.pop(0) if rest else None
+    return tuple(
+        _instance(gpu, c.profile, c.start, owner[i], owner[i] is not None and owner[i] == c.pool)
+        for i, c in enumerate(current)
+    )
+
+
 def gpu_plan(gpu: GpuView, planned: list[Planned]) -> GpuPlan:
-    current = {(c.profile, c.start): c.pool for c in gpu.current}
     base: dict[str, Any] = {"node": gpu.node, "index": gpu.index, "gpu_type": gpu.kind.name}
     if not gpu.kind.mig_capable:
+        current = {(c.profile, c.start): c.pool for c in gpu.current}
         instances = tuple(
             _instance(gpu, p, s, pool, current.get((p, s)) == pool) for pool, p, s in planned
         )
         return GpuPlan(**base, mig_enabled=False, repartition=False, instances=instances)
-    wanted = {(p, s): pool for pool, p, s in planned}
-    repartition = any(key not in current for key in wanted)
-    if repartition:
+    repartition = rebuilt(gpu, (p for _, p, _ in planned))
+    if repartition:  # mig-parted destroys every instance and creates the planned set
         instances = tuple(
-            _instance(gpu, p, s, pool, current.get((p, s)) == pool)
-            for pool, p, s in sorted(planned, key=lambda x: x[2])
+            _instance(gpu, p, s, pool, False) for pool, p, s in sorted(planned, key=lambda x: x[2])
         )
-    else:  # the current layout stays; instances no pool needs are left idle
-        instances = tuple(
-            _instance(gpu, p, s, wanted.get((p, s)), wanted.get((p, s), "") == pool)
-            for (p, s), pool in sorted(current.items(), key=lambda kv: kv[0][1])
-        )
-    mask = mask_of(wanted)
+    else:
+        instances = _kept_layout(gpu, planned)
+    mask = mask_of((i.profile_id, i.start) for i in instances)
     largest = largest_placeable(mask)
     return GpuPlan(
         **base,
         mig_enabled=gpu.mig_enabled or repartition,
         repartition=repartition,
         instances=instances,
-        fragmentation=fragmentation(mask) if wanted else 0,
+        fragmentation=fragmentation(mask) if planned else 0,
         largest_free=None if largest is None else gpu.kind.profile_name(largest),
     )
 
@@ -90,6 +108,10 @@ def _metrics(
         for pool, n in snapshot.current_by_pool.items()
     )
     removed = sum(max(0, n - placed.get(pool, 0)) for pool, n in snapshot.current_by_pool.items())
+    destroyed = sum(
+        1 for g, view in zip(gpus, snapshot.gpus, strict=True) if g.repartition
+        for c in view.current if c.pool is not None
+    )  # fmt: skip
     used = [g for g in gpus if g.used]
     return PlanMetrics(
         gpus_total=len(gpus),
@@ -101,6 +123,8 @@ def _metrics(
         instances_moved=moved,
         instances_kept=sum(kept.values()),
         instances_removed=removed,
+        instances_disrupted=sum(snapshot.current_by_pool.values()) - sum(kept.values()),
+        instances_destroyed=destroyed,
         pools_placed=sum(o.status == "placed" for o in outcomes),
         pools_degraded=sum(o.status == "degraded" for o in outcomes),
         pools_unplaced=sum(o.status == "unplaced" for o in outcomes),

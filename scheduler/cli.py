@@ -35,7 +35,13 @@ PoolsPath = Annotated[
     Path, typer.Option(exists=True, dir_okay=False, help="pools.yaml (Triton pools)")
 ]
 Solver = Annotated[str, typer.Option(help="auto, exact (CP-SAT) or heuristic")]
-Objective = Annotated[str, typer.Option(help="efficiency or stability")]
+Objective = Annotated[
+    str,
+    typer.Option(
+        help="auto (stability when the fleet already runs pools, else efficiency), "
+        "efficiency or stability"
+    ),
+]
 
 
 def _fail(error: SchedulerError) -> typer.Exit:
@@ -89,7 +95,7 @@ def plan_command(
     fleet: FleetPath,
     pools: PoolsPath,
     solver: Solver = "auto",
-    objective: Objective = "efficiency",
+    objective: Objective = "auto",
     time_limit: Annotated[float, typer.Option(help="Seconds CP-SAT may use.")] = 10.0,
     seed: Annotated[int, typer.Option(help="Random seed (ties, restarts, CP-SAT).")] = 0,
     headroom: Annotated[float, typer.Option(help="Multiplier on every pool's target_rps.")] = 1.0,
@@ -143,7 +149,7 @@ def apply_command(
         float, typer.Option(help="Seconds to wait for MIG Manager (0: do not).")
     ] = 900.0,
     solver: Solver = "auto",
-    objective: Objective = "efficiency",
+    objective: Objective = "auto",
     time_limit: Annotated[float, typer.Option()] = 10.0,
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:

@@ -2,22 +2,25 @@
 
 One Boolean per (pool, eligible GPU, valid start slot); the slot rules are constraints
 (at most one instance covers each memory slot, per-profile maximums, no 4g beside 3g on
-drivers before R510). The objective is the one in :mod:`scheduler.objective`, minimised
+drivers before R510). Disruption follows mig-parted (:mod:`scheduler.objective`): a GPU
+is rebuilt when some profile's planned count exceeds its current count, and only a GPU
+that is not rebuilt keeps instances (and its current slots, hence its fragmentation).
+The objective is the one in :mod:`scheduler.objective`, minimised
 lexicographically term by term. The heuristic's plan is given as a hint, so the result
 is never worse than the heuristic's when time runs out.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from scheduler.layouts import FREE_WINDOWS
+from scheduler.layouts import FREE_WINDOWS, fragmentation, mask_of
 from scheduler.objective import Assignment, score
 from scheduler.profiles import MEMORY_SLOTS, PROFILES, WHOLE_DEVICE
-from scheduler.snapshot import Snapshot
+from scheduler.snapshot import GpuView, Snapshot
 
 Var = cp_model.IntVar
 
@@ -45,10 +48,56 @@ class _Model:
     """Objective terms (expression, upper bound) in order of importance."""
 
 
+Item = tuple[str, int, int, cp_model.IntVar]
+"""(pool, profile, start, placement variable) on one GPU."""
+
+
+def _rebuilt_var(m: cp_model.CpModel, gpu: GpuView, items: list[Item]) -> Var | None:
+    """True when mig-parted must rebuild the GPU: some profile is planned more often than
+    the GPU has it now (see :func:`scheduler.objective.rebuilt`). None: it never must."""
+    if not gpu.kind.mig_capable:
+        return None
+    have = Counter(c.profile for c in gpu.current) if gpu.mig_enabled else Counter()
+    r: Var | None = None
+    exceeds: list[Var] = []
+    for pid in PROFILES:
+        of_profile = [v for _, p, _, v in items if p == pid]
+        if len(of_profile) <= have[pid]:
+            continue
+        if r is None:
+            r = m.new_bool_var(f"rebuilt_{gpu.position}")
+        m.add(sum(of_profile) <= have[pid] + len(of_profile) * r)
+        e = m.new_bool_var(f"exceeds_{gpu.position}_{pid}")
+        m.add(sum(of_profile) >= have[pid] + 1).only_enforce_if(e)
+        exceeds.append(e)
+    if r is not None:  # and only then: a rebuild nobody needs is not free to choose
+        m.add(r <= sum(exceeds))
+    return r
+
+
+def _kept_vars(
+    m: cp_model.CpModel, gpu: GpuView, items: list[Item], rebuilt: Var | None
+) -> list[Var]:
+    """Per (pool, profile) the GPU runs now: instances that keep serving it, at most
+    min(planned, current) and none when the GPU is rebuilt."""
+    have = Counter((c.pool, c.profile) for c in gpu.current if c.pool is not None)
+    out = []
+    for (pool, pid), n in sorted(have.items()):
+        planned = [v for q, p, _, v in items if q == pool and p == pid]
+        if not planned:
+            continue
+        k = m.new_int_var(0, n, f"kept_{gpu.position}_{pool}_{pid}")
+        m.add(k <= sum(planned))
+        if rebuilt is not None:
+            m.add(k <= n * (1 - rebuilt))
+        out.append(k)
+    return out
+
+
 def _gpu_constraints(
     m: cp_model.CpModel,
     snapshot: Snapshot,
-    by_gpu: dict[int, list[tuple[str, int, int, cp_model.IntVar]]],
+    by_gpu: dict[int, list[Item]],
 ) -> tuple[list[Var], list[cp_model.LinearExprT], list[Var], list[Var]]:
     used: list[Var] = []
     frags: list[cp_model.LinearExprT] = []
@@ -62,8 +111,10 @@ def _gpu_constraints(
         used.append(use)
         for _, _, _, v in items:
             m.add_implication(v, use)
-        owner = {(c.profile, c.start): c.pool for c in gpu.current}
-        kept.extend(v for pool, p, s, v in items if owner.get((p, s)) == pool)
+        r = _rebuilt_var(m, gpu, items)
+        if r is not None:
+            repartitioned.append(r)
+        kept.extend(_kept_vars(m, gpu, items, r))
         if not gpu.current:
             pools = frozenset(pool for pool, _, _, _ in items)
             groups[(gpu.kind.name, gpu.family, pools, gpu.node if per_node else "")].append(g)
@@ -97,14 +148,15 @@ def _gpu_constraints(
             windows.append(size * free)
         m.add_max_equality(largest, windows)
         m.add(largest + sum(occ) <= MEMORY_SLOTS)  # tightens the LP: fragmentation >= 0
-        frags.append(MEMORY_SLOTS - sum(occ) - largest)
-        current = gpu.current_placements
-        changed = [v for _, p, s, v in items if (p, s) not in current]
-        if changed:
-            r = m.new_bool_var(f"repartitioned_{g}")
-            for v in changed:
-                m.add_implication(v, r)
-            repartitioned.append(r)
+        planned_frag = MEMORY_SLOTS - sum(occ) - largest
+        current_frag = fragmentation(mask_of(gpu.current_placements))
+        if r is None:  # never rebuilt: the current layout stays, whatever slots are planned
+            frags.append(current_frag * use)
+            continue
+        frag = m.new_int_var(0, MEMORY_SLOTS, f"frag_{g}")
+        m.add(frag >= planned_frag - MEMORY_SLOTS * (1 - r))
+        m.add(frag >= current_frag * use - MEMORY_SLOTS * r)
+        frags.append(frag)
     # Interchangeable empty GPUs: use them in index order (symmetry breaking).
     use_of = dict(zip(sorted(by_gpu), used, strict=True))
     for members in groups.values():

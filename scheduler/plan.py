@@ -20,7 +20,9 @@ class PlannedInstance(Frozen):
     start: int
     memory_slices: int
     pool: str | None = Field(description="None: an existing instance left idle.")
-    kept: bool = Field(default=False, description="The pool already ran here.")
+    kept: bool = Field(
+        default=False, description="The pool already runs this instance and keeps it."
+    )
 
 
 class GpuPlan(Frozen):
@@ -28,7 +30,9 @@ class GpuPlan(Frozen):
     index: int
     gpu_type: str
     mig_enabled: bool
-    repartition: bool = Field(description="MIG Manager must reconfigure this GPU.")
+    repartition: bool = Field(
+        description="mig-parted rebuilds this GPU: every current instance is destroyed."
+    )
     instances: tuple[PlannedInstance, ...] = ()
     fragmentation: int = 0
     largest_free: str | None = Field(
@@ -71,6 +75,14 @@ class PlanMetrics(Frozen):
     instances_kept: int
     instances_removed: int = Field(
         default=0, description="Current instances a pool no longer gets (scaled down, preempted)."
+    )
+    instances_disrupted: int = Field(
+        default=0,
+        description="Current pool instances that do not keep serving their pool in place "
+        "(destroyed by a rebuild, handed to another pool, or no longer needed).",
+    )
+    instances_destroyed: int = Field(
+        default=0, description="Current pool instances on GPUs mig-parted rebuilds."
     )
     pools_placed: int
     pools_degraded: int

@@ -146,6 +146,8 @@ def plan_placement(
 ) -> PlacementPlan:
     """Plan MIG layouts and pool placement for ``request`` (see the module docstring)."""
     started = clock()
+    asked = request
+    request = request.with_objective_resolved()
     options = request.options
     rng = rng if rng is not None else random.Random(options.seed)
     snapshot = build_snapshot(request)
@@ -162,7 +164,7 @@ def plan_placement(
         request,
         snapshot,
         placements,
-        plan_id=plan_id(request),
+        plan_id=plan_id(asked),
         solver=solver,
         solver_status=status,
         solve_seconds=clock() - started,

@@ -21,10 +21,11 @@ Loc = tuple[str | int, ...]
 
 class PlannerOptions(Frozen):
     solver: Literal["auto", "exact", "heuristic"] = "auto"
-    objective: Literal["efficiency", "stability"] = Field(
-        default="efficiency",
+    objective: Literal["auto", "efficiency", "stability"] = Field(
+        default="auto",
         description="efficiency: GPUs, fragmentation, then disruption. "
-        "stability: disruption first (re-plans that move as little as possible).",
+        "stability: disruption first (re-plans that move as little as possible). "
+        "auto: stability when the fleet already runs pools (a re-plan), else efficiency.",
     )
     time_limit_s: float = Field(default=10.0, gt=0, le=600)
     exact_max_variables: int = Field(
@@ -43,6 +44,25 @@ class PlanningRequest(Frozen):
     fleet: Fleet
     pools: tuple[PoolSpec, ...] = ()
     options: PlannerOptions = PlannerOptions()
+
+    @property
+    def runs_pools(self) -> bool:
+        """Whether any GPU of the fleet serves a pool now (planning again, not afresh)."""
+        return any(
+            g.pool is not None or (g.mig is not None and any(i.pool for i in g.mig.instances))
+            for n in self.fleet.nodes
+            for g in n.gpus
+        )
+
+    def with_objective_resolved(self) -> PlanningRequest:
+        """``auto`` made concrete: a running fleet is re-planned for stability (each
+        rebuilt GPU stops every pod on it), an idle one packed for efficiency."""
+        if self.options.objective != "auto":
+            return self
+        objective = "stability" if self.runs_pools else "efficiency"
+        return self.model_copy(
+            update={"options": self.options.model_copy(update={"objective": objective})}
+        )
 
 
 def _gpu_problems(gpu: GpuSpec, loc: Loc) -> Iterator[InputProblem]:

@@ -60,18 +60,23 @@ def _slot_rules(gpu: GpuPlan, node: NodeSpec) -> list[str]:
 
 
 def _repartition_rule(gpu: GpuPlan, spec: GpuSpec) -> list[str]:
+    """mig-parted's semantics: a GPU whose counts are unchanged is left exactly as it is;
+    any other is rebuilt, and a rebuild destroys every instance on it."""
     if not GPU_TYPES[gpu.gpu_type].mig_capable:
         return []
     enabled = spec.mig is not None and spec.mig.enabled
-    current = set()
+    current: list[tuple[int | None, int]] = []
     if enabled and spec.mig is not None:
         kind = GPU_TYPES[spec.type]
-        current = {(kind.resolve_profile(i.profile), i.start) for i in spec.mig.instances}
-    planned = {(i.profile_id, i.start) for i in gpu.instances}
-    if not gpu.repartition and planned != current:
+        current = [(kind.resolve_profile(i.profile), i.start) for i in spec.mig.instances]
+    planned = [(i.profile_id, i.start) for i in gpu.instances]
+    have, want = Counter(p for p, _ in current), Counter(p for p, _ in planned)
+    if not gpu.repartition and sorted(planned) != sorted(current):
         return [f"{gpu.key}: layout changes but repartition is not flagged"]
-    if gpu.repartition and planned <= current and enabled:
-        return [f"{gpu.key}: flagged for repartition though the current layout serves"]
+    if gpu.repartition and enabled and all(n <= have[p] for p, n in want.items()):
+        return [f"{gpu.key}: flagged for repartition though the current instances serve"]
+    if gpu.repartition and any(i.kept for i in gpu.instances):
+        return [f"{gpu.key}: instances kept on a GPU mig-parted rebuilds"]
     return []
 
 

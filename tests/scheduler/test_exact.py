@@ -42,18 +42,35 @@ def test_exact_keeps_current_layout_when_it_is_already_optimal() -> None:
     assert (s.gpus_repartitioned, s.instances_moved, s.instances_kept) == (0, 0, 3)
 
 
-@pytest.mark.parametrize(("objective", "expected"), [("efficiency", (0, 1)), ("stability", (1, 0))])
-def test_exact_trades_fragmentation_for_disruption_when_objective_says(
-    objective: str, expected: tuple[int, int]
-) -> None:
-    # 3g@0 + 2g@4 + 1g@6 strands slot 7 (fragmentation 1); 2g@0 + 1g@2 + 3g@4 does not.
+@pytest.mark.parametrize("objective", ["efficiency", "stability"])
+def test_exact_cannot_defragment_by_moving_slots_when_counts_stay_the_same(objective: str) -> None:
+    # 3g@0 + 2g@4 + 1g@6 strands slot 7; 2g@0 + 1g@2 + 3g@4 would not. Both have the same
+    # counts, so mig-parted leaves the GPU alone: no plan can reach the second layout.
     nodes = [node("n", [gpu(0, layout=[(9, 0, "a"), (14, 4, "b"), (19, 6, "c")])])]
     pools = [pool("a", {9: 100}), pool("b", {14: 100}), pool("c", {19: 100})]
     snapshot = build_snapshot(request(nodes, pools))
     result = solve_exact(snapshot, objective, 10.0, 1, 0)
     assert result is not None
     s = score(snapshot, result.assignment)
-    assert (s.fragmentation, s.gpus_repartitioned) == expected
+    assert (s.fragmentation, s.gpus_repartitioned, s.instances_kept) == (1, 0, 3)
+
+
+@pytest.mark.parametrize(
+    ("objective", "expected"), [("efficiency", (1, 1, 2)), ("stability", (2, 0, 0))]
+)
+def test_exact_counts_every_instance_of_a_rebuilt_gpu_when_it_consolidates(
+    objective: str, expected: tuple[int, int, int]
+) -> None:
+    # Packing b's 3g beside a's needs a second 3g on GPU 0: mig-parted rebuilds it, so a's
+    # instance is destroyed too, even though a "stays" at slot 0.
+    nodes = [node("n", [gpu(0, layout=[(9, 0, "a"), (14, 4, None), (19, 6, None)]),
+                        gpu(1, layout=[(9, 0, "b")])])]  # fmt: skip
+    pools = [pool("a", {9: 100}), pool("b", {9: 100})]
+    snapshot = build_snapshot(request(nodes, pools))
+    result = solve_exact(snapshot, objective, 10.0, 1, 0)
+    assert result is not None
+    s = score(snapshot, result.assignment)
+    assert (s.gpus_used, s.gpus_repartitioned, s.instances_moved) == expected
 
 
 def test_exact_leaves_lower_priority_unplaced_when_capacity_is_short() -> None:

@@ -10,6 +10,7 @@ import yaml
 from scheduler.manifests import TRITON_IMAGE, ManifestSettings, build_manifests, to_yaml
 from scheduler.plan import PlanRecord
 from scheduler.planner import plan_placement
+from scheduler.profiles import GPU_TYPES
 from tests.scheduler.builders import gpu, node, pool, request
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -48,7 +49,13 @@ def test_deployments_request_one_mig_resource_when_pool_is_placed(
         assert [p["containerPort"] for p in container["ports"]] == [8000, 8001, 8002]
         gpu_resources = [r for r in container["resources"]["limits"] if r.startswith("nvidia.com/")]
         assert len(gpu_resources) == 1
-        assert gpu_resources[0].startswith("nvidia.com/mig-")
+        on_mig = {
+            GPU_TYPES[g.gpu_type].mig_capable
+            for g in example_record.plan.gpus
+            for i in g.instances
+            if i.pool == d["metadata"]["labels"]["infergate.io/pool"]
+        }
+        assert gpu_resources[0].startswith("nvidia.com/mig-") == on_mig.pop()
 
 
 def test_deployment_replicas_and_affinity_match_plan_when_built(
@@ -61,7 +68,7 @@ def test_deployment_replicas_and_affinity_match_plan_when_built(
             g.node
             for g in example_record.plan.gpus
             for i in g.instances
-            if i.pool == name and resource == f"nvidia.com/mig-{i.profile}"
+            if i.pool == name and resource == GPU_TYPES[g.gpu_type].resource_name(i.profile_id)
         ]
         assert d["spec"]["replicas"] == len(where)
         terms = d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
