@@ -27,7 +27,9 @@ sample: venv
 	$(VENV)/bin/infergate sample build --repo model_repo
 
 ## run: set up, build the sample model if absent, start Triton + gateway + scheduler
-run: venv runtime
+## (HAProxy carries the hot path; installed from Debian when missing, else the Python
+## data plane takes over and says so)
+run: venv runtime haproxy-optional
 	$(VENV)/bin/infergate up --repo model_repo --runtime-env $(RUNTIME)
 
 ## test: set up the same environments and run the whole suite
@@ -44,13 +46,23 @@ lint: venv
 bench: venv runtime
 	$(PY) -m loadtests.bench --out results
 
-## system-deps: Debian packages the tests need (prometheus: the HPA adapter-rule test; nghttp2-client: h2load, make bench)
-.PHONY: system-deps
+## system-deps: Debian packages the tests need (haproxy: the native data plane;
+## prometheus: the HPA adapter-rule test; nghttp2-client: h2load, make bench)
+HAVE_HAPROXY := { command -v haproxy || test -x /usr/sbin/haproxy; } >/dev/null 2>&1
+.PHONY: system-deps haproxy-optional
 system-deps:
-	@command -v prometheus >/dev/null 2>&1 && command -v h2load >/dev/null 2>&1 || { \
+	@$(HAVE_HAPROXY) && command -v prometheus >/dev/null 2>&1 && command -v h2load >/dev/null 2>&1 || { \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus nghttp2-client; }
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy prometheus nghttp2-client; }
+
+# make run: HAProxy when it can be had; without it (no root, no apt) the gateway falls back
+haproxy-optional:
+	@$(HAVE_HAPROXY) || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo -n); \
+	  ($$SUDO apt-get update -qq && \
+	   $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy) \
+	  || echo "[infergate] could not install HAProxy: the Python data plane will carry inference"; }
 
 ## loadtest: locust against a running `make run` stack (127.0.0.1:8000/8001), SLO verdict
 LOADTEST_ARGS ?= --protocol all --scenario steady --users 4 --duration 30 --slo-p99-ms 2000

@@ -163,7 +163,7 @@ async def serve(
         await _drain(dataplane, settings.drain_timeout_s, haproxy)
         if haproxy is not None:
             await asyncio.to_thread(haproxy.stop, settings.drain_timeout_s)
-            if settings.haproxy_run_dir is None:  # the temporary folder we made
+            if haproxy.layout.run_dir != settings.haproxy_run_dir:  # a temporary folder
                 shutil.rmtree(haproxy.layout.run_dir, ignore_errors=True)
         await control_plane.close()
         http_server.should_exit = True
@@ -188,7 +188,9 @@ class EmbeddedServer(uvicorn.Server):
 
 def _haproxy(settings: GatewaySettings, dataplane: DataPlane, auth: TokenTable,
              control_http: str, control_grpc: str) -> HAProxyDataPlane:
-    run_dir = settings.haproxy_run_dir or Path(tempfile.mkdtemp(prefix="infergate-haproxy-"))
+    run_dir = settings.haproxy_run_dir
+    if run_dir is None or len(str(run_dir / "master.sock")) > 100:  # unix socket path limit
+        run_dir = Path(tempfile.mkdtemp(prefix="infergate-haproxy-"))
     layout = default_layout(settings.host, settings.http_port, settings.grpc_port,
                             control_http, control_grpc, run_dir)
     process = HAProxyProcess(layout, settings.haproxy_binary,

@@ -73,8 +73,12 @@ def up(
     scheduler_port: int = typer.Option(8010, help="Scheduler service port (0 = off)."),
     model: list[str] = typer.Option([], help="Models to load (default: all in the repo)."),
     log_dir: Path = typer.Option(Path(".run"), help="Where Triton's log is written."),
+    data_plane: str = typer.Option(
+        "auto", help="Who carries inference: 'haproxy', 'python', or 'auto' (HAProxy when "
+                     "installed, else Python, said at start-up)."),
 ) -> None:
-    """Start Triton + gateway + scheduler locally and print where to point a client.
+    """Start Triton + gateway (HAProxy data plane + Python control plane) + scheduler
+    locally and print where to point a client.
 
     Ctrl-C (or SIGTERM) stops everything; no Triton process is left behind.
     """
@@ -90,6 +94,7 @@ def up(
             scheduler_port=scheduler_port,
             models=tuple(model),
             log_dir=log_dir,
+            data_plane=data_plane,
         )
     )
 

@@ -81,6 +81,8 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
     http_port, grpc_port = free_port(), free_port()
     if data_plane is not None:
         args = ("--data-plane", data_plane, *args)
+    # HAProxy's files beside the log, so that a leftover process is traceable to its test
+    args = ("--haproxy-run-dir", str(log_dir / f"haproxy-{http_port}"), *args)
     log = log_dir / f"gateway-{http_port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(

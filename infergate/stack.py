@@ -20,7 +20,7 @@ import uvicorn
 
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
-from gateway.server import EmbeddedServer, GatewaySettings, serve
+from gateway.server import EmbeddedServer, GatewaySettings, choose_data_plane, serve
 from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
 
 log = logging.getLogger("infergate")
@@ -39,6 +39,7 @@ class LocalStackSettings:
     scheduler_port: int = 8010
     models: tuple[str, ...] = ()
     log_dir: Path = Path(".run")
+    data_plane: str = "auto"
 
 
 def repository_models(repo: Path) -> tuple[str, ...]:
@@ -85,8 +86,10 @@ def run_local_stack(settings: LocalStackSettings) -> None:
 
 async def _serve_all(settings: LocalStackSettings, pool: PoolSpec) -> None:
     stop, started = asyncio.Event(), asyncio.Event()
+    data_plane = choose_data_plane(settings.data_plane)
     gateway_settings = GatewaySettings(
-        host=settings.host, http_port=settings.http_port, grpc_port=settings.grpc_port
+        host=settings.host, http_port=settings.http_port, grpc_port=settings.grpc_port,
+        data_plane=data_plane, haproxy_run_dir=(settings.log_dir / "haproxy").resolve(),
     )
     gateway = asyncio.create_task(
         serve(gateway_settings, GatewayConfig(pools=(pool,)), stop, started)
@@ -99,7 +102,7 @@ async def _serve_all(settings: LocalStackSettings, pool: PoolSpec) -> None:
                        return_when=asyncio.FIRST_COMPLETED)
     if gateway.done():
         await gateway  # start-up failed: raise its error
-    await asyncio.to_thread(_print_welcome, settings, scheduler is not None)
+    await asyncio.to_thread(_print_welcome, settings, scheduler is not None, data_plane)
     try:
         await gateway
     finally:
@@ -122,13 +125,16 @@ def _scheduler_server(settings: LocalStackSettings) -> EmbeddedServer | None:
                                          log_level="warning", lifespan="off"))
 
 
-def _print_welcome(settings: LocalStackSettings, with_scheduler: bool) -> None:
+def _print_welcome(settings: LocalStackSettings, with_scheduler: bool,
+                   data_plane: str) -> None:
     http = f"{settings.host}:{settings.http_port}"
     grpc = f"{settings.host}:{settings.grpc_port}"
     top5 = _first_prediction(http)
+    carrier = ("HAProxy carries inference; the Python control plane serves the rest"
+               if data_plane == "haproxy" else "the Python data plane carries inference")
     lines = [
         "",
-        "infergate is up.",
+        f"infergate is up ({carrier}).",
         f"  gateway HTTP  http://{http}   (KServe v2 / Triton REST; metrics at /metrics)",
         f"  gateway gRPC  {grpc}          (inference.GRPCInferenceService)",
     ]

@@ -16,13 +16,15 @@ from infergate.processes import (  # noqa: F401 (re-exported for tests)
 
 
 def triton_processes(marker: str = "") -> list[str]:
-    """Live (non-zombie) tritonserver/stub processes whose command line contains marker."""
+    """Live (non-zombie) tritonserver/stub/haproxy processes whose command line contains
+    marker."""
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
             if state != "Z" and ("tritonserver" in cmdline or "triton_python_backend_stub"
-                                 in cmdline) and marker in cmdline:
+                                 in cmdline or "haproxy" in cmdline.split(" ", 1)[0]
+                                 ) and marker in cmdline:
                 found.append(f"{proc.name}: {cmdline[:200]}")
     return found

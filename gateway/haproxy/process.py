@@ -92,8 +92,9 @@ class HAProxyProcess:
         if self.external:
             self.reload()
             return
-        with contextlib.suppress(FileNotFoundError):
-            self.layout.admin_socket.unlink()
+        for stale in (self.layout.admin_socket, self.layout.master_socket):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
         out = self.log_file.open("ab")
         self._proc = subprocess.Popen(
             [self.binary, "-W", "-db", "-S", f"{self.layout.master_socket},mode,600",
