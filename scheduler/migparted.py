@@ -5,6 +5,15 @@ checked that each GPU's counts are placeable. One config entry per distinct node
 named after its content (``infergate-<hash>``), so identical nodes share an entry and an
 unchanged layout keeps its name across plans. Profiles are listed most constrained first
 (biggest instances first), the order in which creating them cannot strand a later one.
+A GPU the plan does not rebuild is listed with its current counts, idle instances
+included: mig-parted then skips it (``Skipping -- already set to desired value``).
+
+Once the ClusterPolicy's ``migManager.config.name`` points at this document it is the
+only one the MIG manager knows, so it also carries the GPU Operator's standard entries
+(``all-disabled``, the operator's usual default for unlabelled nodes, ``all-enabled``,
+``all-balanced`` and ``all-<profile>``), generated from the profile tables with each
+GPU type's ``device-filter``: a node labelled with one of them (or left at the default)
+keeps passing ``nvidia-mig-parted assert --valid-config``.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ import json
 from typing import Any
 
 from scheduler.plan import GpuPlan, PlacementPlan
-from scheduler.profiles import GPU_TYPES, PROFILE_ORDER
+from scheduler.profiles import GPU_TYPES, PROFILE_ORDER, PROFILES, GpuType
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
@@ -59,13 +68,52 @@ def _mig_gpus_by_node(plan: PlacementPlan) -> dict[str, list[GpuPlan]]:
     return nodes
 
 
+def _device_filter(kind: GpuType) -> list[str]:
+    return [f"0x{pci:04X}10DE" for pci in kind.pci_device_ids]
+
+
+BALANCED = {19: 2, 14: 1, 9: 1}
+"""The operator's ``all-balanced``: two 1g, one 2g and one 3g instance per GPU."""
+
+
+def operator_configs() -> dict[str, list[dict[str, Any]]]:
+    """The GPU Operator's standard entries for every MIG-capable type we know."""
+    kinds = [k for k in GPU_TYPES.values() if k.mig_capable]
+    configs: dict[str, list[dict[str, Any]]] = {
+        "all-disabled": [{"devices": "all", "mig-enabled": False}],
+        "all-enabled": [{"devices": "all", "mig-enabled": True, "mig-devices": {}}],
+        "all-balanced": [
+            {
+                "device-filter": _device_filter(k),
+                "devices": "all",
+                "mig-enabled": True,
+                "mig-devices": {k.profile_name(p): n for p, n in BALANCED.items()},
+            }
+            for k in kinds
+        ],
+    }
+    for pid in PROFILE_ORDER:
+        for k in kinds:
+            name = k.profile_name(pid)
+            configs.setdefault(f"all-{name.replace('+', '.')}", []).append(
+                {
+                    "device-filter": _device_filter(k),
+                    "devices": "all",
+                    "mig-enabled": True,
+                    "mig-devices": {name: PROFILES[pid].max_per_gpu},
+                }
+            )
+    return configs
+
+
 def mig_parted_config(plan: PlacementPlan) -> dict[str, Any]:
-    """``version: v1`` document with one entry per distinct node layout."""
+    """``version: v1`` document: the operator's standard entries, then one entry per
+    distinct node layout of the plan."""
     configs: dict[str, list[dict[str, Any]]] = {}
     for gpus in _mig_gpus_by_node(plan).values():
         entry = node_entry(gpus)
         configs[config_name(entry)] = entry
-    return {"version": "v1", "mig-configs": dict(sorted(configs.items()))}
+    return {"version": "v1", "mig-configs": {**operator_configs(), **dict(sorted(configs.items()))}}
 
 
 def node_configs(plan: PlacementPlan) -> dict[str, str]:
