@@ -178,7 +178,8 @@ def _run_one(step: Step[Any, Any], state: ConversionState, ctx: StepContext,
     except ConversionError as error:
         if step.fatal:
             failed = record("failed", str(error))
-            log.error("%s failed: %s", step.label, error)
+            # the caller reports the raised error (whole); the log only records it
+            log.info("%s failed: %s", step.label, error)
             raise ConversionFailed(step.label, step.title, error,
                                    (*state.records, failed)) from error
         return record("failed", str(error)), step.on_failure(state, str(error))

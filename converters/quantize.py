@@ -47,14 +47,17 @@ class StaticInt8Recipe:
     symmetric: bool = False  # symmetric activations and weights (TensorRT)
     per_channel: bool = True
     bias_correction: bool = True
+    equalize: bool = False  # cross-layer equalization first (converters.equalization)
     float_nodes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         kind = "S8S8 symmetric" if self.symmetric else (
             "U8S8" if self.activation == "uint8" else "S8S8")
         corrected = ", bias-corrected" if self.bias_correction else ""
+        equalized = ", cross-layer equalized" if self.equalize else ""
         return f"static QDQ {kind}, {self.calibration} calibration, " \
-            f"{'per-channel' if self.per_channel else 'per-tensor'} weights{corrected}"
+            f"{'per-channel' if self.per_channel else 'per-tensor'} weights{corrected}" \
+            f"{equalized}"
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,13 @@ class CalibrationReader:
         self._samples, self._batch_size = samples, batch_size
         self._iter: Iterator[dict[str, Any]] | None = None
 
+    @classmethod
+    def of(cls, batch: Mapping[str, np.ndarray]) -> CalibrationReader:
+        """A reader of exactly one batch."""
+        reader = cls(SampleSet("calibration", "batch", ()))
+        reader._iter = iter([dict(batch)])
+        return reader
+
     def get_next(self) -> dict[str, Any] | None:
         if self._iter is None:
             self._iter = iter(self._samples.batches(self._batch_size))
@@ -126,6 +136,7 @@ class StaticQuantizer:
     recipe: StaticInt8Recipe
     ranges: Any = field(repr=False)  # onnxruntime.quantization.TensorsData
     corrections: Mapping[str, np.ndarray] = field(default_factory=dict, repr=False)
+    equalized: tuple[tuple[str, str], ...] = ()  # conv pairs cross-layer equalized
     _base: onnx.ModelProto | None = field(default=None, repr=False)
 
     @classmethod
@@ -134,6 +145,14 @@ class StaticQuantizer:
     ) -> StaticQuantizer:
         from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
 
+        equalized: tuple[tuple[str, str], ...] = ()
+        if recipe.equalize:
+            from converters.equalization import equalize
+
+            result = equalize(onnx.load(str(prepared)))
+            prepared = prepared.with_name(f"{prepared.stem}.equalized.onnx")
+            onnx.save(result.model, str(prepared))
+            equalized = result.pairs
         method = {
             "minmax": CalibrationMethod.MinMax,
             "entropy": CalibrationMethod.Entropy,
@@ -147,10 +166,15 @@ class StaticQuantizer:
                 calibrate_method=method,
                 extra_options={"symmetric": recipe.symmetric},
             )
-            calibrator.collect_data(CalibrationReader(samples))
+            # one batch per call: ORT's histogram calibrators stack every batch's outputs
+            # into one array (a smaller last batch, or another sequence length, fails with
+            # "inhomogeneous shape") and hold them all in memory; its collectors merge
+            # ranges and histograms across calls
+            for batch in samples.batches(8):
+                calibrator.collect_data(CalibrationReader.of(batch))
             ranges = calibrator.compute_data()
             del calibrator
-        quantizer = cls(prepared, recipe, ranges)
+        quantizer = cls(prepared, recipe, ranges, equalized=equalized)
         if recipe.bias_correction:
             quantizer.corrections = bias_corrections(
                 quantizer.base_model(), quantizer.quantize(), samples, RuntimeSettings())

@@ -114,3 +114,42 @@ def test_build_pipeline_adds_per_variant_steps_when_int8_requested(tmp_path: Pat
     assert labels[11:] == ["verify", "repair-int8-dynamic", "repair-int8", "profile", "select",
                            "tensorrt", "report", "publish"]
     assert labels[-1] == "publish"  # the repository is written last, or not at all
+
+
+def test_every_step_takes_a_frozen_dataclass_when_pipeline_is_built(tmp_path: Path) -> None:
+    import dataclasses
+
+    steps = build_pipeline(ConversionRequest("m.onnx", "m", tmp_path,
+                                             precisions=("fp32", "fp16", "int8")))
+    for step in steps:
+        base = next(b for b in type(step).__orig_bases__  # type: ignore[attr-defined]
+                    if getattr(b, "__origin__", None) is Step)
+        inputs = base.__args__[0]
+        assert dataclasses.is_dataclass(inputs), step.label
+        assert inputs.__dataclass_params__.frozen, step.label
+        assert inputs is not ConversionState, f"{step.label} takes the whole state"
+
+
+def test_require_returns_the_value_when_set_and_names_it_when_not(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    assert state.require(state.request, "request") is state.request
+    with pytest.raises(RuntimeError, match="pipeline wiring: selection is not available yet"):
+        state.require(state.selection, "selection")
+
+
+def test_tensorrt_step_lives_in_its_own_module_when_imported() -> None:
+    from converters.steps import tensorrt
+
+    assert tensorrt.BuildEngines.__module__ == "converters.steps.tensorrt"
+    assert tensorrt.BuildEngines.name == "tensorrt"
+
+
+def test_failure_message_starts_with_what_to_do_when_a_fatal_step_refuses(
+        tmp_path: Path) -> None:
+    reason = "calibration set x is empty: " + "very long reason " * 30
+    with pytest.raises(ConversionFailed) as info:
+        run_steps([AddNote("a", error=InvalidDataset(reason))], _state(tmp_path))
+    first, second = str(info.value).splitlines()
+    assert first == "Fix the calibration or evaluation set."
+    assert second == f"Add a note: {reason}"  # whole, never cut
+    assert info.value.reason == reason and info.value.action == InvalidDataset.action
