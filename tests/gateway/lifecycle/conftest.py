@@ -5,6 +5,7 @@ through a running gateway."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import io
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,8 +125,15 @@ class SteadyLoad:
     headers: dict[str, str] = field(default_factory=dict)
     answers: list[tuple[int, float | None]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _done: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._done.set()
+
+    def _loop(self) -> None:
         with httpx.Client(timeout=30, trust_env=False) as client:
             while not self._stop.is_set():
                 try:
@@ -171,10 +179,23 @@ def steady_load() -> Iterator[Any]:
             thread.join(timeout=30)
 
 
-def stop(load: SteadyLoad, settle_s: float = 0.2) -> None:
-    time.sleep(settle_s)
+def stop(load: SteadyLoad, answers: int = 5, timeout_s: float = 30.0) -> None:
+    """Stop the load once ``answers`` more answers came back (so what was just changed
+    was seen by real requests), and wait for its last request to finish."""
+    seen = len(load.answers)
+    assert wait_until(lambda: len(load.answers) >= seen + answers, timeout_s, 0.01), \
+        f"the load got {len(load.answers) - seen} of {answers} answers in {timeout_s} s"
     load._stop.set()
-    time.sleep(0.05)
+    assert load._done.wait(timeout_s), "the load's last request never finished"
+
+
+async def eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait (on the event loop) until ``predicate()`` holds; fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(0.005)
 
 
 @contextlib.contextmanager
