@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import shlex
@@ -36,8 +37,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,14 @@ def tree_ticks(root: int, stats: Sequence[ProcStat]) -> int:
     return sum(s.ticks for s in process_tree(root, stats))
 
 
+def ticks_by_name(root: int, stats: Sequence[ProcStat]) -> Counter[str]:
+    """:func:`tree_ticks` split by process name (a reaped child's ticks are its parent's)."""
+    totals: Counter[str] = Counter()
+    for s in process_tree(root, stats):
+        totals[s.name] += s.ticks
+    return totals
+
+
 def read_proc_stats() -> list[ProcStat]:
     stats = []
     for path in Path("/proc").glob("[0-9]*/stat"):
@@ -191,16 +200,21 @@ def settled_count(http_url: str, model: str, quiet_s: float, timeout_s: float = 
 
 
 def served_check(h2: H2loadSummary, served: int, statuses: Mapping[int, int]) -> str:
-    """'' when Triton's count agrees with h2load's, else why not."""
+    """'' when every request h2load counted as a success was one Triton served, else why
+    not. (Triton serving more than was sent is not checked: the other gateways' warm-up
+    requests reach the same Triton; :func:`extra_served` counts them.)"""
     problems = []
     if h2.failed or h2.errored or h2.timeout:
         problems.append(f"h2load: {h2.failed} failed, {h2.errored} errored, {h2.timeout} "
                         f"timeout; HTTP statuses {dict(statuses)}")
     if served < h2.succeeded:
         problems.append(f"Triton served {served} < {h2.succeeded} h2load successes")
-    if served > h2.started:
-        problems.append(f"Triton served {served} > {h2.started} requests sent")
     return "; ".join(problems)
+
+
+def extra_served(h2: H2loadSummary, served: int) -> int:
+    """Inferences Triton served beyond every request h2load started (someone else's)."""
+    return max(0, served - h2.started)
 
 
 # -- requests and h2load command lines ------------------------------------------------
@@ -250,21 +264,36 @@ def h2load_command(work: Workload, protocol: str, target: TritonEndpoints | Any,
 
 # -- one measured run -----------------------------------------------------------------
 
+class RunFailed(RuntimeError):
+    """No request of one h2load run succeeded."""
+
+
 @dataclass(frozen=True)
 class Target:
     name: str  # "direct" or a data plane's name
     endpoints: Any  # TritonEndpoints or GatewayProcess: .grpc_url, .http_url
-    pid: int | None  # the gateway process, whose tree's CPU is counted
+    pid: int | None = None  # the gateway process, whose tree's CPU is counted
+    log: Path | None = None  # the gateway's log
+
+    def alive(self) -> bool:
+        return self.pid is None or Path(f"/proc/{self.pid}").exists()
 
 
 @dataclass(frozen=True)
 class Sample:
     req_per_s: float
-    p50_ms: float
+    p50_ms: float  # of the requests that succeeded
     p99_ms: float
     requests: int  # served by Triton during the run
     cpu_us_per_request: float | None
     problem: str
+    cpu_split_us: Mapping[str, float] = field(default_factory=dict)  # by process name
+    extra_served: int = 0
+
+    @classmethod
+    def failed(cls, problem: str) -> Sample:
+        nan = float("nan")
+        return cls(0.0, nan, nan, 0, None, problem)
 
 
 def measure(target: Target, work: Workload, protocol: str, in_flight: int, seconds: float,
@@ -274,41 +303,82 @@ def measure(target: Target, work: Workload, protocol: str, in_flight: int, secon
     cmd = h2load_command(work, protocol, target.endpoints, in_flight,
                          f"{round(seconds * 1000)}ms", log_file)
     before = served_by_triton(triton_http, work.model)
-    ticks0 = tree_ticks(target.pid, read_proc_stats()) if target.pid else 0
+    ticks0 = ticks_by_name(target.pid, read_proc_stats()) if target.pid else Counter()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120,
                           check=False)
-    ticks1 = tree_ticks(target.pid, read_proc_stats()) if target.pid else 0
+    ticks1 = ticks_by_name(target.pid, read_proc_stats()) if target.pid else Counter()
     if done.returncode != 0:
-        raise RuntimeError(f"h2load exited {done.returncode}: {done.stderr[-800:]}")
+        raise RunFailed(f"h2load exited {done.returncode}: {done.stderr[-800:]}")
     h2 = parse_h2load(done.stdout)
     log = parse_log(log_file.read_text())
-    latencies = [us for _, us in log]
+    latencies = [us for status, us in log if 200 <= status < 300]
     if not latencies:
-        raise RuntimeError(f"no request finished: {' '.join(cmd)}")
+        raise RunFailed(f"no request succeeded (HTTP statuses {status_counts(log)}; "
+                        f"-1: no answer): {' '.join(cmd)}")
     # a batch Triton is still computing can take as long as the slowest answer did
-    served = settled_count(triton_http, work.model, max(0.3, 2e-6 * max(latencies))) - before
-    cpu = (cpu_us_per_request(ticks1 - ticks0, served, os.sysconf("SC_CLK_TCK"))
-           if target.pid else None)
+    served = settled_count(triton_http, work.model,
+                           max(0.3, 2e-6 * max(us for _, us in log))) - before
+    clock = os.sysconf("SC_CLK_TCK")
+    split = {name: cpu_us_per_request(ticks1[name] - ticks0[name], served, clock)
+             for name in sorted(ticks1)}
     return Sample(h2.req_per_s, statistics.median(latencies) / 1e3,
-                  float(np.percentile(latencies, 99)) / 1e3, served, cpu,
-                  served_check(h2, served, status_counts(log)))
+                  float(np.percentile(latencies, 99)) / 1e3, served,
+                  sum(split.values()) if target.pid else None,
+                  served_check(h2, served, status_counts(log)), split,
+                  extra_served(h2, served))
+
+
+def attempt(target: Target, work: Workload, protocol: str, in_flight: int, seconds: float,
+            triton_http: str, scratch: Path, failed_before: set[str]) -> Sample:
+    """One run; a gateway's failed run becomes a failed sample (the first one with the
+    end of that gateway's log printed). Direct Triton failing ends the benchmark."""
+    try:
+        return measure(target, work, protocol, in_flight, seconds, triton_http, scratch)
+    except (RunFailed, ValueError, subprocess.TimeoutExpired) as err:
+        if target.pid is None:
+            raise
+        if target.name not in failed_before:
+            failed_before.add(target.name)
+            say(f"data plane {target.name} failed on {work.model} {protocol} x{in_flight}: "
+                f"{str(err)[:400]}\n{log_tail(target.log)}")
+        return Sample.failed(f"{work.model} {protocol} x{in_flight}: {str(err)[:200]}")
+
+
+def log_tail(log: Path | None, lines: int = 15) -> str:
+    if log is None or not log.is_file():
+        return "(no gateway log)"
+    tail = log.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join(f"    | {line}" for line in tail) or "    (gateway log empty)"
 
 
 def warm_up(targets: Sequence[Target], works: Sequence[Workload], triton_http: str,
             scratch: Path) -> None:
+    failed: set[str] = set()
     for work in works:
         for protocol in PROTOCOLS:
             for target in targets:
-                measure(target, work, protocol, 4, 0.5, triton_http, scratch)
+                attempt(target, work, protocol, 4, 0.5, triton_http, scratch, failed)
+
+
+def idle_cpu_percent(targets: Sequence[Target], seconds: float = 2.0) -> dict[str, float]:
+    """Each gateway's CPU while nobody sends it anything (probes, telemetry, timers), in
+    % of one core: the floor under its CPU per request at low rates."""
+    gateways = [t for t in targets if t.pid is not None]
+    before = {t.name: tree_ticks(t.pid, read_proc_stats()) for t in gateways if t.pid}
+    time.sleep(seconds)
+    stats, clock = read_proc_stats(), os.sysconf("SC_CLK_TCK")
+    return {t.name: 100.0 * (tree_ticks(t.pid, stats) - before[t.name]) / clock / seconds
+            for t in gateways if t.pid}
 
 
 def interleaved(targets: Sequence[Target], works: Sequence[Workload], rounds: int,
                 seconds: float, triton_http: str,
                 scratch: Path) -> dict[tuple[str, str, int, str], list[Sample]]:
     """Every cell (model, protocol, in flight) against every target once per round, the
-    targets' order rotated each round so that none always runs first. A gateway that
-    stops answering is dropped from the rest of the run (with a line saying so)."""
+    targets' order rotated each round so that none always runs first. A gateway whose
+    process exited is dropped from the rest of the run (with a line saying so)."""
     samples: dict[tuple[str, str, int, str], list[Sample]] = {}
+    failed: set[str] = set()
     dropped: set[str] = set()
     for r in range(rounds):
         order = [*targets[r % len(targets):], *targets[:r % len(targets)]]
@@ -316,21 +386,19 @@ def interleaved(targets: Sequence[Target], works: Sequence[Workload], rounds: in
             for protocol in PROTOCOLS:
                 for in_flight in IN_FLIGHT:
                     for target in (t for t in order if t.name not in dropped):
-                        try:
-                            s = measure(target, work, protocol, in_flight, seconds,
-                                        triton_http, scratch)
-                        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
-                            if target.pid is None:
-                                raise
-                            dropped.add(target.name)
-                            say(f"dropped data plane {target.name} ({work.model} {protocol} "
-                                f"x{in_flight}): {str(err)[:300]}")
-                            continue
+                        s = attempt(target, work, protocol, in_flight, seconds, triton_http,
+                                    scratch, failed)
                         samples.setdefault((work.model, protocol, in_flight, target.name),
                                            []).append(s)
                         say(f"round {r + 1}/{rounds} {work.model} {protocol} x{in_flight} "
                             f"{target.name}: {s.req_per_s:.0f} req/s, p50 {s.p50_ms:.3f} ms"
+                            + (f", {s.extra_served} more served by Triton than sent"
+                               if s.extra_served else "")
                             + (f" UNVERIFIED: {s.problem}" if s.problem else ""))
+                        if not target.alive():
+                            dropped.add(target.name)
+                            say(f"dropped data plane {target.name}: its gateway exited\n"
+                                f"{log_tail(target.log)}")
     return samples
 
 
@@ -354,39 +422,66 @@ def goal_verdicts(model: str, in_flight: int, ratio: float, added_ms: float,
     }
 
 
+def finite_median(values: Iterable[float | None]) -> float | None:
+    """Median of the values that were measured (None when none was)."""
+    kept = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(kept) if kept else None
+
+
 def summarise(samples: Mapping[tuple[str, str, int, str], Sequence[Sample]],
-              planes: Sequence[str]) -> list[dict[str, Any]]:
+              planes: Sequence[str],
+              idle_cpu_pct: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """One row per (model, protocol, in flight, data plane): medians over rounds."""
     rows = []
-    cells = dict.fromkeys(k[:3] for k in samples)
-    for model, protocol, in_flight in cells:
+    for model, protocol, in_flight in dict.fromkeys(k[:3] for k in samples):
         direct = samples[(model, protocol, in_flight, "direct")]
         for plane in planes:
             gateway = samples.get((model, protocol, in_flight, plane))
-            if not gateway:
-                continue
-            d_rps = statistics.median(s.req_per_s for s in direct)
-            g_rps = statistics.median(s.req_per_s for s in gateway)
-            d_p50 = statistics.median(s.p50_ms for s in direct)
-            g_p50 = statistics.median(s.p50_ms for s in gateway)
-            cpus = [s.cpu_us_per_request for s in gateway if s.cpu_us_per_request is not None]
-            cpu = statistics.median(cpus) if cpus else None
-            problems = [s.problem for s in (*direct, *gateway) if s.problem]
-            rows.append({
-                "model": model, "protocol": protocol, "in_flight": in_flight,
-                "data_plane": plane,
-                "direct_rps": d_rps, "gateway_rps": g_rps, "throughput_ratio": g_rps / d_rps,
-                "direct_p50_ms": d_p50, "gateway_p50_ms": g_p50, "added_p50_ms": g_p50 - d_p50,
-                "direct_p99_ms": statistics.median(s.p99_ms for s in direct),
-                "gateway_p99_ms": statistics.median(s.p99_ms for s in gateway),
-                "gateway_cpu_us_per_request": cpu,
-                "gateway_requests": sum(s.requests for s in gateway),
-                "rounds": len(gateway), "verified": not problems,
-                **({"problems": "; ".join(problems)} if problems else {}),
-                **{k: v for k, v in goal_verdicts(model, in_flight, g_rps / d_rps,
-                                                  g_p50 - d_p50, cpu).items() if v},
-            })
+            if gateway:
+                row = cell_row(model, protocol, in_flight, plane, direct, gateway)
+                row["gateway_idle_cpu_pct"] = (idle_cpu_pct or {}).get(plane)
+                rows.append(row)
     return rows
+
+
+def cell_row(model: str, protocol: str, in_flight: int, plane: str,
+             direct: Sequence[Sample], gateway: Sequence[Sample]) -> dict[str, Any]:
+    # a run where nothing succeeded served 0 req/s; its latency was not measured
+    d_rps = statistics.median(s.req_per_s for s in direct)
+    g_rps = statistics.median(s.req_per_s for s in gateway)
+    ratio = g_rps / d_rps if d_rps else math.nan
+    d_p50 = finite_median(s.p50_ms for s in direct)
+    g_p50 = finite_median(s.p50_ms for s in gateway)
+    added = g_p50 - d_p50 if g_p50 is not None and d_p50 is not None else math.nan
+    cpu = finite_median(s.cpu_us_per_request for s in gateway)
+    names = sorted({n for s in gateway for n in s.cpu_split_us})
+    split = {n: finite_median(s.cpu_split_us.get(n) for s in gateway) for n in names}
+    problems = ([f"direct: {s.problem}" for s in direct if s.problem]
+                + [f"{plane}: {s.problem}" for s in gateway if s.problem])
+    return {
+        "model": model, "protocol": protocol, "in_flight": in_flight, "data_plane": plane,
+        "direct_rps": d_rps, "gateway_rps": g_rps, "throughput_ratio": ratio,
+        "direct_p50_ms": d_p50, "gateway_p50_ms": g_p50, "added_p50_ms": added,
+        "direct_p99_ms": finite_median(s.p99_ms for s in direct),
+        "gateway_p99_ms": finite_median(s.p99_ms for s in gateway),
+        "gateway_cpu_us_per_request": cpu, "gateway_cpu_split_us": split,
+        "gateway_requests": sum(s.requests for s in gateway),
+        "triton_extra_served": sum(s.extra_served for s in (*direct, *gateway)),
+        "rounds": len(gateway), "verified": not problems,
+        **({"problems": "; ".join(problems)} if problems else {}),
+        **{k: v for k, v in goal_verdicts(model, in_flight, ratio, added, cpu).items() if v},
+    }
+
+
+def num(value: float | None, spec: str) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def cpu_cell(row: Mapping[str, Any]) -> str:
+    split = ", ".join(f"{name} {num(us, '.0f')}"
+                      for name, us in row["gateway_cpu_split_us"].items())
+    text = num(row["gateway_cpu_us_per_request"], ".0f")
+    return f"{text} ({split}) {row.get('cpu_goal', '')}" if split else text
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -395,24 +490,32 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     lines = [
         "| model | protocol | in flight | data plane | direct req/s | gateway req/s "
         "| gateway/direct | direct p50 ms | gateway p50 ms | added p50 ms "
-        "| gateway CPU us/req | served checked |",
+        "| gateway CPU us/req (by process) | served checked |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        cpu = r["gateway_cpu_us_per_request"]
+        checked = "yes" if r["verified"] else "NO: " + r.get("problems", "")
+        if r["triton_extra_served"]:
+            checked += f" (Triton served {r['triton_extra_served']} more than sent)"
         lines.append(
             f"| {r['model']} | {r['protocol']} | {r['in_flight']} | {r['data_plane']} "
-            f"| {r['direct_rps']:.0f} | {r['gateway_rps']:.0f} "
-            f"| {r['throughput_ratio']:.2f}x {r.get('throughput_goal', '')} "
-            f"| {r['direct_p50_ms']:.3f} | {r['gateway_p50_ms']:.3f} "
-            f"| {r['added_p50_ms']:+.3f} {r.get('latency_goal', '')} "
-            f"| {'' if cpu is None else f'{cpu:.0f}'} {r.get('cpu_goal', '')} "
-            f"| {'yes' if r['verified'] else 'NO: ' + r.get('problems', '')} |"
+            f"| {num(r['direct_rps'], '.0f')} | {num(r['gateway_rps'], '.0f')} "
+            f"| {num(r['throughput_ratio'], '.2f')}x {r.get('throughput_goal', '')} "
+            f"| {num(r['direct_p50_ms'], '.3f')} | {num(r['gateway_p50_ms'], '.3f')} "
+            f"| {num(r['added_p50_ms'], '+.3f')} {r.get('latency_goal', '')} "
+            f"| {cpu_cell(r)} | {checked} |"
         )
     lines.append("\ngRPC at 16 in flight: 4 HTTP/2 connections x 4 streams; HTTP: one HTTP/1.1 "
-                 "connection per request in flight. CPU: the gateway process and all its "
-                 "descendants (HAProxy included), per request Triton served. 'served "
-                 "checked': h2load's successes <= Triton's success count <= requests sent.")
+                 "connection per request in flight. p50: h2load's per-request log, successes "
+                 "only; medians over rounds. CPU: the gateway process and all its descendants "
+                 "(HAProxy included), per request Triton served. 'served checked': no request "
+                 "failed and every h2load success was an inference Triton counted (h2load "
+                 "takes any HTTP 200, a gRPC error included, as a success).")
+    idle = dict.fromkeys((r["data_plane"], r.get("gateway_idle_cpu_pct")) for r in rows)
+    if any(pct is not None for _, pct in idle):
+        lines.append("Idle CPU of each gateway, % of one core (the floor under CPU per "
+                     "request at low rates): " + ", ".join(f"{plane} {num(pct, '.1f')}"
+                                                          for plane, pct in idle) + ".")
     return "\n".join(lines)
 
 
@@ -518,7 +621,7 @@ def stack(workdir: Path, planes: Sequence[Plane]) -> Iterator[tuple[TritonEndpoi
                 say(f"skipped data plane {name}: the gateway with {list(args)} did not start "
                     f"({last_words(str(err))})")
                 continue
-            targets.append(Target(name, gateway, gateway.proc.pid))
+            targets.append(Target(name, gateway, gateway.proc.pid, gateway.log))
             describe_tree(name, gateway.proc.pid)
         yield ep, targets
 
@@ -540,9 +643,11 @@ def run(rounds: int = 3, seconds: float = 3.0,
             say("no gateway started: nothing to compare")
             return []
         warm_up(targets, works, triton.http_url, scratch)
+        idle = idle_cpu_percent(targets)
+        say("idle CPU, % of one core: " + ", ".join(f"{k} {v:.1f}" for k, v in idle.items()))
         samples = interleaved(targets, works, rounds, seconds, triton.http_url, scratch)
     say(f"measured in {time.monotonic() - started:.0f} s")
-    return summarise(samples, [t.name for t in targets[1:]])
+    return summarise(samples, [t.name for t in targets[1:]], idle)
 
 
 def main() -> None:

@@ -85,6 +85,7 @@ def test_tree_ticks_counts_live_descendants_but_not_other_processes() -> None:
              bd.ProcStat(21, 20, "stub", 50)]
     assert [s.pid for s in bd.process_tree(10, stats)] == [10, 11, 12]
     assert bd.tree_ticks(10, stats) == 420
+    assert bd.ticks_by_name(10, stats) == {"python": 100, "haproxy": 320}
     assert bd.tree_ticks(99, stats) == 0
 
 
@@ -129,7 +130,8 @@ def test_served_check_flags_grpc_errors_when_triton_served_fewer_than_h2load_cou
     h2 = bd.parse_h2load(H2LOAD_OUT.replace("2 failed", "0 failed"))
     assert bd.served_check(h2, 25250, {200: 25242}) == ""
     assert "Triton served 100 < 25240" in bd.served_check(h2, 100, {200: 25242})
-    assert "> 25258 requests sent" in bd.served_check(h2, 30000, {200: 25242})
+    assert bd.served_check(h2, 30000, {200: 25242}) == ""  # others' warm-up: not an error
+    assert bd.extra_served(h2, 30000) == 30000 - 25258 and bd.extra_served(h2, 25250) == 0
     problem = bd.served_check(bd.parse_h2load(H2LOAD_OUT), 25250, {200: 25240, 429: 2})
     assert "2 failed" in problem and "{200: 25240, 429: 2}" in problem
 
@@ -150,7 +152,8 @@ def test_h2load_command_multiplexes_grpc_and_opens_one_http1_connection_per_requ
 
 
 def sample(rps: float, p50: float, cpu: float | None = None, problem: str = "") -> bd.Sample:
-    return bd.Sample(rps, p50, p50 * 2, 1000, cpu, problem)
+    split = {} if cpu is None else {"haproxy": cpu * 0.75, "python": cpu * 0.25}
+    return bd.Sample(rps, p50, p50 * 2, 1000, cpu, problem, split)
 
 
 def test_summarise_reports_median_ratio_added_latency_and_goals_per_data_plane() -> None:
@@ -162,7 +165,8 @@ def test_summarise_reports_median_ratio_added_latency_and_goals_per_data_plane()
         ("tiny", "grpc", 1, "direct"): [sample(4_000, 0.25)],
         ("tiny", "grpc", 1, "haproxy"): [sample(3_000, 0.6, 120, "Triton served 1 < 2")],
     }
-    rows = bd.summarise(samples, ["haproxy", "python"])  # python did not start: no rows
+    rows = bd.summarise(samples, ["haproxy", "python"],  # python did not start: no rows
+                        {"haproxy": 3.25})
     assert [(r["in_flight"], r["data_plane"]) for r in rows] == [(16, "haproxy"),
                                                                  (1, "haproxy")]
     c16, c1 = rows
@@ -172,8 +176,29 @@ def test_summarise_reports_median_ratio_added_latency_and_goals_per_data_plane()
     assert c16["verified"] is True and "problems" not in c16
     assert c1["added_p50_ms"] == pytest.approx(0.35)
     assert c1["latency_goal"] == "<=0.25 ms MISSED" and "throughput_goal" not in c1
-    assert c1["verified"] is False and "Triton served" in c1["problems"]
-    assert "| tiny | grpc | 16 | haproxy |" in bd.markdown(rows)
+    assert c1["verified"] is False and c1["problems"] == "haproxy: Triton served 1 < 2"
+    assert c16["gateway_cpu_split_us"] == {"haproxy": 67.5, "python": 22.5}
+    table = bd.markdown(rows)
+    assert "| tiny | grpc | 16 | haproxy |" in table and "90 (haproxy 68, python 22)" in table
+    assert c16["gateway_idle_cpu_pct"] == 3.25 and "haproxy 3.2" in table
+
+
+def test_summarise_counts_a_failed_run_as_no_throughput_and_no_latency() -> None:
+    samples = {
+        ("tiny", "http", 1, "direct"): [sample(4_000, 0.2), sample(4_000, 0.2),
+                                        sample(4_000, 0.2)],
+        ("tiny", "http", 1, "haproxy"): [sample(3_000, 0.3, 100), bd.Sample.failed("x"),
+                                         bd.Sample.failed("y")],
+        ("tiny", "http", 16, "direct"): [sample(9_000, 1.0)],
+        ("tiny", "http", 16, "haproxy"): [bd.Sample.failed("no request succeeded")],
+    }
+    c1, c16 = bd.summarise(samples, ["haproxy"])
+    assert c1["gateway_rps"] == 0.0 and c1["throughput_ratio"] == 0.0  # 2 of 3 runs failed
+    assert c1["added_p50_ms"] == pytest.approx(0.1)  # from the run that answered
+    assert c1["verified"] is False and c1["problems"] == "haproxy: x; haproxy: y"
+    assert c16["gateway_p50_ms"] is None and c16["gateway_cpu_us_per_request"] is None
+    assert c16["throughput_goal"] == ">=0.85x MISSED" and "cpu_goal" not in c16
+    assert "n/a" in bd.markdown([c16])
 
 
 def test_parse_plane_maps_a_name_to_the_flag_and_allows_no_flag_at_all() -> None:
