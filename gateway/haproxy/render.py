@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from gateway import errors
 from gateway.haproxy.snapshot import Layout, PoolState, RouteState, Snapshot
@@ -125,12 +126,15 @@ LOCAL_ERRORS: dict[int, tuple[type[errors.GatewayError], str]] = {
 
 
 def error_files() -> dict[str, str]:
+    """One file per status HAProxy may produce; each answers with the error table's
+    status and code (a 502 from a broken member is the table's 503, say)."""
     files = {}
     for status, (error, message) in LOCAL_ERRORS.items():
         body = '{"error": "' + message + '"}'
-        retry = "retry-after: 1\r\n" if status == 503 else ""
+        code = errors.http_status_of(error)
+        retry = "retry-after: 1\r\n" if code == 503 else ""
         files[f"http-{status}.http"] = (
-            f"HTTP/1.1 {status} {errors.__name__}\r\ncontent-type: application/json\r\n"
+            f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\ncontent-type: application/json\r\n"
             f"{retry}content-length: {len(body)}\r\ncache-control: no-cache\r\n\r\n{body}"
         )
         files[f"grpc-{status}.http"] = (
@@ -239,9 +243,14 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
         first.append(("wait-for-body time 1s at-least 1k", ""))
     first.append((f"set-var(txn.model) {model_fetch}", ""))
     answer = http_return if http else grpc_return
-    first.append((answer(errors.PayloadTooLarge,
-                         f"request body larger than {layout.max_body_bytes} bytes"),
-                  f"{{ req.hdr_val(content-length) gt {layout.max_body_bytes} }}"))
+    too_large = answer(errors.PayloadTooLarge,
+                       f"request body larger than {layout.max_body_bytes} bytes")
+    if http:
+        first.append((too_large, f"{{ req.hdr_val(content-length) gt {layout.max_body_bytes} }}"))
+    else:
+        # a gRPC message says its length in its 5-byte prefix (big-endian, bytes 1-4)
+        first += [("set-var(txn.glen) req.body,bytes(1,4),be2dec(:,4)", ""),
+                  (too_large, f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
     rules = [*first, *_model_rules(snapshot, answer, http)]
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
@@ -439,6 +448,11 @@ def with_map_paths(config: str, layout: Layout) -> str:
 
 
 # -- live changes ----------------------------------------------------------------------
+def _cli_word(text: str) -> str:
+    """One argument of the runtime API: spaces and ``;`` escaped with a backslash."""
+    return text.replace("\\", "\\\\").replace(" ", "\\ ").replace(";", "\\;")
+
+
 def structure(snapshot: Snapshot) -> tuple[object, ...]:
     """What only a reload can change: listeners, backends, servers, tables, defaults."""
     return (
@@ -465,12 +479,12 @@ def runtime_commands(old: Snapshot, new: Snapshot, layout: Layout) -> list[str] 
         before = old_maps.get(name, {})
         path = layout.map_path(name)
         for key in sorted(before.keys() - entries.keys()):
-            commands.append(f"del map {path} {key}")
+            commands.append(f"del map {path} {_cli_word(key)}")
         for key, value in sorted(entries.items()):
             if key not in before:
-                commands.append(f"add map {path} {key} {value}")
+                commands.append(f"add map {path} {_cli_word(key)} {_cli_word(value)}")
             elif before[key] != value:
-                commands.append(f"set map {path} {key} {value}")
+                commands.append(f"set map {path} {_cli_word(key)} {_cli_word(value)}")
     old_members = {(p.name, m.name): m for p in old.pools for m in p.members}
     for pool in new.pools:
         for m in pool.members:

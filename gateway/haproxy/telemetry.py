@@ -94,6 +94,7 @@ class LogReceiver:
         self._lock = threading.Lock()  # RequestLog's caches are not shared across readers
 
     def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,0 +1,330 @@
+"""A real HAProxy driven by snapshots alone (no control plane) in front of a real Triton:
+every answer HAProxy produces itself, on both protocols, comes from the error table;
+live changes go through the runtime API without a reload; a reload drops nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
+from gateway.haproxy.process import HAProxyProcess, free_port, write_files
+from gateway.haproxy.render import render, runtime_commands
+from gateway.haproxy.runtime import RuntimeAPI
+from gateway.haproxy.snapshot import (
+    Layout,
+    MemberState,
+    PoolState,
+    RateClass,
+    RouteState,
+    Snapshot,
+    key_digest,
+    server_name,
+)
+from gateway.haproxy.telemetry import LogReceiver, RequestLog
+from gateway.metrics import create_metrics
+from infergate.triton.local import LocalTriton
+from tests.conftest import triton_settings
+from tests.procs import wait_until
+
+pytestmark = pytest.mark.integration
+MAX_BODY = 64 * 1024
+TOKEN = "predict-token-0123456789"
+UPLOAD_ONLY = "upload-token-0123456789"
+
+
+class Native:
+    """HAProxy rendered from a snapshot; ``move`` applies the next one as the control
+    plane does (runtime commands, else a reload)."""
+
+    def __init__(self, layout: Layout, snapshot: Snapshot) -> None:
+        self.layout, self.snapshot = layout, snapshot
+        self.process = HAProxyProcess(layout)
+        self.metrics = create_metrics()
+        self.receiver = LogReceiver(layout.log_socket, RequestLog(self.metrics))
+
+    def start(self) -> None:
+        self.receiver.start()
+        write_files(render(self.snapshot, self.layout), self.layout)
+        self.process.start()
+
+    def move(self, snapshot: Snapshot) -> str:
+        commands = runtime_commands(self.snapshot, snapshot, self.layout)
+        write_files(render(snapshot, self.layout), self.layout)
+        if commands is None:
+            self.process.reload()
+        else:
+            RuntimeAPI(self.layout.admin_socket).run(commands)
+        self.snapshot = snapshot
+        return "reload" if commands is None else "runtime"
+
+    def worker_pid(self) -> str:
+        info = RuntimeAPI(self.layout.admin_socket).query("show info")
+        return next(line for line in info.splitlines() if line.startswith("Pid:"))
+
+    def stop(self) -> None:
+        self.process.stop(2)
+        self.receiver.stop()
+
+
+@contextlib.contextmanager
+def hung_member() -> Iterator[int]:
+    """A port that accepts connections and never answers (a SIGSTOPped server)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def native(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Native]:
+    tmp = tmp_path_factory.mktemp("native")
+    with LocalTriton(triton_settings(tiny_repo, tmp, TINY_MODEL_NAME)) as triton, \
+            hung_member() as hung_port:
+        e = triton.endpoints
+        assert e is not None
+        live = MemberState(server_name(e.grpc_url), e.host, e.http_port, e.grpc_port, True)
+        hung = MemberState("hung", "127.0.0.1", hung_port, hung_port, True)
+        snapshot = Snapshot(
+            pools=(PoolState("main", (live,), 8), PoolState("stuck", (hung,), 8)),
+            routes=(RouteState(TINY_MODEL_NAME, (("main", 1.0),), 64),),
+        )
+        layout = Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
+                        f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
+                        tmp / "haproxy", tmp / "haproxy" / "log.sock", max_body_bytes=MAX_BODY)
+        proxy = Native(layout, snapshot)
+        proxy.start()
+        try:
+            yield proxy
+        finally:
+            proxy.stop()
+
+
+def _infer(native: Native, protocol: str, model: str = TINY_MODEL_NAME,
+           headers: dict[str, str] | None = None, width: int = TINY_WIDTH,
+           timeout_s: float | None = None) -> tuple[str, str]:
+    """(status, message): "200"/"OK" on success, else the HTTP status or gRPC code."""
+    x = np.ones((1, width), np.float32)
+    if protocol == "http":
+        client: object = httpclient.InferenceServerClient(native.layout.http_bind,
+                                                          network_timeout=10)
+        module: object = httpclient
+    else:
+        client = grpcclient.InferenceServerClient(native.layout.grpc_bind)
+        module = grpcclient
+    inp = module.InferInput("x", list(x.shape), "FP32")  # type: ignore[attr-defined]
+    inp.set_data_from_numpy(x)
+    # a copy: tritonclient.http adds its own (int-valued) headers to the dict it is given
+    kwargs: dict[str, object] = {"headers": dict(headers or {})}
+    if timeout_s is not None:
+        if protocol == "http":
+            kwargs["headers"] = {**(headers or {}),
+                                 "X-Request-Timeout-Ms": str(int(timeout_s * 1e3))}
+        else:
+            kwargs["client_timeout"] = timeout_s
+    try:
+        client.infer(model, [inp], **kwargs)  # type: ignore[attr-defined]
+        return "OK", ""
+    except InferenceServerException as exc:
+        return str(exc.status()).removeprefix("StatusCode."), exc.message() or ""
+    finally:
+        client.close()  # type: ignore[attr-defined]
+
+
+HTTP_TO_GRPC = {"400": "INVALID_ARGUMENT", "401": "UNAUTHENTICATED",
+                "403": "PERMISSION_DENIED", "404": "NOT_FOUND", "413": "RESOURCE_EXHAUSTED",
+                "429": "RESOURCE_EXHAUSTED", "503": "UNAVAILABLE", "504": "DEADLINE_EXCEEDED"}
+
+
+def _both(native: Native, expected_http: str, needle: str, **kwargs: object) -> None:
+    for protocol in ("http", "grpc"):
+        status, message = _infer(native, protocol, **kwargs)  # type: ignore[arg-type]
+        wanted = expected_http if protocol == "http" else HTTP_TO_GRPC[expected_http]
+        assert (status, needle in message) == (wanted, True), (protocol, status, message)
+
+
+def test_haproxy_answers_unknown_model_not_found_when_no_pool_serves_it(native: Native) -> None:
+    _both(native, "404", "Request for unknown model: 'nope' is not found", model="nope")
+
+
+def test_haproxy_answers_unavailable_with_reason_when_model_not_ready(native: Native) -> None:
+    base = native.snapshot
+    route = replace(base.routes[0], not_ready="loading version 2")
+    assert native.move(replace(base, routes=(route,))) == "runtime"
+    try:
+        _both(native, "503", "is not ready yet: loading version 2")
+        url = f"http://{native.layout.http_bind}/v2/models/{TINY_MODEL_NAME}/infer"
+        assert httpx.post(url, content=b"{}").headers["retry-after"] == "2"
+    finally:
+        native.move(base)
+    assert _infer(native, "http") == ("OK", "")
+
+
+def test_haproxy_checks_predict_tokens_by_digest_when_gated(native: Native) -> None:
+    base = native.snapshot
+    gated = replace(base, predict_gated=True, tokens=(
+        (key_digest(TOKEN), "predict;app"), (key_digest(UPLOAD_ONLY), "upload;owner")))
+    assert native.move(gated) == "reload"  # auth on/off is structural
+    try:
+        _both(native, "401", "missing API token")
+        _both(native, "401", "unknown API token", headers={"x-api-key": "wrong-token-xyz"})
+        _both(native, "403", "token 'owner' lacks the 'predict' scope",
+              headers={"authorization": f"Bearer {UPLOAD_ONLY}"})
+        for protocol in ("http", "grpc"):
+            assert _infer(native, protocol, headers={"authorization": f"Bearer {TOKEN}"}) == \
+                ("OK", "")
+    finally:
+        native.move(base)
+
+
+def test_haproxy_sheds_at_once_when_model_limit_reached(native: Native) -> None:
+    base = native.snapshot
+    closed = replace(base.routes[0], max_in_system=0)
+    assert native.move(replace(base, routes=(closed,))) == "runtime"
+    try:
+        _both(native, "429", "overloaded: model 'tiny'")
+    finally:
+        native.move(base)
+
+
+def test_haproxy_rate_limits_per_key_digest_when_window_full(native: Native) -> None:
+    base = native.snapshot
+    native.move(replace(base, rate_keys=((key_digest("limited-key"), RateClass(0.1, 2)),)))
+    try:
+        headers = {"x-api-key": "limited-key"}
+        results = [_infer(native, "http", headers=headers)[0] for _ in range(3)]
+        assert results == ["OK", "OK", "429"]
+        assert _infer(native, "grpc", headers=headers)[0] == "RESOURCE_EXHAUSTED"
+        assert _infer(native, "http", headers={"x-api-key": "other"}) == ("OK", "")
+    finally:
+        native.move(base)
+
+
+def test_haproxy_answers_unavailable_when_no_member_routable(native: Native) -> None:
+    base = native.snapshot
+    main = base.pools[0]
+    held = replace(main, members=(replace(main.members[0], routable=False),))
+    assert native.move(replace(base, pools=(held, base.pools[1]))) == "runtime"
+    try:
+        _both(native, "503", "no healthy Triton member")
+    finally:
+        native.move(base)
+    assert _infer(native, "grpc") == ("OK", "")
+
+
+def test_haproxy_answers_deadline_exceeded_in_time_when_member_hangs(native: Native) -> None:
+    base = native.snapshot
+    stuck = RouteState(TINY_MODEL_NAME, (("stuck", 1.0),), 64)
+    native.move(replace(base, routes=(stuck,)))
+    try:
+        for protocol in ("http", "grpc"):
+            started = time.monotonic()
+            status, _ = _infer(native, protocol, timeout_s=0.3)
+            elapsed = time.monotonic() - started
+            assert status == ("504" if protocol == "http" else "DEADLINE_EXCEEDED")
+            assert elapsed < 3.0, elapsed  # bounded by the deadline, not the 300 s default
+    finally:
+        native.move(base)
+
+
+def test_haproxy_refuses_oversized_body_when_above_limit(native: Native) -> None:
+    _both(native, "413", "request body larger than", width=MAX_BODY // 4)
+
+
+def test_haproxy_routes_new_model_live_when_map_entry_added(native: Native) -> None:
+    base = native.snapshot
+    alias = RouteState("tiny_alias", (("main", 1.0),), 8)
+    pid = native.worker_pid()
+    assert native.move(replace(base, routes=(*base.routes, alias))) == "runtime"
+    try:
+        # Triton does not know the alias: it answers, and the line says where it went
+        status, message = _infer(native, "http", model="tiny_alias")
+        assert status == "404" and "unknown model" in message.lower(), (status, message)
+        assert native.worker_pid() == pid
+
+        def routed() -> float:
+            return sum(s.value for m in native.metrics.registry.collect()
+                       if m.name == "infergate_requests" for s in m.samples
+                       if s.labels.get("model") == "tiny_alias"
+                       and s.labels.get("pool") == "main" and s.name.endswith("_total"))
+
+        assert wait_until(lambda: routed() == 1, 5)
+    finally:
+        native.move(base)
+
+
+def test_haproxy_counts_every_request_when_lines_streamed(native: Native) -> None:
+    def total() -> float:
+        return sum(s.value for m in native.metrics.registry.collect()
+                   if m.name == "infergate_requests" for s in m.samples
+                   if s.name.endswith("_total") and s.labels["model"] == TINY_MODEL_NAME
+                   and s.labels["outcome"] == "success")
+
+    before = total()
+    for protocol in ("http", "grpc") * 5:
+        assert _infer(native, protocol)[0] == "OK"
+    assert wait_until(lambda: total() - before == 10, 5), total() - before
+
+
+def test_haproxy_reload_drops_no_request_when_member_added_under_load(native: Native) -> None:
+    base = native.snapshot
+    main = base.pools[0]
+    twin = replace(main.members[0], name="twin")  # the same Triton under a second name
+    failures: list[str] = []
+    done = threading.Event()
+    count = [0]
+
+    def load(protocol: str) -> None:
+        while not done.is_set():
+            status, message = _infer(native, protocol)
+            count[0] += 1
+            if status != "OK":
+                failures.append(f"{protocol}: {status} {message}")
+
+    threads = [threading.Thread(target=load, args=(p,)) for p in ("http", "grpc")]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: count[0] > 20, 10)
+        grown = replace(base, pools=(replace(main, members=(*main.members, twin)),
+                                     base.pools[1]))
+        assert native.move(grown) == "reload"
+        at_reload = count[0]
+        wait_until(lambda: count[0] > at_reload + 20, 10)
+        native.move(base)
+        wait_until(lambda: count[0] > at_reload + 40, 10)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert failures == [] and count[0] > 40
