@@ -23,7 +23,14 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane, RequestOptions
-from gateway.errors import GatewayError, InvalidInput, Unavailable, Unsupported, grpc_status_name
+from gateway.errors import (
+    GatewayError,
+    InvalidInput,
+    Unavailable,
+    Unsupported,
+    grpc_status_name,
+    outcome_of_answer,
+)
 from gateway.lifecycle.auth import Scope, TokenTable
 from gateway.pools import PoolMember
 
@@ -132,6 +139,12 @@ class RelayedError(Exception):
         self.code, self.details = code, details
 
 
+def _outcome(result: bytes | RelayedError) -> str:
+    if isinstance(result, RelayedError):
+        return outcome_of_answer(200, result.code.value[0])
+    return "success"
+
+
 async def _invoke(method: Callable[..., Awaitable[Any]], request: Any, timeout: float | None
                   ) -> Any:
     try:
@@ -181,11 +194,18 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if options.deadline_s is not None:
                 request = with_timeout_parameter(request, options.deadline_s)
 
-            async def call(member: PoolMember) -> bytes:
-                return await _invoke(self.upstream.raw_infer(member), request,
-                                     options.deadline_s)
+            async def call(member: PoolMember) -> bytes | RelayedError:
+                try:
+                    return await _invoke(self.upstream.raw_infer(member), request,
+                                         options.deadline_s)
+                except RelayedError as relayed:
+                    return relayed  # Triton's answer: counted by its code, then relayed
 
-            return await self.dataplane.forward(model, call, protocol="grpc", options=options)
+            result = await self.dataplane.forward(model, call, protocol="grpc",
+                                                  options=options, outcome=_outcome)
+            if isinstance(result, RelayedError):
+                raise result
+            return result
         except (GatewayError, RelayedError) as err:
             await _abort(context, err)
             raise  # unreachable: abort raises

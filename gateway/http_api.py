@@ -34,6 +34,7 @@ from gateway.errors import (
     Unavailable,
     Unsupported,
     http_status,
+    outcome_of_answer,
 )
 from gateway.lifecycle.auth import Scope, TokenTable
 from gateway.lifecycle.service import ModelLifecycle
@@ -116,9 +117,7 @@ def relay(resp: UpstreamResponse) -> Response:
 
 
 def _outcome(resp: UpstreamResponse) -> str:
-    if resp.status < 400:
-        return "success"
-    return "client_error" if resp.status < 500 else "upstream_error"
+    return outcome_of_answer(resp.status)
 
 
 def _error_body(error: GatewayError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:

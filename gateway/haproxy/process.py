@@ -80,7 +80,10 @@ class HAProxyProcess:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def check(self) -> None:
-        """``haproxy -c``: refuse a configuration before any process sees it."""
+        """``haproxy -c``: refuse a configuration before any process sees it (skipped
+        where HAProxy runs in another container and no binary is here)."""
+        if self.external and find_haproxy() is None:
+            return
         result = subprocess.run([self.binary, "-c", "-q", "-f", str(self.layout.config_path)],
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:
@@ -90,7 +93,8 @@ class HAProxyProcess:
     def start(self, timeout_s: float = 10.0) -> None:
         self.check()
         if self.external:
-            self.reload()
+            # the HAProxy container starts on the first configuration it finds
+            self._wait_for_admin(max(timeout_s, 120.0))
             return
         for stale in (self.layout.admin_socket, self.layout.master_socket):
             with contextlib.suppress(FileNotFoundError):

@@ -1,6 +1,6 @@
-"""Per-request telemetry from HAProxy: one log line per inference request, streamed from
-HAProxy's ring buffer to a unix socket this process reads, counted into the gateway's ``infergate_*``
-metrics (same names, labels and meaning as the Python data plane's).
+"""Per-request telemetry from HAProxy: one log line per inference request, streamed
+from HAProxy's ring buffer to a unix socket this process reads, counted into the
+gateway's ``infergate_*`` metrics (same names, labels and meaning as the Python data plane's).
 
 The line (``render.LOG_FORMAT``): ``model pool proto status grpc_status Tt outcome
 termination server``. This runs beside the hot path, in a thread, after HAProxy has

@@ -177,7 +177,10 @@ def test_image_user_ports_and_entrypoint_match_the_deployment(
     security = pod_spec(workload)["securityContext"]
     assert user == f"{security['runAsUser']}:{security['runAsGroup']}"
     c = container(workload, image)
-    assert exposed == {p["containerPort"] for p in c["ports"]}
+    # the ports the pod listens on (the gateway's are HAProxy's, in the container beside)
+    listening = {p["containerPort"] for each in pod_spec(workload)["containers"]
+                 for p in each.get("ports", [])}
+    assert exposed == listening
     assert entrypoint == f'["python", "-m", "{image}"]'
     assert c["command"][:3] == ["python", "-m", image]
     assert (ROOT / image / "__init__.py").is_file()

@@ -104,6 +104,9 @@ def test_probes_point_at_declared_ports(rendered: dict[str, list[Obj]]) -> None:
                 for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                     if probe in c:
                         handler = c[probe].get("httpGet") or c[probe].get("tcpSocket")
+                        if handler is None:  # an exec probe names no port
+                            assert c[probe]["exec"]["command"], (workload["metadata"], probe)
+                            continue
                         assert handler["port"] in declared, (workload["metadata"]["name"], probe)
 
 
@@ -375,3 +378,22 @@ def test_dashboard_queries_only_metrics_that_exist() -> None:
             assert name in known or name.startswith(("nv_", "kube_")), name
     used = {n for e in exprs for n in re.findall(r"\b(infergate_[a-z_]+)\{", e)}
     assert "infergate_pool_saturation" in used
+
+
+def test_gateway_pod_shares_haproxy_run_dir_between_data_and_control_plane(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    for objects in rendered.values():
+        workload = find(objects, "Deployment", "infergate-gateway")
+        haproxy, control = container(workload, "haproxy"), container(workload, "gateway")
+        run_dir = next(a.split("=", 1)[1] for a in control["args"]
+                       if a.startswith("--haproxy-run-dir="))
+        assert {"--data-plane=haproxy", "--haproxy-external"} <= set(control["args"])
+        assert f"{run_dir}/haproxy.cfg" in haproxy["args"][0]
+        assert f"{run_dir}/master.sock" in haproxy["args"][0]
+        for c in (haproxy, control):
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            assert mounts[run_dir] == "haproxy-run"
+        # HAProxy owns the gateway's public ports; the Service targets them
+        assert {p["containerPort"] for p in haproxy["ports"]} == {8000, 8001}
+        assert "ports" not in control

@@ -120,7 +120,7 @@ def test_every_service_monitor_validates_when_rendered(
 
 def test_validation_rejects_a_misspelt_field_when_strict(rendered: dict[str, list[Obj]]) -> None:
     deployment = copy.deepcopy(find(rendered["gpu-mig"], "Deployment", "infergate-gateway"))
-    container(deployment, "gateway")["readinessProbe"]["httpGett"] = {"path": "/", "port": 1}
+    container(deployment, "haproxy")["readinessProbe"]["httpGett"] = {"path": "/", "port": 1}
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_builtin(deployment, VERSIONS[0])
     monitor = copy.deepcopy(find(rendered["gpu-mig"], "ServiceMonitor", "infergate-gateway"))
