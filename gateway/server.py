@@ -19,8 +19,8 @@ import contextlib
 import logging
 import shutil
 import signal
-from collections.abc import Iterator
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,7 +189,10 @@ class EmbeddedServer(uvicorn.Server):
 def _haproxy(settings: GatewaySettings, dataplane: DataPlane, auth: TokenTable,
              control_http: str, control_grpc: str) -> HAProxyDataPlane:
     run_dir = settings.haproxy_run_dir
-    if run_dir is None or len(str(run_dir / "master.sock")) > 100:  # unix socket path limit
+    too_long = run_dir is not None and len(str(run_dir / "master.sock")) > 100
+    if too_long and settings.haproxy_external:
+        raise ValueError(f"--haproxy-run-dir {run_dir}: too long for a unix socket path")
+    if run_dir is None or too_long:  # unix socket paths are limited to ~108 bytes
         run_dir = Path(tempfile.mkdtemp(prefix="infergate-haproxy-"))
     layout = default_layout(settings.host, settings.http_port, settings.grpc_port,
                             control_http, control_grpc, run_dir)
