@@ -1,28 +1,61 @@
-"""Carry a plan out: server-side apply to a cluster, or write the manifests to a folder.
+"""Carry a plan out: roll it out on a cluster, or write the manifests to a folder.
 
-Order matters: PriorityClasses and the mig-parted ConfigMap first, then the node labels
-that make MIG Manager repartition, then (optionally after the nodes report
-``nvidia.com/mig.config.state=success``) the pools' Services and Deployments, whose pods
-need the new MIG devices.
+On a cluster the order and the waiting are :mod:`scheduler.rollout`'s pure state
+machine; this module only runs it: :func:`run_rollout` reads a snapshot, asks
+:func:`scheduler.rollout.step` what to do, does it, and waits. :class:`KubernetesCluster`
+is the thin layer over the Kubernetes API (reads and the six kinds of action); nothing in
+it decides anything. No test here reaches a real API server: the state machine is tested
+over recorded snapshots and a scripted cluster (``tests/scheduler/fake_cluster.py``).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
 from scheduler.errors import ApplyFailed
-from scheduler.manifests import ManifestSettings, build_manifests, to_yaml
-from scheduler.migparted import MIG_CONFIG_STATE_LABEL, mig_parted_config
+from scheduler.manifests import (
+    NODE_LABEL,
+    POOL_LABEL,
+    ROTATION_LABEL,
+    ManifestSettings,
+    build_manifests,
+    to_yaml,
+)
+from scheduler.migparted import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, mig_parted_config
 from scheduler.plan import PlanRecord
 from scheduler.render import plan_svg
+from scheduler.rollout import (
+    Action,
+    Apply,
+    ClusterSnapshot,
+    Cordon,
+    Delete,
+    DeploymentView,
+    Evict,
+    PodView,
+    Relabel,
+    Rollout,
+    RolloutSettings,
+    RolloutState,
+    SetRotation,
+    build_rollout,
+    managed_selector,
+    nodes_in,
+    pending_count,
+    step,
+)
 
 FIELD_MANAGER = "infergate-scheduler"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,15 +108,8 @@ def write_directory(
 class ClusterApplier:
     """Server-side apply through a ``kubernetes.dynamic.DynamicClient``."""
 
-    def __init__(
-        self,
-        client: Any,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
-        self.clock = clock
-        self.sleep = sleep
 
     def apply(self, objects: Sequence[dict[str, Any]]) -> list[AppliedObject]:
         from kubernetes.client.exceptions import ApiException
@@ -112,44 +138,196 @@ class ClusterApplier:
             done.append(AppliedObject(obj["kind"], meta["name"], meta.get("namespace"), "cluster"))
         return done
 
-    def wait_for_mig(self, nodes: Sequence[str], timeout_s: float, poll_s: float = 5.0) -> None:
-        """Wait until MIG Manager reports success on every node; fail fast on failure."""
-        pending = set(nodes)
-        deadline = self.clock() + timeout_s
-        resource = self.client.resources.get(api_version="v1", kind="Node")
-        while pending:
-            for name in sorted(pending):
-                labels = self.client.get(resource, name=name).metadata.labels or {}
-                state = labels.get(MIG_CONFIG_STATE_LABEL)
-                if state == "failed":
-                    raise ApplyFailed(f"MIG Manager failed to repartition node {name}")
-                if state == "success":
-                    pending.discard(name)
-            if pending and self.clock() >= deadline:
-                raise ApplyFailed(f"MIG repartition not done in {timeout_s:g}s: {sorted(pending)}")
-            if pending:
-                self.sleep(poll_s)
+
+class Cluster(Protocol):
+    """What the rollout needs from a cluster: snapshots and actions."""
+
+    def observe(self, rollout: Rollout, at: float, refusals: dict[str, str]) -> ClusterSnapshot:
+        """The cluster as the rollout sees it now (quorum reads, not a cache)."""
+        ...
+
+    def execute(self, action: Action) -> str | None:
+        """Carry out one action; an eviction refused (HTTP 429) returns why."""
+        ...
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    state: RolloutState
+    applied: list[AppliedObject]
+
+
+def run_rollout(
+    rollout: Rollout,
+    cluster: Cluster,
+    settings: RolloutSettings | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = 5.0,
+) -> RolloutResult:
+    """Step the rollout until it is done or failed; waits ``poll_s`` while a phase waits."""
+    state = RolloutState()
+    refusals: dict[str, str] = {}
+    applied: list[AppliedObject] = []
+    while not state.finished:
+        snapshot = cluster.observe(rollout, clock(), refusals)
+        following, actions = step(rollout, state, snapshot, settings)
+        refusals = {}
+        for action in actions:
+            refused = cluster.execute(action)
+            if refused is not None and isinstance(action, Evict):
+                refusals[action.pod] = refused
+            if isinstance(action, Apply):
+                applied += [
+                    AppliedObject(o["kind"], o["metadata"]["name"],
+                                  o["metadata"].get("namespace"), "cluster")
+                    for o in action.objects
+                ]  # fmt: skip
+        if following.phase != state.phase:
+            log.info("rollout: %s -> %s", state.phase, following.phase)
+        elif not following.finished:
+            sleep(poll_s)
+        state = following
+    return RolloutResult(state, applied)
 
 
 def apply_plan(
     record: PlanRecord,
-    applier: ClusterApplier,
+    cluster: Cluster,
     settings: ManifestSettings | None = None,
-    wait_timeout_s: float | None = 900.0,
+    rollout_settings: RolloutSettings | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> list[AppliedObject]:
-    objects = build_manifests(record.plan, record.request.pools, settings)
-    first = [o for o in objects if _is_node_phase(o)]
-    done = applier.apply(first)
-    relabelled = [o["metadata"]["name"] for o in first if o["kind"] == "Node"]
-    if relabelled and wait_timeout_s:
-        applier.wait_for_mig(relabelled, wait_timeout_s)
-    return done + applier.apply([o for o in objects if not _is_node_phase(o)])
+    """Roll ``record`` out on ``cluster``; ApplyFailed with the rollout's reason."""
+    result = run_rollout(build_rollout(record, settings), cluster, rollout_settings, clock, sleep)
+    if result.state.phase == "failed":
+        raise ApplyFailed(f"rollout of {record.plan.id} failed: {result.state.reason}")
+    return result.applied
 
 
-def cluster_applier(kubeconfig: Path, context: str | None = None) -> ClusterApplier:
-    """A ClusterApplier for the cluster in ``kubeconfig`` (contacts the API server)."""
+def _ready(pod: Any) -> bool:
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _scrape_pending(pod_ip: str | None, port: int = 8002, timeout_s: float = 1.0) -> int | None:
+    if not pod_ip:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{pod_ip}:{port}/metrics", timeout=timeout_s) as r:
+            return pending_count(r.read().decode("utf-8", "replace"))
+    except OSError:
+        return None
+
+
+class KubernetesCluster:
+    """:class:`Cluster` over the Kubernetes API (thin: reads and writes, no decisions)."""
+
+    def __init__(self, api_client: Any, namespace: str) -> None:
+        from kubernetes import client
+        from kubernetes.dynamic import DynamicClient
+
+        # Any: the generated client's Optional-everywhere models say nothing useful here.
+        self.core: Any = client.CoreV1Api(api_client)
+        self.apps: Any = client.AppsV1Api(api_client)
+        self.scheduling: Any = client.SchedulingV1Api(api_client)
+        self.applier = ClusterApplier(DynamicClient(api_client))
+        self.namespace = namespace
+
+    def observe(self, rollout: Rollout, at: float, refusals: dict[str, str]) -> ClusterSnapshot:
+        labels, unschedulable, pods = {}, {}, []
+        for name in nodes_in(rollout):
+            node = self.core.read_node(name)
+            labels[name] = dict(node.metadata.labels or {})
+            unschedulable[name] = bool(node.spec.unschedulable)
+            listed = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}")
+            pods += [self._pod(p, name) for p in listed.items]
+        deployments = [
+            DeploymentView(d.metadata.name, d.metadata.namespace,
+                           (d.metadata.labels or {}).get(NODE_LABEL), d.spec.replicas or 0,
+                           (d.status.ready_replicas if d.status else 0) or 0)
+            for d in self.apps.list_namespaced_deployment(
+                self.namespace, label_selector=managed_selector()).items
+        ]  # fmt: skip
+        classes = {c.metadata.name: c.value for c in self.scheduling.list_priority_class().items}
+        return ClusterSnapshot(at, labels, unschedulable, tuple(pods), tuple(deployments),
+                               classes, dict(refusals))  # fmt: skip
+
+    def _pod(self, pod: Any, node: str) -> PodView:
+        labels = pod.metadata.labels or {}
+        resources = tuple(
+            sorted(
+                {
+                    r
+                    for c in pod.spec.containers or []
+                    for r in ((c.resources.limits if c.resources else None) or {})
+                    if r.startswith("nvidia.com/")
+                }
+            )
+        )
+        pool = labels.get(POOL_LABEL)
+        return PodView(
+            name=pod.metadata.name,
+            namespace=pod.metadata.namespace,
+            node=node,
+            resources=resources,
+            pool=pool,
+            ready=_ready(pod),
+            in_rotation=labels.get(ROTATION_LABEL, "in") != "out",
+            terminating=pod.metadata.deletion_timestamp is not None,
+            in_flight=_scrape_pending(pod.status.pod_ip if pod.status else None) if pool else None,
+        )
+
+    def execute(self, action: Action) -> str | None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            if isinstance(action, Apply):
+                self.applier.apply(action.objects)
+            elif isinstance(action, Delete):
+                if action.kind == "PriorityClass":
+                    self.scheduling.delete_priority_class(action.name)
+                else:
+                    self.apps.delete_namespaced_deployment(action.name, action.namespace)
+            elif isinstance(action, Cordon):
+                self.core.patch_node(action.node, {"spec": {"unschedulable": action.unschedulable}})
+            elif isinstance(action, SetRotation):
+                value = "in" if action.in_rotation else "out"
+                body = {"metadata": {"labels": {ROTATION_LABEL: value}}}
+                self.core.patch_namespaced_pod(action.pod, action.namespace, body)
+            elif isinstance(action, Evict):
+                meta = client.V1ObjectMeta(name=action.pod, namespace=action.namespace)
+                self.core.create_namespaced_pod_eviction(
+                    action.pod, action.namespace, client.V1Eviction(metadata=meta)
+                )
+            elif isinstance(action, Relabel):
+                # One patch: the new config and no state, so that the next state seen
+                # beside this config is this change's (a null removes a label).
+                labels = {MIG_CONFIG_LABEL: action.config, MIG_CONFIG_STATE_LABEL: None}
+                self.core.patch_node(action.node, {"metadata": {"labels": labels}})
+        except ApiException as e:
+            if e.status == 404 and isinstance(action, Delete | Evict):
+                return None  # already gone
+            if e.status == 429 and isinstance(action, Evict):
+                return f"eviction refused: {_message(e)}"
+            raise ApplyFailed(f"{type(action).__name__} {action}: API answered {e.status}") from e
+        return None
+
+
+def _message(e: Any) -> str:
+    try:
+        return str(json.loads(e.body).get("message", e.reason))
+    except (TypeError, ValueError, AttributeError):
+        return str(getattr(e, "reason", "refused"))
+
+
+def kubernetes_cluster(
+    kubeconfig: Path, context: str | None = None, namespace: str = "infergate"
+) -> KubernetesCluster:
+    """A KubernetesCluster for ``kubeconfig`` (contacts the API server when used)."""
     from kubernetes import config
-    from kubernetes.dynamic import DynamicClient
 
     api_client = config.new_client_from_config(config_file=str(kubeconfig), context=context)
-    return ClusterApplier(DynamicClient(api_client))
+    return KubernetesCluster(api_client, namespace)

@@ -16,12 +16,13 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.apply import apply_plan, cluster_applier, write_directory
+from scheduler.apply import apply_plan, kubernetes_cluster, write_directory
 from scheduler.errors import SchedulerError, exit_code
 from scheduler.plan import PlanRecord
 from scheduler.planner import plan_placement
 from scheduler.render import layout_table, plan_png, plan_svg, pools_table
 from scheduler.request import PlannerOptions, load_request
+from scheduler.rollout import RolloutSettings
 
 app = typer.Typer(
     help="MIG placement scheduler: slot-exact plans for Triton pools on MIG GPUs.",
@@ -146,7 +147,7 @@ def apply_command(
         "scheduler-out"
     ),
     wait: Annotated[
-        float, typer.Option(help="Seconds to wait for MIG Manager (0: do not).")
+        float, typer.Option(help="Seconds a node may take to report this change's MIG state.")
     ] = 900.0,
     solver: Solver = "auto",
     objective: Objective = "auto",
@@ -155,8 +156,9 @@ def apply_command(
 ) -> None:
     """Apply a plan (--plan, or made from --fleet/--pools) to a cluster or a folder.
 
-    With --kubeconfig: server-side apply, waiting for MIG Manager between the node labels
-    and the pools. Without: manifest files in --out-dir/<plan id>/.
+    With --kubeconfig: roll out node by node (drain, relabel, wait for this change's
+    nvidia.com/mig.config.state, bring the pools up, restore routing). Without: manifest
+    files in --out-dir/<plan id>/.
     """
     try:
         if plan is not None:
@@ -167,7 +169,9 @@ def apply_command(
         else:
             raise typer.BadParameter("give --plan, or both --fleet and --pools")
         if kubeconfig is not None:
-            done = apply_plan(record, cluster_applier(kubeconfig, context), wait_timeout_s=wait)
+            settings = RolloutSettings(mig_timeout_s=wait)
+            cluster = kubernetes_cluster(kubeconfig, context)
+            done = apply_plan(record, cluster, rollout_settings=settings)
         else:
             done = write_directory(record, out_dir / record.plan.id)
     except SchedulerError as e:

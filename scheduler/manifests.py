@@ -1,14 +1,28 @@
 """Kubernetes objects for a plan: PriorityClasses, the mig-parted ConfigMap, node label
-patches, and per pool a headless Service plus one Triton Deployment per MIG resource.
+patches, and per pool a headless Service, a PodDisruptionBudget and one Triton
+Deployment per (MIG resource, node).
 
 A container should request one MIG device type only (mixed strategy), and the resource
-name differs per GPU type (``3g.40gb`` on an H100-80GB, ``3g.71gb`` on an H200), so a
-pool whose replicas span GPU types gets one Deployment per resource name. Each
-Deployment is pinned by node affinity to the nodes the plan put its instances on.
+name differs per GPU type (``3g.40gb`` on an H100-80GB, ``3g.71gb`` on an H200). The
+plan's per-node counts are enforced, not hoped for: each Deployment is pinned to one
+node (``nodeSelector: kubernetes.io/hostname``) with exactly the replicas the plan put
+there, so replicas of one pool cannot pile onto one node and take devices the plan gave
+another pool of the same profile. Updates replace one pod at a time without a surge
+(a surge pod would wait for a MIG device that does not exist).
+
+The Service selects ready pods that are *in rotation* (``infergate.io/rotation: in``):
+the rollout takes a pod out of the gateway's rotation by relabelling it before it is
+evicted, so in-flight requests finish while no new ones arrive. The PodDisruptionBudget
+(``maxUnavailable: 1``) is what evictions respect while the rest of the pool serves.
+
+A PriorityClass' ``value`` cannot change after creation (the API server rejects the
+update, server-side apply included); :mod:`scheduler.rollout` recreates a class whose
+value the plan changes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +38,11 @@ from scheduler.profiles import GPU_TYPES
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "infergate-scheduler"}
 POOL_LABEL = "infergate.io/pool"
+NODE_LABEL = "infergate.io/node"
+RESOURCE_LABEL = "infergate.io/resource"
+ROTATION_LABEL = "infergate.io/rotation"
+"""``in``: the pool's Service routes to the pod; ``out``: taken out before an eviction."""
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 @dataclass(frozen=True)
@@ -98,43 +117,35 @@ def _container(pool: PoolSpec, resource: str, settings: ManifestSettings) -> dic
     }
 
 
+def deployment_name(pool: str, resource: str, node: str) -> str:
+    """``triton-<pool>-<resource>-<node hash>``, hashed whole when over 63 characters
+    (a DNS label: the pods' hostnames derive from it)."""
+    digest = hashlib.sha256(node.encode()).hexdigest()[:8]
+    name = f"triton-{pool}-{_suffix(resource)}-{digest}"
+    if len(name) <= 63:
+        return name
+    return f"triton-{pool}-{hashlib.sha256(f'{resource}/{node}'.encode()).hexdigest()[:12]}"
+
+
 def deployment(
     pool: PoolSpec,
     resource: str,
-    nodes: Sequence[str],
+    node: str,
     replicas: int,
     plan: PlacementPlan,
     settings: ManifestSettings,
 ) -> dict[str, Any]:
-    name = f"triton-{pool.name}-{_suffix(resource)}"
     labels = {
         "app.kubernetes.io/name": "triton",
         "app.kubernetes.io/instance": pool.name,
         POOL_LABEL: pool.name,
         **MANAGED_BY,
     }
-    selector = {POOL_LABEL: pool.name, "infergate.io/resource": _suffix(resource)}
+    selector = {POOL_LABEL: pool.name, RESOURCE_LABEL: _suffix(resource), NODE_LABEL: node}
     tolerations = [t.model_dump(exclude_none=True) for t in pool.constraints.tolerations]
-    affinity = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {
-                                "key": "kubernetes.io/hostname",
-                                "operator": "In",
-                                "values": sorted(nodes),
-                            }
-                        ]
-                    }
-                ]
-            }
-        }
-    }
     pod_spec: dict[str, Any] = {
         "priorityClassName": pool.priority_class_name,
-        "affinity": affinity,
+        "nodeSelector": {HOSTNAME_LABEL: node},
         "containers": [_container(pool, resource, settings)],
         "volumes": [
             {
@@ -152,19 +163,36 @@ def deployment(
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": name,
+            "name": deployment_name(pool.name, resource, node),
             "namespace": settings.namespace,
-            "labels": labels,
+            "labels": {**labels, **selector},
             "annotations": {"infergate.io/plan-id": plan.id},
         },
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
             "template": {
-                "metadata": {"labels": {**labels, **selector}},
+                "metadata": {"labels": {**labels, **selector, ROTATION_LABEL: "in"}},
                 "spec": pod_spec,
             },
         },
+    }
+
+
+def disruption_budget(pool: PoolSpec, settings: ManifestSettings) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": f"triton-{pool.name}",
+            "namespace": settings.namespace,
+            "labels": {POOL_LABEL: pool.name, **MANAGED_BY},
+        },
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {POOL_LABEL: pool.name}}},
     }
 
 
@@ -179,7 +207,7 @@ def service(pool: PoolSpec, settings: ManifestSettings) -> dict[str, Any]:
         },
         "spec": {
             "clusterIP": "None",
-            "selector": {POOL_LABEL: pool.name},
+            "selector": {POOL_LABEL: pool.name, ROTATION_LABEL: "in"},
             "ports": [
                 {"name": "http", "port": 8000, "targetPort": "http"},
                 {"name": "grpc", "port": 8001, "targetPort": "grpc"},
@@ -210,26 +238,33 @@ def node_label_patches(plan: PlacementPlan) -> list[dict[str, Any]]:
     ]
 
 
-def pool_objects(
-    plan: PlacementPlan, pools: Sequence[PoolSpec], settings: ManifestSettings
-) -> list[dict[str, Any]]:
-    """Service and Deployments for every pool with instances, in pool order."""
-    groups: dict[str, dict[str, list[str]]] = {}
+def placements_by_node(plan: PlacementPlan) -> dict[str, dict[tuple[str, str], int]]:
+    """pool -> (resource, node) -> instances the plan gives it there."""
+    groups: dict[str, dict[tuple[str, str], int]] = {}
     for gpu in plan.gpus:
         kind = GPU_TYPES[gpu.gpu_type]
         for inst in gpu.instances:
             if inst.pool is not None:
-                resource = kind.resource_name(inst.profile_id)
-                groups.setdefault(inst.pool, {}).setdefault(resource, []).append(gpu.node)
+                key = (kind.resource_name(inst.profile_id), gpu.node)
+                per_pool = groups.setdefault(inst.pool, {})
+                per_pool[key] = per_pool.get(key, 0) + 1
+    return groups
+
+
+def pool_objects(
+    plan: PlacementPlan, pools: Sequence[PoolSpec], settings: ManifestSettings
+) -> list[dict[str, Any]]:
+    """Service, PodDisruptionBudget and per-node Deployments for every pool with
+    instances, in pool order."""
+    groups = placements_by_node(plan)
     objects: list[dict[str, Any]] = []
     for pool in pools:
         if pool.name not in groups:
             continue
         objects.append(service(pool, settings))
-        for resource, nodes in sorted(groups[pool.name].items()):
-            objects.append(
-                deployment(pool, resource, sorted(set(nodes)), len(nodes), plan, settings)
-            )
+        objects.append(disruption_budget(pool, settings))
+        for (resource, node), n in sorted(groups[pool.name].items()):
+            objects.append(deployment(pool, resource, node, n, plan, settings))
     return objects
 
 

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from scheduler.plan import GpuPlan, PlacementPlan
-from scheduler.profiles import MEMORY_SLOTS
+from scheduler.plan import GpuPlan, PlacementPlan, PoolOutcome
+from scheduler.profiles import GPU_TYPES, MEMORY_SLOTS, WHOLE_DEVICE
 
 PALETTE = (
     "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948",
@@ -71,6 +71,21 @@ def layout_table(plan: PlacementPlan, used_only: bool = False) -> Table:
     return table
 
 
+def profile_label(outcome: PoolOutcome) -> str:
+    """The profile as people read it (``3g.40gb``; ``3g.20gb/3g.71gb`` across GPU types;
+    ``gpu`` for whole devices), not its id."""
+    if outcome.profile_id is None:
+        return "-"
+    names = []
+    for name in outcome.gpu_types:
+        kind = GPU_TYPES.get(name)
+        if kind is not None and (outcome.profile_id in kind.profiles or not kind.mig_capable):
+            label = kind.profile_name(outcome.profile_id if kind.mig_capable else WHOLE_DEVICE)
+            if label not in names:
+                names.append(label)
+    return "/".join(names) or f"profile {outcome.profile_id}"
+
+
 def pools_table(plan: PlacementPlan) -> Table:
     table = Table(title="pools")
     for column in ("pool", "status", "profile", "replicas", "served/target req/s", "reason"):
@@ -80,7 +95,7 @@ def pools_table(plan: PlacementPlan) -> Table:
         table.add_row(
             p.name,
             Text(p.status, style=style),
-            "-" if p.profile_id is None else str(p.profile_id),
+            profile_label(p),
             f"{p.replicas_placed}/{p.replicas_wanted}",
             f"{p.served_rps:.0f}/{p.target_rps:.0f}",
             "; ".join(p.reasons),

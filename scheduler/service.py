@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from scheduler.apply import ClusterApplier, apply_plan, cluster_applier, write_directory
+from scheduler.apply import Cluster, apply_plan, kubernetes_cluster, write_directory
 from scheduler.errors import InvalidPlanningInput, PlanNotFound, SchedulerError, http_status
 from scheduler.manifests import ManifestSettings, build_manifests, to_yaml
 from scheduler.migparted import mig_parted_config, node_labels
@@ -29,6 +29,7 @@ from scheduler.plan import PlacementPlan, PlanRecord
 from scheduler.planner import plan_placement
 from scheduler.render import plan_png, plan_svg, plan_text
 from scheduler.request import PlanningRequest, check_request
+from scheduler.rollout import RolloutSettings
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class ServiceSettings:
     kube_context: str | None = None
     output_dir: Path = Path("scheduler-out")
     max_plans: int = 256
-    wait_for_mig_s: float = 900.0
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
     manifests: ManifestSettings = field(default_factory=ManifestSettings)
 
 
@@ -83,15 +84,17 @@ def create_app(
     settings: ServiceSettings,
     *,
     clock: Callable[[], float] = time.monotonic,
-    applier_factory: Callable[[], ClusterApplier] | None = None,
+    cluster_factory: Callable[[], Cluster] | None = None,
 ) -> FastAPI:
     app = FastAPI(title="infergate MIG placement scheduler", version="1")
     store = PlanStore(settings.max_plans)
     kubeconfig = settings.kubeconfig
-    if applier_factory is None and kubeconfig is not None:
+    if cluster_factory is None and kubeconfig is not None:
 
-        def applier_factory() -> ClusterApplier:
-            return cluster_applier(kubeconfig, settings.kube_context)
+        def cluster_factory() -> Cluster:
+            return kubernetes_cluster(
+                kubeconfig, settings.kube_context, settings.manifests.namespace
+            )
 
     @app.exception_handler(SchedulerError)
     async def scheduler_error(_: Request, error: SchedulerError) -> JSONResponse:
@@ -154,11 +157,11 @@ def create_app(
     @app.post("/v1/plans/{plan_id}/apply")
     async def apply(plan_id: str) -> dict[str, Any]:
         record = store.get(plan_id)
-        if applier_factory is not None:
-            factory = applier_factory
+        if cluster_factory is not None:
+            factory = cluster_factory
 
             def to_cluster() -> list[Any]:
-                return apply_plan(record, factory(), settings.manifests, settings.wait_for_mig_s)
+                return apply_plan(record, factory(), settings.manifests, settings.rollout)
 
             done = await run_in_threadpool(to_cluster)
             target = "cluster"

@@ -58,23 +58,56 @@ def test_deployments_request_one_mig_resource_when_pool_is_placed(
         assert gpu_resources[0].startswith("nvidia.com/mig-") == on_mig.pop()
 
 
-def test_deployment_replicas_and_affinity_match_plan_when_built(
+def test_deployment_replicas_match_the_plan_per_node_when_built(
     objects: list[dict[str, Any]], example_record: PlanRecord
 ) -> None:
+    planned: dict[tuple[str, str, str], int] = {}
+    for g in example_record.plan.gpus:
+        for i in g.instances:
+            if i.pool is not None:
+                key = (i.pool, GPU_TYPES[g.gpu_type].resource_name(i.profile_id), g.node)
+                planned[key] = planned.get(key, 0) + 1
+    built = {}
     for d in by_kind(objects, "Deployment"):
-        name = d["metadata"]["labels"]["infergate.io/pool"]
-        resource = next(iter(d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]))
-        where = [
-            g.node
-            for g in example_record.plan.gpus
-            for i in g.instances
-            if i.pool == name and resource == GPU_TYPES[g.gpu_type].resource_name(i.profile_id)
-        ]
-        assert d["spec"]["replicas"] == len(where)
-        terms = d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        ]["nodeSelectorTerms"]
-        assert terms[0]["matchExpressions"][0]["values"] == sorted(set(where))
+        spec = d["spec"]["template"]["spec"]
+        resource = next(iter(spec["containers"][0]["resources"]["limits"]))
+        assert "affinity" not in spec
+        key = (d["metadata"]["labels"]["infergate.io/pool"], resource,
+               spec["nodeSelector"]["kubernetes.io/hostname"])  # fmt: skip
+        built[key] = d["spec"]["replicas"]
+    assert built == planned
+
+
+def test_replicas_cannot_pile_onto_one_node_when_a_pool_spans_nodes() -> None:
+    nodes = [node("n1", [gpu(0, layout=[(19, 0, "a"), (19, 1, "b")])]),
+             node("n2", [gpu(0, layout=[(19, 0, "a"), (19, 1, "b")])])]  # fmt: skip
+    req = request(nodes, [pool("a", target=200), pool("b", target=200)])
+    deployments = by_kind(build_manifests(plan_placement(req), req.pools), "Deployment")
+    pinned = sorted(
+        (d["metadata"]["labels"]["infergate.io/pool"], d["spec"]["replicas"],
+         d["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"])
+        for d in deployments
+    )  # fmt: skip
+    assert pinned == [("a", 1, "n1"), ("a", 1, "n2"), ("b", 1, "n1"), ("b", 1, "n2")]
+    assert all(DNS_LABEL.match(d["metadata"]["name"]) for d in deployments)
+    for d in deployments:  # an update replaces a pod in place: no surge pod without a device
+        assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_pools_get_a_disruption_budget_and_a_rotation_selector_when_built(
+    objects: list[dict[str, Any]],
+) -> None:
+    budgets = {b["metadata"]["name"]: b for b in by_kind(objects, "PodDisruptionBudget")}
+    for s in by_kind(objects, "Service"):
+        pool_name = s["spec"]["selector"]["infergate.io/pool"]
+        assert s["spec"]["selector"]["infergate.io/rotation"] == "in"
+        budget = budgets[s["metadata"]["name"]]
+        assert budget["spec"] == {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": {"infergate.io/pool": pool_name}},
+        }
+    for d in by_kind(objects, "Deployment"):
+        assert d["spec"]["template"]["metadata"]["labels"]["infergate.io/rotation"] == "in"
 
 
 def test_priority_classes_cover_every_pool_when_built(

@@ -39,3 +39,12 @@ def test_plan_text_shows_pools_and_idle_instances_when_printed() -> None:
 def test_plan_png_is_a_png_when_rendered(example_record: PlanRecord) -> None:
     data = plan_png(example_record.plan, used_only=True)
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_pools_table_names_profiles_when_printed() -> None:
+    nodes = [node("a100", [gpu(0, "A100-40GB")]), node("h200", [gpu(0, "H200")])]
+    spread = pool("spread", {9: 100}, target=200, constraints={"max_replicas_per_gpu": 1})
+    text = plan_text(plan_placement(request(nodes, [spread])))
+    pools_part = text[text.index("pools") :]
+    row = next(line for line in pools_part.splitlines() if "spread" in line)
+    assert "3g.20gb/3g.71gb" in row and " 9 " not in row

@@ -2,32 +2,20 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 from unittest.mock import create_autospec
 
 import pytest
 import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from scheduler.apply import FIELD_MANAGER, ClusterApplier, apply_plan, write_directory
+from scheduler.apply import FIELD_MANAGER, ClusterApplier, KubernetesCluster, write_directory
 from scheduler.errors import ApplyFailed
+from scheduler.manifests import build_manifests
 from scheduler.plan import PlanRecord
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def node_with(state: str | None) -> SimpleNamespace:
-    labels = {} if state is None else {"nvidia.com/mig.config.state": state}
-    return SimpleNamespace(metadata=SimpleNamespace(labels=labels))
+from scheduler.rollout import Cordon, Evict, Relabel, SetRotation
 
 
 def dynamic_client() -> DynamicClient:
@@ -46,7 +34,7 @@ def test_write_directory_writes_manifests_and_record_when_no_cluster(
         "30-pools.yaml", "layout.svg", "mig-parted-config.yaml", "plan.json",
     ]  # fmt: skip
     pools = list(yaml.safe_load_all((tmp_path / "out" / "30-pools.yaml").read_text()))
-    assert {o["kind"] for o in pools} == {"Service", "Deployment"}
+    assert {o["kind"] for o in pools} == {"Service", "PodDisruptionBudget", "Deployment"}
     assert len(done) == sum(
         len(list(yaml.safe_load_all(p.read_text()))) for p in (tmp_path / "out").glob("*0-*.yaml")
     )
@@ -67,17 +55,12 @@ def test_cluster_applier_server_side_applies_each_object_when_called(
     example_record: PlanRecord,
 ) -> None:
     client = dynamic_client()
-    clock = FakeClock()
-    client.get.return_value = node_with("success")
-    applier = ClusterApplier(client, clock=clock, sleep=clock.sleep)
-    done = apply_plan(example_record, applier, wait_timeout_s=60)
+    objects = build_manifests(example_record.plan, example_record.request.pools)
+    done = ClusterApplier(client).apply(objects)
     calls = client.server_side_apply.call_args_list
-    assert len(calls) == len(done) > 0
+    assert len(calls) == len(done) == len(objects) > 0
     assert all(c.kwargs["field_manager"] == FIELD_MANAGER and c.kwargs["force_conflicts"]
                for c in calls)  # fmt: skip
-    kinds = [c.kwargs["body"]["kind"] for c in calls]
-    assert kinds.index("Node") < kinds.index("Deployment")
-    client.get.assert_called()  # waited for MIG Manager on the relabelled node
 
 
 def test_cluster_applier_raises_apply_failed_when_api_refuses() -> None:
@@ -89,25 +72,43 @@ def test_cluster_applier_raises_apply_failed_when_api_refuses() -> None:
         applier.apply([body])
 
 
-def test_wait_for_mig_returns_when_state_turns_success() -> None:
-    client = dynamic_client()
-    client.get.side_effect = [node_with("pending"), node_with("rebooting"), node_with("success")]
-    clock = FakeClock()
-    ClusterApplier(client, clock=clock, sleep=clock.sleep).wait_for_mig(["n"], 100, poll_s=5)
-    assert clock.now == 10
+def core_api() -> Any:
+    return create_autospec(client.CoreV1Api, instance=True)
 
 
-def test_wait_for_mig_raises_when_manager_reports_failure() -> None:
-    client = dynamic_client()
-    client.get.return_value = node_with("failed")
-    clock = FakeClock()
-    with pytest.raises(ApplyFailed, match="failed to repartition node n"):
-        ClusterApplier(client, clock=clock, sleep=clock.sleep).wait_for_mig(["n"], 100)
+def kubernetes_cluster_with(core: Any) -> KubernetesCluster:
+    cluster = KubernetesCluster.__new__(KubernetesCluster)  # no API client: calls are mocked
+    cluster.core, cluster.namespace = core, "infergate"
+    return cluster
 
 
-def test_wait_for_mig_times_out_when_state_never_settles() -> None:
-    client = dynamic_client()
-    client.get.return_value = node_with("pending")
-    clock = FakeClock()
-    with pytest.raises(ApplyFailed, match="not done in 30s"):
-        ClusterApplier(client, clock=clock, sleep=clock.sleep).wait_for_mig(["n"], 30, poll_s=10)
+def test_relabel_sets_the_config_and_removes_the_old_state_in_one_patch_when_executed() -> None:
+    core = core_api()
+    kubernetes_cluster_with(core).execute(Relabel("n1", "infergate-abc"))
+    core.patch_node.assert_called_once_with(
+        "n1",
+        {"metadata": {"labels": {"nvidia.com/mig.config": "infergate-abc",
+                                 "nvidia.com/mig.config.state": None}}},
+    )  # fmt: skip
+
+
+def test_eviction_refused_by_a_budget_is_reported_not_raised_when_executed() -> None:
+    core = core_api()
+    body = '{"message": "Cannot evict pod as it would violate the pod\'s disruption budget."}'
+    core.create_namespaced_pod_eviction.side_effect = ApiException(status=429, reason="TooMany")
+    core.create_namespaced_pod_eviction.side_effect.body = body
+    why = kubernetes_cluster_with(core).execute(Evict("p", "infergate"))
+    assert why is not None and "disruption budget" in why
+    (name, namespace, eviction), _ = core.create_namespaced_pod_eviction.call_args
+    assert (name, namespace, eviction.metadata.name) == ("p", "infergate", "p")
+
+
+def test_cordon_and_rotation_patch_only_their_fields_when_executed() -> None:
+    core = core_api()
+    cluster = kubernetes_cluster_with(core)
+    cluster.execute(Cordon("n1"))
+    cluster.execute(SetRotation("p", "infergate", False))
+    core.patch_node.assert_called_once_with("n1", {"spec": {"unschedulable": True}})
+    core.patch_namespaced_pod.assert_called_once_with(
+        "p", "infergate", {"metadata": {"labels": {"infergate.io/rotation": "out"}}}
+    )

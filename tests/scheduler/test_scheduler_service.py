@@ -4,16 +4,18 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from unittest.mock import create_autospec
 
 import httpx
 import pytest
 import yaml
 
-from scheduler.apply import AppliedObject, ClusterApplier
+from scheduler.migparted import node_labels
+from scheduler.plan import PlacementPlan
 from scheduler.planner import plan_id
 from scheduler.request import PlanningRequest
+from scheduler.rollout import Relabel, RolloutSettings
 from scheduler.service import ServiceSettings, create_app
+from tests.scheduler.fake_cluster import ScriptedCluster
 
 
 def body(request: PlanningRequest) -> dict[str, Any]:
@@ -76,20 +78,20 @@ async def test_apply_writes_directory_when_no_kubeconfig(
     assert (tmp_path / created["id"] / "30-pools.yaml").exists()
 
 
-async def test_apply_uses_cluster_when_applier_is_configured(
+async def test_apply_rolls_out_on_the_cluster_when_one_is_configured(
     example_request: PlanningRequest,
 ) -> None:
-    applier = create_autospec(ClusterApplier, instance=True)
-    applier.apply.side_effect = lambda objects: [
-        AppliedObject(o["kind"], o["metadata"]["name"], None, "cluster") for o in objects
-    ]
-    app = create_app(ServiceSettings(wait_for_mig_s=0), applier_factory=lambda: applier)
+    cluster = ScriptedCluster(node_labels={n.name: {} for n in example_request.fleet.nodes})
+    settings = ServiceSettings(rollout=RolloutSettings(mig_timeout_s=60))
+    app = create_app(settings, cluster_factory=lambda: cluster)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://s") as c:
         created = (await c.post("/v1/plans", json=body(example_request))).json()
         response = await c.post(created["links"]["apply"])
+    assert response.status_code == 200, response.text
     assert response.json()["target"] == "cluster"
-    assert applier.apply.call_count == 2  # node phase, then pools
-    applier.wait_for_mig.assert_not_called()
+    relabelled = [a.node for a in cluster.actions if isinstance(a, Relabel)]
+    assert relabelled == sorted(node_labels(PlacementPlan.model_validate(created["plan"])))
+    assert {o["kind"] for o in response.json()["objects"]} >= {"ConfigMap", "Deployment"}
 
 
 async def test_get_plan_answers_404_when_id_is_unknown(client: httpx.AsyncClient) -> None:

@@ -1,0 +1,276 @@
+"""The apply sequence as a state machine over observed snapshots (issue 12, points 2, 3).
+
+Everything here runs against :class:`ScriptedCluster` (tests/scheduler/fake_cluster.py)
+or hand-written snapshots: no Kubernetes API server is involved."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.apply import RolloutResult, apply_plan, run_rollout
+from scheduler.errors import ApplyFailed
+from scheduler.migparted import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL
+from scheduler.plan import PlanRecord
+from scheduler.planner import plan_placement
+from scheduler.rollout import (
+    Apply,
+    ClusterSnapshot,
+    Cordon,
+    Delete,
+    DeploymentView,
+    Evict,
+    PodView,
+    Relabel,
+    Rollout,
+    RolloutSettings,
+    RolloutState,
+    SetRotation,
+    build_rollout,
+    pending_count,
+    step,
+)
+from tests.scheduler.builders import gpu, node, pool, request
+from tests.scheduler.fake_cluster import ScriptedCluster, mig_manager_script
+
+SETTINGS = RolloutSettings(drain_grace_s=30, evict_timeout_s=60, mig_timeout_s=120,
+                           ready_timeout_s=60)  # fmt: skip
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture(scope="module")
+def record() -> PlanRecord:
+    """busy/1 is rebuilt for b's 3g (c's 1g there is destroyed, c moves to busy/0's idle
+    1g); spare/0 gets MIG enabled for d (nothing runs there)."""
+    nodes = [
+        node("busy", [gpu(0, layout=[(9, 0, "a"), (14, 4, None), (19, 6, None)]),
+                      gpu(1, layout=[(19, 0, "c")])], labels={"zone": "z1"}),
+        node("spare", [gpu(0, enabled=False)], labels={"zone": "z2"}),
+    ]  # fmt: skip
+    pools = [
+        pool("a", {9: 100}),
+        pool("b", {9: 100}, constraints={"node_selector": {"zone": "z1"}}),
+        pool("c"),
+        pool("d", {0: 100}, target=50, constraints={"node_selector": {"zone": "z2"}}),
+    ]
+    req = request(nodes, pools)
+    plan = plan_placement(req)
+    assert [g.key for g in plan.gpus if g.repartition] == ["busy/1", "spare/0"]
+    return PlanRecord(request=req, plan=plan)
+
+
+@pytest.fixture(scope="module")
+def rollout(record: PlanRecord) -> Rollout:
+    return build_rollout(record)
+
+
+def pod(name: str, node: str, resource: str, pool_name: str, **extra: object) -> PodView:
+    return PodView(name, "infergate", node, (resource,), pool_name, in_flight=0, **extra)  # type: ignore[arg-type]
+
+
+def cluster(**extra: object) -> ScriptedCluster:
+    labels = {
+        "busy": {MIG_CONFIG_LABEL: "all-balanced", MIG_CONFIG_STATE_LABEL: "success"},
+        "spare": {MIG_CONFIG_LABEL: "all-disabled", MIG_CONFIG_STATE_LABEL: "success"},
+    }
+    pods = {
+        "a-0": pod("a-0", "busy", "nvidia.com/mig-3g.40gb", "a"),
+        "c-0": pod("c-0", "busy", "nvidia.com/mig-1g.10gb", "c"),
+    }
+    old = DeploymentView("triton-c-old", "infergate", "busy", 1, 1)
+    return ScriptedCluster(node_labels=labels, pods=pods, deployments={old.name: old},
+                           **extra)  # type: ignore[arg-type]  # fmt: skip
+
+
+def run(rollout: Rollout, c: ScriptedCluster) -> RolloutResult:
+    clock = Clock()
+    return run_rollout(rollout, c, SETTINGS, clock=clock, sleep=clock.sleep, poll_s=5)
+
+
+def test_build_rollout_orders_idle_nodes_first_and_drains_only_rebuilt_profiles(
+    rollout: Rollout,
+) -> None:
+    assert [(n.node, n.disrupted) for n in rollout.nodes] == [("spare", 0), ("busy", 1)]
+    busy = rollout.nodes[1]
+    # Only busy/1 is rebuilt and it holds a 1g: pods asking for a 3g cannot be on it.
+    assert busy.drain_resources == {"nvidia.com/mig-1g.10gb"}
+    assert {o["kind"] for o in rollout.prepare} == {
+        "PriorityClass", "ConfigMap", "Service", "PodDisruptionBudget"}  # fmt: skip
+
+
+def test_rollout_drains_relabels_waits_brings_up_and_restores_when_mig_manager_succeeds(
+    rollout: Rollout,
+) -> None:
+    c = cluster(scripts={"busy": mig_manager_script("applies"),
+                         "spare": mig_manager_script("reboots")})  # fmt: skip
+    result = run(rollout, c)
+    assert result.state.phase == "done", result.state.reason
+    assert result.state.completed == ("spare", "busy")
+    busy = [a for a in c.actions if getattr(a, "node", None) == "busy"
+            or getattr(a, "pod", None) == "c-0"]  # fmt: skip
+    assert busy == [
+        Cordon("busy"),
+        SetRotation("c-0", "infergate", False),
+        Evict("c-0", "infergate"),
+        Relabel("busy", rollout.nodes[1].config),
+        Cordon("busy", False),
+    ]
+    order = [type(a).__name__ for a in c.actions]
+    relabel_busy = c.actions.index(Relabel("busy", rollout.nodes[1].config))
+    bring_up = next(i for i, a in enumerate(c.actions) if isinstance(a, Apply)
+                    and a.objects == rollout.nodes[1].deployments)  # fmt: skip
+    assert relabel_busy < bring_up < c.actions.index(Cordon("busy", False))
+    assert Delete("Deployment", "triton-c-old", "infergate") in c.actions  # stale, pruned
+    assert "a-0" in c.pods and c.pods["a-0"].in_rotation  # a's 3g was never at risk
+    assert order[0] == "Apply"  # PriorityClasses, ConfigMap, Services, PDBs first
+    assert c.node_labels["busy"][MIG_CONFIG_LABEL] == rollout.nodes[1].config
+
+
+def test_rollout_does_not_take_the_previous_success_for_this_change() -> None:
+    # Await-mig on busy; the read still shows the old config with its success (the API
+    # read lagged the relabel, or another writer): that is not this change's state.
+    rollout = Rollout(prepare=(), nodes=(), other_deployments=(), namespace="infergate")
+    from scheduler.rollout import NodeChange
+
+    change = NodeChange("busy", "infergate-new", frozenset(), (), 0)
+    rollout = Rollout((), (change,), (), "infergate")
+    waiting = RolloutState(phase="await-mig", deadline=100.0)
+
+    def seen(config: str, state: str | None) -> ClusterSnapshot:
+        labels = {MIG_CONFIG_LABEL: config} | ({} if state is None else
+                                               {MIG_CONFIG_STATE_LABEL: state})  # fmt: skip
+        return ClusterSnapshot(at=10.0, node_labels={"busy": labels})
+
+    assert step(rollout, waiting, seen("all-balanced", "success"))[0].phase == "await-mig"
+    assert step(rollout, waiting, seen("infergate-new", None))[0].phase == "await-mig"
+    assert step(rollout, waiting, seen("infergate-new", "pending"))[0].phase == "await-mig"
+    assert step(rollout, waiting, seen("infergate-new", "success"))[0].phase == "bring-up"
+
+
+def test_rollout_waits_out_a_lagging_read_of_the_old_labels_when_relabelled(
+    rollout: Rollout,
+) -> None:
+    # Reads show busy's old labels (all-balanced, success) for 3 observations after the
+    # relabel: the pools must not come up until the MIG manager really is done.
+    c = cluster(lag={"busy": 3}, scripts={"busy": mig_manager_script("applies")})
+    result = run(rollout, c)
+    assert result.state.phase == "done", result.state.reason
+    bring_up = next(i for i, a in enumerate(c.actions) if isinstance(a, Apply)
+                    and a.objects == rollout.nodes[1].deployments)  # fmt: skip
+    assert c.states_at_action[bring_up]["busy"] == "success"
+    relabel = c.actions.index(Relabel("busy", rollout.nodes[1].config))
+    assert c.observations_between(relabel, bring_up) >= 4  # 3 stale reads + the script
+
+
+def test_rollout_accepts_success_at_once_when_the_config_was_already_applied(
+    rollout: Rollout,
+) -> None:
+    c = cluster(scripts={"busy": mig_manager_script("already-applied"),
+                         "spare": mig_manager_script("already-applied")})  # fmt: skip
+    assert run(rollout, c).state.phase == "done"
+
+
+def test_rollout_fails_and_keeps_the_node_cordoned_when_mig_manager_reports_failed(
+    rollout: Rollout,
+) -> None:
+    c = cluster(scripts={"busy": mig_manager_script("fails")})
+    result = run(rollout, c)
+    assert result.state.phase == "failed"
+    assert "reported failed" in result.state.reason and "busy" in result.state.reason
+    assert c.unschedulable["busy"] is True  # a person must look at the GPUs
+    assert not any(isinstance(a, Apply) and a.objects == rollout.nodes[1].deployments
+                   for a in c.actions)  # fmt: skip
+
+
+def test_rollout_fails_after_the_timeout_when_the_state_never_arrives(rollout: Rollout) -> None:
+    c = cluster(scripts={"spare": mig_manager_script("hangs")})
+    result = run(rollout, c)
+    assert result.state.phase == "failed"
+    assert "did not report success" in result.state.reason and "120s" in result.state.reason
+    assert result.state.completed == ()
+    assert not any(isinstance(a, Relabel) and a.node == "busy" for a in c.actions)
+
+
+def test_rollout_fails_naming_the_pod_when_its_disruption_budget_never_lets_it_go(
+    rollout: Rollout,
+) -> None:
+    c = cluster(refuse={"c-0": 10_000})
+    result = run(rollout, c)
+    assert result.state.phase == "failed"
+    assert "c-0 will not leave node busy" in result.state.reason
+    assert "disruption budget" in result.state.reason
+    assert c.pods["c-0"].in_rotation and c.unschedulable["busy"] is False  # rolled back
+    assert not any(isinstance(a, Relabel) and a.node == "busy" for a in c.actions)
+
+
+def test_rollout_retries_the_eviction_when_the_budget_allows_it_later(rollout: Rollout) -> None:
+    c = cluster(refuse={"c-0": 2})
+    assert run(rollout, c).state.phase == "done"
+    assert c.actions.count(Evict("c-0", "infergate")) == 3
+
+
+def test_rollout_evicts_only_after_in_flight_requests_finish_when_a_pod_is_busy(
+    rollout: Rollout,
+) -> None:
+    c = cluster(in_flight={"c-0": [4, 3, 1, 0]})
+    c.pods["c-0"] = PodView("c-0", "infergate", "busy", ("nvidia.com/mig-1g.10gb",), "c",
+                            in_flight=5)  # fmt: skip
+    seen: list[int | None] = []
+    real_execute = c.execute
+
+    def execute(action):  # type: ignore[no-untyped-def]
+        if isinstance(action, Evict):
+            seen.append(c.pods[action.pod].in_flight)
+        return real_execute(action)
+
+    c.execute = execute  # type: ignore[method-assign]
+    assert run(rollout, c).state.phase == "done"
+    assert seen == [0]
+
+
+def test_rollout_recreates_a_priority_class_when_its_value_changes(rollout: Rollout) -> None:
+    (cls,) = [o for o in rollout.prepare if o["kind"] == "PriorityClass"]
+    name = cls["metadata"]["name"]
+    c = cluster(priority_classes={name: cls["value"] + 1})
+    assert run(rollout, c).state.phase == "done"
+    assert c.actions.index(Delete("PriorityClass", name)) < next(
+        i for i, a in enumerate(c.actions) if isinstance(a, Apply)
+    )
+    assert c.priority_classes[name] == cls["value"]
+
+
+def test_rollout_waits_while_an_earlier_change_is_still_pending(rollout: Rollout) -> None:
+    c = cluster(scripts={"spare": mig_manager_script("applies")})
+    c.node_labels["spare"][MIG_CONFIG_STATE_LABEL] = "pending"  # nothing will finish it
+    result = run(rollout, c)
+    assert result.state.phase == "failed" and "stayed pending" in result.state.reason
+    assert not any(isinstance(a, Relabel) for a in c.actions)
+
+
+def test_apply_plan_raises_apply_failed_with_the_reason_when_the_rollout_fails(
+    record: PlanRecord,
+) -> None:
+    clock = Clock()
+    c = cluster(scripts={"busy": mig_manager_script("fails")})
+    with pytest.raises(ApplyFailed, match="reported failed"):
+        apply_plan(record, c, rollout_settings=SETTINGS, clock=clock, sleep=clock.sleep)
+
+
+def test_pending_count_sums_triton_pending_requests_when_metrics_are_scraped() -> None:
+    text = (
+        "# HELP nv_inference_pending_request_count Instantaneous number of pending requests\n"
+        'nv_inference_pending_request_count{model="a",version="1"} 2\n'
+        'nv_inference_pending_request_count{model="b",version="1"} 1\n'
+        'nv_inference_count{model="a",version="1"} 90\n'
+    )
+    assert pending_count(text) == 3
+    assert pending_count("nv_inference_count 1\n") is None
