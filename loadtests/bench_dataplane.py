@@ -102,6 +102,17 @@ def parse_h2load(stdout: str) -> H2loadSummary:
                          succeeded, failed, errored, timeout, duration_us(timing[3]))
 
 
+def h2load_gist(stdout: str, stderr: str, most: int = 4) -> str:
+    """What went wrong in a run, in h2load's words: its request counts and the first
+    distinct lines that mention an error."""
+    words = ("error", "fail", "reset", "refused", "timeout", "closed", "GOAWAY")
+    lines = [ln.strip() for ln in (stderr + "\n" + stdout).splitlines()]
+    counts = [ln for ln in lines if ln.startswith("requests:")]
+    noted = [ln for ln in dict.fromkeys(lines) if ln and not ln.startswith("requests:")
+             and any(w.lower() in ln.lower() for w in words)]
+    return " | ".join([*counts[:1], *noted[:most]]) or "(h2load said nothing)"
+
+
 def parse_log(log_text: str) -> list[tuple[int, float]]:
     """(HTTP status, us to the end of the response) per request of ``h2load --log-file``
     (columns: start us since the epoch, status, us to the end)."""
@@ -267,6 +278,10 @@ def h2load_command(work: Workload, protocol: str, target: TritonEndpoints | Any,
 class RunFailed(RuntimeError):
     """No request of one h2load run succeeded."""
 
+    def __init__(self, message: str, command: Sequence[str]) -> None:
+        super().__init__(message)
+        self.command = " ".join(command)
+
 
 @dataclass(frozen=True)
 class Target:
@@ -308,13 +323,14 @@ def measure(target: Target, work: Workload, protocol: str, in_flight: int, secon
                           check=False)
     ticks1 = ticks_by_name(target.pid, read_proc_stats()) if target.pid else Counter()
     if done.returncode != 0:
-        raise RunFailed(f"h2load exited {done.returncode}: {done.stderr[-800:]}")
+        raise RunFailed(f"h2load exited {done.returncode}: "
+                        f"{h2load_gist(done.stdout, done.stderr)}", cmd)
     h2 = parse_h2load(done.stdout)
     log = parse_log(log_file.read_text())
     latencies = [us for status, us in log if 200 <= status < 300]
     if not latencies:
-        raise RunFailed(f"no request succeeded (HTTP statuses {status_counts(log)}; "
-                        f"-1: no answer): {' '.join(cmd)}")
+        raise RunFailed(f"no request succeeded: HTTP statuses {status_counts(log)} (-1: no "
+                        f"answer); {h2load_gist(done.stdout, done.stderr)}", cmd)
     # a batch Triton is still computing can take as long as the slowest answer did
     served = settled_count(triton_http, work.model,
                            max(0.3, 2e-6 * max(us for _, us in log))) - before
@@ -339,8 +355,9 @@ def attempt(target: Target, work: Workload, protocol: str, in_flight: int, secon
             raise
         if target.name not in failed_before:
             failed_before.add(target.name)
+            command = f"\n    $ {err.command}" if isinstance(err, RunFailed) else ""
             say(f"data plane {target.name} failed on {work.model} {protocol} x{in_flight}: "
-                f"{str(err)[:400]}\n{log_tail(target.log)}")
+                f"{str(err)[:400]}{command}\n{log_tail(target.log)}")
         return Sample.failed(f"{work.model} {protocol} x{in_flight}: {str(err)[:200]}")
 
 
@@ -494,7 +511,9 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        checked = "yes" if r["verified"] else "NO: " + r.get("problems", "")
+        problems = r.get("problems", "").split("; ")
+        checked = "yes" if r["verified"] else "NO: " + problems[0][:160] + (
+            f" (+{len(problems) - 1} more in the JSON)" if len(problems) > 1 else "")
         if r["triton_extra_served"]:
             checked += f" (Triton served {r['triton_extra_served']} more than sent)"
         lines.append(

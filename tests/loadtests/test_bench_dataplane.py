@@ -62,6 +62,16 @@ def test_parse_log_reads_status_and_time_when_lines_are_tab_separated() -> None:
     assert bd.status_counts(log) == {200: 2, 503: 1}
 
 
+def test_h2load_gist_keeps_counts_and_error_lines_when_a_run_fails() -> None:
+    out = ("starting benchmark...\nprogress: 10% done\n"
+           "requests: 8 total, 16 started, 8 done, 4 succeeded, 4 failed, 4 errored, 0 timeout\n")
+    err = "Stream was reset\nStream was reset\nconnect: Connection refused\n"
+    assert bd.h2load_gist(out, err) == (
+        "requests: 8 total, 16 started, 8 done, 4 succeeded, 4 failed, 4 errored, 0 timeout"
+        " | Stream was reset | connect: Connection refused")
+    assert bd.h2load_gist("", "") == "(h2load said nothing)"
+
+
 def test_last_words_skips_the_box_a_cli_error_is_drawn_in() -> None:
     tail = "Usage: gateway serve\n╭─ Error ─╮\n│ No such option: --nope │\n╰─────────╯\n"
     assert bd.last_words(tail) == "No such option: --nope"
