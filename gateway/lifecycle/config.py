@@ -50,6 +50,37 @@ class UploadLimits(BaseModel):
     max_compression_ratio: float = Field(200.0, gt=1)
 
 
+class SandboxSpec(BaseModel):
+    """What a conversion worker may use (see :mod:`gateway.lifecycle.sandbox`).
+
+    A limit of ``null`` leaves the gateway's own in place. The address-space default
+    suits CPU conversions; a GPU (TensorRT) conversion maps far more virtual memory
+    than it uses, so a GPU deployment raises it or sets ``null``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    address_space_bytes: int | None = Field(32 << 30, ge=1 << 30)
+    cpu_seconds: int | None = Field(4 * 3600, ge=1)  # all threads together
+    file_size_bytes: int | None = Field(16 << 30, ge=1 << 20)  # any one file written
+    open_files: int | None = Field(4096, ge=64)
+    # tasks (processes and threads) beyond those the gateway's user already runs
+    processes: int | None = Field(512, ge=16)
+    # "required": refuse to convert where Landlock cannot confine the worker's files
+    filesystem: Literal["required", "if_available", "off"] = "required"
+    network: bool = False  # TCP from the worker (converters need none: no downloads)
+    read_paths: tuple[Path, ...] = ()  # more readable places (an entry point's package)
+    pass_env: tuple[str, ...] = ()  # more environment variables handed to the worker
+
+    @field_validator("pass_env")
+    @classmethod
+    def _no_secrets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        secret = [name for name in value if name.startswith("INFERGATE_")]
+        if secret:
+            raise ValueError(f"{secret}: the gateway's own variables never reach a worker")
+        return value
+
+
 class LifecycleSpec(BaseModel):
     """Where versions are written and how conversions run."""
 
@@ -66,6 +97,10 @@ class LifecycleSpec(BaseModel):
     worker_timeout_s: float = Field(3600.0, gt=0)
     limits: UploadLimits = Field(default_factory=lambda: UploadLimits.model_validate({}))
     load_timeout_s: float = Field(600.0, gt=0)  # one repository load on one member
+    sandbox: SandboxSpec = Field(default_factory=lambda: SandboxSpec.model_validate({}))
+    # Uploaded PyTorch files whose pickles import more than tensors are refused unless
+    # this is set: loading them runs the uploader's code (inside the sandbox).
+    allow_pickled_code: bool = False
 
 
 class AuthSpec(BaseModel):

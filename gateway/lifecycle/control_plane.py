@@ -96,8 +96,9 @@ def build_control_plane(config: GatewayConfig, dataplane: DataPlane,
     if spec is not None:
         store = LifecycleStore(spec.state_dir / "lifecycle.db")
         deployer = Deployer(dataplane, admin, store, spec.repository, spec.retention)
-        lifecycle = ModelLifecycle(spec, config, dataplane, store, admin, deployer,
-                                   ConversionWorkers(spec.worker_timeout_s))
+        workers = ConversionWorkers(spec.worker_timeout_s, sandbox=spec.sandbox,
+                                    allow_pickled_code=spec.allow_pickled_code)
+        lifecycle = ModelLifecycle(spec, config, dataplane, store, admin, deployer, workers)
 
     def policies() -> dict[str, KeepWarmPolicy]:
         if lifecycle is not None:

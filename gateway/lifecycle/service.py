@@ -13,6 +13,7 @@ serving version never stopped serving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import shutil
@@ -31,6 +32,7 @@ from gateway.lifecycle.config import KeepWarmPolicy, LifecycleSpec
 from gateway.lifecycle.deploy import Deployer, load_as_configured, serves
 from gateway.lifecycle.jobs import JobRecord, LifecycleStore, ModelRecord, VersionRecord, with_step
 from gateway.lifecycle.keepwarm import KeepWarm
+from gateway.lifecycle.pickles import PickledCode, refuse_pickled_code
 from gateway.lifecycle.spec import UploadSpec, parse_spec
 from gateway.lifecycle.triton_admin import MemberAdmin
 from gateway.lifecycle.uploads import ReceivedUpload, receive_upload
@@ -78,6 +80,8 @@ class ModelLifecycle:
                     job.id, job.model)
         repo_edits.clear_staging_leftovers(self.repository, job.model)
         shutil.rmtree(self.spec.state_dir / "jobs" / job.id, ignore_errors=True)
+        with contextlib.suppress(OSError):  # made for the worker of a new model, left empty
+            (self.repository / job.model).rmdir()
         record = self.store.model(job.model)
         serving = record.serving_version if record else None
         if job.version is None or job.version == serving:
@@ -115,6 +119,7 @@ class ModelLifecycle:
             spec = parse_spec(upload.spec_text)
             pools = self._target_pools(model, spec)
             self._check_samples(spec, upload)
+            await self._check_pickles(spec, upload)
         except BaseException as exc:
             shutil.rmtree(folder, ignore_errors=True)
             message = exc.message if isinstance(exc, GatewayError) else repr(exc)
@@ -155,6 +160,15 @@ class ModelLifecycle:
         if spec.format is not None and spec.format != upload.model_format:
             raise InvalidInput(f"spec says format {spec.format!r} but the model file "
                                f"{upload.model.filename!r} is {upload.model_format!r}")
+
+    async def _check_pickles(self, spec: UploadSpec, upload: ReceivedUpload) -> None:
+        if self.spec.allow_pickled_code or (spec.format or upload.model_format) == "onnx":
+            return
+        try:
+            await asyncio.to_thread(refuse_pickled_code, upload.model.path,
+                                    upload.model.filename or "the model file")
+        except PickledCode as exc:
+            raise InvalidInput(str(exc)) from None
 
     # -- one job ---------------------------------------------------------------------------
     async def _run(self, job: JobRecord, upload: ReceivedUpload, spec: UploadSpec,

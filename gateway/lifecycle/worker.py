@@ -4,7 +4,9 @@ Gateway side, :class:`ConversionWorkers` starts ``python -m gateway.lifecycle.wo
 TASK.json`` per job and follows its progress: the worker prints one JSON event per line
 on stdout (``step``, then ``result`` or ``error``); stderr goes to the job's
 ``worker.log``. The process runs at a lower CPU priority (``nice``) so serving keeps the
-CPU, dies with the gateway (``PR_SET_PDEATHSIG``), and cleans up on SIGTERM. A worker
+CPU, dies with the gateway (``PR_SET_PDEATHSIG``), and cleans up on SIGTERM. It runs
+sandboxed (:mod:`gateway.lifecycle.sandbox`): an allow-listed environment, resource
+limits, and (Landlock) reads and writes confined to what a conversion needs. A worker
 that is killed outright leaves at most a staging folder beside the repository (the
 converter publishes a version with one ``rename``), never a partial version; the
 caller clears that folder.
@@ -23,16 +25,22 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gateway.lifecycle.config import UploadLimits
+from gateway.lifecycle.config import SandboxSpec, UploadLimits
+from gateway.lifecycle.sandbox import (
+    SandboxPlan,
+    SandboxUnavailable,
+    child_environment,
+    enter,
+    plan_for,
+)
 
 _PR_SET_PDEATHSIG = 1
 LOG_TAIL_CHARS = 1500
-SOURCE_ROOT = Path(__file__).resolve().parents[2]  # holds gateway/ and converters/
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class WorkerTask:
     evaluation: str | None = None
     limits: dict[str, Any] = field(default_factory=dict)
     nice: int = 10
+    sandbox: dict[str, Any] = field(default_factory=dict)  # a SandboxPlan; set by run()
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self)))
@@ -85,28 +94,36 @@ class ConversionFailed(Exception):
 
 # -- gateway side ------------------------------------------------------------------------
 class ConversionWorkers:
-    def __init__(self, timeout_s: float = 3600.0, python: str = sys.executable) -> None:
+    def __init__(self, timeout_s: float = 3600.0, python: str = sys.executable,
+                 sandbox: SandboxSpec | None = None, allow_pickled_code: bool = False) -> None:
         self.timeout_s = timeout_s
         self.python = python
+        self.sandbox = sandbox or SandboxSpec.model_validate({})
+        self.allow_pickled_code = allow_pickled_code
         self.running: dict[str, asyncio.subprocess.Process] = {}
 
     async def run(self, task: WorkerTask, on_step: Callable[[StepEvent], None],
                   on_start: Callable[[int], None] = lambda pid: None) -> ConversionOutcome:
         folder = Path(task.work_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        task_file = task.write(folder / "task.json")
-        log_path = folder / "worker.log"
         scratch = folder / "tmp"  # the converter's temporary files: removed with the job
         scratch.mkdir(exist_ok=True)
+        with _model_folder(Path(task.repository), task.model) as writable:
+            plan = plan_for(self.sandbox, folder, writable, readable=[Path(task.repository)])
+            task_file = replace(task, sandbox=plan.to_json()).write(folder / "task.json")
+            return await self._run(task, task_file, scratch, on_step, on_start)
+
+    async def _run(self, task: WorkerTask, task_file: Path, scratch: Path,
+                   on_step: Callable[[StepEvent], None],
+                   on_start: Callable[[int], None]) -> ConversionOutcome:
+        log_path = Path(task.work_dir) / "worker.log"
         with log_path.open("wb") as log:
-            # cwd: the job folder too, since some ONNX Runtime tools write into the cwd
+            # cwd: the scratch folder, since some ONNX Runtime tools write into the cwd
             proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "gateway.lifecycle.worker", str(task_file), cwd=scratch,
                 stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(scratch),
-                     "INFERGATE_PARENT_PID": str(os.getpid()),
-                     "PYTHONPATH": os.pathsep.join(filter(None, (
-                         str(SOURCE_ROOT), os.environ.get("PYTHONPATH"))))},
+                env=child_environment(os.environ, scratch, self.sandbox,
+                                      self.allow_pickled_code),
             )
         self.running[task.job_id] = proc
         on_start(proc.pid)
@@ -163,9 +180,33 @@ class ConversionWorkers:
                     proc.kill()
 
 
+@contextlib.contextmanager
+def _model_folder(repository: Path, model: str) -> Iterator[list[Path]]:
+    """The folders a worker for ``model`` may write besides its job folder: the
+    repository's staging area and the model's own folder, made here for a new model (a
+    sandboxed worker cannot create folders in the repository), and removed again if
+    the worker left it empty."""
+    staging = repository.resolve().parent / f".{repository.resolve().name}.staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    model_dir = repository / model
+    created = not model_dir.exists()
+    model_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        yield [staging, model_dir]
+    finally:
+        if created:
+            with contextlib.suppress(OSError):
+                model_dir.rmdir()  # fails, as it should, once a version was published
+
+
+_LIMIT_SIGNALS = {"SIGXCPU": " (past lifecycle.sandbox.cpu_seconds)",
+                  "SIGXFSZ": " (a file past lifecycle.sandbox.file_size_bytes)"}
+
+
 def _exit_reason(returncode: int | None, log_path: Path) -> str:
     if returncode is not None and returncode < 0:
-        reason = f"conversion worker was killed by {signal.Signals(-returncode).name}"
+        name = signal.Signals(-returncode).name
+        reason = f"conversion worker was killed by {name}{_LIMIT_SIGNALS.get(name, '')}"
     else:
         reason = f"conversion worker exited with status {returncode}"
     try:
@@ -203,6 +244,12 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     task = WorkerTask.read(Path(argv[1]))
     os.nice(task.nice)
+    try:
+        notes = enter(SandboxPlan.from_json(task.sandbox)) if task.sandbox else []
+    except (SandboxUnavailable, OSError) as exc:
+        emit("error", message=f"the conversion worker could not be sandboxed: {exc}")
+        return 1
+    step("sandbox", "done", "; ".join(notes))
     from gateway.lifecycle.conversion import ConversionError, convert_upload
     from gateway.lifecycle.uploads import UnsafeArchive, prepare_samples
 

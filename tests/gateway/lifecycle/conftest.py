@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,6 +253,29 @@ def photo_crops(count: int, seed: int) -> bytes:
 def tiny_samples(count: int, seed: int) -> bytes:
     rng = np.random.default_rng(seed)
     return npz({"x": rng.normal(size=(count, 16)).astype(np.float32)})
+
+
+def hostile_export(path: Path, code: str) -> Path:
+    """A genuine torch.export archive (a Linear over [batch, 16]) whose sample inputs
+    unpickle into ``exec(code)``: torch.export.load falls back to weights_only=False
+    for them."""
+    import torch
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (exec, (code, {}))
+
+    plain = path.with_suffix(".plain.pt2")
+    torch.export.save(torch.export.export(torch.nn.Linear(TINY_WIDTH, TINY_WIDTH),
+                                          (torch.zeros(1, TINY_WIDTH),)), plain)
+    payload = io.BytesIO()
+    torch.save(Payload(), payload)
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(path, "w") as out:
+        for info in src.infolist():
+            hidden = info.filename.endswith("sample_inputs/model.pt")
+            out.writestr(info, payload.getvalue() if hidden else src.read(info))
+    plain.unlink()
+    return path
 
 
 def tree(repo: Path) -> dict[str, str]:

@@ -33,6 +33,7 @@ from tests.gateway.lifecycle.conftest import (
     affine_onnx,
     bearer,
     finished,
+    hostile_export,
     job,
     lifecycle_config,
     photo_crops,
@@ -164,6 +165,26 @@ def test_bad_conversion_fails_job_and_leaves_repository_as_it_was(
     assert tree(stack.repo) == before
     assert show(stack.url, TINY)["serving_version"] == serving
     assert load.failures == [] and len(set(load.slopes())) == 1
+
+
+def test_upload_refused_when_pytorch_file_carries_pickled_code(stack: Stack) -> None:
+    """A .pt2 whose sample inputs would run code in torch.export.load: refused at the
+    door, before any worker opens it (issue 11)."""
+    before = tree(stack.repo)
+    marker = stack.folder / "escaped.txt"
+    model = hostile_export(stack.folder / "hostile.pt2",
+                           f"open({str(marker)!r}, 'w').write('escaped')")
+    resp = httpx.post(f"{stack.url}/v1/models/{TINY}/versions", headers=bearer("upload"),
+                      files={"model": ("model.pt2", model.read_bytes()),
+                             "spec": ("spec.json", json.dumps(TINY_SPEC)),
+                             "evaluation": ("evaluation.npz", tiny_samples(8, 1))},
+                      timeout=120)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert "model.pt2 would run pickled code" in error and "exec" in error, error
+    assert "sample_inputs" in error and "allow_pickled_code" in error
+    assert not marker.exists()
+    assert tree(stack.repo) == before
 
 
 def test_killed_worker_leaves_no_partial_version_when_converting(
