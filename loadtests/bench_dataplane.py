@@ -485,7 +485,7 @@ def cell_row(model: str, protocol: str, in_flight: int, plane: str,
         "gateway_requests": sum(s.requests for s in gateway),
         "triton_extra_served": sum(s.extra_served for s in (*direct, *gateway)),
         "rounds": len(gateway), "verified": not problems,
-        **({"problems": "; ".join(problems)} if problems else {}),
+        **({"problems": problems} if problems else {}),
         **{k: v for k, v in goal_verdicts(model, in_flight, ratio, added, cpu).items() if v},
     }
 
@@ -511,7 +511,7 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        problems = r.get("problems", "").split("; ")
+        problems = r.get("problems", [])
         checked = "yes" if r["verified"] else "NO: " + problems[0][:160] + (
             f" (+{len(problems) - 1} more in the JSON)" if len(problems) > 1 else "")
         if r["triton_extra_served"]:

@@ -186,7 +186,7 @@ def test_summarise_reports_median_ratio_added_latency_and_goals_per_data_plane()
     assert c16["verified"] is True and "problems" not in c16
     assert c1["added_p50_ms"] == pytest.approx(0.35)
     assert c1["latency_goal"] == "<=0.25 ms MISSED" and "throughput_goal" not in c1
-    assert c1["verified"] is False and c1["problems"] == "haproxy: Triton served 1 < 2"
+    assert c1["verified"] is False and c1["problems"] == ["haproxy: Triton served 1 < 2"]
     assert c16["gateway_cpu_split_us"] == {"haproxy": 67.5, "python": 22.5}
     table = bd.markdown(rows)
     assert "| tiny | grpc | 16 | haproxy |" in table and "90 (haproxy 68, python 22)" in table
@@ -205,10 +205,11 @@ def test_summarise_counts_a_failed_run_as_no_throughput_and_no_latency() -> None
     c1, c16 = bd.summarise(samples, ["haproxy"])
     assert c1["gateway_rps"] == 0.0 and c1["throughput_ratio"] == 0.0  # 2 of 3 runs failed
     assert c1["added_p50_ms"] == pytest.approx(0.1)  # from the run that answered
-    assert c1["verified"] is False and c1["problems"] == "haproxy: x; haproxy: y"
+    assert c1["verified"] is False and c1["problems"] == ["haproxy: x", "haproxy: y"]
     assert c16["gateway_p50_ms"] is None and c16["gateway_cpu_us_per_request"] is None
     assert c16["throughput_goal"] == ">=0.85x MISSED" and "cpu_goal" not in c16
     assert "n/a" in bd.markdown([c16])
+    assert "NO: haproxy: x (+1 more in the JSON)" in bd.markdown([c1])
 
 
 def test_parse_plane_maps_a_name_to_the_flag_and_allows_no_flag_at_all() -> None:
