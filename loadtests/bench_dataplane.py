@@ -421,22 +421,25 @@ def interleaved(targets: Sequence[Target], works: Sequence[Workload], rounds: in
 
 # -- figures --------------------------------------------------------------------------
 
-def goal_verdicts(model: str, in_flight: int, ratio: float, added_ms: float,
+def goal_verdicts(model: str, in_flight: int, ratio: float | None, added_ms: float | None,
                   cpu_us: float | None) -> dict[str, str]:
-    """The issue's goals beside the figures they judge ('' where a goal does not apply)."""
+    """The issue's goals beside the figures they judge, where a goal applies."""
     ratio_goal, latency_goal, cpu_goal = GOALS.get(model, (None, None, None))
+    verdicts = {}
+    if ratio_goal is not None and in_flight == 16:
+        verdicts["throughput_goal"] = judged(f">={ratio_goal:g}x", ratio,
+                                             ratio is not None and ratio >= ratio_goal)
+    if latency_goal is not None and in_flight == 1:
+        verdicts["latency_goal"] = judged(f"<={latency_goal:g} ms", added_ms,
+                                          added_ms is not None and added_ms <= latency_goal)
+    if cpu_goal is not None:
+        verdicts["cpu_goal"] = judged(f"<={cpu_goal:g} us", cpu_us,
+                                      cpu_us is not None and cpu_us <= cpu_goal)
+    return verdicts
 
-    def verdict(ok: bool, goal: str) -> str:
-        return f"{goal} {'met' if ok else 'MISSED'}"
 
-    return {
-        "throughput_goal": verdict(ratio >= ratio_goal, f">={ratio_goal:g}x")
-        if ratio_goal is not None and in_flight == 16 else "",
-        "latency_goal": verdict(added_ms <= latency_goal, f"<={latency_goal:g} ms")
-        if latency_goal is not None and in_flight == 1 else "",
-        "cpu_goal": verdict(cpu_us <= cpu_goal, f"<={cpu_goal:g} us")
-        if cpu_goal is not None and cpu_us is not None else "",
-    }
+def judged(goal: str, value: float | None, met: bool) -> str:
+    return f"{goal} {'n/a' if value is None else 'met' if met else 'MISSED'}"
 
 
 def finite_median(values: Iterable[float | None]) -> float | None:
@@ -466,10 +469,10 @@ def cell_row(model: str, protocol: str, in_flight: int, plane: str,
     # a run where nothing succeeded served 0 req/s; its latency was not measured
     d_rps = statistics.median(s.req_per_s for s in direct)
     g_rps = statistics.median(s.req_per_s for s in gateway)
-    ratio = g_rps / d_rps if d_rps else math.nan
+    ratio = g_rps / d_rps if d_rps else None
     d_p50 = finite_median(s.p50_ms for s in direct)
     g_p50 = finite_median(s.p50_ms for s in gateway)
-    added = g_p50 - d_p50 if g_p50 is not None and d_p50 is not None else math.nan
+    added = g_p50 - d_p50 if g_p50 is not None and d_p50 is not None else None
     cpu = finite_median(s.cpu_us_per_request for s in gateway)
     names = sorted({n for s in gateway for n in s.cpu_split_us})
     split = {n: finite_median(s.cpu_split_us.get(n) for s in gateway) for n in names}
@@ -486,7 +489,7 @@ def cell_row(model: str, protocol: str, in_flight: int, plane: str,
         "triton_extra_served": sum(s.extra_served for s in (*direct, *gateway)),
         "rounds": len(gateway), "verified": not problems,
         **({"problems": problems} if problems else {}),
-        **{k: v for k, v in goal_verdicts(model, in_flight, ratio, added, cpu).items() if v},
+        **goal_verdicts(model, in_flight, ratio, added, cpu),
     }
 
 
@@ -555,8 +558,8 @@ def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
               (ax2, 1, "added_p50_ms", 1, "added p50 latency (ms), 1 in flight"))
     for ax, in_flight, key, goal_index, title in panels:
         for i, plane in enumerate(planes):
-            by_group = {(r["model"], r["protocol"]): float(r[key]) for r in rows
-                        if r["data_plane"] == plane and r["in_flight"] == in_flight}
+            by_group = {(r["model"], r["protocol"]): np.nan if r[key] is None else float(r[key])
+                        for r in rows if r["data_plane"] == plane and r["in_flight"] == in_flight}
             ax.bar(positions + (i - (len(planes) - 1) / 2) * width,
                    [by_group.get(g, np.nan) for g in groups], width, label=plane)
         for x, (model, _) in zip(positions, groups, strict=True):

@@ -205,11 +205,22 @@ def test_summarise_counts_a_failed_run_as_no_throughput_and_no_latency() -> None
     c1, c16 = bd.summarise(samples, ["haproxy"])
     assert c1["gateway_rps"] == 0.0 and c1["throughput_ratio"] == 0.0  # 2 of 3 runs failed
     assert c1["added_p50_ms"] == pytest.approx(0.1)  # from the run that answered
+    assert c1["latency_goal"] == "<=0.25 ms met"
     assert c1["verified"] is False and c1["problems"] == ["haproxy: x", "haproxy: y"]
     assert c16["gateway_p50_ms"] is None and c16["gateway_cpu_us_per_request"] is None
-    assert c16["throughput_goal"] == ">=0.85x MISSED" and "cpu_goal" not in c16
+    assert c16["throughput_goal"] == ">=0.85x MISSED" and c16["cpu_goal"] == "<=100 us n/a"
+    assert "latency_goal" not in c16
     assert "n/a" in bd.markdown([c16])
     assert "NO: haproxy: x (+1 more in the JSON)" in bd.markdown([c1])
+
+
+def test_plot_writes_a_png_when_a_data_plane_has_no_figures(tmp_path: Path) -> None:
+    samples = {("tiny", "http", 16, "direct"): [sample(9_000, 1.0)],
+               ("tiny", "http", 16, "haproxy"): [bd.Sample.failed("no request succeeded")],
+               ("tiny", "http", 1, "direct"): [sample(4_000, 0.2)],
+               ("tiny", "http", 1, "haproxy"): [bd.Sample.failed("no request succeeded")]}
+    (path,) = bd.plot(bd.summarise(samples, ["haproxy"]), tmp_path)
+    assert path.read_bytes().startswith(b"\x89PNG")
 
 
 def test_parse_plane_maps_a_name_to_the_flag_and_allows_no_flag_at_all() -> None:
@@ -225,3 +236,12 @@ def test_default_planes_falls_back_to_the_plain_gateway_when_it_lacks_the_flag()
     assert bd.default_planes("--pools <file>\n--data-plane <str> haproxy or python") == [
         ("haproxy", ("--data-plane", "haproxy")), ("python", ("--data-plane", "python"))]
     assert bd.default_planes("--pools <file>\n--http-port <int>") == [("python", ())]
+
+
+def test_goal_verdicts_apply_each_goal_where_the_issue_sets_it() -> None:
+    assert bd.goal_verdicts("efficientnet_lite0", 16, 0.99, None, 900.0) == {
+        "throughput_goal": ">=0.98x met"}  # no CPU goal for EfficientNet
+    assert bd.goal_verdicts("efficientnet_lite0", 1, 0.5, 0.51, None) == {
+        "latency_goal": "<=0.5 ms MISSED"}
+    assert bd.goal_verdicts("tiny", 1, None, None, None) == {
+        "latency_goal": "<=0.25 ms n/a", "cpu_goal": "<=100 us n/a"}
