@@ -12,13 +12,17 @@ For the tiny ``y = 2x + 1`` model (per-request overhead dominates) and Efficient
 
 h2load counts any HTTP 200 as a success, gRPC errors included (they travel as HTTP 200
 with ``grpc-status`` in the trailers), so each run is checked against Triton's own
-``/v2/models/NAME/stats`` success count: h2load's successes <= Triton's <= h2load's
-started requests, or the row says it is unverified.
+``/v2/models/NAME/stats`` success count: every h2load success must be an inference
+Triton served, and no request may fail, or the row says it is unverified. (Triton
+serving more than was sent is reported, not failed: the other gateways' warm-up
+requests reach the same Triton.)
 
-    python -m loadtests.bench_dataplane [--rounds 3] [--seconds 3] \
-        [--plane haproxy='--data-plane haproxy' --plane python='--data-plane python']
+    python -m loadtests.bench_dataplane [--rounds 3] [--seconds 3] [--out DIR] \
+        [--plane haproxy --plane python --plane 'plain=']
 
-A data plane whose gateway does not start is skipped with a printed line.
+``--plane NAME`` starts ``gateway serve --data-plane NAME``; ``NAME=ARGS`` passes ARGS
+instead (none after ``=``: the gateway's default). A data plane whose gateway does not
+start is skipped with a printed line; a run it fails counts as 0 req/s.
 """
 
 from __future__ import annotations
