@@ -17,6 +17,7 @@ import yaml
 
 import gateway.pools
 from gateway.metrics import create_metrics
+from scheduler.migparted import operator_configs
 from tests.k8s.conftest import K8S, Obj, container, find, of_kind, pod_spec
 from tests.procs import ROOT
 
@@ -317,7 +318,8 @@ def test_device_plugin_uses_mixed_strategy_and_fails_on_init_error(
 # Memory-slot model for the 80 GB profile names (see shared/reference/mig.md):
 # profile -> (memory slices, valid start slots)
 SLOTS = {
-    "1g.10gb": (1, (0, 1, 2, 3, 4, 5, 6)), "1g.20gb": (2, (0, 2, 4, 6)),
+    "1g.10gb": (1, (0, 1, 2, 3, 4, 5, 6)), "1g.10gb+me": (1, (0, 1, 2, 3, 4, 5, 6)),
+    "1g.20gb": (2, (0, 2, 4, 6)),
     "2g.20gb": (2, (0, 2, 4)), "3g.40gb": (4, (0, 4)), "4g.40gb": (4, (0,)),
     "7g.80gb": (8, (0,)),
 }
@@ -341,16 +343,39 @@ def placeable(counts: dict[str, int]) -> bool:
     return place(0, frozenset())
 
 
-def mig_layouts(objects: list[Obj]) -> dict[str, dict[str, int]]:
-    config = yaml.safe_load(find(objects, "ConfigMap", "infergate-mig-parted-config")
-                            ["data"]["config.yaml"])
+A100_80GB_PCI_ID = "0x20B210DE"  # A100-SXM4-80GB, as mig-parted's device-filter names it
+
+
+def mig_config(objects: list[Obj]) -> dict[str, Any]:
+    cm = find(objects, "ConfigMap", "infergate-mig-parted-config")
+    assert cm["metadata"]["namespace"] == "gpu-operator"  # where the MIG manager reads it
+    config: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])
     assert config["version"] == "v1"
+    return config
+
+
+def mig_layouts(objects: list[Obj]) -> dict[str, dict[str, int]]:
+    """Per config name, what an A100-80GB gets: entries whose device-filter names
+    another GPU are skipped, as mig-parted skips them; the last matching entry wins."""
     layouts = {}
-    for name, entries in config["mig-configs"].items():
+    for name, entries in mig_config(objects)["mig-configs"].items():
         for entry in entries:
+            wanted = entry.get("device-filter")
+            wanted = [wanted] if isinstance(wanted, str) else wanted
+            if wanted and A100_80GB_PCI_ID.lower() not in [w.lower() for w in wanted]:
+                continue
             if entry["mig-enabled"]:
                 layouts[name] = dict(entry["mig-devices"])
     return layouts
+
+
+def test_mig_parted_config_keeps_the_operators_entries_for_unlabelled_nodes(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    configs = mig_config(rendered["gpu-mig"])["mig-configs"]
+    assert configs["all-disabled"] == [{"devices": "all", "mig-enabled": False}]
+    for name, entries in operator_configs().items():
+        assert configs.get(name) == entries, f"{name} differs from what the scheduler writes"
 
 
 def test_mig_parted_layouts_fit_on_one_gpu(rendered: dict[str, list[Obj]]) -> None:
@@ -397,3 +422,27 @@ def test_gateway_pod_shares_haproxy_run_dir_between_data_and_control_plane(
         # HAProxy owns the gateway's public ports; the Service targets them
         assert {p["containerPort"] for p in haproxy["ports"]} == {8000, 8001}
         assert "ports" not in control
+
+
+def test_scheduler_rbac_allows_every_call_a_rollout_makes(rendered: dict[str, list[Obj]]) -> None:
+    """(API group, resource, verb, scope) the rollout's Kubernetes layer uses
+    (scheduler/apply.py KubernetesCluster and server-side apply of the plan's objects)."""
+    objects = rendered["gpu-mig"]
+    cluster_rules = find(objects, "ClusterRole", "infergate-scheduler")["rules"]
+    ns_rules = find(objects, "Role", "infergate-scheduler")["rules"]
+    needed = [
+        ("", "nodes", "patch", "cluster"), ("", "nodes", "get", "cluster"),
+        ("", "pods", "list", "cluster"), ("", "pods", "patch", "cluster"),
+        ("", "pods/eviction", "create", "cluster"),
+        ("scheduling.k8s.io", "priorityclasses", "delete", "cluster"),
+        ("scheduling.k8s.io", "priorityclasses", "patch", "cluster"),
+        ("", "configmaps", "patch", "cluster"),  # gpu-operator/infergate-mig-parted-config
+        ("apps", "deployments", "delete", "infergate"),
+        ("apps", "deployments", "patch", "infergate"),
+        ("", "services", "patch", "infergate"),
+        ("policy", "poddisruptionbudgets", "patch", "infergate"),
+    ]  # fmt: skip
+    for group, resource, verb, scope in needed:
+        rules = cluster_rules if scope == "cluster" else cluster_rules + ns_rules
+        assert any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+                   for r in rules), (group, resource, verb)  # fmt: skip
