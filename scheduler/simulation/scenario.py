@@ -49,7 +49,11 @@ def build(scenario: Scenario) -> tuple[Fleet, tuple[PoolSpec, ...], DemandTrace]
 
 
 def strategies(scenario: Scenario, fleet: Fleet, pools: tuple[PoolSpec, ...]) -> list[Strategy]:
-    ours = PlannerOptions(solver="heuristic", headroom=scenario.headroom, seed=scenario.seed)
+    # Both objectives explicitly: the default (auto) would pack the empty fleet once for
+    # efficiency, then re-plan for stability.
+    ours = PlannerOptions(
+        solver="heuristic", objective="efficiency", headroom=scenario.headroom, seed=scenario.seed
+    )
     return [
         PlannedMig(fleet, pools, ours),
         PlannedMig(
