@@ -53,14 +53,15 @@ class UploadLimits(BaseModel):
 class SandboxSpec(BaseModel):
     """What a conversion worker may use (see :mod:`gateway.lifecycle.sandbox`).
 
-    A limit of ``null`` leaves the gateway's own in place. The address-space default
-    suits CPU conversions; a GPU (TensorRT) conversion maps far more virtual memory
-    than it uses, so a GPU deployment raises it or sets ``null``.
+    A limit of ``null`` leaves the gateway's own in place. The address-space limit
+    applies to CPU conversions: CUDA reserves far more virtual memory than it uses, so
+    a TensorRT conversion gets ``gpu_address_space_bytes`` (no limit by default).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     address_space_bytes: int | None = Field(32 << 30, ge=1 << 30)
+    gpu_address_space_bytes: int | None = Field(None, ge=1 << 30)
     cpu_seconds: int | None = Field(4 * 3600, ge=1)  # all threads together
     file_size_bytes: int | None = Field(16 << 30, ge=1 << 20)  # any one file written
     open_files: int | None = Field(4096, ge=64)

@@ -69,7 +69,7 @@ class SandboxPlan:
 
 
 def plan_for(spec: SandboxSpec, work_dir: Path, writable: Iterable[Path],
-             readable: Iterable[Path] = ()) -> SandboxPlan:
+             readable: Iterable[Path] = (), gpu: bool = False) -> SandboxPlan:
     python = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     # the interpreter's import path, but not the source checkout itself: a tokens file
     # or a config may sit there; its packages are listed one by one instead
@@ -85,7 +85,8 @@ def plan_for(spec: SandboxSpec, work_dir: Path, writable: Iterable[Path],
     return SandboxPlan(
         writable=tuple(map(str, writes)), readable=tuple(map(str, reads)),
         listable=(str(SOURCE_ROOT),),  # on PYTHONPATH: imports list it
-        limits={"address_space_bytes": spec.address_space_bytes,
+        limits={"address_space_bytes": (spec.gpu_address_space_bytes if gpu
+                                        else spec.address_space_bytes),
                 "cpu_seconds": spec.cpu_seconds, "file_size_bytes": spec.file_size_bytes,
                 "open_files": spec.open_files, "processes": spec.processes},
         filesystem=spec.filesystem, network=spec.network,

@@ -109,7 +109,8 @@ class ConversionWorkers:
         scratch = folder / "tmp"  # the converter's temporary files: removed with the job
         scratch.mkdir(exist_ok=True)
         with _model_folder(Path(task.repository), task.model) as writable:
-            plan = plan_for(self.sandbox, folder, writable, readable=[Path(task.repository)])
+            plan = plan_for(self.sandbox, folder, writable, readable=[Path(task.repository)],
+                            gpu=task.spec.get("target") == "tensorrt")
             task_file = replace(task, sandbox=plan.to_json()).write(folder / "task.json")
             return await self._run(task, task_file, scratch, on_step, on_start)
 

@@ -29,7 +29,7 @@ import torch
 
 from gateway.lifecycle.config import SandboxSpec
 from gateway.lifecycle.pickles import PickledCode, refuse_pickled_code
-from gateway.lifecycle.sandbox import child_environment, landlock_abi
+from gateway.lifecycle.sandbox import child_environment, landlock_abi, plan_for
 from gateway.lifecycle.spec import parse_spec
 from gateway.lifecycle.worker import WorkerTask
 from infergate.processes import ROOT
@@ -182,6 +182,29 @@ def test_child_environment_holds_no_secret_when_gateway_has_them(tmp_path: Path)
     allowed = child_environment(parent, tmp_path, SandboxSpec(pass_env=("AWS_REGION",)),
                                 allow_pickled_code=True)
     assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in allowed
+
+
+def test_sandbox_plan_lifts_address_space_limit_when_conversion_uses_gpu(
+    tmp_path: Path
+) -> None:
+    spec = SandboxSpec(address_space_bytes=8 << 30)
+    cpu = plan_for(spec, tmp_path, [tmp_path / "staging"])
+    gpu = plan_for(spec, tmp_path, [tmp_path / "staging"], gpu=True)
+    assert cpu.limits["address_space_bytes"] == 8 << 30
+    assert gpu.limits["address_space_bytes"] is None  # CUDA reserves far more than it uses
+    assert cpu.limits["cpu_seconds"] == gpu.limits["cpu_seconds"] == spec.cpu_seconds
+
+
+def test_sandbox_plan_reads_only_python_files_when_checkout_holds_secrets(
+    tmp_path: Path
+) -> None:
+    plan = plan_for(SandboxSpec(), tmp_path / "job", [tmp_path / "staging"])
+    readable = set(plan.readable)
+    assert str(ROOT / "gateway" / "lifecycle" / "worker.py") in readable
+    assert not {str(ROOT), str(ROOT / "gateway"), str(ROOT / "gateway" / "examples")} & readable
+    assert not any(p.endswith((".yaml", ".md", ".txt")) for p in readable)
+    assert plan.listable == (str(ROOT),)
+    assert set(plan.writable) == {str(tmp_path / "job"), str(tmp_path / "staging")}
 
 
 def test_sandbox_spec_refuses_when_asked_to_pass_gateway_variables() -> None:
