@@ -9,7 +9,8 @@ whose GPUs the plan rebuilds goes through, one node at a time:
    resource present on one: Kubernetes does not say which GPU a pod got) by relabelling
    them ``infergate.io/rotation=out``; the pool's Service stops selecting them, so the
    gateway stops sending them requests;
-3. **quiesce**: wait until their in-flight requests reach 0 (or ``drain_grace_s``);
+3. **quiesce**: wait ``rotation_settle_s`` (the gateway re-resolves the Service in its
+   probe loop), then until their in-flight requests reach 0 (or ``drain_grace_s``);
 4. **evict** them through the Eviction API, which respects the pool's
    PodDisruptionBudget while the rest of the pool serves; a refusal is retried until
    ``evict_timeout_s``, then the rollout fails naming the pod that will not leave;
@@ -146,6 +147,9 @@ Action = Apply | Delete | Cordon | SetRotation | Evict | Relabel
 
 @dataclass(frozen=True)
 class RolloutSettings:
+    rotation_settle_s: float = 15.0
+    """Out of rotation at least this long before an eviction: the gateway re-resolves a
+    pool's Service in its probe loop, so it may still send a request or two meanwhile."""
     drain_grace_s: float = 60.0
     evict_timeout_s: float = 300.0
     mig_timeout_s: float = 900.0
@@ -229,6 +233,7 @@ class RolloutState:
     deadline: float = 0.0
     targets: tuple[str, ...] = ()
     """Pods being drained off the node."""
+    settle_until: float = 0.0
     reason: str = ""
     completed: tuple[str, ...] = ()
 
@@ -311,10 +316,12 @@ def _drain(
         waiting = [p for p in pods.values() if p.in_rotation]
         if waiting:
             return state, [SetRotation(p.name, p.namespace, False) for p in waiting]
-        return replace(state, phase="quiesce", deadline=snap.at + s.drain_grace_s), []
+        settle = snap.at + s.rotation_settle_s
+        quiesce = replace(state, phase="quiesce", deadline=settle + s.drain_grace_s)
+        return replace(quiesce, settle_until=settle), []
     if state.phase == "quiesce":
         busy = [p for p in pods.values() if p.in_flight != 0 and not p.terminating]
-        if busy and snap.at < state.deadline:
+        if snap.at < state.settle_until or (busy and snap.at < state.deadline):
             return state, []
         return replace(state, phase="evict", deadline=snap.at + s.evict_timeout_s), []
     # evict

@@ -32,8 +32,8 @@ from scheduler.rollout import (
 from tests.scheduler.builders import gpu, node, pool, request
 from tests.scheduler.fake_cluster import ScriptedCluster, mig_manager_script
 
-SETTINGS = RolloutSettings(drain_grace_s=30, evict_timeout_s=60, mig_timeout_s=120,
-                           ready_timeout_s=60)  # fmt: skip
+SETTINGS = RolloutSettings(rotation_settle_s=10, drain_grace_s=30, evict_timeout_s=60,
+                           mig_timeout_s=120, ready_timeout_s=60)  # fmt: skip
 
 
 class Clock:
@@ -274,3 +274,27 @@ def test_pending_count_sums_triton_pending_requests_when_metrics_are_scraped() -
     )
     assert pending_count(text) == 3
     assert pending_count("nv_inference_count 1\n") is None
+
+
+def test_rollout_keeps_a_pod_out_of_rotation_for_the_settle_time_when_it_is_idle_at_once(
+    rollout: Rollout,
+) -> None:
+    # in-flight is 0 from the start; the gateway may still hold the pod until it
+    # re-resolves the Service, so the eviction waits rotation_settle_s (10 s here).
+    c = cluster()
+    clock = Clock()
+    out_at: list[float] = []
+    evict_at: list[float] = []
+    real_execute = c.execute
+
+    def execute(action):  # type: ignore[no-untyped-def]
+        if action == SetRotation("c-0", "infergate", False):
+            out_at.append(clock.now)
+        if action == Evict("c-0", "infergate"):
+            evict_at.append(clock.now)
+        return real_execute(action)
+
+    c.execute = execute  # type: ignore[method-assign]
+    result = run_rollout(rollout, c, SETTINGS, clock=clock, sleep=clock.sleep, poll_s=5)
+    assert result.state.phase == "done"
+    assert evict_at[0] - out_at[0] >= 10
