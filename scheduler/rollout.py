@@ -6,9 +6,10 @@ whose GPUs the plan rebuilds goes through, one node at a time:
 
 1. **cordon** it, so that no new pod lands on it;
 2. **rotate out** the pods that may hold a GPU being rebuilt (those requesting a MIG
-   resource present on one: Kubernetes does not say which GPU a pod got) by relabelling
-   them ``infergate.io/rotation=out``; the pool's Service stops selecting them, so the
-   gateway stops sending them requests;
+   resource present on one: Kubernetes does not say which GPU a pod got; every GPU pod
+   of the node when a GPU's MIG mode changes, since the MIG manager may then reset the
+   GPUs or reboot the node) by relabelling them ``infergate.io/rotation=out``; the pool's
+   Service stops selecting them, so the gateway stops sending them requests;
 3. **quiesce**: wait ``rotation_settle_s`` (the gateway re-resolves the Service in its
    probe loop), then until their in-flight requests reach 0 (or ``drain_grace_s``);
 4. **evict** them through the Eviction API, which respects the pool's
@@ -165,6 +166,9 @@ class NodeChange:
     deployments: tuple[Obj, ...]
     disrupted: int
     """Pool instances on the node's rebuilt GPUs (0: only idle capacity changes)."""
+    mode_change: bool = False
+    """A GPU's MIG mode changes: the MIG manager may reset or reboot (``rebooting``), so
+    every GPU pod of the node is drained, not only those of the rebuilt GPUs."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,7 @@ def build_rollout(record: PlanRecord, settings: ManifestSettings | None = None) 
     current = {(n.name, g.index): g for n in record.request.fleet.nodes for g in n.gpus}
     drains: dict[str, set[str]] = {}
     disrupted: dict[str, int] = {}
+    mode_changes: set[str] = set()
     for gpu in record.plan.gpus:
         if not gpu.repartition:
             continue
@@ -198,6 +203,7 @@ def build_rollout(record: PlanRecord, settings: ManifestSettings | None = None) 
         disrupted.setdefault(gpu.node, 0)
         if spec.mig is None or not spec.mig.enabled:
             resources.add("nvidia.com/gpu")  # a whole GPU in use while MIG was off
+            mode_changes.add(gpu.node)
             continue
         for inst in spec.mig.instances:
             resources.add(kind.resource_name(kind.resolve_profile(inst.profile) or 0))
@@ -208,7 +214,10 @@ def build_rollout(record: PlanRecord, settings: ManifestSettings | None = None) 
         return tuple(d for d in deployments if d["metadata"]["labels"].get(NODE_LABEL) == node)
 
     changes = sorted(
-        (NodeChange(n, configs[n], frozenset(r), on(n), disrupted[n]) for n, r in drains.items()),
+        (
+            NodeChange(n, configs[n], frozenset(r), on(n), disrupted[n], n in mode_changes)
+            for n, r in drains.items()
+        ),
         key=lambda c: (c.disrupted, c.node),
     )
     rebuilt = set(drains)
@@ -287,7 +296,11 @@ def _drain_targets(change: NodeChange, snap: ClusterSnapshot) -> tuple[str, ...]
         sorted(
             p.name
             for p in snap.pods
-            if p.node == change.node and change.drain_resources.intersection(p.resources)
+            if p.node == change.node
+            and (
+                change.drain_resources.intersection(p.resources)
+                or (change.mode_change and any(r.startswith("nvidia.com/") for r in p.resources))
+            )
         )
     )
 

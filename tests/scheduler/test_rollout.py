@@ -298,3 +298,18 @@ def test_rollout_keeps_a_pod_out_of_rotation_for_the_settle_time_when_it_is_idle
     result = run_rollout(rollout, c, SETTINGS, clock=clock, sleep=clock.sleep, poll_s=5)
     assert result.state.phase == "done"
     assert evict_at[0] - out_at[0] >= 10
+
+
+def test_build_rollout_drains_every_gpu_pod_of_a_node_when_a_gpus_mig_mode_changes() -> None:
+    # GPU 0 keeps x's 1g; GPU 1 has MIG off and gets y's 7g: enabling MIG may reset the
+    # GPUs or reboot the node, so x's pod leaves too (its Deployment comes back after).
+    nodes = [node("n", [gpu(0, layout=[(19, 0, "x")]), gpu(1, enabled=False)])]
+    req = request(nodes, [pool("x"), pool("y", {0: 100}, target=50)])
+    plan = plan_placement(req)
+    assert [g.repartition for g in plan.gpus] == [False, True]
+    (change,) = build_rollout(PlanRecord(request=req, plan=plan)).nodes
+    assert change.mode_change and change.disrupted == 0
+    c = ScriptedCluster(node_labels={"n": {}},
+                        pods={"x-0": pod("x-0", "n", "nvidia.com/mig-1g.10gb", "x")})  # fmt: skip
+    assert run(build_rollout(PlanRecord(request=req, plan=plan)), c).state.phase == "done"
+    assert Evict("x-0", "infergate") in c.actions
