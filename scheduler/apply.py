@@ -299,9 +299,10 @@ class KubernetesCluster:
                 self.core.patch_namespaced_pod(action.pod, action.namespace, body)
             elif isinstance(action, Evict):
                 meta = client.V1ObjectMeta(name=action.pod, namespace=action.namespace)
-                self.core.create_namespaced_pod_eviction(
-                    action.pod, action.namespace, client.V1Eviction(metadata=meta)
+                eviction = client.V1Eviction(
+                    api_version="policy/v1", kind="Eviction", metadata=meta
                 )
+                self.core.create_namespaced_pod_eviction(action.pod, action.namespace, eviction)
             elif isinstance(action, Relabel):
                 # One patch: the new config and no state, so that the next state seen
                 # beside this config is this change's (a null removes a label).

@@ -15,7 +15,15 @@ from scheduler.apply import FIELD_MANAGER, ClusterApplier, KubernetesCluster, wr
 from scheduler.errors import ApplyFailed
 from scheduler.manifests import build_manifests
 from scheduler.plan import PlanRecord
-from scheduler.rollout import Cordon, Evict, Relabel, SetRotation
+from scheduler.rollout import (
+    Cordon,
+    DeploymentView,
+    Evict,
+    NodeChange,
+    Relabel,
+    Rollout,
+    SetRotation,
+)
 
 
 def dynamic_client() -> DynamicClient:
@@ -112,3 +120,44 @@ def test_cordon_and_rotation_patch_only_their_fields_when_executed() -> None:
     core.patch_namespaced_pod.assert_called_once_with(
         "p", "infergate", {"metadata": {"labels": {"infergate.io/rotation": "out"}}}
     )
+
+
+def test_observe_reads_pods_nodes_and_deployments_into_a_snapshot_when_listed() -> None:
+    m = client
+    core = core_api()
+    apps = create_autospec(m.AppsV1Api, instance=True)
+    scheduling = create_autospec(m.SchedulingV1Api, instance=True)
+    core.read_node.return_value = m.V1Node(
+        metadata=m.V1ObjectMeta(name="n1", labels={"nvidia.com/mig.config": "c"}),
+        spec=m.V1NodeSpec(unschedulable=True),
+    )
+    limits = {"nvidia.com/mig-1g.10gb.me": "1", "cpu": "2"}
+    pod = m.V1Pod(
+        metadata=m.V1ObjectMeta(name="p", namespace="infergate", deletion_timestamp=None,
+                                labels={"infergate.io/pool": "a", "infergate.io/rotation": "out"}),
+        spec=m.V1PodSpec(containers=[m.V1Container(name="t", resources=m.V1ResourceRequirements(
+            limits=limits))]),
+        status=m.V1PodStatus(conditions=[m.V1PodCondition(type="Ready", status="True")]),
+    )  # fmt: skip
+    core.list_pod_for_all_namespaces.return_value = m.V1PodList(items=[pod])
+    apps.list_namespaced_deployment.return_value = m.V1DeploymentList(items=[m.V1Deployment(
+        metadata=m.V1ObjectMeta(name="d", namespace="infergate",
+                                labels={"infergate.io/node": "n1"}),
+        spec=m.V1DeploymentSpec(replicas=2, selector=m.V1LabelSelector(),
+                                template=m.V1PodTemplateSpec()),
+        status=m.V1DeploymentStatus(ready_replicas=1))])  # fmt: skip
+    scheduling.list_priority_class.return_value = m.V1PriorityClassList(
+        items=[m.V1PriorityClass(metadata=m.V1ObjectMeta(name="pc"), value=7)]
+    )
+    cluster = kubernetes_cluster_with(core)
+    cluster.apps, cluster.scheduling = apps, scheduling
+    change = NodeChange("n1", "c", frozenset(), (), 0)
+    snap = cluster.observe(Rollout((), (change,), (), "infergate"), 3.0, {"p": "refused"})
+    assert snap.node_labels == {"n1": {"nvidia.com/mig.config": "c"}}
+    assert snap.unschedulable == {"n1": True} and snap.priority_classes == {"pc": 7}
+    (seen,) = snap.pods
+    assert (seen.resources, seen.pool, seen.ready, seen.in_rotation, seen.terminating) == (
+        ("nvidia.com/mig-1g.10gb.me",), "a", True, False, False)  # fmt: skip
+    assert snap.deployments == (DeploymentView("d", "infergate", "n1", 2, 1),)
+    assert snap.refusals == {"p": "refused"} and snap.at == 3.0
+    core.list_pod_for_all_namespaces.assert_called_once_with(field_selector="spec.nodeName=n1")
