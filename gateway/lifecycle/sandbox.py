@@ -13,11 +13,12 @@ the worker applies the plan to itself (:func:`enter`) before it reads any upload
   runs plus the allowance); capabilities dropped, so a worker running as root cannot
   raise them again;
 - Landlock (Linux >= 5.19): reads only under the Python installation, the gateway's
-  own Python files (not the rest of its checkout), system libraries, ``/proc``,
-  ``/sys``, ``/dev`` and the job's inputs; writes only in the job folder, the
-  repository's staging area and the model's own folder; no TCP (ABI >= 4); no signals
-  to or abstract sockets of processes outside the sandbox (ABI >= 6). A Landlock
-  domain also keeps ``/proc/<pid>/environ`` and ``ptrace`` of the gateway out of reach.
+  own Python files (not the rest of its checkout), system libraries, its own ``/proc``
+  entries, ``/sys``, a few devices and the job's inputs; writes only in the job
+  folder, the repository's staging area and the model's own folder; no TCP (ABI >= 4);
+  no signals to or abstract sockets of processes outside the sandbox (ABI >= 6). A
+  Landlock domain also keeps ``/proc/<pid>/environ`` and ``ptrace`` of the gateway out
+  of reach. Not covered by Landlock (ABI 7): connecting to a named Unix socket, and UDP.
 """
 
 from __future__ import annotations
@@ -39,13 +40,22 @@ SOURCE_PACKAGES = ("gateway", "converters", "infergate")
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
               "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "TORCH_NUM_THREADS")
-SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/proc", "/sys", "/dev",
+SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/sys",
                "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
                "/etc/timezone", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group",
                "/etc/os-release", "/etc/alternatives", "/etc/fonts")
+# /proc: the worker's own entries and the machine-wide figures libraries read, not
+# other processes' (their command lines name sockets and folders: HAProxy's runtime
+# socket among them, which Landlock cannot keep a connect() from); "self" is resolved
+# by the worker itself
+PROC_READ = ("/proc/self", "/proc/thread-self", "/proc/cpuinfo", "/proc/meminfo",
+             "/proc/stat", "/proc/loadavg", "/proc/uptime", "/proc/version", "/proc/sys",
+             "/proc/filesystems", "/proc/driver/nvidia", "/proc/pressure")
+# /dev: no /dev/shm (other clients' shared-memory tensors), no disks
+DEVICE_READ = ("/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/fd",
+               "/dev/nvidia-caps")
 DEVICE_WRITE = ("/dev/null", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3",
-                "/dev/nvidia4", "/dev/nvidia5", "/dev/nvidia6", "/dev/nvidia7")
+                "/dev/nvidia-modeset", *(f"/dev/nvidia{i}" for i in range(16)))
 
 
 @dataclass(frozen=True)
@@ -79,8 +89,9 @@ def plan_for(spec: SandboxSpec, work_dir: Path, writable: Iterable[Path],
     # (gateway/examples/tokens.yaml), and Landlock cannot carve those out of a folder
     packages = {path for name in SOURCE_PACKAGES for pattern in ("*.py", "*.pyc")
                 for path in (SOURCE_ROOT / name).rglob(pattern)}
-    reads = sorted({*map(Path, SYSTEM_READ), *python, *search, *packages, work_dir,
-                    *map(Path, readable), *spec.read_paths}, key=str)
+    system = map(Path, (*SYSTEM_READ, *PROC_READ, *DEVICE_READ))
+    reads = sorted({*system, *python, *search, *packages, work_dir, *map(Path, readable),
+                    *spec.read_paths}, key=str)
     writes = sorted({work_dir, *writable}, key=str)
     return SandboxPlan(
         writable=tuple(map(str, writes)), readable=tuple(map(str, reads)),

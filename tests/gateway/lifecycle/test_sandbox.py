@@ -229,6 +229,9 @@ attempt("self_environ", lambda: Path("/proc/self/environ").read_bytes().decode("
 attempt("parent_environ",
         lambda: Path(f"/proc/{{os.getppid()}}/environ").read_bytes().decode("latin-1"))
 attempt("tokens_file", lambda: Path(plan["tokens"]).read_text())
+attempt("parent_cmdline", lambda: Path(f"/proc/{{os.getppid()}}/cmdline").read_bytes())
+attempt("list_processes", lambda: len(os.listdir("/proc")))
+attempt("shared_memory", lambda: os.listdir("/dev/shm"))
 attempt("checkout_tokens", lambda: Path(plan["checkout_tokens"]).read_text())
 attempt("write_outside", lambda: Path(plan["outside"]).write_text("escaped"))
 attempt("write_other_model", lambda: Path(plan["other_model"]).write_text("poisoned"))
@@ -327,7 +330,8 @@ def test_hostile_pickle_contained_when_deployment_allows_pickled_code(
     assert seen["env"] == "ok: absent"
     assert "INFERGATE_TOKENS" not in seen["env_names"]
     assert "AWS_SECRET_ACCESS_KEY" not in seen["env_names"]
-    for probe in ("parent_environ", "tokens_file", "checkout_tokens", "write_outside",
+    for probe in ("parent_environ", "parent_cmdline", "list_processes", "shared_memory",
+                  "tokens_file", "checkout_tokens", "write_outside",
                   "write_other_model", "write_repository", "connect", "signal_parent",
                   "raise_limit"):
         assert seen[probe].startswith("denied"), (probe, seen[probe])
