@@ -242,7 +242,14 @@ class KubernetesCluster:
             labels[name] = dict(node.metadata.labels or {})
             unschedulable[name] = bool(node.spec.unschedulable)
             listed = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}")
-            pods += [self._pod(p, name) for p in listed.items]
+            pods += [self._pod(p, name, scrape=True) for p in listed.items]
+        seen = {p.name for p in pods}
+        elsewhere = self.core.list_namespaced_pod(self.namespace, label_selector=POOL_LABEL)
+        pods += [
+            self._pod(p, (p.spec.node_name if p.spec else None) or "", scrape=False)
+            for p in elsewhere.items
+            if p.metadata.name not in seen
+        ]
         deployments = [
             DeploymentView(d.metadata.name, d.metadata.namespace,
                            (d.metadata.labels or {}).get(NODE_LABEL), d.spec.replicas or 0,
@@ -254,7 +261,7 @@ class KubernetesCluster:
         return ClusterSnapshot(at, labels, unschedulable, tuple(pods), tuple(deployments),
                                classes, dict(refusals))  # fmt: skip
 
-    def _pod(self, pod: Any, node: str) -> PodView:
+    def _pod(self, pod: Any, node: str, scrape: bool) -> PodView:
         labels = pod.metadata.labels or {}
         resources = tuple(
             sorted(
@@ -275,8 +282,13 @@ class KubernetesCluster:
             pool=pool,
             ready=_ready(pod),
             in_rotation=labels.get(ROTATION_LABEL, "in") != "out",
+            rotation_labelled=ROTATION_LABEL in labels,
             terminating=pod.metadata.deletion_timestamp is not None,
-            in_flight=_scrape_pending(pod.status.pod_ip if pod.status else None) if pool else None,
+            in_flight=(
+                _scrape_pending(pod.status.pod_ip if pod.status else None)
+                if pool and scrape
+                else None
+            ),
         )
 
     def execute(self, action: Action) -> str | None:

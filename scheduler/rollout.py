@@ -26,8 +26,9 @@ whose GPUs the plan rebuilds goes through, one node at a time:
 8. **restore routing**: wait until the node's planned pods are ready, putting any pod
    still out of rotation back in.
 
-Before the nodes: PriorityClasses (one whose value changes is deleted and recreated: the
-API server refuses to update ``value``), the mig-parted ConfigMap, Services,
+Before the nodes: pool pods that predate the rotation label get ``rotation=in`` (the
+Services select it), then PriorityClasses (one whose value changes is deleted and
+recreated: the API server refuses to update ``value``), the mig-parted ConfigMap, Services,
 PodDisruptionBudgets, and Deployments on untouched nodes that grow (capacity first).
 After them: the remaining Deployments, and managed Deployments no longer in the plan are
 deleted. Nodes that disrupt no pool instance go first (like nos and HAMi, idle capacity
@@ -70,6 +71,8 @@ class PodView:
     pool: str | None = None
     ready: bool = True
     in_rotation: bool = True
+    rotation_labelled: bool = True
+    """False for a pool pod without ``infergate.io/rotation`` (made before the label was)."""
     terminating: bool = False
     in_flight: int | None = None
     """Requests the server is working on (Triton's pending count); None: not known."""
@@ -264,7 +267,13 @@ def _grown_first(rollout: Rollout, snap: ClusterSnapshot) -> tuple[Obj, ...]:
 
 
 def _prepare(rollout: Rollout, snap: ClusterSnapshot) -> list[Action]:
-    actions: list[Action] = []
+    # Pool pods from before the rotation label: label them first, or the Services applied
+    # next (which select infergate.io/rotation=in) would drop them from every pool.
+    actions: list[Action] = [
+        SetRotation(p.name, p.namespace, True)
+        for p in snap.pods
+        if p.pool is not None and not p.rotation_labelled and not p.terminating
+    ]
     for obj in rollout.prepare:
         name = obj["metadata"]["name"]
         if obj["kind"] != "PriorityClass":

@@ -120,7 +120,9 @@ class ScriptedCluster:
             self.unschedulable[action.node] = action.unschedulable
         elif isinstance(action, SetRotation):
             pod = self.pods[action.pod]
-            self.pods[action.pod] = replace(pod, in_rotation=action.in_rotation)
+            self.pods[action.pod] = replace(
+                pod, in_rotation=action.in_rotation, rotation_labelled=True
+            )
         elif isinstance(action, Evict):
             left = self.refuse.get(action.pod, 0)
             if left > 0:

@@ -313,3 +313,14 @@ def test_build_rollout_drains_every_gpu_pod_of_a_node_when_a_gpus_mig_mode_chang
                         pods={"x-0": pod("x-0", "n", "nvidia.com/mig-1g.10gb", "x")})  # fmt: skip
     assert run(build_rollout(PlanRecord(request=req, plan=plan)), c).state.phase == "done"
     assert Evict("x-0", "infergate") in c.actions
+
+
+def test_rollout_labels_pool_pods_from_before_the_rotation_label_ahead_of_the_services(
+    rollout: Rollout,
+) -> None:
+    c = cluster()
+    c.pods["old-0"] = PodView("old-0", "infergate", "elsewhere", ("nvidia.com/mig-3g.40gb",),
+                              "a", rotation_labelled=False)  # fmt: skip
+    assert run(rollout, c).state.phase == "done"
+    first_apply = next(i for i, a in enumerate(c.actions) if isinstance(a, Apply))
+    assert c.actions.index(SetRotation("old-0", "infergate", True)) < first_apply

@@ -140,6 +140,10 @@ def test_observe_reads_pods_nodes_and_deployments_into_a_snapshot_when_listed() 
         status=m.V1PodStatus(conditions=[m.V1PodCondition(type="Ready", status="True")]),
     )  # fmt: skip
     core.list_pod_for_all_namespaces.return_value = m.V1PodList(items=[pod])
+    elsewhere = m.V1Pod(metadata=m.V1ObjectMeta(name="q", namespace="infergate",
+                                                labels={"infergate.io/pool": "a"}),
+                        spec=m.V1PodSpec(node_name="n2", containers=[]))  # fmt: skip
+    core.list_namespaced_pod.return_value = m.V1PodList(items=[pod, elsewhere])
     apps.list_namespaced_deployment.return_value = m.V1DeploymentList(items=[m.V1Deployment(
         metadata=m.V1ObjectMeta(name="d", namespace="infergate",
                                 labels={"infergate.io/node": "n1"}),
@@ -155,9 +159,10 @@ def test_observe_reads_pods_nodes_and_deployments_into_a_snapshot_when_listed() 
     snap = cluster.observe(Rollout((), (change,), (), "infergate"), 3.0, {"p": "refused"})
     assert snap.node_labels == {"n1": {"nvidia.com/mig.config": "c"}}
     assert snap.unschedulable == {"n1": True} and snap.priority_classes == {"pc": 7}
-    (seen,) = snap.pods
+    seen, other = snap.pods  # the node's pods, then pool pods elsewhere (once each)
     assert (seen.resources, seen.pool, seen.ready, seen.in_rotation, seen.terminating) == (
         ("nvidia.com/mig-1g.10gb.me",), "a", True, False, False)  # fmt: skip
+    assert (other.name, other.node, other.rotation_labelled) == ("q", "n2", False)
     assert snap.deployments == (DeploymentView("d", "infergate", "n1", 2, 1),)
     assert snap.refusals == {"p": "refused"} and snap.at == 3.0
     core.list_pod_for_all_namespaces.assert_called_once_with(field_selector="spec.nodeName=n1")
