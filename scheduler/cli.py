@@ -86,8 +86,9 @@ def _print_summary(console: Console, record: PlanRecord, used_only: bool) -> Non
     console.print(
         f"{plan.solver} ({plan.solver_status}) in {plan.solve_seconds:.2f}s: "
         f"{m.gpus_used}/{m.gpus_total} GPUs used, fragmentation {m.fragmentation}, "
-        f"{m.gpus_repartitioned} GPUs on {m.nodes_reconfigured} nodes repartitioned, "
-        f"{m.instances_moved} instances moved, {m.pools_unplaced} pools unplaced"
+        f"{m.gpus_repartitioned} GPUs on {m.nodes_reconfigured} nodes rebuilt, "
+        f"{m.instances_disrupted} instances disrupted ({m.instances_destroyed} destroyed), "
+        f"{m.instances_moved} moved, {m.pools_unplaced} pools unplaced; objective {plan.objective}"
     )
 
 
