@@ -39,6 +39,10 @@ def serve_command(
     data_plane: str = typer.Option(
         "auto", help="Who carries inference requests: 'haproxy' (native, HAProxy in front "
         "of this process), 'python' (this process), or 'auto' (haproxy when installed)."),
+    max_request_bytes: int = typer.Option(
+        256 * 1024 * 1024, min=1024,
+        help="Largest inference request body (HTTP) or message (gRPC); larger ones are "
+             "answered 413 / RESOURCE_EXHAUSTED."),
     haproxy_run_dir: Annotated[Path | None, typer.Option(
         help="Folder for HAProxy's configuration, maps and sockets (default: a new "
              "temporary folder).")] = None,
@@ -61,6 +65,7 @@ def serve_command(
         drain_timeout_s=drain_timeout,
         log_level=log_level,
         data_plane=choose_data_plane(data_plane),
+        max_request_bytes=max_request_bytes,
         haproxy_run_dir=haproxy_run_dir,
         haproxy_external=haproxy_external,
     )

@@ -359,9 +359,15 @@ def method_handlers(servicer: GatewayServicer) -> dict[str, grpc.RpcMethodHandle
 
 def create_grpc_server(
     dataplane: DataPlane, control: ModelControl, upstream: UpstreamGRPC, address: str,
-    auth: TokenTable | None = None,
+    auth: TokenTable | None = None, max_message_bytes: int = 256 * 1024 * 1024,
 ) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server(options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 1)])
+    """``max_message_bytes``: larger requests are refused by grpc-core itself with
+    RESOURCE_EXHAUSTED before any handler runs."""
+    server = grpc.aio.server(options=[
+        *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+        ("grpc.so_reuseport", 1),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ])
     handlers = method_handlers(GatewayServicer(dataplane, control, upstream, auth))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     port = server.add_insecure_port(address)

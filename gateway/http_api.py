@@ -30,6 +30,7 @@ from gateway.errors import (
     DeadlineExceeded,
     GatewayError,
     InvalidInput,
+    PayloadTooLarge,
     Unauthorized,
     Unavailable,
     Unsupported,
@@ -149,9 +150,11 @@ class InferFastPath:
     through to the FastAPI app."""
 
     def __init__(self, app: Any, dataplane: DataPlane, upstream: UpstreamHTTP,
-                 auth: TokenTable | None = None) -> None:
+                 auth: TokenTable | None = None,
+                 max_body_bytes: int = 256 * 1024 * 1024) -> None:
         self.app, self.dataplane, self.upstream = app, dataplane, upstream
         self.auth = auth or TokenTable()
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
         match = INFER_PATH.match(scope["path"]) if scope["type"] == "http" else None
@@ -169,7 +172,7 @@ class InferFastPath:
     async def _infer(self, model: str, scope: ASGIScope, receive: ASGIReceive
                      ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         raw_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        body = await _read_body(receive)
+        body = await _read_body(receive, self.max_body_bytes)
         forwarded = {k: v for k, v in raw_headers.items() if k in FORWARDED_REQUEST_HEADERS}
         forwarded["accept-encoding"] = "identity"
         options = options_from_headers(raw_headers)
@@ -188,15 +191,18 @@ class InferFastPath:
         return resp.status, resp.body, list(resp.headers)
 
 
-async def _read_body(receive: ASGIReceive) -> bytes:
+async def _read_body(receive: ASGIReceive, limit: int) -> bytes:
+    """The whole body, refused (413) as soon as it grows past ``limit``."""
     message = await receive()
     body = message.get("body", b"")
-    if not message.get("more_body"):
-        return body
+    size = len(body)
     chunks = [body]
-    while message.get("more_body"):
+    while message.get("more_body") and size <= limit:
         message = await receive()
         chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+    if size > limit:
+        raise PayloadTooLarge(f"request body larger than {limit} bytes")
     return b"".join(chunks)
 
 
@@ -205,8 +211,8 @@ class BatchingRequest(BaseModel):
 
 
 def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: UpstreamHTTP,
-                    auth: TokenTable | None = None, lifecycle: ModelLifecycle | None = None
-                    ) -> Any:
+                    auth: TokenTable | None = None, lifecycle: ModelLifecycle | None = None,
+                    max_body_bytes: int = 256 * 1024 * 1024) -> Any:
     app = FastAPI(title="infergate", description="KServe v2 / Triton-compatible gateway")
     auth = auth or TokenTable()
     admin = Depends(requires(auth, Scope.ADMIN))
@@ -284,7 +290,7 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
         return JSONResponse({"model": model, **decision.__dict__,
                              "dynamic_batching": decision.as_config()})
 
-    return InferFastPath(app, dataplane, upstream, auth)
+    return InferFastPath(app, dataplane, upstream, auth, max_body_bytes)
 
 
 def _model_route(model_call: Callable[[str, Request], Awaitable[Response]]

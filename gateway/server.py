@@ -21,7 +21,7 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ class GatewaySettings:
     upstream_timeout_s: float = 60.0
     log_level: str = "warning"
     data_plane: str = "python"  # "haproxy": HAProxy carries the hot path
+    max_request_bytes: int = 256 * 1024 * 1024  # larger requests: 413 / RESOURCE_EXHAUSTED
     haproxy_binary: str | None = None
     # HAProxy's files and sockets (a fresh temporary folder when None); with
     # ``haproxy_external`` HAProxy runs elsewhere (its own container) on this folder
@@ -107,7 +108,8 @@ async def serve(
         return answer.status, answer.body
 
     control_plane = build_control_plane(config, dataplane, admin_client, synthetic_infer)
-    app = create_http_app(dataplane, control, upstream_http, auth, control_plane.lifecycle)
+    app = create_http_app(dataplane, control, upstream_http, auth, control_plane.lifecycle,
+                          max_body_bytes=settings.max_request_bytes)
     native = settings.data_plane == "haproxy"
     # with HAProxy in front, this process serves on private loopback ports
     own_host = "127.0.0.1" if native else settings.host
@@ -130,7 +132,8 @@ async def serve(
         )
     )
     grpc_server, _ = create_grpc_server(
-        dataplane, control, upstream_grpc, f"{own_host}:{own_grpc}", auth
+        dataplane, control, upstream_grpc, f"{own_host}:{own_grpc}", auth,
+        max_message_bytes=settings.max_request_bytes,
     )
     await grpc_server.start()
     control_plane.start()  # preloading holds readiness down until the models are warm
@@ -194,8 +197,12 @@ def _haproxy(settings: GatewaySettings, dataplane: DataPlane, auth: TokenTable,
         raise ValueError(f"--haproxy-run-dir {run_dir}: too long for a unix socket path")
     if run_dir is None or too_long:  # unix socket paths are limited to ~108 bytes
         run_dir = Path(tempfile.mkdtemp(prefix="infergate-haproxy-"))
-    layout = default_layout(settings.host, settings.http_port, settings.grpc_port,
-                            control_http, control_grpc, run_dir)
+    layout = replace(
+        default_layout(settings.host, settings.http_port, settings.grpc_port,
+                       control_http, control_grpc, run_dir),
+        max_body_bytes=settings.max_request_bytes,
+        server_timeout_s=max(1, round(settings.upstream_timeout_s)),
+    )
     process = HAProxyProcess(layout, settings.haproxy_binary,
                              external=settings.haproxy_external)
     return HAProxyDataPlane(dataplane, auth, layout, process)

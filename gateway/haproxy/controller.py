@@ -57,7 +57,6 @@ def snapshot_of(dataplane: DataPlane, auth: TokenTable, now: float,
                 )
                 for m in pool.members
             ),
-            max_conn_per_member=pool.spec.capacity_per_member,
         )
         for pool in dataplane.pools
     )

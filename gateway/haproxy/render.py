@@ -18,7 +18,9 @@ The hot path, per request, inside HAProxy:
 6. admission: requests of the model in the gateway (stick table ``st_model``,
    ``conn_cur``) bounded by map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once;
 7. the pool's backend: least connections over members weighted by their Triton queue
-   depth, ``maxconn`` per member with HAProxy's queue behind it, active health checks on
+   depth (no per-member connection cap: a request HAProxy held back in its queue would
+   hold back the HTTP/2 connection window of the requests sharing its client connection;
+   Triton queues and batches), active health checks on
    ``/v2/health/live``, passive ejection, one retry on another member for connection
    failures, the client's deadline as the server timeout.
 Every answer HAProxy produces itself is built from ``gateway.errors``' one table.
@@ -37,7 +39,7 @@ GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 INFER_PATH_RE = r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$"
 # one line per inference request, to the control plane's datagram socket (telemetry.py)
 LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
-              "%[var(txn.gs)] %Tt %[var(txn.out)] %ts %s")
+              "%[var(txn.gs)] %Tt %[var(txn.out)] %ts")
 MISSING_TOKEN = ("missing API token: send 'X-API-Key: <token>' or 'Authorization: Bearer "
                  "<token>' (gRPC: 'x-api-key' or 'authorization' metadata)")
 
@@ -243,14 +245,18 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
         first.append(("wait-for-body time 1s at-least 1k", ""))
     first.append((f"set-var(txn.model) {model_fetch}", ""))
     answer = http_return if http else grpc_return
-    too_large = answer(errors.PayloadTooLarge,
-                       f"request body larger than {layout.max_body_bytes} bytes")
     if http:
+        too_large = answer(errors.PayloadTooLarge,
+                           f"request body larger than {layout.max_body_bytes} bytes")
         first.append((too_large, f"{{ req.hdr_val(content-length) gt {layout.max_body_bytes} }}"))
     else:
         # a gRPC message says its length in its 5-byte prefix (big-endian, bytes 1-4)
+        # Answering while the client still sends races its reading of the answer with
+        # the stream's reset: the control plane's gRPC server reads the message through
+        # and refuses it (RESOURCE_EXHAUSTED, its max_receive_message_length)
         first += [("set-var(txn.glen) req.body,bytes(1,4),be2dec(:,4)", ""),
-                  (too_large, f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
+                  ("set-var(txn.out) str(too_large)",
+                   f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
     rules = [*first, *_model_rules(snapshot, answer, http)]
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
@@ -261,6 +267,8 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
         # HAProxy drops content-type from a return without payload: put it back
         lines.append("  http-after-response set-header content-type application/grpc "
                      "if { var(txn.model) -m found } !{ res.hdr(content-type) -m found }")
+    if not http:
+        lines.append("  use_backend control_grpc if { var(txn.out) -m str too_large }")
     lines.append(f"  use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}")
     return "\n".join(lines) + "\n"
 
@@ -437,7 +445,7 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
         port = m.http_port if http else m.grpc_port
         extra = "" if http else f" proto h2 port {m.http_port} check-proto h1"
         lines.append(
-            f"  server {m.name} {m.host}:{port} {check} maxconn {pool.max_conn_per_member} "
+            f"  server {m.name} {m.host}:{port} {check} "
             f"weight {m.weight}{extra}{'' if m.routable else ' disabled'}"
         )
     return "\n".join(lines) + "\n"
@@ -456,7 +464,7 @@ def _cli_word(text: str) -> str:
 def structure(snapshot: Snapshot) -> tuple[object, ...]:
     """What only a reload can change: listeners, backends, servers, tables, defaults."""
     return (
-        tuple((p.name, p.max_conn_per_member,
+        tuple((p.name,
                tuple((m.name, m.host, m.http_port, m.grpc_port) for m in p.members))
               for p in snapshot.pools),
         snapshot.default_route.pools if snapshot.default_route else None,

@@ -37,7 +37,6 @@ class MemberState:
 class PoolState:
     name: str
     members: tuple[MemberState, ...]
-    max_conn_per_member: int  # requests a member gets at once; more wait in HAProxy's queue
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ class Layout:
     nbthread: int = 1
     connect_timeout_ms: int = 2000
     client_timeout_s: int = 300
-    server_timeout_s: int = 300
+    server_timeout_s: int = 60  # no deadline from the client: the upstream wait's bound
     queue_timeout_s: int = 60
     health_interval_ms: int = 1000
     max_body_bytes: int = 256 * 1024 * 1024

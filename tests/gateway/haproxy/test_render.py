@@ -44,8 +44,8 @@ def _member(port: int, routable: bool = True, weight: int = 256) -> MemberState:
 
 def _snapshot(**changes: object) -> Snapshot:
     base = Snapshot(
-        pools=(PoolState("main", (_member(9000), _member(9010)), 8),
-               PoolState("canary", (_member(9020),), 4)),
+        pools=(PoolState("main", (_member(9000), _member(9010))),
+               PoolState("canary", (_member(9020),))),
         routes=(RouteState("resnet", (("main", 0.9), ("canary", 0.1)), 48),
                 RouteState("tiny", (("main", 1.0),), 24)),
         default_route=RouteState("", (("main", 1.0),), 48),
@@ -140,7 +140,7 @@ def test_rendered_config_passes_haproxy_check_when_written(tmp_path: Path) -> No
     binary = find_haproxy()
     assert binary is not None, "make test installs Debian's haproxy"
     snapshot = _snapshot(tokens=((key_digest("x" * 20), "predict;a"),), predict_gated=True,
-                         pools=(*_snapshot().pools, PoolState("empty", (), 1)))
+                         pools=(*_snapshot().pools, PoolState("empty", ())))
     layout = _layout(tmp_path)
     write_files(render(snapshot, layout), layout)
     result = subprocess.run([binary, "-c", "-f", str(layout.config_path)],
