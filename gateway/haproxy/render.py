@@ -304,6 +304,11 @@ def _model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> 
         ("set-var(txn.out) str(not_ready)", "nr"),
         (answer(errors.ModelNotReady, f"model '{model_lf}' is not ready yet: %[var(txn.nr)]",
                 retry_after=2), "nr"),
+    ]
+    classes = snapshot.rate_classes()
+    if not classes and not snapshot.predict_gated:
+        return [*rules, *_pool_rules(snapshot, answer, model_lf)]  # no one asks who calls
+    rules += [
         # who is calling: X-API-Key, else Authorization: Bearer (one precedence)
         ("set-var(txn.key) req.fhdr(x-api-key)", "x_api_key"),
         ("set-var(txn.key) req.fhdr(authorization),bytes(7)", "!has_key bearer"),
@@ -325,7 +330,6 @@ def _model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> 
         ("set-var(txn.key) str(anonymous)", "!has_key"),
         ("set-var(txn.kd) var(txn.key),sha2(256),hex", ""),
     ]
-    classes = snapshot.rate_classes()
     if classes:
         default = str(classes.index(snapshot.rate_default)) if snapshot.rate_default else "none"
         rules.append((f"set-var(txn.rc) var(txn.kd),map(MAPS/ratekeys.map,{default})", ""))
@@ -338,8 +342,13 @@ def _model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> 
                 (answer(errors.Overloaded, "rate limit exceeded for this API key",
                         retry_after=1), over),
             ]
+    return [*rules, *_pool_rules(snapshot, answer, model_lf)]
+
+
+def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -> list[Rule]:
+    """The pool (weighted split), then admission against the model's limit."""
     default_limit = snapshot.default_route.max_in_system if snapshot.default_route else 1
-    rules += _split_rules(snapshot)
+    rules = _split_rules(snapshot)
     rules += [
         ("set-var(txn.out) str(unknown)", "!has_pool"),
         (answer(errors.ModelNotFound, f"Request for unknown model: '{model_lf}' is not found"),
