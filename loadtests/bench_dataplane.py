@@ -470,13 +470,14 @@ def summarise(samples: Mapping[tuple[str, str, int, str], Sequence[Sample]],
 
 def cell_row(model: str, protocol: str, in_flight: int, plane: str,
              direct: Sequence[Sample], gateway: Sequence[Sample]) -> dict[str, Any]:
-    # a run where nothing succeeded served 0 req/s; its latency was not measured
-    d_rps = statistics.median(s.req_per_s for s in direct)
-    g_rps = statistics.median(s.req_per_s for s in gateway)
-    ratio = g_rps / d_rps if d_rps else None
-    d_p50 = finite_median(s.p50_ms for s in direct)
-    g_p50 = finite_median(s.p50_ms for s in gateway)
-    added = g_p50 - d_p50 if g_p50 is not None and d_p50 is not None else None
+    # Ratios and differences pair each gateway run with the direct run of the same round
+    # (seconds apart, so under the same load from the machine's other work). A run where
+    # nothing succeeded served 0 req/s; its latency was not measured.
+    pairs = list(zip(direct, gateway, strict=False))  # a dropped plane has fewer rounds
+    ratios = [g.req_per_s / d.req_per_s for d, g in pairs if d.req_per_s]
+    added_each = [g.p50_ms - d.p50_ms for d, g in pairs]
+    ratio = statistics.median(ratios) if ratios else None
+    added = finite_median(added_each)
     cpu = finite_median(s.cpu_us_per_request for s in gateway)
     names = sorted({n for s in gateway for n in s.cpu_split_us})
     split = {n: finite_median(s.cpu_split_us.get(n) for s in gateway) for n in names}
@@ -484,8 +485,12 @@ def cell_row(model: str, protocol: str, in_flight: int, plane: str,
                 + [f"{plane}: {s.problem}" for s in gateway if s.problem])
     return {
         "model": model, "protocol": protocol, "in_flight": in_flight, "data_plane": plane,
-        "direct_rps": d_rps, "gateway_rps": g_rps, "throughput_ratio": ratio,
-        "direct_p50_ms": d_p50, "gateway_p50_ms": g_p50, "added_p50_ms": added,
+        "direct_rps": statistics.median(s.req_per_s for s in direct),
+        "gateway_rps": statistics.median(s.req_per_s for s in gateway),
+        "throughput_ratio": ratio, "throughput_ratio_range": spread(ratios),
+        "direct_p50_ms": finite_median(s.p50_ms for s in direct),
+        "gateway_p50_ms": finite_median(s.p50_ms for s in gateway),
+        "added_p50_ms": added, "added_p50_ms_range": spread(added_each),
         "direct_p99_ms": finite_median(s.p99_ms for s in direct),
         "gateway_p99_ms": finite_median(s.p99_ms for s in gateway),
         "gateway_cpu_us_per_request": cpu, "gateway_cpu_split_us": split,
@@ -495,6 +500,18 @@ def cell_row(model: str, protocol: str, in_flight: int, plane: str,
         **({"problems": problems} if problems else {}),
         **goal_verdicts(model, in_flight, ratio, added, cpu),
     }
+
+
+def spread(values: Iterable[float]) -> list[float] | None:
+    """[lowest, highest] of the measured values (None when fewer than two)."""
+    kept = [v for v in values if math.isfinite(v)]
+    return [min(kept), max(kept)] if len(kept) > 1 else None
+
+
+def with_range(row: Mapping[str, Any], key: str, spec: str, unit: str = "") -> str:
+    text = num(row[key], spec) + unit
+    low_high = row.get(f"{key}_range")
+    return f"{text} ({num(low_high[0], spec)}..{num(low_high[1], spec)})" if low_high else text
 
 
 def num(value: float | None, spec: str) -> str:
@@ -526,15 +543,17 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         lines.append(
             f"| {r['model']} | {r['protocol']} | {r['in_flight']} | {r['data_plane']} "
             f"| {num(r['direct_rps'], '.0f')} | {num(r['gateway_rps'], '.0f')} "
-            f"| {num(r['throughput_ratio'], '.2f')}x {r.get('throughput_goal', '')} "
+            f"| {with_range(r, 'throughput_ratio', '.2f', 'x')} {r.get('throughput_goal', '')} "
             f"| {num(r['direct_p50_ms'], '.3f')} | {num(r['gateway_p50_ms'], '.3f')} "
-            f"| {num(r['added_p50_ms'], '+.3f')} {r.get('latency_goal', '')} "
+            f"| {with_range(r, 'added_p50_ms', '+.3f')} {r.get('latency_goal', '')} "
             f"| {cpu_cell(r)} | {checked} |"
         )
     lines.append("\ngRPC at 16 in flight: 4 HTTP/2 connections x 4 streams; HTTP: one HTTP/1.1 "
                  "connection per request in flight. p50: h2load's per-request log, successes "
-                 "only; medians over rounds. CPU: the gateway process and all its descendants "
-                 "(HAProxy included), per request Triton served. 'served checked': no request "
+                 "only; medians over rounds. Ratio and added p50: median over rounds of each "
+                 "gateway run against the direct run of the same round (lowest..highest). "
+                 "CPU: the gateway process and all its descendants (HAProxy included), per "
+                 "request Triton served. 'served checked': no request "
                  "failed and every h2load success was an inference Triton counted (h2load "
                  "takes any HTTP 200, a gRPC error included, as a success).")
     idle = dict.fromkeys((r["data_plane"], r.get("gateway_idle_cpu_pct")) for r in rows)
