@@ -14,6 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from converters.samples import SAMPLE_MODEL_NAME
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
@@ -83,6 +84,11 @@ def _infers(client: httpclient.InferenceServerClient, inp: httpclient.InferInput
         return False
 
 
+def _in_flight(metrics_text: str) -> float:
+    return sum(s.value for f in text_string_to_metric_families(metrics_text)
+               if f.name == "infergate_in_flight_requests" for s in f.samples)
+
+
 def test_gateway_drains_in_flight_requests_when_sigterm(triton: LocalTriton,
                                                          tmp_path: Path, data_plane: str) -> None:
     assert triton.endpoints is not None
@@ -94,7 +100,12 @@ def test_gateway_drains_in_flight_requests_when_sigterm(triton: LocalTriton,
         inp = httpaio.InferInput("input", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
         calls = [asyncio.create_task(client.infer(SAMPLE_MODEL_NAME, [inp])) for _ in range(3)]
-        await asyncio.sleep(0.3)  # requests are in flight (batch 32 takes a while)
+        async with httpx.AsyncClient() as h:
+            for _ in range(200):  # until the gateway reports them in flight (bounded)
+                text = (await h.get(f"http://{gw_http}/metrics")).text
+                if _in_flight(text) >= 1:
+                    break
+                await asyncio.sleep(0.05)
         terminate()  # type: ignore[operator]
         async with httpx.AsyncClient() as h:
             ready = 200
