@@ -15,7 +15,8 @@ dominant error, which is what this removes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -59,6 +60,78 @@ def bias_corrections(
         bias = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64)
         corrections[node.name] = (bias - shift).astype(np.float32)
     return corrections
+
+
+def empirical_corrections(
+    float_model: onnx.ModelProto,
+    quantize: Callable[[Mapping[str, np.ndarray]], onnx.ModelProto],
+    start: Mapping[str, np.ndarray],
+    calibration: SampleSet,
+    settings: RuntimeSettings,
+    passes: int = 8,
+) -> dict[str, np.ndarray]:
+    """Refine ``start`` (node -> bias) so that each corrected layer's mean output in the
+    quantized model matches the float model's, per output channel.
+
+    The analytic correction only sees a layer's own weight error; this one also sees the
+    mean shift its *input* brings from every quantized layer before it (activation
+    rounding, and ReLU6 bending zero-mean noise into a bias). Layers are corrected front
+    to back in ``passes`` groups, each measured with every earlier group corrected:
+    correcting all at once over-corrects (a layer's shift partly comes from upstream
+    shifts that their own corrections remove), measured on EfficientNet-Lite0 as a drop
+    in agreement. Measured on the quantized model as ONNX Runtime simulates it (Q/DQ
+    unfused), on calibration data."""
+    layers = [n for n in float_model.graph.node if n.name in start]
+    if not layers:
+        return dict(start)
+    renamed = _quantized_names(float_model, quantize(start))
+    layers = [n for n in layers if n.output[0] in renamed]
+    want = _output_means(float_model, [renamed[n.output[0]][0] for n in layers], calibration,
+                         settings, simulate=False)
+    corrections = {k: np.asarray(v, np.float64) for k, v in start.items()}
+    size = -(-len(layers) // max(1, passes))
+    for first in range(0, len(layers), size):
+        group = layers[first:first + size]
+        model = quantize({k: v.astype(np.float32) for k, v in corrections.items()})
+        got = _output_means(model, [renamed[n.output[0]][1] for n in group], calibration,
+                            settings, simulate=True)
+        for node in group:
+            float_name, quant_name = renamed[node.output[0]]
+            mean, target = got.get(quant_name), want.get(float_name)
+            if mean is not None and target is not None and mean.shape == target.shape:
+                corrections[node.name] = corrections[node.name] - (mean - target)
+    return {k: v.astype(np.float32) for k, v in corrections.items()}
+
+
+def _quantized_names(float_model: onnx.ModelProto,
+                     quantized: onnx.ModelProto) -> dict[str, tuple[str, str]]:
+    """Float layer -> (float tensor, QDQ tensor) holding the same activation. A Conv
+    followed by ReLU/Clip loses the activation node in the QDQ model (its Q node clips
+    instead): there the *activation's* output is compared, float against the value its
+    DequantizeLinear gives back. Pre-activations are not comparable in channels that
+    are mostly clipped (their float value can be far below zero with nothing served)."""
+    produced = {o: n for n in quantized.graph.node for o in n.output}
+    q_consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in quantized.graph.node:
+        for name in node.input:
+            q_consumers.setdefault(name, []).append(node)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in float_model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    names: dict[str, tuple[str, str]] = {}
+    for node in float_model.graph.node:
+        tensor = node.output[0] if node.output else ""
+        following = consumers.get(tensor, [])
+        if tensor in produced:
+            names[tensor] = (tensor, tensor)
+        elif len(following) == 1 and following[0].op_type in ("Clip", "Relu"):
+            activation = following[0].output[0]
+            dq = [d for q in q_consumers.get(activation, []) if q.op_type == "QuantizeLinear"
+                  for d in q_consumers.get(q.output[0], []) if d.op_type == "DequantizeLinear"]
+            if dq:
+                names[tensor] = (activation, dq[0].output[0])
+    return names
 
 
 def apply_corrections(
@@ -116,13 +189,25 @@ def _dequantized_weights(quantized: onnx.ModelProto) -> dict[str, np.ndarray]:
 def _input_means(model: onnx.ModelProto, tensors: list[str], samples: SampleSet,
                  settings: RuntimeSettings) -> dict[str, np.ndarray]:
     """Per-channel (axis 1) mean of each tensor over the samples."""
+    return _output_means(model, tensors, samples, settings, simulate=False)
+
+
+def _output_means(model: onnx.ModelProto, tensors: list[str], samples: SampleSet,
+                  settings: RuntimeSettings, simulate: bool) -> dict[str, np.ndarray]:
+    """Per-channel (axis 1) mean of each tensor over the samples; ``simulate`` runs a QDQ
+    model unfused (exposing its inner tensors would stop the INT8 fusions anyway)."""
     probe = copy.deepcopy(model)
-    names = sorted(set(tensors))
+    known = {n for node in probe.graph.node for n in node.output} | {
+        i.name for i in probe.graph.input}
+    names = sorted(set(tensors) & known)
+    if not names:
+        return {}
     outputs = {o.name for o in probe.graph.output}
     for name in names:
         if name not in outputs:
             probe.graph.output.append(helper.make_empty_tensor_value_info(name))
-    session = open_session(probe.SerializeToString(), settings)
+    session = _simulating_session(probe, settings) if simulate else \
+        open_session(probe.SerializeToString(), settings)
     feeds_names = {i.name for i in session.get_inputs()}
     sums: dict[str, np.ndarray] = {}
     count = 0
@@ -134,3 +219,14 @@ def _input_means(model: onnx.ModelProto, tensors: list[str], samples: SampleSet,
             sums[name] = sums.get(name, 0) + value.astype(np.float64).mean(axis=axes) * size
         count += size
     return {name: total / count for name, total in sums.items()}
+
+
+def _simulating_session(model: onnx.ModelProto, settings: RuntimeSettings) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = settings.intra_op_threads
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=list(settings.providers))

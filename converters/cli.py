@@ -57,7 +57,8 @@ def convert_command(
         "--preprocess", help="Image folders: efficientnet-lite | imagenet | JSON.")] = None,
     task: Annotated[str, typer.Option("--task", help="auto | classification | other.")] = "auto",
     calibration_method: Annotated[str, typer.Option(
-        "--calibration", help="minmax | entropy | percentile.")] = "minmax",
+        "--calibration",
+        help="minmax | entropy | percentile | auto (each measured, the best kept).")] = "minmax",
     per_channel: Annotated[bool, typer.Option("--per-channel/--per-tensor")] = True,
     repair: Annotated[bool, typer.Option(
         "--repair/--no-repair", help="INT8 accuracy repair.")] = True,
@@ -143,8 +144,9 @@ def _preprocessing(text: str | None) -> Any:
 def _check_choices(task: str, calibration: str) -> None:
     if task not in ("auto", "classification", "other"):
         raise InvalidRequest(f"task {task!r}: choose auto, classification or other")
-    if calibration not in ("minmax", "entropy", "percentile"):
-        raise InvalidRequest(f"calibration {calibration!r}: choose minmax, entropy or percentile")
+    if calibration not in ("minmax", "entropy", "percentile", "auto"):
+        raise InvalidRequest(
+            f"calibration {calibration!r}: choose minmax, entropy, percentile or auto")
 
 
 def summary_table(result: ConversionResult) -> Table:

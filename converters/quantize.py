@@ -14,21 +14,23 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import logging
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import onnx
 
-from converters.bias_correction import apply_corrections, bias_corrections
+from converters.bias_correction import apply_corrections, bias_corrections, empirical_corrections
 from converters.datasets import SampleSet
-from converters.runtime import RuntimeSettings
+from converters.runtime import RuntimeSettings, open_session, run_batches
 
-Calibration = Literal["minmax", "entropy", "percentile"]
+Calibration = Literal["minmax", "entropy", "percentile", "auto"]
+MEASURED_METHODS: tuple[Calibration, ...] = ("minmax", "entropy", "percentile")
 ActivationType = Literal["uint8", "int8"]
 
 # kept in FP32 in FP16 variants: overflow/underflow-prone in half precision
@@ -48,12 +50,16 @@ class StaticInt8Recipe:
     per_channel: bool = True
     bias_correction: bool = True
     equalize: bool = False  # cross-layer equalization first (converters.equalization)
+    float_outputs: bool = True  # graph outputs not rounded to 8 bits (float_graph_outputs)
+    empirical_passes: int = 0  # bias correction refined on measured output means
     float_nodes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         kind = "S8S8 symmetric" if self.symmetric else (
             "U8S8" if self.activation == "uint8" else "S8S8")
         corrected = ", bias-corrected" if self.bias_correction else ""
+        if self.bias_correction and self.empirical_passes:
+            corrected += f" (empirical, {self.empirical_passes} passes)"
         equalized = ", cross-layer equalized" if self.equalize else ""
         return f"static QDQ {kind}, {self.calibration} calibration, " \
             f"{'per-channel' if self.per_channel else 'per-tensor'} weights{corrected}" \
@@ -139,8 +145,56 @@ class StaticQuantizer:
     equalized: tuple[tuple[str, str], ...] = ()  # conv pairs cross-layer equalized
     _base: onnx.ModelProto | None = field(default=None, repr=False)
 
+    choice: Mapping[str, float] = field(default_factory=dict)  # method -> holdout noise
+
     @classmethod
     def calibrate(
+        cls, prepared: Path, samples: SampleSet, recipe: StaticInt8Recipe
+    ) -> StaticQuantizer:
+        """Calibrated ranges (and bias corrections) for ``recipe``; calibration "auto"
+        measures each method and keeps the best (:meth:`choose`)."""
+        if recipe.calibration == "auto":
+            return cls.choose(prepared, samples, recipe)
+        return cls._calibrate(prepared, samples, recipe)
+
+    @classmethod
+    def choose(cls, prepared: Path, samples: SampleSet,
+               recipe: StaticInt8Recipe) -> StaticQuantizer:
+        """The calibration method chosen by measurement: each one calibrates on four fifths
+        of the calibration set and is scored by its output noise against FP32 on the other
+        fifth (never the evaluation set, which must stay unseen); the winner is then
+        calibrated on the whole set."""
+        from converters.repair import output_noise
+
+        index = set(range(0, len(samples), 5))
+        holdout = SampleSet(samples.role, samples.source,
+                            tuple(x for i, x in enumerate(samples.samples) if i in index))
+        rest = SampleSet(samples.role, samples.source,
+                         tuple(x for i, x in enumerate(samples.samples) if i not in index))
+        if not len(holdout) or not len(rest):
+            return cls._calibrate(prepared, samples, replace(recipe, calibration="minmax"))
+        settings = RuntimeSettings()
+        reference = run_batches(open_session(prepared, settings), holdout)
+        noise: dict[str, float] = {}
+        for method in MEASURED_METHODS:
+            trial = cls._calibrate(prepared, rest, replace(recipe, calibration=method))
+            got = run_batches(open_session(trial.quantize().SerializeToString(), settings),
+                              holdout)
+            noise[method] = output_noise(reference, got)
+        best = min(MEASURED_METHODS, key=noise.__getitem__)
+        chosen = cls._calibrate(prepared, samples, replace(recipe, calibration=best))
+        chosen.choice = noise
+        return chosen
+
+    def describe_choice(self) -> str:
+        if not self.choice:
+            return ""
+        scores = ", ".join(f"{m} {n:.4g}" for m, n in self.choice.items())
+        return f"calibration {self.recipe.calibration} chosen by output noise on held-out " \
+            f"calibration samples ({scores})"
+
+    @classmethod
+    def _calibrate(
         cls, prepared: Path, samples: SampleSet, recipe: StaticInt8Recipe
     ) -> StaticQuantizer:
         from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
@@ -178,11 +232,23 @@ class StaticQuantizer:
         if recipe.bias_correction:
             quantizer.corrections = bias_corrections(
                 quantizer.base_model(), quantizer.quantize(), samples, RuntimeSettings())
+            if recipe.empirical_passes:
+                quantizer.corrections = empirical_corrections(
+                    quantizer.base_model(), quantizer.quantize_with, quantizer.corrections,
+                    samples.strided(64), RuntimeSettings(), recipe.empirical_passes)
         return quantizer
 
     def quantize(self, float_nodes: Sequence[str] = ()) -> onnx.ModelProto:
         """The QDQ model with ``float_nodes`` left in float."""
         return self._quantize(float_nodes, {})
+
+    def quantize_with(self, corrections: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+        """Fully quantized with other bias corrections (for refining them)."""
+        kept, self.corrections = self.corrections, corrections
+        try:
+            return self._quantize((), {})
+        finally:
+            self.corrections = kept
 
     def quantize_keep_activations(self) -> onnx.ModelProto:
         """Fully quantized, with Clip/Relu kept as nodes (for per-layer analysis)."""
@@ -212,7 +278,7 @@ class StaticQuantizer:
         with quiet_ort_quantization():
             quantizer.quantize_model()
         model: onnx.ModelProto = quantizer.model.model
-        return model
+        return float_graph_outputs(model) if self.recipe.float_outputs else model
 
     def base_model(self) -> onnx.ModelProto:
         return self._base_model()
@@ -223,6 +289,33 @@ class StaticQuantizer:
 
             self._base = load_model_with_shape_infer(self.prepared)
         return self._base
+
+
+def float_graph_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove the Q/DQ pair in front of each graph output: the served output is float
+    anyway, and rounding it to 8 bits flips near-tied classifier logits (on
+    EfficientNet-Lite0 the logits' quantization step is about 0.14). The producing node
+    (a Gemm, say) still computes in INT8; only its result stays float."""
+    graph = model.graph
+    producer = {out: n for n in graph.node for out in n.output}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    for output in graph.output:
+        dq = producer.get(output.name)
+        if dq is None or dq.op_type != "DequantizeLinear":
+            continue
+        q = producer.get(dq.input[0])
+        if q is None or q.op_type != "QuantizeLinear" or consumers.get(q.output[0]) != 1:
+            continue
+        source = producer.get(q.input[0])
+        if source is None or consumers.get(q.input[0]) != 1:
+            continue
+        source.output[list(source.output).index(q.input[0])] = output.name
+        graph.node.remove(q)
+        graph.node.remove(dq)
+    return model
 
 
 def quantize_dynamic(source: Path, target: Path, recipe: DynamicInt8Recipe) -> Path:
@@ -250,11 +343,13 @@ def _op_types() -> list[str]:
 @contextlib.contextmanager
 def quiet_ort_quantization() -> Iterator[None]:
     """ORT's quantization tools log warnings on the root logger for every call (e.g.
-    "consider pre-processing" after we did); keep them out of the pipeline's log."""
+    "consider pre-processing" after we did), and its histogram calibrators print progress
+    to stdout (which would corrupt ``infergate convert --json``): keep both out."""
     root = logging.getLogger()
     level = root.level
     root.setLevel(max(level, logging.ERROR))
     try:
-        yield
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
     finally:
         root.setLevel(level)

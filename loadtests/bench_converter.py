@@ -1,19 +1,29 @@
-"""Converter benchmark: what INT8 buys on this machine, and what it costs in accuracy.
+"""Converter benchmark: what each INT8 technique buys on this machine, and what it costs.
 
-    python -m loadtests.bench_converter [--views 50] [--iterations 40] [--quick]
+    python -m loadtests.bench_converter [--per-photo 24] [--calib-per-photo 12] \
+        [--iterations 30] [--quick] [--workdir DIR]
 
-Runs the real pipeline (``converters.pipeline.convert``) and then measures, side by side
-in one run (interleaved iterations, medians), FP32 against:
+EfficientNet-Lite0 (real ImageNet weights), static INT8 (QDQ, U8S8: this CPU has AVX2
+without VNNI), one row per technique and batch (1 and 8):
 
-- EfficientNet-Lite0 (real ImageNet weights): plain static INT8 (U8S8, per-channel,
-  MinMax), the pipeline's INT8 (the same plus bias correction) and, when repair found
-  one, the mixed-precision INT8 it would publish; at batch 1 and 8, with top-1 agreement
-  on crops/flips of the bundled photographs (calibrated on other crops);
-- MiniLM (all-MiniLM-L6-v2): the pipeline's INT8 for the encoder (dynamic, repaired)
-  at batch 1 and 8, with cosine similarity on held-out sentences.
+- plain: per-tensor weights, MinMax calibration (ONNX Runtime's defaults);
+- cross-layer equalization (per-tensor; it only matters there), per-channel weights;
+- the calibration method (MinMax, Entropy, Percentile), chosen by output noise on
+  held-out *calibration* views (the evaluation set never chooses);
+- bias correction; fewer calibration images (a quarter) against all of them;
+- float fallback: the k layers ranked most sensitive (on calibration views) kept float.
 
-Prints a Markdown table. ``run(...) -> list[dict]`` is the ``make bench`` entry point;
-keys ending in ``ratio`` are the headline figures. Goal: >= 1.8x at >= 99% agreement.
+Calibration and evaluation views are crops/flips/rotations/colour changes of the
+photographs bundled in installed packages (:mod:`converters.photos`, objects and scenes;
+different seeds). Agreement is top-1 agreement with FP32 on every evaluation view, with
+a Wilson 95% interval and a photo-level bootstrap interval (views of one photo are not
+independent). Speed-ups are medians of interleaved runs, side by side in one process.
+
+MiniLM (all-MiniLM-L6-v2): the pipeline's INT8 for the encoder (dynamic, repaired) at
+batch 1 and 8, with cosine similarity on held-out sentences.
+
+``run(...) -> list[dict]`` is the ``make bench`` entry point; keys ending in ``ratio``
+are the headline figures. Goal: >= 1.8x at >= 99% agreement.
 """
 
 from __future__ import annotations
@@ -23,92 +33,197 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
+from converters import graph, quantize, repair
+from converters.confidence import photo_bootstrap, wilson
 from converters.datasets import SampleSet, load_samples
-from converters.images import EFFICIENTNET_LITE, SAMPLE_PHOTOS
+from converters.images import EFFICIENTNET_LITE, image_files
 from converters.metrics import AccuracyBudget, agreement, compare_outputs
 from converters.minilm import SENTENCES, write_token_set
+from converters.photos import OBJECT_PHOTOS, available_photos, photo_of, write_varied_views
 from converters.pipeline import ConversionRequest, convert
-from converters.quantize import StaticInt8Recipe, StaticQuantizer
+from converters.quantize import Calibration, StaticInt8Recipe, StaticQuantizer
 from converters.runtime import MIXED_PRECISION_DISABLED_OPTIMIZERS, RuntimeSettings, open_session
-from converters.samples import export_efficientnet_lite0, write_photo_views
+from converters.samples import export_efficientnet_lite0
 from converters.spec import parse_input_spec
 
 IMAGE_SPEC = parse_input_spec("input:float32[batch,3,224,224]")
 TEXT_SPEC = parse_input_spec(
     "input_ids:int64[batch,sequence];attention_mask:int64[batch,sequence]")
 BATCHES = (1, 8)
+FALLBACK_LAYERS = (1, 2, 4, 8, 12)
 
 
-def run(views: int = 50, calibration_views: int = 8, iterations: int = 40,
-        threads: int = 0, workdir: Path | None = None) -> list[dict[str, Any]]:
-    """Both models; one row per (model, variant, batch)."""
+def run(per_photo: int = 24, calibration_per_photo: int = 12, iterations: int = 30,
+        threads: int = 0, workdir: Path | None = None, minilm: bool = True,
+        ) -> list[dict[str, Any]]:
+    """Both models; one row per (model, technique, batch)."""
     with tempfile.TemporaryDirectory(prefix="bench_converter.") as tmp:
         root = workdir or Path(tmp)
-        rows = _efficientnet(root / "effnet", views, calibration_views, iterations, threads)
-        rows += _minilm(root / "minilm", iterations, threads)
+        rows = _efficientnet(root / "effnet", per_photo, calibration_per_photo, iterations,
+                             threads)
+        if minilm:
+            rows += _minilm(root / "minilm", iterations, threads)
     return rows
 
 
-def _efficientnet(root: Path, views: int, calibration_views: int, iterations: int,
+@dataclass(frozen=True)
+class Technique:
+    name: str
+    path: Path
+    disabled: tuple[str, ...] = ()
+    float_layers: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Study:
+    prepared: Path
+    calibration: SampleSet
+    holdout: SampleSet  # calibration views held out to choose the calibration method
+    evaluation: SampleSet
+    photos: tuple[str, ...]  # source photo of each evaluation view
+    reference: np.ndarray
+    threads: int
+    folder: Path
+
+    def quantized(self, name: str, recipe: StaticInt8Recipe,
+                  samples: SampleSet | None = None) -> tuple[StaticQuantizer, Technique]:
+        started = time.monotonic()
+        quantizer = StaticQuantizer.calibrate(self.prepared, samples or self.calibration,
+                                              recipe)
+        path = self.folder / f"{name.replace(' ', '_').replace('/', '_')}.onnx"
+        onnx.save(quantizer.quantize(), str(path))
+        note = f"{recipe.describe()}; built in {time.monotonic() - started:.0f} s"
+        if recipe.equalize:
+            note += f"; {len(quantizer.equalized)} conv pairs equalized"
+        return quantizer, Technique(name, path, note=note)
+
+
+def _efficientnet(root: Path, per_photo: int, calibration_per_photo: int, iterations: int,
                   threads: int) -> list[dict[str, Any]]:
-    calibration = write_photo_views(root / "calib", SAMPLE_PHOTOS, calibration_views, seed=1000)
-    evaluation = write_photo_views(root / "eval", SAMPLE_PHOTOS, views, seed=0)
+    study = _prepare(root, per_photo, calibration_per_photo, threads)
+    techniques: list[Technique] = []
+    per_tensor = StaticInt8Recipe(per_channel=False, bias_correction=False)
+    techniques.append(study.quantized("plain (per-tensor, MinMax)", per_tensor)[1])
+    techniques.append(study.quantized("per-tensor + CLE",
+                                      replace(per_tensor, equalize=True))[1])
+    per_channel = replace(per_tensor, per_channel=True)
+    noise: dict[Calibration, float] = {}
+    methods: tuple[Calibration, ...] = ("minmax", "entropy", "percentile")
+    for method in methods:
+        recipe = replace(per_channel, calibration=method)
+        quantizer, technique = study.quantized(f"per-channel, {method}", recipe)
+        noise[method] = _holdout_noise(study, quantizer)
+        techniques.append(replace(technique, note=f"{technique.note}; calibration-holdout "
+                                                  f"noise {noise[method]:.4f}"))
+    best = min(noise, key=noise.__getitem__)
+    corrected = replace(per_channel, calibration=best, bias_correction=True)
+    quantizer, technique = study.quantized(f"per-channel, {best} + bias correction", corrected)
+    techniques.append(replace(technique, note=f"{technique.note}; {best} chosen by "
+                                              "calibration-holdout noise"))
+    techniques.append(study.quantized(f"per-channel, {best} + BC + CLE",
+                                      replace(corrected, equalize=True))[1])
+    techniques.append(study.quantized(f"per-channel, {best} + empirical BC",
+                                      replace(corrected, empirical_passes=8))[1])
+    quarter = study.calibration.strided(max(8, len(study.calibration) // 4))
+    techniques.append(study.quantized(
+        f"per-channel, {best} + BC, {len(quarter)} calibration views", corrected, quarter)[1])
+    techniques += _fallbacks(study, quantizer)
+    fp16 = study.folder / "fp16.onnx"
+    quantize.to_fp16(study.prepared, fp16)
+    techniques.append(Technique("FP16 (reference: rounding noise alone)", fp16,
+                                note="FP16 compute, FP32 inputs/outputs; not an INT8 variant"))
+    return _measure(study, techniques, iterations)
+
+
+def _prepare(root: Path, per_photo: int, calibration_per_photo: int,
+             threads: int) -> Study:
+    photos = available_photos(OBJECT_PHOTOS)
+    calib_dir = write_varied_views(root / "calib", calibration_per_photo, 1000, photos)
+    eval_dir = write_varied_views(root / "eval", per_photo, 0, photos)
     source = export_efficientnet_lite0(root / "effnet.onnx")
-    work = root / "work"
+    evaluation = load_samples(eval_dir, IMAGE_SPEC, "evaluation", EFFICIENTNET_LITE)
+    calibration_all = load_samples(calib_dir, IMAGE_SPEC, "calibration", EFFICIENTNET_LITE)
+    held = set(range(0, len(calibration_all), 5))  # every 5th calibration view
+    holdout = SampleSet("holdout", str(calib_dir),
+                        tuple(s for i, s in enumerate(calibration_all.samples) if i in held))
+    calibration = SampleSet("calibration", str(calib_dir), tuple(
+        s for i, s in enumerate(calibration_all.samples) if i not in held))
+    checked, _ = graph.simplify(source, root / "checked.onnx", evaluation.first_batch(2))
+    prepared = quantize.prepare_for_quantization(checked, root / "prepared.onnx")
+    folder = root / "variants"
+    folder.mkdir(exist_ok=True)
+    reference = _outputs(prepared, (), evaluation, threads)
+    return Study(prepared, calibration, holdout, evaluation,
+                 tuple(photo_of(p.stem) for p in image_files(eval_dir)), reference, threads,
+                 folder)
+
+
+def _holdout_noise(study: Study, quantizer: StaticQuantizer) -> float:
+    settings = RuntimeSettings(intra_op_threads=study.threads)
+    want = [{"y": _outputs(study.prepared, (), study.holdout, study.threads)}]
+    got = [{"y": np.concatenate([open_session(quantizer.quantize().SerializeToString(),
+                                              settings).run(None, b)[0]
+                                 for b in study.holdout.batches(8)])}]
+    return repair.output_noise(want, got)
+
+
+def _fallbacks(study: Study, quantizer: StaticQuantizer) -> list[Technique]:
+    """The best recipe with its k most sensitive layers kept float."""
     started = time.monotonic()
-    result = convert(ConversionRequest(
-        source=str(source), name="effnet", repo=root / "repo", precisions=("fp32", "int8"),
-        calibration=calibration, evaluation=evaluation, preprocessing=EFFICIENTNET_LITE,
-        budget=AccuracyBudget(max_top1_drop=0.01, min_cosine=0.99), max_batch_size=8,
-        profile_iterations=10, intra_op_threads=threads, keep_workdir=work,
-    ))
-    seconds = time.monotonic() - started
-    samples = load_samples(evaluation, IMAGE_SPEC, "evaluation", EFFICIENTNET_LITE)
-    plain = _plain_int8(work, calibration)
-    variants = {"fp32": (work / "fp32.onnx", ()), "int8 plain": (plain, ()),
-                "int8 bias-corrected": (work / "int8.onnx", ())}
-    repaired = work / "int8.repaired.onnx"
-    if repaired.is_file():
-        variants["int8 repaired"] = (repaired, MIXED_PRECISION_DISABLED_OPTIMIZERS)
-    quality = {name: _top1(path, disabled, samples, threads)
-               for name, (path, disabled) in variants.items()}
-    timing = _side_by_side(variants, samples, iterations, threads)
-    int8 = next(v for v in result.report["variants"] if v["name"] == "int8")
-    repair = result.report["repairs"].get("int8", {})
+    settings = RuntimeSettings(intra_op_threads=study.threads)
+    ranking = repair.static_sensitivity(
+        quantizer.base_model(), quantizer.quantize_keep_activations(),
+        study.calibration.strided(16), settings)
+    useful = [r for r in ranking if r.score > 0]
+    ranked_s = time.monotonic() - started
+    techniques = []
+    for k in FALLBACK_LAYERS:
+        nodes = tuple(n for r in useful[:k] for n in r.nodes)
+        path = study.folder / f"fallback_{k}.onnx"
+        onnx.save(quantizer.quantize(nodes), str(path))
+        layers = ", ".join(r.layer.removeprefix("/").split("/")[0] for r in useful[:k])
+        techniques.append(Technique(
+            f"+ {k} most sensitive layer(s) float", path, MIXED_PRECISION_DISABLED_OPTIMIZERS,
+            k, f"ranked on 16 calibration views in {ranked_s:.0f} s: {layers}"))
+    return techniques
+
+
+def _measure(study: Study, techniques: Sequence[Technique],
+             iterations: int) -> list[dict[str, Any]]:
+    variants = {"fp32": (study.prepared, ())} | {t.name: (t.path, t.disabled)
+                                                 for t in techniques}
+    timing = _side_by_side(variants, study.evaluation, iterations, study.threads)
     rows = []
-    for name in variants:
-        if name == "fp32":
-            continue
+    for technique in techniques:
+        got = _outputs(technique.path, technique.disabled, study.evaluation, study.threads)
+        agree = agreement(study.reference, got)
+        matches = study.reference.argmax(axis=1) == got.argmax(axis=1)
+        interval = wilson(int(matches.sum()), len(matches))
+        clustered = photo_bootstrap(matches.tolist(), study.photos)
         for batch in BATCHES:
             rows.append({
-                "model": "EfficientNet-Lite0", "variant": name, "batch": batch,
-                "fp32_p50_ms": timing["fp32"][batch], "int8_p50_ms": timing[name][batch],
-                "speedup_ratio": timing["fp32"][batch] / timing[name][batch],
-                "agreement": quality[name]["top1"], "top5_agreement": quality[name]["top5"],
-                "changed": quality[name]["flips"], "undecided": quality[name]["undecided"],
-                "cosine": quality[name]["cosine"], "samples": len(samples),
-                "float_layers": len(int8["float_nodes"]) if name == "int8 repaired" else 0,
-                "published": result.chosen, "note": repair.get("reason", ""),
-                "pipeline_s": seconds,
+                "model": "EfficientNet-Lite0", "variant": technique.name, "batch": batch,
+                "fp32_p50_ms": timing["fp32"][batch],
+                "int8_p50_ms": timing[technique.name][batch],
+                "speedup_ratio": timing["fp32"][batch] / timing[technique.name][batch],
+                "agreement": agree.top1, "ci_low": interval.low, "ci_high": interval.high,
+                "photo_ci_low": clustered.low, "photo_ci_high": clustered.high,
+                "top5_agreement": agree.top5, "decided_agreement": agree.decided_top1,
+                "changed": agree.flips,
+                "undecided": agree.undecided_flips,
+                "cosine": compare_outputs(study.reference, got).mean_cosine,
+                "samples": len(matches), "photos": len(set(study.photos)),
+                "float_layers": technique.float_layers, "note": technique.note,
             })
     return rows
-
-
-def _plain_int8(work: Path, calibration: Path) -> Path:
-    """Static INT8 as ONNX Runtime makes it, without the pipeline's bias correction."""
-    import onnx
-
-    samples = load_samples(calibration, IMAGE_SPEC, "calibration", EFFICIENTNET_LITE)
-    quantizer = StaticQuantizer.calibrate(work / "prepared.onnx", samples,
-                                          StaticInt8Recipe(bias_correction=False))
-    target = work / "int8.plain.onnx"
-    onnx.save(quantizer.quantize(), str(target))
-    return target
 
 
 def _minilm(root: Path, iterations: int, threads: int) -> list[dict[str, Any]]:
@@ -206,25 +321,34 @@ def _side_by_side(variants: Mapping[str, tuple[Path, Sequence[str]]], samples: S
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["| model | variant | batch | FP32 p50 ms | INT8 p50 ms | speed-up | top-1 agree "
-             "| changed (undecided) | cosine | float layers | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | technique | batch | FP32 p50 ms | INT8 p50 ms | speed-up "
+             "| top-1 agree [95% CI] | photo-bootstrap CI | decided views | changed (undecided) "
+             "| cosine | float layers | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         speedup = f"{r['speedup_ratio']:.2f}x" if r.get("speedup_ratio") else "–"
-        agree = f"{r['agreement']:.1%}" if r.get("agreement") is not None else "–"
+        agree = (f"{r['agreement']:.1%} [{r['ci_low']:.1%}, {r['ci_high']:.1%}]"
+                 if r.get("agreement") is not None else "–")
+        photo = (f"[{r['photo_ci_low']:.1%}, {r['photo_ci_high']:.1%}]"
+                 if r.get("photo_ci_low") is not None else "–")
         cosine = f"{r['cosine']:.4f}" if r.get("cosine") is not None else "–"
+        decided = f"{r['decided_agreement']:.1%}" if r.get("decided_agreement") is not None \
+            else "–"
         changed = f"{r['changed']} ({r['undecided']})" if r.get("changed") is not None else "–"
         lines.append(
             f"| {r['model']} | {r['variant']} | {r['batch']} | {r.get('fp32_p50_ms', 0):.2f} "
-            f"| {r.get('int8_p50_ms', 0):.2f} | {speedup} | {agree} | {changed} | {cosine} "
-            f"| {r.get('float_layers', '–')} | {str(r.get('note', ''))[:90]} |")
-    extra = rows[0] if rows else {}
+            f"| {r.get('int8_p50_ms', 0):.2f} | {speedup} | {agree} | {photo} | {decided} "
+            f"| {changed} "
+            f"| {cosine} | {r.get('float_layers', '–')} | {r.get('note', '')} |")
+    effnet = next((r for r in rows if r["model"] == "EfficientNet-Lite0"), {})
     lines.append("")
-    lines.append(f"EfficientNet: {extra.get('samples', '?')} evaluation views of "
-                 f"{len(SAMPLE_PHOTOS)} bundled photos; *changed (undecided)*: views whose "
-                 "top-1 class differs from FP32, and how many of those FP32 itself barely "
-                 "decides (top-2 margin < 5%). Ratios are medians of interleaved runs on "
-                 f"{os.cpu_count()} CPU cores (ONNX Runtime CPU).")
+    lines.append(f"EfficientNet: {effnet.get('samples', '?')} evaluation views of "
+                 f"{effnet.get('photos', '?')} bundled photos (calibrated on other views); "
+                 "*changed (undecided)*: views whose top-1 class differs from FP32, and how "
+                 "many of those FP32 itself barely decides (top-2 margin < 5%); *decided views*: "
+                 "agreement on the other views. Ratios are "
+                 f"medians of interleaved runs on {os.cpu_count()} CPU cores (ONNX Runtime "
+                 "CPU).")
     return "\n".join(lines)
 
 
@@ -260,16 +384,18 @@ def plot(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--views", type=int, default=50, help="evaluation crops per photo")
-    parser.add_argument("--calibration-views", type=int, default=8)
-    parser.add_argument("--iterations", type=int, default=40, help="timed runs per batch")
+    parser.add_argument("--per-photo", type=int, default=24, help="evaluation views per photo")
+    parser.add_argument("--calib-per-photo", type=int, default=12)
+    parser.add_argument("--iterations", type=int, default=30, help="timed runs per batch")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0=all)")
     parser.add_argument("--quick", action="store_true", help="small sets, few iterations")
+    parser.add_argument("--no-minilm", action="store_true", help="EfficientNet only")
     parser.add_argument("--workdir", type=Path, help="keep models and reports here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.views, args.calibration_views, args.iterations = 8, 4, 10
-    rows = run(args.views, args.calibration_views, args.iterations, args.threads, args.workdir)
+        args.per_photo, args.calib_per_photo, args.iterations = 4, 4, 8
+    rows = run(args.per_photo, args.calib_per_photo, args.iterations, args.threads,
+               args.workdir, minilm=not args.no_minilm)
     print(markdown(rows))
     if args.workdir is not None:
         plot(rows, args.workdir)

@@ -113,7 +113,8 @@ class BuildVariant(Step[BuildInputs, BuildOutput]):
         quantizer = quantize.StaticQuantizer.calibrate(prepared, inputs.calibration, plan.static)
         ctx.report(None, "quantizing")
         onnx.save(quantizer.quantize(), str(inputs.target))
-        return BuildOutput(Variant(plan, inputs.target, inputs.runtime), quantizer)
+        notes = (quantizer.describe_choice(),) if quantizer.choice else ()
+        return BuildOutput(Variant(plan, inputs.target, inputs.runtime, notes=notes), quantizer)
 
     def apply(self, state: ConversionState, output: BuildOutput) -> ConversionState:
         quantizers = dict(state.quantizers)
