@@ -95,6 +95,8 @@ class DataPlane:
         default_factory=list
     )
     background: set[Any] = field(default_factory=set)  # running member restores
+    # awaited by settle(): data planes that follow this state (HAProxy) apply it now
+    followers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # model -> pools that serve it, set by the model lifecycle (an upload's target
     # pools); overrides the pools' static ``models`` lists for that model.
     assigned_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -134,6 +136,30 @@ class DataPlane:
         if route is not None:
             route.pools = self.pools_for(model)
             self._size_gate(route)
+
+    # -- readiness, owned here: the lifecycle tells, a native data plane follows -----
+    def mark_not_ready(self, model: str, reason: str) -> None:
+        """``model`` answers 503 + Retry-After (first load, warm-up) until marked ready."""
+        self.not_ready[model] = reason
+
+    def mark_ready(self, model: str) -> None:
+        self.not_ready.pop(model, None)
+
+    def set_preloaded(self, preloaded: bool) -> None:
+        self.preloaded = preloaded
+
+    async def settle(self) -> None:
+        """Return once every follower (HAProxy) routes by the state set so far: a
+        lifecycle step that changed routing awaits this before it reports success."""
+        for follower in self.followers:
+            await follower()
+
+    def note_user_request(self, model: str, at: float | None = None) -> None:
+        """A user request for ``model`` was served elsewhere (HAProxy): keep-warm's
+        idleness clock."""
+        route = self.routes.get(model)
+        if route is not None:
+            route.last_user_request_at = self.clock() if at is None else at
 
     def _size_gate(self, route: ModelRoute) -> None:
         route.gate.max_concurrency, route.gate.max_queue = self.admission_limits(

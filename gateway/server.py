@@ -150,7 +150,7 @@ async def serve(
     if native:
         haproxy = _haproxy(settings, dataplane, auth, f"{own_host}:{own_http}",
                            f"{own_host}:{own_grpc}")
-        await asyncio.to_thread(haproxy.start)
+        await asyncio.to_thread(haproxy.start, asyncio.get_running_loop())
         tasks.append(asyncio.create_task(haproxy.run_forever(settings.probe_interval_s),
                                          name="haproxy"))
     log.warning(

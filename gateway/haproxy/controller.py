@@ -114,25 +114,42 @@ class HAProxyDataPlane:
     reloads: int = 0
     _receiver: LogReceiver | None = None
     _errors_seen: dict[tuple[str, str], int] = field(default_factory=dict)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def api(self) -> RuntimeAPI:
         return RuntimeAPI(self.layout.admin_socket)
 
-    def start(self) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Telemetry socket first (HAProxy logs to it from its first request), then the
-        files, then the process."""
+        files, then the process. Blocking: run it in a thread; ``loop`` is the control
+        plane's, where served-request notes are delivered."""
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
-        self._receiver = LogReceiver(self.layout.log_socket, RequestLog(self.dataplane.metrics))
+
+        def served(models: set[str]) -> None:  # from the telemetry thread
+            loop.call_soon_threadsafe(self._note_user_requests, models)
+
+        self._receiver = LogReceiver(self.layout.log_socket,
+                                     RequestLog(self.dataplane.metrics, on_served=served))
         self._receiver.start()
+        self.dataplane.followers.append(self.apply)
         snapshot = snapshot_of(self.dataplane, self.auth, self.dataplane.clock())
         write_files(render(snapshot, self.layout), self.layout)
         self.process.start()
         self.applied = snapshot
 
+    def _note_user_requests(self, models: set[str]) -> None:
+        now = self.dataplane.clock()
+        for model in models:
+            self.dataplane.note_user_request(model, now)
+
     async def apply(self) -> None:
         """Move HAProxy to the current snapshot: runtime commands when they can, else a
         reload (files first, so that a reload or a restart renders the same)."""
+        async with self._lock:
+            await self._apply()
+
+    async def _apply(self) -> None:
         snapshot = snapshot_of(self.dataplane, self.auth, self.dataplane.clock())
         if snapshot == self.applied:
             return

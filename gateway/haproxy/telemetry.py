@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,10 @@ def classify(proto: str, status: int, grpc_status: str, local: str, termination:
 class RequestLog:
     """Counts parsed lines into the metrics; children cached per label set."""
 
-    def __init__(self, metrics: GatewayMetrics) -> None:
+    def __init__(self, metrics: GatewayMetrics,
+                 on_served: Callable[[set[str]], None] | None = None) -> None:
         self.metrics = metrics
+        self.on_served = on_served  # models that served user requests, per chunk
         self._children: dict[tuple[str, ...], Any] = {}
         self.lines = 0
 
@@ -64,31 +67,35 @@ class RequestLog:
             child = self._children[key] = family.labels(*labels)
         return child
 
-    def record(self, line: str, count: int = 1) -> None:
-        """``count`` requests that logged this same line."""
+    def record(self, line: str, count: int = 1) -> str | None:
+        """``count`` requests that logged this same line; their outcome."""
         fields = line.split()
         if len(fields) < 8:
-            return
+            return None
         model, pool, proto, status_text, gs, total_ms, local, termination = fields[:8]
         if model == "-" or not status_text.isdigit():
-            return
+            return None
         self.lines += count
         outcome = classify(proto, int(status_text), gs, local, termination)
         if outcome is None:
-            return
+            return None
         self._child(("requests", model, pool, proto, outcome, "user")).inc(count)
         if outcome in ("rejected", "not_ready"):
             self._child(("rejected", model, outcome)).inc(count)
         elif pool != "-" and total_ms.lstrip("-").isdigit():
             observe_many(self._child(("latency", model, pool, proto, "user")),
                          max(0, int(total_ms)) / 1e3, count)
+        return outcome
 
     def record_chunk(self, lines: list[bytes]) -> None:
         """Identical lines (same model, outcome, millisecond) are counted together: under
         load a chunk holds thousands of lines and only a few dozen distinct ones."""
+        served: set[str] = set()
         for line, count in Counter(lines).items():
-            if line:
-                self.record(line.decode("utf-8", "replace"), count)
+            if line and self.record(line.decode("utf-8", "replace"), count) == "success":
+                served.add(line.split(b" ", 1)[0].decode("utf-8", "replace"))
+        if served and self.on_served is not None:
+            self.on_served(served)
 
 
 class LogReceiver:

@@ -73,7 +73,7 @@ class ControlPlane:
         self.dataplane.member_recovered.append(self.restore_member)
         models = self.preload_models()
         if models:
-            self.dataplane.preloaded = False  # before the first readiness probe
+            self.dataplane.set_preloaded(False)  # before the first readiness probe
         self.tasks.append(asyncio.create_task(self.preloader.run(models), name="preload"))
         self.tasks.append(asyncio.create_task(self.keepwarm.run_forever(), name="keep-warm"))
 

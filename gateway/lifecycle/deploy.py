@@ -162,8 +162,9 @@ class Deployer:
         config = parse_model_config(target.config)
         batches = _batches(config, warm_batches)
         if serving is None:
-            self.dataplane.not_ready[model] = f"version {version} is loading"
+            self.dataplane.mark_not_ready(model, f"version {version} is loading")
             self.store.put_model(replace(record, state="loading", detail=""))
+        await self.dataplane.settle()
         override = override_for_version(config, version, batches)
         loaded: list[PoolMember] = []
         try:
@@ -182,7 +183,8 @@ class Deployer:
                                f"{exc.message}") from exc
         finally:
             if serving is None:
-                self.dataplane.not_ready.pop(model, None)
+                self.dataplane.mark_ready(model)
+            await self.dataplane.settle()
         on_step("route", "done", f"version {version} is serving")
         return self._record_serving(record, target)
 

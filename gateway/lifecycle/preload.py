@@ -34,15 +34,16 @@ class Preloader:
         """Hold readiness down until every model in ``models`` is loaded and warm."""
         if not models:
             return
-        self.dataplane.preloaded = False
+        self.dataplane.set_preloaded(False)
         for model in models:
-            self.dataplane.not_ready[model] = "preloading at gateway start-up"
+            self.dataplane.mark_not_ready(model, "preloading at gateway start-up")
         try:
             await asyncio.gather(*(self._until_loaded(m) for m in models))
         finally:
             for model in models:
-                self.dataplane.not_ready.pop(model, None)
-        self.dataplane.preloaded = True
+                self.dataplane.mark_ready(model)
+        await self.dataplane.settle()  # HAProxy routes them before readiness turns true
+        self.dataplane.set_preloaded(True)
         log.warning("preloaded %d model(s): %s", len(models), ", ".join(models))
 
     async def _until_loaded(self, model: str) -> None:
@@ -50,7 +51,7 @@ class Preloader:
         while True:
             try:
                 await self.load(model)
-                self.dataplane.not_ready.pop(model, None)
+                self.dataplane.mark_ready(model)
                 return
             except GatewayError as exc:
                 log.error("preloading %s failed (retry in %.0f s): %s", model, backoff,
