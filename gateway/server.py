@@ -39,6 +39,7 @@ from gateway.lifecycle.control_plane import build_control_plane
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, PoolMember, build_pools
 from gateway.probes import probe_forever
+from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ async def serve(
     upstream_http = UpstreamHTTP(timeout_s=settings.upstream_timeout_s)
     upstream_grpc = UpstreamGRPC()
     admin_client = httpx.AsyncClient(timeout=settings.upstream_timeout_s, trust_env=False)
-    control = ModelControl(dataplane, admin_client)
+
     auth = auth or TokenTable()
     if not auth.enabled:
         log.warning("no API tokens configured: every endpoint is open (see --tokens)")
@@ -107,7 +108,10 @@ async def serve(
         answer = await upstream_http.request(member, "POST", path, body, headers)
         return answer.status, answer.body
 
-    control_plane = build_control_plane(config, dataplane, admin_client, synthetic_infer)
+    load_timeout_s = config.lifecycle.load_timeout_s if config.lifecycle else 600.0
+    admin = MemberAdmin(admin_client, load_timeout_s, synthetic_infer)  # the one admin client
+    control = ModelControl(dataplane, admin)
+    control_plane = build_control_plane(config, dataplane, admin)
     app = create_http_app(dataplane, control, upstream_http, auth, control_plane.lifecycle,
                           max_body_bytes=settings.max_request_bytes)
     native = settings.data_plane == "haproxy"

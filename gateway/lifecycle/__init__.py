@@ -11,6 +11,6 @@
 - :mod:`.preload`: start-up preloading, the readiness gate;
 - :mod:`.keepwarm`: synthetic requests to every member of an idle model;
 - :mod:`.auth`: API tokens with scopes (predict, upload, admin), stored hashed;
-- :mod:`.triton_admin`: the Triton calls all of the above make on one member;
+- :mod:`gateway.upstream.triton`: the Triton calls all of the above make on one member;
 - :mod:`.control_plane`: assembly for one gateway process.
 """

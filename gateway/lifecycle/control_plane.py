@@ -11,8 +11,6 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from gateway.dataplane import DataPlane
 from gateway.lifecycle.config import KeepWarmPolicy
 from gateway.lifecycle.deploy import (
@@ -25,9 +23,9 @@ from gateway.lifecycle.jobs import LifecycleStore
 from gateway.lifecycle.keepwarm import KeepWarm
 from gateway.lifecycle.preload import Preloader
 from gateway.lifecycle.service import ModelLifecycle
-from gateway.lifecycle.triton_admin import InferTransport, MemberAdmin
 from gateway.lifecycle.worker import ConversionWorkers
 from gateway.pools import GatewayConfig, PoolMember
+from gateway.upstream.triton import MemberAdmin
 
 
 @dataclass
@@ -88,10 +86,8 @@ class ControlPlane:
 
 
 def build_control_plane(config: GatewayConfig, dataplane: DataPlane,
-                        client: httpx.AsyncClient,
-                        infer_transport: InferTransport | None = None) -> ControlPlane:
+                        admin: MemberAdmin) -> ControlPlane:
     spec = config.lifecycle
-    admin = MemberAdmin(client, spec.load_timeout_s if spec else 600.0, infer_transport)
     lifecycle = None
     if spec is not None:
         store = LifecycleStore(spec.state_dir / "lifecycle.db")

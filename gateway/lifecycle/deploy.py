@@ -1,7 +1,7 @@
 """Load -> warm -> route: making a version the serving one, on every member of its pools.
 
 :meth:`Deployer.activate` loads the version on every available member at once, with the
-config it was published with pinned to it (see :mod:`gateway.lifecycle.triton_admin`:
+config it was published with pinned to it (see :mod:`gateway.upstream.triton`:
 the serving version keeps answering until Triton has loaded *and warmed* the new one,
 then swaps). It then sends the gateway's own warm-up requests to the new version on
 each member, explicitly by version, and only then records it as serving. A model with
@@ -30,8 +30,8 @@ from gateway.dataplane import DataPlane
 from gateway.errors import Conflict, DeployFailed, GatewayError, ModelNotFound, Unavailable
 from gateway.lifecycle import versions as repo_edits
 from gateway.lifecycle.jobs import LifecycleStore, ModelRecord, VersionRecord
-from gateway.lifecycle.triton_admin import MemberAdmin, override_for_version, synthetic_request
 from gateway.pools import PoolMember
+from gateway.upstream.triton import MemberAdmin, override_for_version, synthetic_request
 
 log = logging.getLogger(__name__)
 StepCallback = Callable[[str, str, str], object]

@@ -23,8 +23,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from gateway.dataplane import DataPlane
 from gateway.errors import GatewayError
 from gateway.lifecycle.config import KeepWarmPolicy
-from gateway.lifecycle.triton_admin import MemberAdmin, synthetic_request
 from gateway.pools import PoolMember
+from gateway.upstream.triton import MemberAdmin, synthetic_request
 
 log = logging.getLogger(__name__)
 PolicySource = Callable[[], Mapping[str, KeepWarmPolicy]]

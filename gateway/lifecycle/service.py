@@ -34,10 +34,10 @@ from gateway.lifecycle.jobs import JobRecord, LifecycleStore, ModelRecord, Versi
 from gateway.lifecycle.keepwarm import KeepWarm
 from gateway.lifecycle.pickles import PickledCode, refuse_pickled_code
 from gateway.lifecycle.spec import UploadSpec, parse_spec
-from gateway.lifecycle.triton_admin import MemberAdmin
 from gateway.lifecycle.uploads import ReceivedUpload, receive_upload
 from gateway.lifecycle.worker import ConversionFailed, ConversionWorkers, StepEvent, WorkerTask
 from gateway.pools import GatewayConfig, PoolMember, pools_for_model
+from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
 RESTART_REASON = "the gateway stopped while this job was running (its worker died with it)"

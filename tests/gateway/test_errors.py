@@ -18,6 +18,7 @@ from gateway.grpc_api import SERVICE, UpstreamGRPC, create_grpc_server
 from gateway.http_api import UpstreamHTTP, create_http_app
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.upstream.triton import MemberAdmin
 
 ALL_ERRORS = [errors.GatewayError, *errors.GatewayError.__subclasses__()]
 # the canonical HTTP <-> gRPC correspondence (grpc-gateway / Google API design)
@@ -57,7 +58,8 @@ def test_error_reaches_http_and_grpc_clients_with_table_codes(
         upstream_http.request.side_effect = failing
         upstream_grpc = create_autospec(UpstreamGRPC, instance=True)
         upstream_grpc.raw_infer.return_value = failing
-        control = ModelControl(dataplane, create_autospec(httpx.AsyncClient, instance=True))
+        control = ModelControl(
+        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
         app = create_http_app(dataplane, control, upstream_http)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://gw") as client:

@@ -28,6 +28,7 @@ from gateway.lifecycle.jobs import JobRecord
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.upstream.triton import MemberAdmin
 
 TOKENS = {"predict": "predict-token-0123456789", "upload": "upload-token-0123456789",
           "admin": "admin-token-0123456789ab"}
@@ -153,7 +154,8 @@ def test_http_endpoints_admit_exactly_their_scopes_when_tokens_configured(
     tmp_path: Path,
 ) -> None:
     dataplane = _dataplane()
-    control = ModelControl(dataplane, create_autospec(httpx.AsyncClient, instance=True))
+    control = ModelControl(
+        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
     app = create_http_app(dataplane, control, _upstream_http(), _table(), _lifecycle(tmp_path))
     matrix = _http_matrix(app)
     assert _verdicts(matrix, (401, 403)) == _expected({(m, p): s for m, p, s in HTTP_ENDPOINTS})
@@ -164,7 +166,8 @@ def test_http_endpoints_admit_exactly_their_scopes_when_tokens_configured(
 
 def test_http_401_carries_bearer_challenge_when_token_missing(tmp_path: Path) -> None:
     dataplane = _dataplane()
-    control = ModelControl(dataplane, create_autospec(httpx.AsyncClient, instance=True))
+    control = ModelControl(
+        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
     app = create_http_app(dataplane, control, _upstream_http(), _table(), _lifecycle(tmp_path))
 
     async def run() -> httpx.Response:
@@ -180,7 +183,8 @@ def test_http_401_carries_bearer_challenge_when_token_missing(tmp_path: Path) ->
 
 def test_http_predict_needs_no_token_when_predict_open(tmp_path: Path) -> None:
     dataplane = _dataplane()
-    control = ModelControl(dataplane, create_autospec(httpx.AsyncClient, instance=True))
+    control = ModelControl(
+        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
     app = create_http_app(dataplane, control, _upstream_http(), _table(predict_open=True),
                           _lifecycle(tmp_path))
     matrix = _http_matrix(app)
@@ -210,7 +214,8 @@ def _grpc_matrix(predict_open: bool = False) -> dict[str, dict[str, grpc.StatusC
 
         upstream.raw_infer.return_value = raw
         upstream.stub.return_value = _Stub()
-        control = ModelControl(dataplane, create_autospec(httpx.AsyncClient, instance=True))
+        control = ModelControl(
+        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
         server, port = create_grpc_server(dataplane, control, upstream, "127.0.0.1:0",
                                           _table(predict_open))
         await server.start()
@@ -263,6 +268,7 @@ def test_grpc_predict_needs_no_token_when_predict_open() -> None:
 @pytest.mark.parametrize("identity", IDENTITIES)
 def test_every_identity_reaches_health_when_probed(identity: str, tmp_path: Path) -> None:
     dataplane = _dataplane()
-    control = ModelControl(dataplane, create_autospec(httpx.AsyncClient, instance=True))
+    control = ModelControl(
+        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
     app = create_http_app(dataplane, control, _upstream_http(), _table(), _lifecycle(tmp_path))
     assert _http_matrix(app)[("GET", "/v2/health/live")][identity] == 200

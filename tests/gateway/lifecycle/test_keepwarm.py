@@ -20,9 +20,9 @@ from converters.tiny import TINY_MODEL_NAME
 from gateway.dataplane import DataPlane
 from gateway.lifecycle.config import KeepWarmPolicy
 from gateway.lifecycle.keepwarm import KeepWarm, due_models
-from gateway.lifecycle.triton_admin import MemberAdmin
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton, TritonEndpoints
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import stop

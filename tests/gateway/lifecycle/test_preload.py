@@ -23,6 +23,7 @@ from gateway.http_api import UpstreamHTTP, UpstreamResponse, create_http_app
 from gateway.lifecycle.preload import Preloader
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import eventually, spawn_gateway
@@ -39,7 +40,8 @@ def _gateway() -> tuple[DataPlane, Any]:
         return UpstreamResponse(200, b"{}", [])
 
     upstream.request.side_effect = answer
-    control = ModelControl(dataplane, create_autospec(httpx.AsyncClient, instance=True))
+    control = ModelControl(
+        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
     return dataplane, create_http_app(dataplane, control, upstream)
 
 

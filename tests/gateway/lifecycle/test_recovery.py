@@ -19,10 +19,10 @@ from gateway.lifecycle.config import LifecycleSpec
 from gateway.lifecycle.deploy import Deployer
 from gateway.lifecycle.jobs import LifecycleStore, ModelRecord, VersionRecord
 from gateway.lifecycle.service import RESTART_REASON, ModelLifecycle
-from gateway.lifecycle.triton_admin import MemberAdmin
 from gateway.lifecycle.worker import ConversionWorkers
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import (

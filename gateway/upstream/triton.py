@@ -1,5 +1,6 @@
-"""Calls to one Triton member on behalf of the lifecycle: repository load/unload with a
-config override, and synthetic inference requests (warm-up, keep-warm).
+"""The one admin client toward Triton members (the lifecycle, the batching policy and
+repository calls all use it): repository load/unload with a config override, config,
+metadata, statistics, and synthetic inference requests (warm-up, keep-warm).
 
 A version is loaded with its own config (the one published with it) plus
 ``version_policy { specific { versions: [v] } }``. Triton loads the new version in the
@@ -88,6 +89,30 @@ class MemberAdmin:
             return await self.infer_transport(member, path, body, headers)
         resp = await self._post(member, path, body, headers)
         return resp.status_code, resp.content
+
+    async def get_json(self, member: PoolMember, path: str) -> dict[str, Any]:
+        """GET ``path`` on the member's HTTP port; an error answer is Unavailable."""
+        resp = await self._request(member, "GET", path)
+        data: dict[str, Any] = resp.json()
+        return data
+
+    async def post_ok(self, member: PoolMember, path: str, body: bytes | str,
+                      headers: dict[str, str] | None = None) -> None:
+        """POST that must succeed; an error answer is Unavailable with Triton's message."""
+        await self._request(member, "POST", path,
+                            body.encode() if isinstance(body, str) else body, headers)
+
+    async def _request(self, member: PoolMember, method: str, path: str, body: bytes = b"",
+                       headers: dict[str, str] | None = None) -> httpx.Response:
+        url = f"http://{member.spec.host}:{member.spec.http_port}{path}"
+        try:
+            resp = await self.client.request(method, url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"member {member.key} unreachable: {exc!r}") from exc
+        if resp.status_code >= 400:
+            raise Unavailable(f"member {member.key}: {method} {path} -> {resp.status_code} "
+                              f"{_message(resp)[:300]}")
+        return resp
 
     async def _post(self, member: PoolMember, path: str, body: bytes,
                     headers: dict[str, str] | None = None,
