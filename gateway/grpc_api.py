@@ -33,21 +33,12 @@ from gateway.errors import (
 )
 from gateway.lifecycle.auth import Scope, TokenTable
 from gateway.pools import PoolMember
+from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
 
-SERVICE = "inference.GRPCInferenceService"
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.keepalive_time_ms", 30_000),
-]
 SHARED_MEMORY_RPCS = (
     "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
     "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
 )
-
-
-def _identity(data: bytes) -> bytes:
-    return data
 
 
 def read_string_field(message: bytes, field_number: int = 1) -> str:
@@ -95,40 +86,6 @@ def with_timeout_parameter(request: bytes, deadline_s: float) -> bytes:
     extra = service_pb2.ModelInferRequest()
     extra.parameters["timeout"].int64_param = max(1, int(deadline_s * 1e6))
     return request + extra.SerializeToString()
-
-
-class UpstreamGRPC:
-    """One persistent aio channel per member; typed stubs plus a raw ModelInfer."""
-
-    def __init__(self) -> None:
-        self._members: dict[str, tuple[Any, Any]] = {}
-        self._channels: list[grpc.aio.Channel] = []
-
-    def _get(self, member: PoolMember) -> tuple[Any, Any]:
-        entry = self._members.get(member.key)
-        if entry is None:
-            target = f"{member.spec.host}:{member.spec.grpc_port}"
-            channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-            self._channels.append(channel)
-            raw = channel.unary_unary(
-                f"/{SERVICE}/ModelInfer",
-                request_serializer=_identity,
-                response_deserializer=_identity,
-            )
-            entry = self._members[member.key] = (
-                service_pb2_grpc.GRPCInferenceServiceStub(channel), raw
-            )
-        return entry
-
-    def stub(self, member: PoolMember) -> service_pb2_grpc.GRPCInferenceServiceStub:
-        return self._get(member)[0]
-
-    def raw_infer(self, member: PoolMember) -> Callable[..., Awaitable[bytes]]:
-        return self._get(member)[1]
-
-    async def close(self) -> None:
-        for channel in self._channels:
-            await channel.close()
 
 
 class RelayedError(Exception):

@@ -30,15 +30,17 @@ import uvicorn
 
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
-from gateway.grpc_api import UpstreamGRPC, create_grpc_server
+from gateway.grpc_api import create_grpc_server
 from gateway.haproxy.controller import HAProxyDataPlane, default_layout
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
-from gateway.http_api import UpstreamHTTP, create_http_app
+from gateway.http_api import create_http_app
 from gateway.lifecycle.auth import TokenTable
 from gateway.lifecycle.control_plane import build_control_plane
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, PoolMember, build_pools
 from gateway.probes import probe_forever
+from gateway.upstream.grpc import UpstreamGRPC
+from gateway.upstream.http import UpstreamHTTP
 from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,12 @@ import pytest
 from gateway import errors
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
-from gateway.grpc_api import SERVICE, UpstreamGRPC, create_grpc_server
-from gateway.http_api import UpstreamHTTP, create_http_app
+from gateway.grpc_api import create_grpc_server
+from gateway.http_api import create_http_app
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.upstream.grpc import SERVICE, UpstreamGRPC
+from gateway.upstream.http import UpstreamHTTP
 from gateway.upstream.triton import MemberAdmin
 
 ALL_ERRORS = [errors.GatewayError, *errors.GatewayError.__subclasses__()]

@@ -21,13 +21,15 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
-from gateway.grpc_api import UpstreamGRPC, create_grpc_server
-from gateway.http_api import UpstreamHTTP, UpstreamResponse, create_http_app
+from gateway.grpc_api import create_grpc_server
+from gateway.http_api import create_http_app
 from gateway.lifecycle.auth import TokenEntry, TokenTable
 from gateway.lifecycle.jobs import JobRecord
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.upstream.grpc import UpstreamGRPC
+from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 from gateway.upstream.triton import MemberAdmin
 
 TOKENS = {"predict": "predict-token-0123456789", "upload": "upload-token-0123456789",

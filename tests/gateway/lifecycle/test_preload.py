@@ -19,10 +19,11 @@ from converters.tiny import TINY_MODEL_NAME
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
 from gateway.errors import Unavailable
-from gateway.http_api import UpstreamHTTP, UpstreamResponse, create_http_app
+from gateway.http_api import create_http_app
 from gateway.lifecycle.preload import Preloader
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
