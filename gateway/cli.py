@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from gateway.lifecycle.auth import TOKENS_ENV, TokenConfigError, TokenTable, load_token_entries
+from gateway.auth import TOKENS_ENV, TokenConfigError, TokenTable, load_token_entries
 from gateway.pools import load_gateway_config
 from gateway.server import GatewaySettings, choose_data_plane, serve
 

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from gateway.auth import Scope, TokenTable, presented_token
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane, RequestOptions
 from gateway.errors import (
@@ -31,7 +32,6 @@ from gateway.errors import (
     grpc_status_name,
     outcome_of_answer,
 )
-from gateway.lifecycle.auth import Scope, TokenTable
 from gateway.pools import PoolMember
 from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
 
@@ -122,10 +122,8 @@ async def _abort(context: grpc.aio.ServicerContext, error: Exception) -> None:
 
 
 def _options(context: grpc.aio.ServicerContext) -> RequestOptions:
-    metadata = context.invocation_metadata() or ()
-    api_key = next((v for k, v in metadata if k in ("x-api-key", "authorization")), None)
-    if api_key is not None and api_key[:7].lower() == "bearer ":
-        api_key = api_key[7:].strip()
+    metadata = dict(context.invocation_metadata() or ())
+    api_key = presented_token(metadata.get)
     return RequestOptions(deadline_s=context.time_remaining(), api_key=api_key)
 
 

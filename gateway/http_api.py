@@ -23,6 +23,7 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from gateway.auth import Scope, TokenTable, presented_token
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane, RequestOptions
 from gateway.errors import (
@@ -34,7 +35,6 @@ from gateway.errors import (
     http_status,
     outcome_of_answer,
 )
-from gateway.lifecycle.auth import Scope, TokenTable
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.lifecycle_http import api_key, create_lifecycle_router, requires
 from gateway.pools import PoolMember
@@ -68,10 +68,7 @@ def _error_body(error: GatewayError) -> tuple[int, bytes, list[tuple[bytes, byte
 
 
 def options_from_headers(headers: Mapping[str, str]) -> RequestOptions:
-    api_key = headers.get("x-api-key")
-    auth = headers.get("authorization", "")
-    if api_key is None and auth.lower().startswith("bearer "):
-        api_key = auth[7:].strip()
+    api_key = presented_token(headers.get)
     timeout = headers.get("x-request-timeout-ms")
     deadline = None
     if timeout is not None:

@@ -20,19 +20,15 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
+from gateway.auth import Principal, Scope, TokenTable, presented_token
 from gateway.errors import Unsupported
-from gateway.lifecycle.auth import Principal, Scope, TokenTable
 from gateway.lifecycle.jobs import JobRecord
 from gateway.lifecycle.service import ModelLifecycle
 
 
 def api_key(request: Request) -> str | None:
-    """``X-API-Key``, else ``Authorization: Bearer``."""
-    key = request.headers.get("x-api-key")
-    auth = request.headers.get("authorization", "")
-    if key is None and auth.lower().startswith("bearer "):
-        key = auth[7:].strip()
-    return key
+    """``X-API-Key``, else ``Authorization: Bearer`` (:func:`presented_token`)."""
+    return presented_token(request.headers.get)
 
 
 def requires(auth: TokenTable, scope: Scope) -> Callable[[Request], Principal]:

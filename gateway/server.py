@@ -28,13 +28,13 @@ from typing import Any
 import httpx
 import uvicorn
 
+from gateway.auth import TokenTable
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
 from gateway.grpc_api import create_grpc_server
 from gateway.haproxy.controller import HAProxyDataPlane, default_layout
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
 from gateway.http_api import create_http_app
-from gateway.lifecycle.auth import TokenTable
 from gateway.lifecycle.control_plane import build_control_plane
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, PoolMember, build_pools

@@ -16,6 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.auth import TokenTable
 from gateway.dataplane import DataPlane
 from gateway.haproxy.process import HAProxyProcess, write_files
 from gateway.haproxy.render import render, runtime_commands
@@ -33,7 +34,6 @@ from gateway.haproxy.snapshot import (
     top_pools,
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
-from gateway.lifecycle.auth import TokenTable
 from gateway.pools import Pool
 from gateway.routing import RoutingPolicy
 

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from converters.repository import InvalidModelName, validate_model_name
+from gateway.auth import Principal
 from gateway.dataplane import DataPlane
 from gateway.errors import GatewayError, InvalidInput, ModelNotFound
 from gateway.lifecycle import versions as repo_edits
-from gateway.lifecycle.auth import Principal
 from gateway.lifecycle.config import KeepWarmPolicy, LifecycleSpec
 from gateway.lifecycle.deploy import Deployer, load_as_configured, serves
 from gateway.lifecycle.jobs import JobRecord, LifecycleStore, ModelRecord, VersionRecord, with_step

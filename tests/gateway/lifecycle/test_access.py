@@ -19,11 +19,11 @@ import httpx
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from gateway.auth import TokenEntry, TokenTable
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
 from gateway.grpc_api import create_grpc_server
 from gateway.http_api import create_http_app
-from gateway.lifecycle.auth import TokenEntry, TokenTable
 from gateway.lifecycle.jobs import JobRecord
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.metrics import create_metrics

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from gateway.lifecycle.auth import Scope, TokenTable, load_token_entries
+from gateway.auth import Scope, TokenTable, load_token_entries
 from gateway.models_cli import app as models_app
 from gateway.pools import load_gateway_config
 

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import Forbidden, Unauthorized
-from gateway.lifecycle.auth import (
+from gateway.auth import (
     TOKENS_ENV,
     Scope,
     TokenConfigError,
     TokenTable,
     load_token_entries,
+    presented_token,
 )
+from gateway.errors import Forbidden, Unauthorized
 
 UPLOADER = "uploader-token-0123456789"
 OPS = "ops-token-0123456789abcdef"
@@ -91,3 +92,15 @@ def test_token_table_refuses_config_when_token_declared_twice() -> None:
            f"{{name: b, scopes: [admin], token: {OPS}}}]"
     with pytest.raises(TokenConfigError, match="twice"):
         TokenTable(load_token_entries(None, {TOKENS_ENV: text}))
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({"x-api-key": "k1", "authorization": "Bearer k2"}, "k1"),  # one precedence
+    ({"authorization": "bearer  k2 "}, "k2"),
+    ({"authorization": "Basic dXNlcg=="}, None),
+    ({}, None),
+])
+def test_presented_token_has_one_precedence_when_both_headers_sent(
+    headers: dict[str, str], expected: str | None,
+) -> None:
+    assert presented_token(headers.get) == expected

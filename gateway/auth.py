@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -87,6 +87,19 @@ class TokenDocument(BaseModel):
 
 class TokenConfigError(ValueError):
     """The token file or environment variable is malformed."""
+
+
+def presented_token(header: Callable[[str], str | None]) -> str | None:
+    """The token a caller presents, by one precedence for HTTP headers and gRPC metadata
+    alike (and HAProxy's rendering of it): ``x-api-key``, else ``authorization:
+    Bearer <token>``. ``header`` looks a lower-case name up."""
+    key = header("x-api-key")
+    if key is not None:
+        return key
+    auth = header("authorization") or ""
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return None
 
 
 def token_digest(token: str) -> bytes:
