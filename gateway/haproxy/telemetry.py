@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,8 @@ from gateway.metrics import GatewayMetrics, observe_many
 log = logging.getLogger(__name__)
 # outcomes HAProxy decided itself (``txn.out``); auth failures and unknown models are not
 # inference outcomes, as on the Python data plane
+NOTE_EVERY_S = 0.25
+SMALL_CHUNK, GATHER_S = 16384, 0.02
 LOCAL_OUTCOMES = {"rejected": "rejected", "not_ready": "not_ready"}
 NOT_COUNTED = {"auth", "unknown", "too_large"}
 
@@ -55,6 +58,7 @@ class RequestLog:
                  on_served: Callable[[set[str]], None] | None = None) -> None:
         self.metrics = metrics
         self.on_served = on_served  # models that served user requests, per chunk
+        self._noted: dict[str, float] = {}  # model -> when on_served last told about it
         self._children: dict[tuple[str, ...], Any] = {}
         self.lines = 0
 
@@ -95,7 +99,11 @@ class RequestLog:
             if line and self.record(line.decode("utf-8", "replace"), count) == "success":
                 served.add(line.split(b" ", 1)[0].decode("utf-8", "replace"))
         if served and self.on_served is not None:
-            self.on_served(served)
+            now = time.monotonic()  # keep-warm's clock needs seconds, not every request
+            fresh = {m for m in served if now - self._noted.get(m, -1.0) >= NOTE_EVERY_S}
+            if fresh:
+                self._noted.update(dict.fromkeys(fresh, now))
+                self.on_served(fresh)
 
 
 class LogReceiver:
@@ -150,6 +158,10 @@ class LogReceiver:
                         self.request_log.record_chunk(lines)
                     except Exception:  # noqa: BLE001 - bad lines must not stop the counting
                         log.exception("bad HAProxy log lines %r", lines[:3])
+                if len(data) < SMALL_CHUNK:
+                    # let lines gather in HAProxy's ring: a wake-up per request at low
+                    # rates costs more than the counting (metrics lag by this much)
+                    time.sleep(GATHER_S)
 
     def stop(self) -> None:
         if self._sock is not None:
