@@ -34,6 +34,7 @@ from http import HTTPStatus
 
 from gateway import errors
 from gateway.haproxy.snapshot import Layout, PoolState, RouteState, Snapshot
+from gateway.upstream import parse_errors
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 INFER_PATH_RE = r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$"
@@ -448,6 +449,7 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
             f"if {{ var(txn.gt) -m found }} {{ req.hdr(grpc-timeout) -m end {unit} }}"
             for unit, conv in GRPC_TIMEOUT_UNITS.items()
         ]
+    lines += parse_error_rules(http)
     check = (f"check inter {layout.health_interval_ms}ms fall 2 rise 1 "
              "observe layer4 error-limit 1 on-error mark-down")
     for m in pool.members:
@@ -458,6 +460,24 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
             f"weight {m.weight}{extra}{'' if m.routable else ' disabled'}"
         )
     return "\n".join(lines) + "\n"
+
+
+def parse_error_rules(http: bool) -> list[str]:
+    """Triton's 500 / INTERNAL for a request it could not parse becomes 400 /
+    INVALID_ARGUMENT (``gateway/upstream/parse_errors.py``: matched by message prefix).
+    Triton's HTTP error bodies are small, so waiting for one costs nothing; its gRPC
+    errors are trailers-only answers, whose ``grpc-status`` is a header here."""
+    if http:
+        starts = " ".join(f"'{parse_errors.HTTP_BODY_START.decode()}{p}'"
+                          for p in parse_errors.PREFIXES)
+        return ["  http-response wait-for-body time 1s if { status 500 }",
+                "  http-response set-status 400 if { status 500 } "
+                f"{{ res.body -m beg {starts} }}"]
+    starts = " ".join(f'"{p}"' for p in parse_errors.PREFIXES)
+    code = errors.grpc_code_number(errors.InvalidInput)
+    return [f"  http-response set-header grpc-status {code}"
+            " if { res.hdr(grpc-status) -m str 13 } "
+            f"{{ res.hdr(grpc-message) -m beg {starts} }}"]
 
 
 def with_map_paths(config: str, layout: Layout) -> str:

@@ -1,0 +1,34 @@
+"""Triton's 500 / INTERNAL for an unparseable request becomes a client error; every
+other answer is left alone (matched by Triton's message prefix, at this one boundary)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from gateway.upstream.parse_errors import grpc_code, http_status
+
+
+@pytest.mark.parametrize("body", [
+    b'{"error":"failed to parse the request JSON buffer: Missing a name for object member."}',
+    b'{"error":"Unable to parse \'name\': attempt to access JSON non-string as string"}',
+])
+def test_http_status_is_400_when_triton_could_not_parse_the_body(body: bytes) -> None:
+    assert http_status(500, body) == 400
+
+
+@pytest.mark.parametrize(("status", "body"), [
+    (500, b'{"error":"onnx runtime error 6: out of memory"}'),  # a real internal error
+    (500, b"failed to parse"),  # not Triton's error body
+    (400, b'{"error":"Unable to parse \'shape\'"}'),
+    (200, b'{"model_name":"failed to parse"}'),
+])
+def test_http_status_unchanged_when_not_a_parse_error(status: int, body: bytes) -> None:
+    assert http_status(status, body) == status
+
+
+def test_grpc_code_is_invalid_argument_only_for_internal_parse_errors() -> None:
+    assert grpc_code(grpc.StatusCode.INTERNAL, "Unable to parse request") \
+        == grpc.StatusCode.INVALID_ARGUMENT
+    assert grpc_code(grpc.StatusCode.INTERNAL, "CUDA error") == grpc.StatusCode.INTERNAL
+    assert grpc_code(grpc.StatusCode.NOT_FOUND, "Unable to parse") == grpc.StatusCode.NOT_FOUND
