@@ -1,4 +1,5 @@
-"""The local stack behind ``make run``: sample model, Triton, gateway and scheduler.
+"""The local stack behind ``make run``: sample model, Triton, gateway (HAProxy data plane,
+Python control plane with the model lifecycle on) and scheduler.
 
 Triton runs as a child process (see :mod:`infergate.triton.local`); the gateway and the
 scheduler service run on this process's event loop. SIGINT/SIGTERM stop the gateway
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,11 @@ import numpy as np
 import uvicorn
 
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
+from gateway.auth import TokenTable, load_token_entries
+from gateway.lifecycle.config import LifecycleSpec
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.server import EmbeddedServer, GatewaySettings, choose_data_plane, serve
+from infergate.owner import EXAMPLE_MODEL, ExampleUpload, LocalTokens, example_upload, local_tokens
 from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
 
 log = logging.getLogger("infergate")
@@ -86,13 +91,17 @@ def run_local_stack(settings: LocalStackSettings) -> None:
 
 async def _serve_all(settings: LocalStackSettings, pool: PoolSpec) -> None:
     stop, started = asyncio.Event(), asyncio.Event()
+    tokens = local_tokens(settings.log_dir / "state")
+    example = example_upload(settings.log_dir / "example")
     data_plane = choose_data_plane(settings.data_plane)
     gateway_settings = GatewaySettings(
         host=settings.host, http_port=settings.http_port, grpc_port=settings.grpc_port,
         data_plane=data_plane, haproxy_run_dir=(settings.log_dir / "haproxy").resolve(),
     )
     gateway = asyncio.create_task(
-        serve(gateway_settings, GatewayConfig(pools=(pool,)), stop, started)
+        serve(gateway_settings, _local_config(settings, pool), stop, started,
+              auth=TokenTable(load_token_entries(tokens.digests_file, os.environ),
+                              predict_open=True))
     )
     scheduler = _scheduler_server(settings)
     tasks: list[asyncio.Task[Any]] = [gateway]
@@ -103,6 +112,7 @@ async def _serve_all(settings: LocalStackSettings, pool: PoolSpec) -> None:
     if gateway.done():
         await gateway  # start-up failed: raise its error
     await asyncio.to_thread(_print_welcome, settings, scheduler is not None, data_plane)
+    await asyncio.to_thread(_print_owner_welcome, settings, tokens, example)
     try:
         await gateway
     finally:
@@ -111,6 +121,50 @@ async def _serve_all(settings: LocalStackSettings, pool: PoolSpec) -> None:
             scheduler.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _local_config(settings: LocalStackSettings, pool: PoolSpec) -> GatewayConfig:
+    """One pool over the local Triton; uploads write to the repository Triton serves."""
+    lifecycle = LifecycleSpec.model_validate({
+        "repository": settings.repo.resolve(),
+        "state_dir": (settings.log_dir / "state").resolve(),
+        # confined by Landlock where the kernel has it; said in the log where not
+        "sandbox": {"filesystem": "if_available"},
+    })
+    return GatewayConfig(pools=(pool,), lifecycle=lifecycle)
+
+
+def _print_owner_welcome(settings: LocalStackSettings, tokens: LocalTokens,
+                         example: ExampleUpload) -> None:
+    http = f"{settings.host}:{settings.http_port}"
+    lines = ["Model owners: uploads are on (predict stays open)."]
+    if tokens.created:
+        lines += [f"  API tokens, made now and shown this once (kept, readable by you only, "
+                  f"in {tokens.folder}/*.token):",
+                  f"    upload  {tokens.upload}", f"    admin   {tokens.admin}"]
+    else:
+        lines.append(f"  API tokens: {tokens.folder}/upload.token, admin.token "
+                     "(made at first start)")
+    token = f"$(cat {tokens.file('upload')})"
+    lines += [
+        f"  Upload an ONNX model (here the example in {example.model.parent}):",
+        f"    .venv/bin/infergate models upload {EXAMPLE_MODEL} --url http://{http} \\",
+        f"      --model {example.model} --spec {example.spec} \\",
+        f"      --evaluation {example.evaluation} --token \"{token}\"",
+        "  or with curl:",
+        f"    curl -s -H \"Authorization: Bearer {token}\" \\",
+        f"      -F model=@{example.model} -F spec=@{example.spec} "
+        f"-F evaluation=@{example.evaluation} \\",
+        f"      http://{http}/v1/models/{EXAMPLE_MODEL}/versions",
+        "  then predict on it:",
+        f"    curl -s -X POST http://{http}/v2/models/{EXAMPLE_MODEL}/infer "
+        "-H 'Content-Type: application/json' \\",
+        "      -d '{\"inputs\": [{\"name\": \"x\", \"shape\": [1, 16], "
+        "\"datatype\": \"FP32\", \"data\": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}]}'",
+        "",
+        "Ctrl-C stops everything.",
+    ]
+    print("\n".join(lines), flush=True)
 
 
 def _scheduler_server(settings: LocalStackSettings) -> EmbeddedServer | None:
@@ -165,7 +219,6 @@ def _print_welcome(settings: LocalStackSettings, with_scheduler: bool,
         "  print('top-1 ImageNet class:', logits[0].argmax())  # 281-285 are cats",
         "  EOF",
         "",
-        "Ctrl-C stops everything.",
     ]
     print("\n".join(lines), flush=True)
 

@@ -9,8 +9,10 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from converters.samples import SAMPLE_MODEL_NAME
@@ -122,15 +124,47 @@ def test_infergate_up_stops_everything_when_signalled(
             if line.startswith("Ctrl-C stops everything"):
                 break
         text = "".join(output)
-        assert "infergate is up." in text, text
+        assert "infergate is up (HAProxy carries inference" in text, text
         assert "First prediction (efficientnet_lite0" in text
         first = text.split("bundled cat photo): ")[1].split(" ")[0]
         assert int(first) in range(281, 286)
+        _upload_as_printed(text, tmp_path, http_port)
         proc.send_signal(sig)
         rest, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, rest
         assert "stopped Triton, gateway and scheduler" in rest
         assert triton_processes(str(own_repo)) == []
+        assert triton_processes(str(tmp_path)) == []  # HAProxy's files live there
     finally:
         proc.kill()
         proc.wait()
+
+
+def _upload_as_printed(welcome: str, log_dir: Path, http_port: int) -> None:
+    """The owner's path the welcome prints: the curl upload with the generated upload
+    token, then a prediction on the new model, within a minute."""
+    token = (log_dir / "state" / "upload.token").read_text().strip()
+    assert token in welcome  # shown once, at first start
+    assert (log_dir / "state" / "upload.token").stat().st_mode & 0o077 == 0
+    assert token not in (log_dir / "state" / "tokens.yaml").read_text()  # digests only
+    example = log_dir / "example"
+    url = f"http://127.0.0.1:{http_port}"
+    started = time.monotonic()
+    files = {name: (path.name, path.read_bytes()) for name, path in (
+        ("model", example / "model.onnx"), ("spec", example / "spec.json"),
+        ("evaluation", example / "evaluation.npz"))}
+    assert httpx.post(f"{url}/v1/models/my_model/versions", files=files).status_code == 401
+    job = httpx.post(f"{url}/v1/models/my_model/versions", files=files, timeout=60,
+                     headers={"Authorization": f"Bearer {token}"}).json()
+
+    def served() -> bool:
+        state = httpx.get(f"{url}/v1/jobs/{job['id']}",
+                          headers={"Authorization": f"Bearer {token}"}).json()["state"]
+        assert state != "failed"
+        return bool(state == "succeeded")
+
+    assert wait_until(served, 60, 0.2)
+    answer = httpx.post(f"{url}/v2/models/my_model/infer", json={"inputs": [
+        {"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]})
+    assert answer.json()["outputs"][0]["data"] == [3.0] * 16  # predict stays open
+    assert time.monotonic() - started < 60
