@@ -33,6 +33,7 @@ from gateway.errors import (
     outcome_of_answer,
 )
 from gateway.pools import PoolMember
+from gateway.upstream import parse_errors
 from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
 
 SHARED_MEMORY_RPCS = (
@@ -53,7 +54,11 @@ def read_string_field(message: bytes, field_number: int = 1) -> str:
         if wire_type == 2:
             length, pos = _varint(message, pos)
             if number == field_number:
-                return message[pos : pos + length].decode("utf-8")
+                try:
+                    return message[pos : pos + length].decode("utf-8")
+                except UnicodeDecodeError:
+                    raise InvalidInput(f"field {field_number} of the request is not valid "
+                                       "UTF-8 (a model name must be)") from None
             pos += length
         elif wire_type == 0:
             _, pos = _varint(message, pos)
@@ -109,7 +114,8 @@ async def _invoke(method: Callable[..., Awaitable[Any]], request: Any, timeout: 
     except grpc.aio.AioRpcError as exc:
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             raise Unavailable(f"member unreachable: {exc.details()}") from exc
-        raise RelayedError(exc.code(), exc.details() or "") from exc
+        details = exc.details() or ""
+        raise RelayedError(parse_errors.grpc_code(exc.code(), details), details) from exc
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: Exception) -> None:
@@ -272,7 +278,17 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             await _abort(context, err)
 
 
-def _unsupported(name: str) -> Callable[[Any, Any], Awaitable[Any]]:
+def _shared_memory(name: str) -> Callable[[Any, Any], Awaitable[Any]]:
+    """No region is ever registered: status lists none, unregistering any (or all) is
+    done (clients clean up defensively), registering is refused."""
+    if not name.endswith("Register"):
+        empty = getattr(service_pb2, f"{name}Response")
+
+        async def answer(request: Any, context: Any) -> Any:
+            return empty()
+
+        return answer
+
     async def handler(request: Any, context: Any) -> Any:
         await _abort(context, Unsupported(
             f"{name}: shared memory is not supported through the gateway (the gateway and "
@@ -305,7 +321,7 @@ def method_handlers(servicer: GatewayServicer) -> dict[str, grpc.RpcMethodHandle
     for name in SHARED_MEMORY_RPCS:
         old = handlers[name]
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            _unsupported(name),
+            _shared_memory(name),
             request_deserializer=old.request_deserializer,
             response_serializer=old.response_serializer,
         )

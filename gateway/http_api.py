@@ -38,6 +38,7 @@ from gateway.errors import (
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.lifecycle_http import api_key, create_lifecycle_router, requires
 from gateway.pools import PoolMember
+from gateway.upstream import parse_errors
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 
 FORWARDED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "content-encoding")
@@ -49,9 +50,15 @@ ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def relay(resp: UpstreamResponse) -> Response:
-    """A FastAPI response carrying an upstream (or error) answer as it is."""
-    return Response(resp.body, status_code=resp.status,
+    """A FastAPI response carrying an upstream (or error) answer as it is (but for
+    Triton's 500 about a body it could not parse, which is the client's 400)."""
+    return Response(resp.body, status_code=parse_errors.http_status(resp.status, resp.body),
                     headers={k.decode(): v.decode() for k, v in resp.headers})
+
+
+def client_mistakes_as_400(resp: UpstreamResponse) -> UpstreamResponse:
+    resp.status = parse_errors.http_status(resp.status, resp.body)
+    return resp
 
 
 def _outcome(resp: UpstreamResponse) -> str:
@@ -117,8 +124,8 @@ class InferFastPath:
             path = f"{path}?{scope['query_string'].decode('latin-1')}"
 
         async def call(member: PoolMember) -> UpstreamResponse:
-            return await self.upstream.request(member, "POST", path, body, forwarded,
-                                               options.deadline_s)
+            return client_mistakes_as_400(await self.upstream.request(
+                member, "POST", path, body, forwarded, options.deadline_s))
 
         resp = await self.dataplane.forward(model, call, protocol="http", options=options,
                                             outcome=_outcome)
@@ -167,13 +174,15 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
 
         return relay(await dataplane.forward(model, call, protocol="http", metered=False))
 
+    # JSON bodies as KServe's SDK reads them (Triton sends none; its clients read the status)
     @app.get("/v2/health/live")
     async def live() -> Response:
-        return Response(status_code=200)
+        return JSONResponse({"live": True})
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
-        return Response(status_code=200 if dataplane.ready() else 503)
+        is_ready = dataplane.ready()
+        return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
     @app.get("/v2")
     async def server_metadata() -> Response:
@@ -212,6 +221,12 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
     @app.api_route("/v2/systemsharedmemory{rest:path}", methods=["GET", "POST"])
     @app.api_route("/v2/cudasharedmemory{rest:path}", methods=["GET", "POST"])
     async def shared_memory(rest: str) -> Response:
+        # no region is ever registered: status lists none, unregistering any is done
+        # (clients clean up defensively), registering is refused
+        if rest.endswith("/status"):
+            return JSONResponse([])
+        if rest.endswith("/unregister"):
+            return Response(status_code=200)
         raise Unsupported("shared memory is not supported through the gateway (the gateway "
                           "and Triton do not share memory with the client); send tensors "
                           "in the request")
