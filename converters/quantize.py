@@ -52,12 +52,15 @@ class StaticInt8Recipe:
     equalize: bool = False  # cross-layer equalization first (converters.equalization)
     float_outputs: bool = True  # graph outputs not rounded to 8 bits (float_graph_outputs)
     empirical_passes: int = 0  # bias correction refined on measured output means
+    adaround: bool = False  # weights rounded up/down for least output error (adaround.py)
     float_nodes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         kind = "S8S8 symmetric" if self.symmetric else (
             "U8S8" if self.activation == "uint8" else "S8S8")
         corrected = ", bias-corrected" if self.bias_correction else ""
+        if self.adaround:
+            corrected = f", AdaRound-style rounding{corrected}"
         if self.bias_correction and self.empirical_passes:
             corrected += f" (empirical, {self.empirical_passes} passes)"
         equalized = ", cross-layer equalized" if self.equalize else ""
@@ -143,6 +146,7 @@ class StaticQuantizer:
     ranges: Any = field(repr=False)  # onnxruntime.quantization.TensorsData
     corrections: Mapping[str, np.ndarray] = field(default_factory=dict, repr=False)
     equalized: tuple[tuple[str, str], ...] = ()  # conv pairs cross-layer equalized
+    rounded: Mapping[str, tuple[str, np.ndarray]] = field(default_factory=dict, repr=False)
     _base: onnx.ModelProto | None = field(default=None, repr=False)
 
     choice: Mapping[str, float] = field(default_factory=dict)  # method -> holdout noise
@@ -229,6 +233,11 @@ class StaticQuantizer:
             ranges = calibrator.compute_data()
             del calibrator
         quantizer = cls(prepared, recipe, ranges, equalized=equalized)
+        if recipe.adaround:
+            from converters.adaround import rounded_weights
+
+            quantizer.rounded = rounded_weights(quantizer.base_model(), quantizer.quantize(),
+                                                samples.strided(64), RuntimeSettings())
         if recipe.bias_correction:
             quantizer.corrections = bias_corrections(
                 quantizer.base_model(), quantizer.quantize(), samples, RuntimeSettings())
@@ -263,6 +272,10 @@ class StaticQuantizer:
             extra = {**extra, "ActivationSymmetric": True, "WeightSymmetric": True}
         source = apply_corrections(self._base_model(), self.corrections, set(float_nodes)) \
             if self.corrections else copy.deepcopy(self._base_model())
+        if self.rounded:
+            from converters.adaround import apply_rounding
+
+            source = apply_rounding(source, self.rounded, set(float_nodes))
         quantizer = QDQQuantizer(
             source,
             per_channel=self.recipe.per_channel,

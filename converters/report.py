@@ -71,14 +71,15 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         mark = "**chosen**: " if verdict.get("chosen") else ""
         lines.append(
             f"| {v['name']} | {v.get('recipe', '')} | {v.get('size_bytes', 0) / 1e6:.1f} "
-            f"| {_num(acc.get('cosine'), 5)} | {_num(acc.get('top1'), 3)} "
+            f"| {_num(acc.get('cosine'), 5)} | {_num(acc.get('top1'), 3)}{_ci(acc)} "
             f"| {_num(acc.get('top5'), 3)} | {_flips(acc)} "
             f"| {_num(acc.get('max_abs_err'), 3, 'g')} "
             f"| {_num(b1.get('p50_ms'), 2)} | {_num(b1.get('p99_ms'), 2)} "
             f"| {_num(best, 1)} | {_num(v.get('speedup'), 2)}x "
             f"| {mark}{verdict.get('reason', v.get('failure', ''))} |"
         )
-    lines += ["", "*changed (undecided)*: evaluation samples whose top-1 class differs from "
+    lines += ["", "*top-1 agree*: with FP32, and its Wilson 95% interval. "
+              "*changed (undecided)*: evaluation samples whose top-1 class differs from "
               "FP32, and how many of those FP32 itself barely decides (top-2 softmax margin "
               "under 5%).", "", "![latency](latency.png) ![trade-off](tradeoff.png)", ""]
     lines += _latency_table(report)
@@ -102,6 +103,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if report.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _ci(accuracy: Mapping[str, Any]) -> str:
+    interval = accuracy.get("top1_ci95")
+    return f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
 
 
 def _cell(text: str) -> str:

@@ -10,8 +10,11 @@ without VNNI), one row per technique and batch (1 and 8):
 - cross-layer equalization (per-tensor; it only matters there), per-channel weights;
 - the calibration method (MinMax, Entropy, Percentile), chosen by output noise on
   held-out *calibration* views (the evaluation set never chooses);
-- bias correction; fewer calibration images (a quarter) against all of them;
-- float fallback: the k layers ranked most sensitive (on calibration views) kept float.
+- bias correction (analytic, and empirical); AdaRound-style rounding; fewer calibration
+  images (a quarter) against all of them;
+- float fallback: the k layers ranked most sensitive (on calibration views) kept float,
+  on top of the best recipe (bias correction + AdaRound-style rounding);
+- FP16, as the reference for how much agreement mere rounding noise costs.
 
 Calibration and evaluation views are crops/flips/rotations/colour changes of the
 photographs bundled in installed packages (:mod:`converters.photos`, objects and scenes;
@@ -57,7 +60,7 @@ IMAGE_SPEC = parse_input_spec("input:float32[batch,3,224,224]")
 TEXT_SPEC = parse_input_spec(
     "input_ids:int64[batch,sequence];attention_mask:int64[batch,sequence]")
 BATCHES = (1, 8)
-FALLBACK_LAYERS = (1, 2, 4, 8, 12)
+FALLBACK_LAYERS = (1, 2, 4, 8)
 
 
 def run(per_photo: int = 24, calibration_per_photo: int = 12, iterations: int = 30,
@@ -132,6 +135,10 @@ def _efficientnet(root: Path, per_photo: int, calibration_per_photo: int, iterat
                                       replace(corrected, equalize=True))[1])
     techniques.append(study.quantized(f"per-channel, {best} + empirical BC",
                                       replace(corrected, empirical_passes=8))[1])
+    rounded = replace(corrected, adaround=True)
+    quantizer, technique = study.quantized(f"per-channel, {best} + BC + AdaRound-style",
+                                           rounded)
+    techniques.append(technique)
     quarter = study.calibration.strided(max(8, len(study.calibration) // 4))
     techniques.append(study.quantized(
         f"per-channel, {best} + BC, {len(quarter)} calibration views", corrected, quarter)[1])

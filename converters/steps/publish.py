@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from converters.confidence import wilson
 from converters.datasets import SampleSet
 from converters.errors import TargetUnavailable
 from converters.graph import ModelFacts
@@ -58,6 +59,9 @@ def accuracy_dict(accuracy: Accuracy | None) -> dict[str, Any] | None:
     }
     if accuracy.classification is not None:
         result.update(asdict(accuracy.classification))
+        agreeing = round(accuracy.classification.top1 * accuracy.samples)
+        interval = wilson(agreeing, accuracy.samples)
+        result["top1_ci95"] = [interval.low, interval.high]  # Wilson, samples independent
     return result
 
 

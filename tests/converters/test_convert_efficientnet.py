@@ -27,6 +27,8 @@ def test_effnet_verifies_all_three_precisions_on_photos_when_converted(
         accuracy = variants[name]["accuracy"]
         assert accuracy["samples"] == 24
         assert 0.0 <= accuracy["top1"] <= 1.0 and accuracy["top5"] >= accuracy["top1"]
+        low, high = accuracy["top1_ci95"]  # Wilson interval around the measured agreement
+        assert low <= accuracy["top1"] <= high and high - low > 0.01
     assert variants["fp16"]["accuracy"]["cosine"] > 0.9999
     assert variants["fp16"]["accuracy"]["max_abs_err"] > 0  # really ran in half precision
     assert variants["fp32"]["accuracy"]["max_abs_err"] == 0

@@ -155,3 +155,31 @@ def test_varied_views_are_deterministic_and_named_by_photo(tmp_path: Path) -> No
     again = [np.asarray(v) for v in varied_views(load_image(path), 3, 5 + 0)]
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert len({a.shape for a in first}) > 1  # different crops
+
+
+def test_adaround_lowers_layer_output_error_and_stays_on_the_int8_grid_when_enabled(
+        prepared: Path, tmp_path: Path) -> None:
+    from converters.bias_correction import _dequantized_weights
+
+    samples = _samples(tmp_path, 32, 1)
+    nearest = StaticQuantizer.calibrate(prepared, samples,
+                                        StaticInt8Recipe(bias_correction=False))
+    rounded = StaticQuantizer.calibrate(prepared, samples,
+                                        StaticInt8Recipe(bias_correction=False, adaround=True))
+    assert set(rounded.rounded) == {"conv1", "conv2", "fc"}
+    served = _dequantized_weights(rounded.quantize())
+    for node, (_, values) in rounded.rounded.items():
+        # ONNX Runtime re-quantizes the rounded weights to exactly themselves
+        np.testing.assert_allclose(served[node], values, rtol=0, atol=1e-6)
+    base = rounded.base_model()
+    weights = {i.name: numpy_helper.to_array(i) for i in base.graph.initializer}
+    x = load_samples(cnn_samples(tmp_path / "x.npy", 32, 1), SPEC, "c").first_batch(32)["input"]
+    patches = np.lib.stride_tricks.sliding_window_view(
+        np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+    patches = patches.transpose(0, 2, 3, 1, 4, 5).reshape(-1, 27)
+
+    def error(w: np.ndarray) -> float:
+        return float(np.sum((patches @ (w - weights["w1"]).reshape(8, -1).T) ** 2))
+
+    nearest_w = _dequantized_weights(nearest.quantize())["conv1"]
+    assert error(served["conv1"]) < error(nearest_w)  # on the data it was fitted to
