@@ -87,3 +87,33 @@ def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     if name == "asyncio":
         return None
     raise typer.BadParameter(f"unknown event loop {name!r} (uvloop or asyncio)")
+
+
+@app.command("agent")
+def agent_command(
+    control_plane: str = typer.Option(
+        ..., help="The control plane's HTTP address, host:port (its Service)."),
+    control_grpc: str = typer.Option(..., help="The control plane's gRPC address, host:port."),
+    state_dir: Path = typer.Option(
+        Path("/run/infergate/agent"),
+        help="Where the last snapshot and HAProxy's files are kept."),
+    host: str = typer.Option("127.0.0.1", help="Address HAProxy binds (0.0.0.0 in a pod)."),
+    http_port: int = typer.Option(8000, help="HTTP (KServe v2 REST) port."),
+    grpc_port: int = typer.Option(8001, help="gRPC port."),
+    status_port: int = typer.Option(9101, help="This replica's /metrics and /status."),
+    max_request_bytes: int = typer.Option(256 * 1024 * 1024, min=1024,
+                                          help="Largest inference request."),
+    log_level: str = typer.Option("warning", help="Log level."),
+) -> None:
+    """One data-plane replica: HAProxy following the control plane's snapshots (and its
+    last one on disk while the control plane is down). Token: $INFERGATE_AGENT_TOKEN
+    (admin scope) when the control plane has auth on."""
+    from gateway.agent import AgentSettings, run_agent
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    settings = AgentSettings(
+        control_http=control_plane, control_grpc=control_grpc, state_dir=state_dir,
+        host=host, http_port=http_port, grpc_port=grpc_port, status_port=status_port,
+        token=os.environ.get("INFERGATE_AGENT_TOKEN"), max_request_bytes=max_request_bytes,
+    )
+    asyncio.run(run_agent(settings))

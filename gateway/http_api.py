@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -153,11 +153,14 @@ class BatchingRequest(BaseModel):
 
 def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: UpstreamHTTP,
                     auth: TokenTable | None = None, lifecycle: ModelLifecycle | None = None,
-                    max_body_bytes: int = 256 * 1024 * 1024) -> Any:
+                    max_body_bytes: int = 256 * 1024 * 1024,
+                    routers: Sequence[APIRouter] = ()) -> Any:
     app = FastAPI(title="infergate", description="KServe v2 / Triton-compatible gateway")
     auth = auth or TokenTable()
     admin = Depends(requires(auth, Scope.ADMIN))
     app.include_router(create_lifecycle_router(lifecycle, auth))
+    for router in routers:  # more control-plane surfaces (the data-plane snapshot feed)
+        app.include_router(router)
 
     @app.exception_handler(GatewayError)
     async def _on_gateway_error(_: Request, error: GatewayError) -> Response:

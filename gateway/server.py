@@ -33,6 +33,7 @@ from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
 from gateway.grpc_api import create_grpc_server
 from gateway.haproxy.controller import HAProxyDataPlane, default_layout
+from gateway.haproxy.feed import SnapshotFeed, feed_router
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
 from gateway.http_api import create_http_app
 from gateway.lifecycle.control_plane import build_control_plane
@@ -114,8 +115,11 @@ async def serve(
     admin = MemberAdmin(admin_client, load_timeout_s, synthetic_infer)  # the one admin client
     control = ModelControl(dataplane, admin)
     control_plane = build_control_plane(config, dataplane, admin)
+    feed = SnapshotFeed(dataplane, auth)  # for data-plane replicas elsewhere (agents)
+    dataplane.followers.append(feed.settle)
     app = create_http_app(dataplane, control, upstream_http, auth, control_plane.lifecycle,
-                          max_body_bytes=settings.max_request_bytes)
+                          max_body_bytes=settings.max_request_bytes,
+                          routers=(feed_router(feed, auth),))
     native = settings.data_plane == "haproxy"
     # with HAProxy in front, this process serves on private loopback ports
     own_host = "127.0.0.1" if native else settings.host

@@ -76,9 +76,11 @@ class GatewayProcess:
 
 @contextlib.contextmanager
 def run_gateway(pools_file: Path, log_dir: Path, *args: str,
-                data_plane: str | None = None) -> Iterator[GatewayProcess]:
-    """``data_plane``: ``haproxy`` or ``python`` (None: the gateway's default, auto)."""
-    http_port, grpc_port = free_port(), free_port()
+                data_plane: str | None = None,
+                ports: tuple[int, int] | None = None) -> Iterator[GatewayProcess]:
+    """``data_plane``: ``haproxy`` or ``python`` (None: the gateway's default, auto);
+    ``ports``: (HTTP, gRPC), default free ones."""
+    http_port, grpc_port = ports or (free_port(), free_port())
     if data_plane is not None:
         args = ("--data-plane", data_plane, *args)
     # HAProxy's files beside the log, so that a leftover process is traceable to its test
@@ -106,3 +108,63 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
         yield gateway
     finally:
         gateway.terminate()
+
+
+@dataclass
+class AgentProcess:
+    proc: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    status_port: int
+    log: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def status(self) -> dict[str, object]:
+        return dict(httpx.get(f"http://127.0.0.1:{self.status_port}/status").json())
+
+
+@contextlib.contextmanager
+def run_agent(control: GatewayProcess, state_dir: Path, token: str | None = None
+              ) -> Iterator[AgentProcess]:
+    """A data-plane replica (HAProxy + agent) following ``control``'s snapshots."""
+    http_port, grpc_port, status_port = free_port(), free_port(), free_port()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log = state_dir / "agent.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if token is not None:
+        env["INFERGATE_AGENT_TOKEN"] = token
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "agent", "--control-plane", control.http_url,
+             "--control-grpc", control.grpc_url, "--state-dir", str(state_dir),
+             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+             "--status-port", str(status_port), "--log-level", "warning"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+    agent = AgentProcess(proc, http_port, grpc_port, status_port, log)
+    try:
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"agent exited: {log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                return bool(agent.status()["version"])
+            return False
+
+        if not wait_until(up, 30):
+            raise RuntimeError(f"agent not up: {log.read_text()[-2000:]}")
+        yield agent
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from gateway.auth import TokenTable
 from gateway.dataplane import DataPlane
-from gateway.haproxy.process import HAProxyProcess, write_files
-from gateway.haproxy.render import render, runtime_commands
+from gateway.haproxy.process import HAProxyProcess
+from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.runtime import RuntimeAPI, parse_csv_stats, parse_table
 from gateway.haproxy.snapshot import (
     Layout,
@@ -110,15 +110,20 @@ class HAProxyDataPlane:
     auth: TokenTable
     layout: Layout
     process: HAProxyProcess
-    applied: Snapshot | None = None
-    reloads: int = 0
     _receiver: LogReceiver | None = None
     _errors_seen: dict[tuple[str, str], int] = field(default_factory=dict)
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    proxy: SnapshotProxy = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.proxy = SnapshotProxy(self.layout, self.process)
 
     @property
     def api(self) -> RuntimeAPI:
-        return RuntimeAPI(self.layout.admin_socket)
+        return self.proxy.api
+
+    @property
+    def reloads(self) -> int:
+        return self.proxy.reloads
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Telemetry socket first (HAProxy logs to it from its first request), then the
@@ -133,10 +138,7 @@ class HAProxyDataPlane:
                                      RequestLog(self.dataplane.metrics, on_served=served))
         self._receiver.start()
         self.dataplane.followers.append(self.apply)
-        snapshot = snapshot_of(self.dataplane, self.auth, self.dataplane.clock())
-        write_files(render(snapshot, self.layout), self.layout)
-        self.process.start()
-        self.applied = snapshot
+        self.proxy.start(snapshot_of(self.dataplane, self.auth, self.dataplane.clock()))
 
     def _note_user_requests(self, models: set[str]) -> None:
         now = self.dataplane.clock()
@@ -144,25 +146,8 @@ class HAProxyDataPlane:
             self.dataplane.note_user_request(model, now)
 
     async def apply(self) -> None:
-        """Move HAProxy to the current snapshot: runtime commands when they can, else a
-        reload (files first, so that a reload or a restart renders the same)."""
-        async with self._lock:
-            await self._apply()
-
-    async def _apply(self) -> None:
-        snapshot = snapshot_of(self.dataplane, self.auth, self.dataplane.clock())
-        if snapshot == self.applied:
-            return
-        assert self.applied is not None
-        commands = runtime_commands(self.applied, snapshot, self.layout)
-        await asyncio.to_thread(write_files, render(snapshot, self.layout), self.layout)
-        if commands is None:
-            log.info("HAProxy: structural change, reloading")
-            await asyncio.to_thread(self.process.reload)
-            self.reloads += 1
-        elif commands:
-            await self.api.arun(commands)
-        self.applied = snapshot
+        """Move HAProxy to the current snapshot (runtime commands, else a reload)."""
+        await self.proxy.amove(snapshot_of(self.dataplane, self.auth, self.dataplane.clock()))
 
     async def observe(self) -> None:
         """HAProxy's live counts -> gauges: in flight per model and pool, queued per

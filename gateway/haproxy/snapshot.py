@@ -10,10 +10,12 @@ snapshot can be compared, stored and replayed.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 # Canary splits: at most this many pools per model are rendered as split ranks; a model
 # assigned to more pools keeps its heaviest ones.
@@ -159,3 +161,43 @@ def top_pools(weights: Mapping[str, float] | Iterable[tuple[str, float]]
     items = weights.items() if isinstance(weights, Mapping) else weights
     ranked = sorted(((p, w) for p, w in items if w > 0), key=lambda pw: (-pw[1], pw[0]))
     return tuple(ranked[:MAX_POOLS_PER_MODEL])
+
+
+# -- the wire form: what the control plane publishes and every data-plane replica follows
+def snapshot_to_dict(snapshot: Snapshot) -> dict[str, object]:
+    return asdict(snapshot)
+
+
+def snapshot_from_dict(data: Any) -> Snapshot:
+    """The inverse of :func:`snapshot_to_dict` (parsed JSON); ValueError when malformed."""
+    def route(r: Any) -> RouteState | None:
+        if r is None:
+            return None
+        reason = r.get("not_ready")
+        return RouteState(str(r["model"]), tuple((str(p), float(w)) for p, w in r["pools"]),
+                          int(r["max_in_system"]), None if reason is None else str(reason))
+
+    def rate(r: Any) -> RateClass | None:
+        return None if r is None else RateClass(float(r["rate_per_s"]), float(r["burst"]))
+
+    try:
+        return Snapshot(
+            pools=tuple(PoolState(str(p["name"]), tuple(MemberState(**m) for m in p["members"]))
+                        for p in data["pools"]),
+            routes=tuple(r for r in (route(x) for x in data["routes"]) if r is not None),
+            default_route=route(data.get("default_route")),
+            rate_default=rate(data.get("rate_default")),
+            rate_keys=tuple((str(k), c) for k, raw in data["rate_keys"]
+                            if (c := rate(raw)) is not None),
+            tokens=tuple((str(d), str(scopes)) for d, scopes in data["tokens"]),
+            predict_gated=bool(data["predict_gated"]),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"malformed data-plane snapshot: {exc!r}") from exc
+
+
+def snapshot_version(snapshot: Snapshot) -> str:
+    """Content address of a snapshot: equal snapshots have equal versions, whichever
+    control-plane process published them."""
+    text = json.dumps(snapshot_to_dict(snapshot), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

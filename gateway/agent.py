@@ -1,0 +1,211 @@
+"""The data-plane agent: one replica of the gateway's data plane in Kubernetes.
+
+Each data-plane pod runs HAProxy and this thin agent beside it. The agent holds no state
+of its own: it follows the versioned snapshot the control plane publishes (long-polling
+``GET /v1/dataplane/snapshot``), moves its HAProxy to each new one, and keeps the last
+one on disk, so that it starts and keeps routing on it while the control plane is down.
+HAProxy sends everything that is not inference (uploads, admin, metadata, streams) to
+the control plane's Service, so every replica serves the whole API.
+
+Its own port (``--status-port``) serves ``/metrics`` (this replica's request counts and
+latency from HAProxy's per-request lines) and ``/status`` (the snapshot it routes by).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+
+from gateway.haproxy.process import HAProxyProcess
+from gateway.haproxy.proxy import SnapshotProxy
+from gateway.haproxy.snapshot import (
+    Layout,
+    Snapshot,
+    snapshot_from_dict,
+    snapshot_to_dict,
+    snapshot_version,
+)
+from gateway.haproxy.telemetry import LogReceiver, RequestLog
+from gateway.metrics import GatewayMetrics, create_metrics
+from gateway.server import EmbeddedServer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    control_http: str  # the control plane's HTTP address, host:port
+    control_grpc: str  # its gRPC address, host:port
+    state_dir: Path  # the last snapshot, HAProxy's files and sockets
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    status_port: int = 9101
+    token: str | None = None  # an admin-scoped token when the control plane has auth on
+    wait_s: float = 20.0  # long-poll
+    retry_s: float = 1.0
+    drain_timeout_s: float = 10.0
+    max_request_bytes: int = 256 * 1024 * 1024
+    agent_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, metrics: GatewayMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or create_metrics()
+        run_dir = settings.state_dir / "haproxy"
+        if len(str(run_dir / "master.sock")) > 100:  # unix socket path limit
+            run_dir = Path(tempfile.mkdtemp(prefix="infergate-agent-"))
+        self.layout = Layout(
+            http_bind=f"{settings.host}:{settings.http_port}",
+            grpc_bind=f"{settings.host}:{settings.grpc_port}",
+            control_http=settings.control_http, control_grpc=settings.control_grpc,
+            run_dir=run_dir, log_socket=run_dir / "log.sock",
+            max_body_bytes=settings.max_request_bytes,
+        )
+        self.proxy = SnapshotProxy(self.layout, HAProxyProcess(self.layout))
+        self.version = ""
+        self.control_plane_seen_at: float | None = None
+        self._receiver = LogReceiver(self.layout.log_socket, RequestLog(self.metrics))
+
+    @property
+    def snapshot_file(self) -> Path:
+        return self.settings.state_dir / "snapshot.json"
+
+    # -- the control plane -------------------------------------------------------------
+    async def fetch(self, client: httpx.AsyncClient, wait_s: float) -> Snapshot | None:
+        """The next snapshot (None: unchanged after ``wait_s``); raises httpx errors."""
+        headers = {"Authorization": f"Bearer {self.settings.token}"} if self.settings.token \
+            else {}
+        resp = await client.get(
+            f"http://{self.settings.control_http}/v1/dataplane/snapshot",
+            params={"have": self.version, "agent": self.settings.agent_id, "wait": wait_s},
+            headers=headers, timeout=wait_s + 10,
+        )
+        self.control_plane_seen_at = time.time()
+        if resp.status_code == 304:
+            return None
+        resp.raise_for_status()
+        body = resp.json()
+        snapshot = snapshot_from_dict(body["snapshot"])
+        if snapshot_version(snapshot) != body["version"]:
+            raise ValueError("snapshot does not match its version")
+        return snapshot
+
+    def _save(self, snapshot: Snapshot) -> None:
+        self.snapshot_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.snapshot_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(snapshot_to_dict(snapshot)))
+        os.replace(tmp, self.snapshot_file)
+
+    def _saved(self) -> Snapshot | None:
+        with contextlib.suppress(OSError, ValueError, json.JSONDecodeError):
+            return snapshot_from_dict(json.loads(self.snapshot_file.read_text()))
+        return None
+
+    async def first_snapshot(self, client: httpx.AsyncClient) -> Snapshot:
+        """The one saved last time, else the control plane's (waiting for it)."""
+        saved = self._saved()
+        if saved is not None:
+            log.warning("agent: starting on the saved snapshot %s", snapshot_version(saved))
+            return saved
+        while True:
+            try:
+                snapshot = await self.fetch(client, 0.0)
+                if snapshot is not None:
+                    return snapshot
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                log.warning("agent: no snapshot yet from %s: %s", self.settings.control_http,
+                            exc)
+            await asyncio.sleep(self.settings.retry_s)
+
+    async def _follow(self, client: httpx.AsyncClient) -> None:
+        while True:
+            try:
+                snapshot = await self.fetch(client, self.settings.wait_s)
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                log.warning("agent: control plane unreachable (%s); routing on snapshot %s",
+                            exc, self.version)
+                await asyncio.sleep(self.settings.retry_s)
+                continue
+            if snapshot is not None:
+                await self._apply(snapshot)
+
+    async def _apply(self, snapshot: Snapshot) -> None:
+        try:
+            how = await self.proxy.amove(snapshot)
+        except Exception:  # noqa: BLE001 - keep routing on the last good snapshot
+            log.exception("agent: HAProxy refused snapshot %s", snapshot_version(snapshot))
+            await asyncio.sleep(self.settings.retry_s)
+            return
+        await asyncio.to_thread(self._save, snapshot)
+        self.version = snapshot_version(snapshot)
+        log.info("agent: routing on snapshot %s (%s)", self.version, how)
+
+    # -- its own status port -----------------------------------------------------------
+    def status_app(self) -> FastAPI:
+        app = FastAPI(title="infergate data-plane agent")
+
+        @app.get("/status")
+        async def status() -> JSONResponse:
+            return JSONResponse({"agent": self.settings.agent_id, "version": self.version,
+                                 "control_plane_seen_at": self.control_plane_seen_at,
+                                 "reloads": self.proxy.reloads})
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(self.metrics.render(),
+                            media_type="text/plain; version=0.0.4; charset=utf-8")
+
+        return app
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            snapshot = await self.first_snapshot(client)
+            self._receiver.start()
+            await asyncio.to_thread(self.proxy.start, snapshot)
+            await asyncio.to_thread(self._save, snapshot)
+            self.version = snapshot_version(snapshot)
+            status = EmbeddedServer(uvicorn.Config(
+                self.status_app(), host=self.settings.host, port=self.settings.status_port,
+                log_level="warning", lifespan="off", access_log=False))
+            tasks: list[asyncio.Task[Any]] = [
+                asyncio.create_task(self._follow(client), name="follow"),
+                asyncio.create_task(status.serve(), name="status"),
+            ]
+            log.warning("infergate data-plane agent: HTTP %s gRPC %s, control plane %s, "
+                        "snapshot %s", self.layout.http_bind, self.layout.grpc_bind,
+                        self.settings.control_http, self.version)
+            try:
+                await stop.wait()
+            finally:
+                status.should_exit = True
+                tasks[0].cancel()
+                await asyncio.to_thread(self.proxy.process.stop, self.settings.drain_timeout_s)
+                self._receiver.stop()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_agent(settings: AgentSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    await Agent(settings).run(stop)

@@ -1,0 +1,99 @@
+"""The Kubernetes split on one machine, with real processes: one control plane, two
+data-plane replicas (HAProxy + agent each), two Triton members sharing one repository.
+An upload through replica A becomes routable through replica B without a restart;
+killing the control plane leaves both replicas serving; restarting it resumes."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from converters.tiny import TINY_WIDTH, tiny_onnx
+from infergate.processes import run_agent
+from infergate.triton.local import LocalTriton, free_port
+from tests.conftest import triton_settings
+from tests.gateway.lifecycle.conftest import (
+    TINY_SPEC,
+    TOKENS,
+    bearer,
+    finished,
+    infer_body,
+    job,
+    lifecycle_config,
+    tiny_samples,
+    upload,
+)
+from tests.procs import run_gateway, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _feed_version(http_url: str) -> str:
+    return str(httpx.get(f"http://{http_url}/v1/dataplane/snapshot",
+                         headers=bearer("admin")).json()["version"])
+
+
+def _infers(http_url: str, model: str) -> bool:
+    answer = httpx.post(f"http://{http_url}/v2/models/{model}/infer", json=infer_body())
+    return answer.status_code == 200 and answer.json()["outputs"][0]["data"][0] == 3.0
+
+
+def _grpc_infers(grpc_url: str, model: str) -> bool:
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        x = np.ones((1, TINY_WIDTH), np.float32)
+        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        return bool(client.infer(model, [inp]).as_numpy("y")[0][0] == 3.0)
+    finally:
+        client.close()
+
+
+def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path) -> None:
+    repo = tmp_path / "model_repo"
+    repo.mkdir()
+    a = LocalTriton(triton_settings(repo, tmp_path / "ta"))
+    b = LocalTriton(triton_settings(repo, tmp_path / "tb"))
+    try:
+        ea, eb = a.start(), b.start()
+        config = lifecycle_config(tmp_path / "gateway.yaml", {"cpu": [ea, eb]}, repo)
+        ports = (free_port(), free_port())
+        with run_gateway(config, tmp_path, data_plane="python", ports=ports) as control, \
+                run_agent(control, tmp_path / "agent-a", TOKENS["admin"]) as agent_a, \
+                run_agent(control, tmp_path / "agent-b", TOKENS["admin"]) as agent_b:
+            # an upload through replica A (HAProxy forwards /v1 to the control plane)
+            model = tiny_onnx(tmp_path / "model.onnx")
+            accepted = upload(f"http://{agent_a.http_url}", "owned", model, TINY_SPEC,
+                              tiny_samples(8, 1))
+            done = finished(f"http://{agent_b.http_url}", accepted["id"])
+            assert done["state"] == "succeeded", done
+            # routable through replica B, which follows the same snapshot
+            assert _infers(agent_b.http_url, "owned") and _grpc_infers(agent_b.grpc_url, "owned")
+            version = _feed_version(control.http_url)
+            assert wait_until(lambda: agent_a.status()["version"] == version
+                              == agent_b.status()["version"], 10)
+
+            control.proc.send_signal(signal.SIGKILL)
+            control.proc.wait(10)
+            for agent in (agent_a, agent_b):  # both keep routing on their last snapshot
+                assert _infers(agent.http_url, "owned"), agent.log.read_text()[-1500:]
+                assert _grpc_infers(agent.grpc_url, "owned")
+                assert agent.status()["version"] == version
+            down = httpx.get(f"http://{agent_a.http_url}/v1/jobs/{accepted['id']}",
+                             headers=bearer("upload"))
+            assert down.status_code == 503 and "error" in down.json()  # its API, not ours
+
+            with run_gateway(config, tmp_path, data_plane="python", ports=ports):
+                url_a = f"http://{agent_a.http_url}"
+                assert wait_until(lambda: httpx.get(f"{url_a}/v2/health/ready")
+                                  .status_code == 200, 30)
+                assert job(url_a, accepted["id"])["state"] == "succeeded"  # told truthfully
+                assert _infers(agent_b.http_url, "owned")
+    finally:
+        a.stop()
+        b.stop()
