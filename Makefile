@@ -20,6 +20,13 @@ $(RUNTIME)/.installed: infergate/triton/runtime-requirements.txt
 	$(RUNTIME)/bin/python -m pip install $(PIP_FLAGS) -r infergate/triton/runtime-requirements.txt
 	touch $@
 
+# KServe's Python SDK for the client-compatibility test (its pins conflict with the services')
+KSERVE_ENV := .venv-kserve
+$(KSERVE_ENV)/.installed: tests/kserve-requirements.txt
+	test -x $(KSERVE_ENV)/bin/python || $(PYTHON) -m venv $(KSERVE_ENV)
+	$(KSERVE_ENV)/bin/python -m pip install $(PIP_FLAGS) -r tests/kserve-requirements.txt
+	touch $@
+
 venv: $(VENV)/.installed
 runtime: $(RUNTIME)/.installed
 
@@ -33,7 +40,7 @@ run: venv runtime haproxy-optional
 	$(VENV)/bin/infergate up --repo model_repo --runtime-env $(RUNTIME)
 
 ## test: set up the same environments and run the whole suite
-test: venv runtime system-deps
+test: venv runtime system-deps $(KSERVE_ENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-fast: venv runtime

@@ -5,12 +5,16 @@ object, protobuf bytes that do not decode) with HTTP 500 / gRPC ``INTERNAL``: a 
 error for a client's mistake. The gateway answers 400 / ``INVALID_ARGUMENT`` with
 Triton's own message instead.
 
+The same for a repository load of a model the repository lacks (Triton: 500 / INTERNAL
+"failed to load 'm', failed to poll from model repository"): 404 / ``NOT_FOUND``.
+
 Triton gives no status that tells these apart from its real internal errors, so this is
-the one place where the gateway matches Triton's message text, by prefix, and only on a
-500 / ``INTERNAL``. Both data planes use these prefixes: the Python adapters through
-:func:`http_status` and :func:`grpc_code`, HAProxy through the ``http-response`` rules
-``gateway/haproxy/render.py`` builds from :data:`PREFIXES` (checked against
-tritonserver 2.51's messages by ``tests/fuzz``).
+the one place where the gateway matches Triton's message text (by prefix; the load
+failure by its fixed tail), and only on a 500 / ``INTERNAL``. The Python adapters use
+:func:`http_status` and :func:`grpc_code`; HAProxy's ``http-response`` rules
+(``gateway/haproxy/render.py``) are built from :data:`PREFIXES` (inference only: the
+repository calls reach the control plane). Checked against tritonserver 2.51's
+messages by ``tests/fuzz`` and ``tests/gateway/test_compat.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import grpc
 # gRPC message); Triton writes both spellings
 PREFIXES = ("failed to parse", "Unable to parse")
 HTTP_BODY_START = b'{"error":"'  # Triton's HTTP error body: {"error":"<message>"}
+NOT_IN_REPOSITORY = "failed to poll from model repository"
 
 
 def is_parse_error(message: str) -> bool:
@@ -29,14 +34,18 @@ def is_parse_error(message: str) -> bool:
 
 def http_status(status: int, body: bytes) -> int:
     """400 for Triton's 500 about an unparseable request; any other status as it is."""
+    if status != 500 or not body.startswith(HTTP_BODY_START):
+        return status
     message = body[len(HTTP_BODY_START):].decode("utf-8", "replace")
-    if status == 500 and body.startswith(HTTP_BODY_START) and is_parse_error(message):
+    if is_parse_error(message):
         return 400
-    return status
+    return 404 if NOT_IN_REPOSITORY in message else status
 
 
 def grpc_code(code: grpc.StatusCode, details: str) -> grpc.StatusCode:
     """INVALID_ARGUMENT for Triton's INTERNAL about an unparseable request."""
-    if code == grpc.StatusCode.INTERNAL and is_parse_error(details):
+    if code != grpc.StatusCode.INTERNAL:
+        return code
+    if is_parse_error(details):
         return grpc.StatusCode.INVALID_ARGUMENT
-    return code
+    return grpc.StatusCode.NOT_FOUND if NOT_IN_REPOSITORY in details else code

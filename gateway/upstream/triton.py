@@ -21,7 +21,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gateway.errors import DeployFailed, Unavailable
+from gateway.errors import DeployFailed, GatewayError, InvalidInput, ModelNotFound, Unavailable
 from gateway.pools import PoolMember
 
 NUMPY_DTYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64,
@@ -91,8 +91,9 @@ class MemberAdmin:
         return resp.status_code, resp.content
 
     async def get_json(self, member: PoolMember, path: str) -> dict[str, Any]:
-        """GET ``path`` on the member's HTTP port; an error answer is Unavailable."""
-        resp = await self._request(member, "GET", path)
+        """GET ``path`` on the member's HTTP port. Triton's 404 / 400 (an unknown model,
+        a bad version) is the caller's mistake; any other error answer is Unavailable."""
+        resp = await self._request(member, "GET", path, client_errors=True)
         data: dict[str, Any] = resp.json()
         return data
 
@@ -103,15 +104,21 @@ class MemberAdmin:
                             body.encode() if isinstance(body, str) else body, headers)
 
     async def _request(self, member: PoolMember, method: str, path: str, body: bytes = b"",
-                       headers: dict[str, str] | None = None) -> httpx.Response:
+                       headers: dict[str, str] | None = None, client_errors: bool = False,
+                       ) -> httpx.Response:
         url = f"http://{member.spec.host}:{member.spec.http_port}{path}"
         try:
             resp = await self.client.request(method, url, content=body, headers=headers)
+        except httpx.InvalidURL as exc:  # a model name with control characters, say
+            raise InvalidInput(f"not a valid request path: {path!r}") from exc
         except httpx.HTTPError as exc:
             raise Unavailable(f"member {member.key} unreachable: {exc!r}") from exc
         if resp.status_code >= 400:
-            raise Unavailable(f"member {member.key}: {method} {path} -> {resp.status_code} "
-                              f"{_message(resp)[:300]}")
+            error: type[GatewayError] = Unavailable
+            if client_errors and resp.status_code in (400, 404):
+                error = ModelNotFound if resp.status_code == 404 else InvalidInput
+            raise error(f"member {member.key}: {method} {path} -> {resp.status_code} "
+                        f"{_message(resp)[:300]}")
         return resp
 
     async def _post(self, member: PoolMember, path: str, body: bytes,

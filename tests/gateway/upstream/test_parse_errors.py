@@ -32,3 +32,9 @@ def test_grpc_code_is_invalid_argument_only_for_internal_parse_errors() -> None:
         == grpc.StatusCode.INVALID_ARGUMENT
     assert grpc_code(grpc.StatusCode.INTERNAL, "CUDA error") == grpc.StatusCode.INTERNAL
     assert grpc_code(grpc.StatusCode.NOT_FOUND, "Unable to parse") == grpc.StatusCode.NOT_FOUND
+
+
+def test_repository_load_of_a_model_the_repository_lacks_is_not_found() -> None:
+    message = "failed to load 'zz', failed to poll from model repository"
+    assert http_status(500, b'{"error":"' + message.encode() + b'"}') == 404
+    assert grpc_code(grpc.StatusCode.INTERNAL, message) == grpc.StatusCode.NOT_FOUND
