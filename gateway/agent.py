@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
+from gateway.haproxy.runtime import parse_csv_stats, parse_table
 from gateway.haproxy.snapshot import (
     Layout,
     Snapshot,
@@ -61,6 +62,10 @@ class AgentSettings:
     retry_s: float = 1.0
     drain_timeout_s: float = 10.0
     max_request_bytes: int = 256 * 1024 * 1024
+    # HAProxy in its own container on state_dir/haproxy: write its files, reload it
+    # through its master socket (Kubernetes); else the agent starts HAProxy itself
+    haproxy_external: bool = False
+    observe_s: float = 1.0
     agent_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
 
@@ -78,7 +83,10 @@ class Agent:
             run_dir=run_dir, log_socket=run_dir / "log.sock",
             max_body_bytes=settings.max_request_bytes,
         )
-        self.proxy = SnapshotProxy(self.layout, HAProxyProcess(self.layout))
+        if settings.haproxy_external and run_dir != settings.state_dir / "haproxy":
+            raise ValueError(f"--state-dir {settings.state_dir}: too long for unix sockets")
+        self.proxy = SnapshotProxy(
+            self.layout, HAProxyProcess(self.layout, external=settings.haproxy_external))
         self.version = ""
         self.control_plane_seen_at: float | None = None
         self._receiver = LogReceiver(self.layout.log_socket, RequestLog(self.metrics))
@@ -146,6 +154,31 @@ class Agent:
             if snapshot is not None:
                 await self._apply(snapshot)
 
+    async def _observe(self) -> None:
+        """This replica's share of each pool's load, every second: requests HAProxy has
+        at the pool's members over the pool's capacity. Prometheus sums the gauge over
+        replicas and the control plane (which adds Triton's own queues): the HPA's
+        ``sum by (pool)``."""
+        while True:
+            await asyncio.sleep(self.settings.observe_s)
+            snapshot = self.proxy.applied
+            if snapshot is None:
+                continue
+            try:
+                rows = parse_csv_stats(await self.proxy.api.aquery("show stat"))
+                routes = parse_table(await self.proxy.api.aquery("show table st_route"))
+            except OSError as exc:
+                log.warning("agent: HAProxy stats unavailable: %s", exc)
+                continue
+            current = {(r["pxname"], r["svname"]): r for r in rows}
+            for pool in snapshot.pools:
+                held = sum(int(current.get((f"{proto}_{pool.name}", "BACKEND"), {})
+                               .get("scur") or 0) for proto in ("http", "grpc"))
+                self.metrics.saturation.labels(pool.name).set(held / max(1, pool.capacity))
+            for key, values in routes.items():
+                model, _, pool_name = key.rpartition("/")
+                self.metrics.in_flight.labels(model, pool_name).set(values.get("conn_cur", 0))
+
     async def _apply(self, snapshot: Snapshot) -> None:
         try:
             how = await self.proxy.amove(snapshot)
@@ -186,6 +219,7 @@ class Agent:
                 log_level="warning", lifespan="off", access_log=False))
             tasks: list[asyncio.Task[Any]] = [
                 asyncio.create_task(self._follow(client), name="follow"),
+                asyncio.create_task(self._observe(), name="observe"),
                 asyncio.create_task(status.serve(), name="status"),
             ]
             log.warning("infergate data-plane agent: HTTP %s gRPC %s, control plane %s, "
@@ -196,6 +230,7 @@ class Agent:
             finally:
                 status.should_exit = True
                 tasks[0].cancel()
+                tasks[1].cancel()
                 await asyncio.to_thread(self.proxy.process.stop, self.settings.drain_timeout_s)
                 self._receiver.stop()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -103,6 +103,9 @@ def agent_command(
     status_port: int = typer.Option(9101, help="This replica's /metrics and /status."),
     max_request_bytes: int = typer.Option(256 * 1024 * 1024, min=1024,
                                           help="Largest inference request."),
+    haproxy_external: bool = typer.Option(
+        False, help="HAProxy runs in its own container on STATE_DIR/haproxy: write its "
+                    "files and reload it through its master socket."),
     log_level: str = typer.Option("warning", help="Log level."),
 ) -> None:
     """One data-plane replica: HAProxy following the control plane's snapshots (and its
@@ -115,5 +118,6 @@ def agent_command(
         control_http=control_plane, control_grpc=control_grpc, state_dir=state_dir,
         host=host, http_port=http_port, grpc_port=grpc_port, status_port=status_port,
         token=os.environ.get("INFERGATE_AGENT_TOKEN"), max_request_bytes=max_request_bytes,
+        haproxy_external=haproxy_external,
     )
     asyncio.run(run_agent(settings))

@@ -57,6 +57,7 @@ def snapshot_of(dataplane: DataPlane, auth: TokenTable, now: float,
                 )
                 for m in pool.members
             ),
+            capacity=pool.capacity,
         )
         for pool in dataplane.pools
     )

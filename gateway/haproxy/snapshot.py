@@ -39,6 +39,7 @@ class MemberState:
 class PoolState:
     name: str
     members: tuple[MemberState, ...]
+    capacity: int = 1  # requests the pool holds before it is saturated (the HPA's unit)
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ def snapshot_from_dict(data: Any) -> Snapshot:
 
     try:
         return Snapshot(
-            pools=tuple(PoolState(str(p["name"]), tuple(MemberState(**m) for m in p["members"]))
+            pools=tuple(PoolState(str(p["name"]), tuple(MemberState(**m) for m in p["members"]),
+                                  int(p.get("capacity", 1)))
                         for p in data["pools"]),
             routes=tuple(r for r in (route(x) for x in data["routes"]) if r is not None),
             default_route=route(data.get("default_route")),

@@ -146,3 +146,17 @@ def test_rendered_config_passes_haproxy_check_when_written(tmp_path: Path) -> No
     result = subprocess.run([binary, "-c", "-f", str(layout.config_path)],
                             capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_snapshot_survives_its_wire_form_when_published_to_replicas() -> None:
+    import json
+
+    from gateway.haproxy.snapshot import snapshot_from_dict, snapshot_to_dict, snapshot_version
+
+    snapshot = _snapshot(tokens=((key_digest("t" * 20), "predict;app"),), predict_gated=True)
+    wire = json.loads(json.dumps(snapshot_to_dict(snapshot)))
+    assert snapshot_from_dict(wire) == snapshot
+    assert snapshot_version(snapshot_from_dict(wire)) == snapshot_version(snapshot)
+    assert snapshot_version(replace(snapshot, predict_gated=False)) != snapshot_version(snapshot)
+    with pytest.raises(ValueError, match="malformed"):
+        snapshot_from_dict({"pools": [{"name": "p"}]})
