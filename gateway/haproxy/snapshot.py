@@ -201,5 +201,6 @@ def snapshot_from_dict(data: Any) -> Snapshot:
 def snapshot_version(snapshot: Snapshot) -> str:
     """Content address of a snapshot: equal snapshots have equal versions, whichever
     control-plane process published them."""
-    text = json.dumps(snapshot_to_dict(snapshot), sort_keys=True, separators=(",", ":"))
+    canonical = snapshot_to_dict(snapshot_from_dict(snapshot_to_dict(snapshot)))  # 1 == 1.0
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
