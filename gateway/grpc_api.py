@@ -33,6 +33,7 @@ from gateway.errors import (
     outcome_of_answer,
 )
 from gateway.pools import PoolMember
+from gateway.streams import StreamEnd, StreamRelay
 from gateway.upstream import parse_errors
 from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
 
@@ -140,6 +141,7 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.control = control
         self.upstream = upstream
         self.auth = auth or TokenTable()
+        self.streams = StreamRelay(dataplane, upstream)
 
     def _require(self, context: Any, scope: Scope) -> RequestOptions:
         options = _options(context)
@@ -172,29 +174,26 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise  # unreachable: abort raises
 
     async def ModelStreamInfer(  # noqa: N802
-        self, request_iterator: AsyncIterator[Any], context: Any
-    ) -> AsyncIterator[Any]:
-        """Each request of the stream is routed on its own (unary upstream), so a long
-        stream still spreads over members; errors travel in ``error_message`` as
-        Triton does. (Decoupled models, which answer one request with many responses,
-        are not supported through the gateway's stream.)"""
+        self, request_iterator: AsyncIterator[bytes], context: Any
+    ) -> AsyncIterator[bytes]:
+        """Relayed to one member as a stream for its whole life (``gateway/streams.py``);
+        messages are raw bytes. Triton's errors for single requests travel in
+        ``error_message`` as Triton sends them; the stream's own end (the member's
+        status, a gateway error before the stream is established) is the call's status."""
         try:
             options = self._require(context, Scope.PREDICT)
+            first = await anext(aiter(request_iterator), None)
+            if first is None:
+                return
+            model = read_string_field(first, 1)
+            async for item in self.streams.relay(model, first, request_iterator, options):
+                if isinstance(item, StreamEnd):
+                    if item.code != grpc.StatusCode.OK:
+                        await context.abort(item.code, item.details)
+                    return
+                yield item
         except GatewayError as err:
             await _abort(context, err)
-        async for request in request_iterator:
-            async def call(member: PoolMember, request: Any = request) -> Any:
-                return await _invoke(self.upstream.stub(member).ModelInfer, request, None)
-
-            try:
-                response = await self.dataplane.forward(
-                    request.model_name, call, protocol="grpc_stream", options=options
-                )
-                yield service_pb2.ModelStreamInferResponse(infer_response=response)
-            except RelayedError as err:
-                yield service_pb2.ModelStreamInferResponse(error_message=err.details)
-            except GatewayError as err:
-                yield service_pb2.ModelStreamInferResponse(error_message=err.message)
 
     async def _model_call(self, rpc: str, model: str, request: Any, context: Any) -> Any:
         options = _options(context)
@@ -317,6 +316,9 @@ def method_handlers(servicer: GatewayServicer) -> dict[str, grpc.RpcMethodHandle
     handlers = dict(recorder.handlers)
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer, request_deserializer=None, response_serializer=None
+    )
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        servicer.ModelStreamInfer, request_deserializer=None, response_serializer=None
     )
     for name in SHARED_MEMORY_RPCS:
         old = handlers[name]

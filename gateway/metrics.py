@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
 )
+RESPONSE_COUNT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class GatewayMetrics:
     member_healthy: Gauge
     member_queue: Gauge
     saturation: Gauge
+    first_response: Histogram
+    responses_per_request: Histogram
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -109,6 +112,21 @@ def create_metrics(registry: CollectorRegistry | None = None) -> GatewayMetrics:
             "infergate_pool_saturation",
             "(in flight + queued upstream) / capacity per pool: the HPA target.",
             ("pool",),
+            registry=registry,
+        ),
+        first_response=Histogram(
+            "infergate_time_to_first_response_seconds",
+            "Streamed requests (gRPC ModelStreamInfer, HTTP generate_stream): time from "
+            "the request reaching the member to its first response, seconds.",
+            ("model", "protocol"),
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        ),
+        responses_per_request=Histogram(
+            "infergate_responses_per_request",
+            "Streamed requests: responses (errors included) the member sent per request.",
+            ("model", "protocol"),
+            buckets=RESPONSE_COUNT_BUCKETS,
             registry=registry,
         ),
     )

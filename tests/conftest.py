@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from converters.decoupled import DECOUPLED_MODEL_NAME, build_decoupled_model
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model
 from converters.tiny import TINY_MODEL_NAME, build_tiny_model
 from infergate.triton.local import LocalTriton, TritonSettings
@@ -21,11 +22,12 @@ RUNTIME_ENV = ROOT / ".venv-triton"
 
 @pytest.fixture(scope="session")
 def sample_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model repository holding the EfficientNet-Lite0 sample (exported once) and the
-    tiny ``y = 2x + 1`` model."""
+    """A model repository holding the EfficientNet-Lite0 sample (exported once), the
+    tiny ``y = 2x + 1`` model and the decoupled ``stream`` model."""
     repo = tmp_path_factory.mktemp("repo") / "model_repo"
     build_sample_model(repo)
     build_tiny_model(repo)
+    build_decoupled_model(repo)
     return repo
 
 
@@ -42,7 +44,7 @@ def triton_settings(repo: Path, log_dir: Path, *models: str) -> TritonSettings:
 def triton(sample_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     server = LocalTriton(
         triton_settings(sample_repo, tmp_path_factory.mktemp("triton"), SAMPLE_MODEL_NAME,
-                        TINY_MODEL_NAME)
+                        TINY_MODEL_NAME, DECOUPLED_MODEL_NAME)
     )
     server.start()
     try:

@@ -27,10 +27,10 @@ class UpstreamGRPC:
     """One persistent aio channel per member; typed stubs plus a raw ModelInfer."""
 
     def __init__(self) -> None:
-        self._members: dict[str, tuple[Any, Any]] = {}
+        self._members: dict[str, tuple[Any, Any, Any]] = {}
         self._channels: list[grpc.aio.Channel] = []
 
-    def _get(self, member: PoolMember) -> tuple[Any, Any]:
+    def _get(self, member: PoolMember) -> tuple[Any, Any, Any]:
         entry = self._members.get(member.key)
         if entry is None:
             target = f"{member.spec.host}:{member.spec.grpc_port}"
@@ -41,8 +41,13 @@ class UpstreamGRPC:
                 request_serializer=_identity,
                 response_deserializer=_identity,
             )
+            stream = channel.stream_stream(
+                f"/{SERVICE}/ModelStreamInfer",
+                request_serializer=_identity,
+                response_deserializer=_identity,
+            )
             entry = self._members[member.key] = (
-                service_pb2_grpc.GRPCInferenceServiceStub(channel), raw
+                service_pb2_grpc.GRPCInferenceServiceStub(channel), raw, stream
             )
         return entry
 
@@ -51,6 +56,10 @@ class UpstreamGRPC:
 
     def raw_infer(self, member: PoolMember) -> Callable[..., Awaitable[bytes]]:
         return self._get(member)[1]
+
+    def raw_stream(self, member: PoolMember) -> Any:
+        """``ModelStreamInfer`` on the member's channel, messages as raw bytes."""
+        return self._get(member)[2]
 
     async def close(self) -> None:
         for channel in self._channels:
