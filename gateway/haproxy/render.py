@@ -470,9 +470,12 @@ def parse_error_rules(http: bool) -> list[str]:
     if http:
         starts = " ".join(f"'{parse_errors.HTTP_BODY_START.decode()}{p}'"
                           for p in parse_errors.PREFIXES)
-        return ["  http-response wait-for-body time 1s if { status 500 }",
+        encoding = f"'{parse_errors.HTTP_BODY_START.decode()}{parse_errors.UNKNOWN_ENCODING}'"
+        return ["  http-response wait-for-body time 1s if { status 500 501 }",
                 "  http-response set-status 400 if { status 500 } "
-                f"{{ res.body -m beg {starts} }}"]
+                f"{{ res.body -m beg {starts} }}",
+                "  http-response set-status 400 if { status 501 } "
+                f"{{ res.body -m beg {encoding} }}"]
     starts = " ".join(f'"{p}"' for p in parse_errors.PREFIXES)
     code = errors.grpc_code_number(errors.InvalidInput)
     return [f"  http-response set-header grpc-status {code}"

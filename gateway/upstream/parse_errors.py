@@ -5,7 +5,8 @@ object, protobuf bytes that do not decode) with HTTP 500 / gRPC ``INTERNAL``: a 
 error for a client's mistake. The gateway answers 400 / ``INVALID_ARGUMENT`` with
 Triton's own message instead.
 
-The same for a repository load of a model the repository lacks (Triton: 500 / INTERNAL
+Likewise a ``Content-Encoding`` Triton does not know (501 "Unsupported compression
+type"): 400. And a repository load of a model the repository lacks (Triton: 500 / INTERNAL
 "failed to load 'm', failed to poll from model repository"): 404 / ``NOT_FOUND``.
 
 Triton gives no status that tells these apart from its real internal errors, so this is
@@ -26,6 +27,7 @@ import grpc
 PREFIXES = ("failed to parse", "Unable to parse")
 HTTP_BODY_START = b'{"error":"'  # Triton's HTTP error body: {"error":"<message>"}
 NOT_IN_REPOSITORY = "failed to poll from model repository"
+UNKNOWN_ENCODING = "Unsupported compression type"  # Triton's 501 for a Content-Encoding
 
 
 def is_parse_error(message: str) -> bool:
@@ -33,10 +35,13 @@ def is_parse_error(message: str) -> bool:
 
 
 def http_status(status: int, body: bytes) -> int:
-    """400 for Triton's 500 about an unparseable request; any other status as it is."""
-    if status != 500 or not body.startswith(HTTP_BODY_START):
+    """400 for Triton's 500 about an unparseable request (and its 501 for an unknown
+    Content-Encoding); any other status as it is."""
+    if status not in (500, 501) or not body.startswith(HTTP_BODY_START):
         return status
     message = body[len(HTTP_BODY_START):].decode("utf-8", "replace")
+    if status == 501:
+        return 400 if message.startswith(UNKNOWN_ENCODING) else status
     if is_parse_error(message):
         return 400
     return 404 if NOT_IN_REPOSITORY in message else status

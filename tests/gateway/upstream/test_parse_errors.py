@@ -38,3 +38,8 @@ def test_repository_load_of_a_model_the_repository_lacks_is_not_found() -> None:
     message = "failed to load 'zz', failed to poll from model repository"
     assert http_status(500, b'{"error":"' + message.encode() + b'"}') == 404
     assert grpc_code(grpc.StatusCode.INTERNAL, message) == grpc.StatusCode.NOT_FOUND
+
+
+def test_unknown_content_encoding_is_the_clients_mistake() -> None:
+    assert http_status(501, b'{"error":"Unsupported compression type x"}') == 400
+    assert http_status(501, b'{"error":"not supported through the gateway"}') == 501
