@@ -200,6 +200,15 @@ class Agent:
                                  "control_plane_seen_at": self.control_plane_seen_at,
                                  "reloads": self.proxy.reloads})
 
+        @app.get("/ready")
+        async def ready() -> Response:
+            """200 once this replica routes: a snapshot applied and HAProxy answering."""
+            try:
+                await self.proxy.api.aquery("show info")
+            except OSError:
+                return Response(status_code=503)
+            return Response(status_code=200 if self.version else 503)
+
         @app.get("/metrics")
         async def metrics() -> Response:
             return Response(self.metrics.render(),

@@ -24,7 +24,7 @@ DOCKER = ROOT / "docker"
 FIRST_PARTY = {"gateway", "scheduler", "converters", "infergate", "loadtests"}
 # image (= package = container name) -> (Dockerfile, Deployment)
 IMAGES = {
-    "gateway": ("Dockerfile.gateway", "infergate-gateway"),
+    "gateway": ("Dockerfile.gateway", "infergate-control-plane"),
     "scheduler": ("Dockerfile.scheduler", "infergate-scheduler"),
 }
 

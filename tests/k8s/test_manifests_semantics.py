@@ -221,11 +221,14 @@ def test_pools_config_resolves_members_from_headless_services(
 # -- command lines, shutdown, images ----------------------------------------------------
 
 def test_gateway_args_are_options_of_the_real_cli(rendered: dict[str, list[Obj]]) -> None:
-    gateway = container(find(rendered["gpu-mig"], "Deployment", "infergate-gateway"), "gateway")
-    assert gateway["command"] == ["python", "-m", "gateway", "serve"]
-    help_text = cli_help("gateway", "serve")
-    for flag in flag_names(gateway["args"]):
-        assert re.search(rf"{re.escape(flag)}\b", help_text), f"gateway serve has no {flag}"
+    objects = rendered["gpu-mig"]
+    control = container(find(objects, "Deployment", "infergate-control-plane"), "gateway")
+    agent = container(find(objects, "Deployment", "infergate-gateway"), "agent")
+    for c, command in ((control, "serve"), (agent, "agent")):
+        assert c["command"] == ["python", "-m", "gateway", command]
+        help_text = cli_help("gateway", command)
+        for flag in flag_names(c["args"]):
+            assert re.search(rf"{re.escape(flag)}\b", help_text), f"gateway {command}: {flag}"
 
 
 def test_scheduler_args_are_options_of_the_real_cli_when_it_exists(
@@ -247,13 +250,20 @@ def _seconds(args: list[str], flag: str) -> float:
 
 def test_grace_period_covers_pre_stop_and_drain(rendered: dict[str, list[Obj]]) -> None:
     objects = rendered["gpu-mig"]
-    for name, cname, flag in (("infergate-gateway", "gateway", "--drain-timeout"),
-                              ("triton-efficientnet-lite0", "tritonserver", "--exit-timeout-secs")):
-        workload = find(objects, "Deployment", name)
-        c = container(workload, cname)
-        pre_stop = float(c["lifecycle"]["preStop"]["exec"]["command"][-1])
-        drain = _seconds(c["args"], flag)
-        assert pod_spec(workload)["terminationGracePeriodSeconds"] > pre_stop + drain
+    triton = find(objects, "Deployment", "triton-efficientnet-lite0")
+    c = container(triton, "tritonserver")
+    pre_stop = float(c["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pod_spec(triton)["terminationGracePeriodSeconds"] > pre_stop + _seconds(
+        c["args"], "--exit-timeout-secs")
+    control = find(objects, "Deployment", "infergate-control-plane")
+    assert pod_spec(control)["terminationGracePeriodSeconds"] > _seconds(
+        container(control, "gateway")["args"], "--drain-timeout")
+    # the data plane: HAProxy's preStop waits, soft-stops, lets in-flight finish
+    data = find(objects, "Deployment", "infergate-gateway")
+    script = container(data, "haproxy")["lifecycle"]["preStop"]["exec"]["command"][-1]
+    waits = sum(float(w) for w in re.findall(r"sleep (\d+)", script))
+    assert "kill -USR1 1" in script
+    assert pod_spec(data)["terminationGracePeriodSeconds"] > waits
 
 
 def test_images_are_pinned_and_chosen_by_overlay(rendered: dict[str, list[Obj]]) -> None:
@@ -405,44 +415,51 @@ def test_dashboard_queries_only_metrics_that_exist() -> None:
     assert "infergate_pool_saturation" in used
 
 
-def test_gateway_pod_shares_haproxy_run_dir_between_data_and_control_plane(
+def test_data_plane_pod_shares_haproxy_run_dir_between_haproxy_and_agent(
     rendered: dict[str, list[Obj]],
 ) -> None:
     for objects in rendered.values():
         workload = find(objects, "Deployment", "infergate-gateway")
-        haproxy, control = container(workload, "haproxy"), container(workload, "gateway")
-        run_dir = next(a.split("=", 1)[1] for a in control["args"]
-                       if a.startswith("--haproxy-run-dir="))
-        assert {"--data-plane=haproxy", "--haproxy-external"} <= set(control["args"])
-        assert f"{run_dir}/haproxy.cfg" in haproxy["args"][0]
-        assert f"{run_dir}/master.sock" in haproxy["args"][0]
-        for c in (haproxy, control):
+        haproxy, agent = container(workload, "haproxy"), container(workload, "agent")
+        state = next(a.split("=", 1)[1] for a in agent["args"] if a.startswith("--state-dir="))
+        assert "--haproxy-external" in agent["args"]
+        assert f"{state}/haproxy/haproxy.cfg" in haproxy["args"][0]
+        assert f"{state}/haproxy/master.sock" in haproxy["args"][0]
+        for c in (haproxy, agent):
             mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-            assert mounts[run_dir] == "haproxy-run"
-        # HAProxy owns the gateway's public ports; the Service targets them
+            assert mounts[state] == "agent-run"
+        # HAProxy owns the gateway's public ports; the agent follows the control plane
         assert {p["containerPort"] for p in haproxy["ports"]} == {8000, 8001}
-        assert "ports" not in control
+        control = find(objects, "Service", "infergate-control-plane")
+        ports = {p["name"]: p["port"] for p in control["spec"]["ports"]}
+        assert f"--control-plane=infergate-control-plane:{ports['http']}" in agent["args"]
+        assert f"--control-grpc=infergate-control-plane:{ports['grpc']}" in agent["args"]
 
 
-def test_scheduler_rbac_allows_every_call_a_rollout_makes(rendered: dict[str, list[Obj]]) -> None:
-    """(API group, resource, verb, scope) the rollout's Kubernetes layer uses
-    (scheduler/apply.py KubernetesCluster and server-side apply of the plan's objects)."""
-    objects = rendered["gpu-mig"]
-    cluster_rules = find(objects, "ClusterRole", "infergate-scheduler")["rules"]
-    ns_rules = find(objects, "Role", "infergate-scheduler")["rules"]
-    needed = [
-        ("", "nodes", "patch", "cluster"), ("", "nodes", "get", "cluster"),
-        ("", "pods", "list", "cluster"), ("", "pods", "patch", "cluster"),
-        ("", "pods/eviction", "create", "cluster"),
-        ("scheduling.k8s.io", "priorityclasses", "delete", "cluster"),
-        ("scheduling.k8s.io", "priorityclasses", "patch", "cluster"),
-        ("", "configmaps", "patch", "cluster"),  # gpu-operator/infergate-mig-parted-config
-        ("apps", "deployments", "delete", "infergate"),
-        ("apps", "deployments", "patch", "infergate"),
-        ("", "services", "patch", "infergate"),
-        ("policy", "poddisruptionbudgets", "patch", "infergate"),
-    ]  # fmt: skip
-    for group, resource, verb, scope in needed:
-        rules = cluster_rules if scope == "cluster" else cluster_rules + ns_rules
-        assert any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
-                   for r in rules), (group, resource, verb)  # fmt: skip
+def test_control_plane_is_one_writer_on_cpu_nodes_with_state_and_the_shared_repository(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    for objects in rendered.values():
+        control = find(objects, "Deployment", "infergate-control-plane")
+        assert control["spec"]["replicas"] == 1
+        assert control["spec"]["strategy"]["type"] == "Recreate"
+        terms = pod_spec(control)["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]} in \
+            terms[0]["matchExpressions"]
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+                  for v in pod_spec(control)["volumes"] if "persistentVolumeClaim" in v}
+        assert claims == {"models": "infergate-model-repo", "state": "infergate-control-state"}
+        mounts = {m["name"]: m for m in container(control, "gateway")["volumeMounts"]}
+        assert not mounts["models"].get("readOnly")  # the control plane writes versions
+        config = yaml.safe_load(find(objects, "ConfigMap", "infergate-pools")["data"]
+                                ["pools.yaml"])
+        assert config["lifecycle"]["repository"] == mounts["models"]["mountPath"]
+        assert config["lifecycle"]["state_dir"] == mounts["state"]["mountPath"]
+        # Triton serves the same repository, read-only (cpu-dev seeds it from an init
+        # container first)
+        triton = find(objects, "Deployment", "triton-efficientnet-lite0")
+        repo = next(v for v in pod_spec(triton)["volumes"] if v["name"] == "models")
+        assert repo["persistentVolumeClaim"]["claimName"] == "infergate-model-repo"
+        serving = {m["name"]: m for m in container(triton, "tritonserver")["volumeMounts"]}
+        assert serving["models"]["readOnly"] is True

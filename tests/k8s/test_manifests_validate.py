@@ -120,14 +120,14 @@ def test_every_service_monitor_validates_when_rendered(
     rendered: dict[str, list[Obj]], overlay: str
 ) -> None:
     monitors = [o for o in rendered[overlay] if o["kind"] == "ServiceMonitor"]
-    assert len(monitors) == 2
+    assert len(monitors) == 3  # data plane, control plane, Triton pools
     for obj in monitors:
         validate_service_monitor(obj)
 
 
 def test_validation_rejects_a_misspelt_field_when_strict(rendered: dict[str, list[Obj]]) -> None:
     deployment = copy.deepcopy(find(rendered["gpu-mig"], "Deployment", "infergate-gateway"))
-    container(deployment, "haproxy")["readinessProbe"]["httpGett"] = {"path": "/", "port": 1}
+    container(deployment, "agent")["readinessProbe"]["httpGett"] = {"path": "/", "port": 1}
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_builtin(deployment, VERSIONS[0])
     monitor = copy.deepcopy(find(rendered["gpu-mig"], "ServiceMonitor", "infergate-gateway"))

@@ -84,6 +84,8 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
                 assert _infers(agent.http_url, "owned"), agent.log.read_text()[-1500:]
                 assert _grpc_infers(agent.grpc_url, "owned")
                 assert agent.status()["version"] == version
+                ready = httpx.get(f"http://127.0.0.1:{agent.status_port}/ready")
+                assert ready.status_code == 200  # the replica stays in its Service
             down = httpx.get(f"http://{agent_a.http_url}/v1/jobs/{accepted['id']}",
                              headers=bearer("upload"))
             assert down.status_code == 503 and "error" in down.json()  # its API, not ours
