@@ -242,7 +242,10 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
         return JSONResponse({"model": model, **decision.__dict__,
                              "dynamic_batching": decision.as_config()})
 
-    return InferFastPath(app, dataplane, upstream, auth, max_body_bytes)
+    from gateway.generate import GenerateFastPath  # generate.py reuses this module's codecs
+
+    generate = GenerateFastPath(app, dataplane, upstream, auth, max_body_bytes)
+    return InferFastPath(generate, dataplane, upstream, auth, max_body_bytes)
 
 
 def _model_route(model_call: Callable[[str, Request], Awaitable[Response]]
