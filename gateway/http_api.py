@@ -83,6 +83,9 @@ def options_from_headers(headers: Mapping[str, str]) -> RequestOptions:
             deadline = float(timeout) / 1e3
         except ValueError:
             raise InvalidInput(f"X-Request-Timeout-Ms must be a number, got {timeout!r}") from None
+        if not 0 < deadline < 1e9:  # zero, negative, inf, nan
+            raise InvalidInput("X-Request-Timeout-Ms must be a positive number of milliseconds, "
+                               f"got {timeout!r}")
     return RequestOptions(deadline_s=deadline, api_key=api_key)
 
 
