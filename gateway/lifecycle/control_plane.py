@@ -23,7 +23,7 @@ from gateway.lifecycle.jobs import LifecycleStore
 from gateway.lifecycle.keepwarm import KeepWarm
 from gateway.lifecycle.preload import Preloader
 from gateway.lifecycle.service import ModelLifecycle
-from gateway.lifecycle.worker import ConversionWorkers
+from gateway.lifecycle.workers import ConversionWorkers
 from gateway.pools import GatewayConfig, PoolMember
 from gateway.upstream.triton import MemberAdmin
 

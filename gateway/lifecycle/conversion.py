@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.lifecycle.worker import ConversionOutcome, WorkerTask
+from gateway.lifecycle.worker_protocol import ConversionOutcome, WorkerTask
 
 StepReporter = Callable[..., None]
 STEP_STATES = {"started": "running", "running": "running", "done": "done",

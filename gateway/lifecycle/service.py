@@ -35,7 +35,8 @@ from gateway.lifecycle.keepwarm import KeepWarm
 from gateway.lifecycle.pickles import PickledCode, refuse_pickled_code
 from gateway.lifecycle.spec import UploadSpec, parse_spec
 from gateway.lifecycle.uploads import ReceivedUpload, receive_upload
-from gateway.lifecycle.worker import ConversionFailed, ConversionWorkers, StepEvent, WorkerTask
+from gateway.lifecycle.worker_protocol import ConversionFailed, StepEvent, WorkerTask
+from gateway.lifecycle.workers import ConversionWorkers
 from gateway.pools import GatewayConfig, PoolMember, pools_for_model
 from gateway.upstream.triton import MemberAdmin
 

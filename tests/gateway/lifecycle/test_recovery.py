@@ -19,7 +19,7 @@ from gateway.lifecycle.config import LifecycleSpec
 from gateway.lifecycle.deploy import Deployer
 from gateway.lifecycle.jobs import LifecycleStore, ModelRecord, VersionRecord
 from gateway.lifecycle.service import RESTART_REASON, ModelLifecycle
-from gateway.lifecycle.worker import ConversionWorkers
+from gateway.lifecycle.workers import ConversionWorkers
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
 from gateway.upstream.triton import MemberAdmin

@@ -31,7 +31,7 @@ from gateway.lifecycle.config import SandboxSpec
 from gateway.lifecycle.pickles import PickledCode, refuse_pickled_code
 from gateway.lifecycle.sandbox import child_environment, landlock_abi, plan_for
 from gateway.lifecycle.spec import parse_spec
-from gateway.lifecycle.worker import WorkerTask
+from gateway.lifecycle.worker_protocol import WorkerTask
 from infergate.processes import ROOT
 
 
@@ -200,7 +200,7 @@ def test_sandbox_plan_reads_only_python_files_when_checkout_holds_secrets(
 ) -> None:
     plan = plan_for(SandboxSpec(), tmp_path / "job", [tmp_path / "staging"])
     readable = set(plan.readable)
-    assert str(ROOT / "gateway" / "lifecycle" / "worker.py") in readable
+    assert str(ROOT / "gateway" / "lifecycle" / "worker_main.py") in readable
     assert not {str(ROOT), str(ROOT / "gateway"), str(ROOT / "gateway" / "examples")} & readable
     assert not any(p.endswith((".yaml", ".md", ".txt")) for p in readable)
     assert plan.listable == (str(ROOT),)
@@ -252,7 +252,8 @@ DRIVER = """
 import asyncio, json, sys
 from pathlib import Path
 from gateway.lifecycle.config import SandboxSpec
-from gateway.lifecycle.worker import ConversionFailed, ConversionWorkers, WorkerTask
+from gateway.lifecycle.worker_protocol import ConversionFailed, WorkerTask
+from gateway.lifecycle.workers import ConversionWorkers
 task = WorkerTask.read(Path(sys.argv[1]))
 workers = ConversionWorkers(sandbox=SandboxSpec.model_validate_json(sys.argv[2]),
                             allow_pickled_code=sys.argv[3] == "1")

@@ -1,7 +1,7 @@
-"""Conversions in worker processes, outside the gateway's event loop.
+"""Conversions in worker processes, outside the gateway's event loop: the gateway side.
 
-Gateway side, :class:`ConversionWorkers` starts ``python -m gateway.lifecycle.worker
-TASK.json`` per job and follows its progress: the worker prints one JSON event per line
+:class:`ConversionWorkers` starts ``python -m gateway.lifecycle.worker_main TASK.json``
+per job and follows its progress: the worker prints one JSON event per line
 on stdout (``step``, then ``result`` or ``error``); stderr goes to the job's
 ``worker.log``. The process runs at a lower CPU priority (``nice``) so serving keeps the
 CPU, dies with the gateway (``PR_SET_PDEATHSIG``), and cleans up on SIGTERM. It runs
@@ -11,88 +11,33 @@ that is killed outright leaves at most a staging folder beside the repository (t
 converter publishes a version with one ``rename``), never a partial version; the
 caller clears that folder.
 
-Worker side, :func:`main` unpacks the samples (safely) and runs the converter pipeline
-(:mod:`gateway.lifecycle.conversion`).
+The worker's side is :mod:`gateway.lifecycle.worker_main`; what they exchange is
+:mod:`gateway.lifecycle.worker_protocol`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import signal
 import sys
-import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from gateway.lifecycle.config import SandboxSpec, UploadLimits
-from gateway.lifecycle.sandbox import (
-    SandboxPlan,
-    SandboxUnavailable,
-    child_environment,
-    enter,
-    plan_for,
+from gateway.lifecycle.config import SandboxSpec
+from gateway.lifecycle.sandbox import child_environment, plan_for
+from gateway.lifecycle.worker_protocol import (
+    LOG_TAIL_CHARS,
+    ConversionFailed,
+    ConversionOutcome,
+    StepEvent,
+    WorkerTask,
 )
 
-_PR_SET_PDEATHSIG = 1
-LOG_TAIL_CHARS = 1500
 
-
-@dataclass(frozen=True)
-class WorkerTask:
-    """Everything a worker needs, written as JSON next to the uploaded files."""
-
-    job_id: str
-    model: str
-    repository: str
-    model_file: str
-    model_format: str
-    spec: dict[str, Any]
-    work_dir: str
-    calibration: str | None = None
-    evaluation: str | None = None
-    limits: dict[str, Any] = field(default_factory=dict)
-    nice: int = 10
-    sandbox: dict[str, Any] = field(default_factory=dict)  # a SandboxPlan; set by run()
-
-    def write(self, path: Path) -> Path:
-        path.write_text(json.dumps(asdict(self)))
-        return path
-
-    @classmethod
-    def read(cls, path: Path) -> WorkerTask:
-        return cls(**json.loads(path.read_text()))
-
-
-@dataclass(frozen=True)
-class ConversionOutcome:
-    """What the worker published: the new version and the config it was written with."""
-
-    version: int
-    config: str
-    precision: str | None = None
-    report: str | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    name: str
-    state: str
-    detail: str = ""
-    fraction: float | None = None
-
-
-class ConversionFailed(Exception):
-    """The conversion did not produce a version; the message says why."""
-
-
-# -- gateway side ------------------------------------------------------------------------
 class ConversionWorkers:
     def __init__(self, timeout_s: float = 3600.0, python: str = sys.executable,
                  sandbox: SandboxSpec | None = None, allow_pickled_code: bool = False) -> None:
@@ -121,7 +66,7 @@ class ConversionWorkers:
         with log_path.open("wb") as log:
             # cwd: the scratch folder, since some ONNX Runtime tools write into the cwd
             proc = await asyncio.create_subprocess_exec(
-                self.python, "-m", "gateway.lifecycle.worker", str(task_file), cwd=scratch,
+                self.python, "-m", "gateway.lifecycle.worker_main", str(task_file), cwd=scratch,
                 stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL,
                 env=child_environment(os.environ, scratch, self.sandbox,
                                       self.allow_pickled_code),
@@ -215,65 +160,3 @@ def _exit_reason(returncode: int | None, log_path: Path) -> str:
     except OSError:
         tail = ""
     return f"{reason}; log tail: {tail}" if tail else reason
-
-
-# -- worker side -------------------------------------------------------------------------
-def emit(kind: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"event": kind, **fields}) + "\n")
-    sys.stdout.flush()
-
-
-def step(name: str, state: str, detail: str = "", fraction: float | None = None) -> None:
-    emit("step", name=name, state=state, detail=detail, fraction=fraction)
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    parent = os.environ.get("INFERGATE_PARENT_PID")
-    if parent and os.getppid() != int(parent):
-        sys.exit("the gateway that started this worker is gone")
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    # SystemExit unwinds through the converter's `finally` blocks: staging is removed.
-    raise SystemExit(128 + signum)
-
-
-def main(argv: list[str]) -> int:
-    _die_with_parent()
-    signal.signal(signal.SIGTERM, _terminate)
-    task = WorkerTask.read(Path(argv[1]))
-    os.nice(task.nice)
-    try:
-        notes = enter(SandboxPlan.from_json(task.sandbox)) if task.sandbox else []
-    except (SandboxUnavailable, OSError) as exc:
-        emit("error", message=f"the conversion worker could not be sandboxed: {exc}")
-        return 1
-    step("sandbox", "done", "; ".join(notes))
-    from gateway.lifecycle.conversion import ConversionError, convert_upload
-    from gateway.lifecycle.uploads import UnsafeArchive, prepare_samples
-
-    try:
-        limits = UploadLimits.model_validate(task.limits)
-        samples: dict[str, Path | None] = {}
-        step("unpack", "running")
-        for part in ("calibration", "evaluation"):
-            upload = getattr(task, part)
-            samples[part] = (prepare_samples(Path(upload), Path(task.work_dir) / part, limits)
-                             if upload else None)
-        step("unpack", "done")
-        outcome = convert_upload(task, samples["calibration"], samples["evaluation"], step)
-    except (ConversionError, UnsafeArchive) as exc:
-        emit("error", message=str(exc))
-        return 1
-    except Exception as exc:  # noqa: BLE001 - reported as the job's error, with context
-        traceback.print_exc()
-        emit("error", message=f"conversion failed: {type(exc).__name__}: {exc}")
-        return 1
-    emit("result", **asdict(outcome))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
