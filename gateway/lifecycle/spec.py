@@ -27,12 +27,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from converters.spec import TRITON_TO_NUMPY
 from gateway.errors import InvalidInput
 from gateway.lifecycle.config import KeepWarmPolicy
 
 Precision = Literal["fp32", "fp16", "int8"]
 ModelFormat = Literal["onnx", "pt2", "torchscript"]
-TRITON_DATATYPES = ("FP32", "FP16", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "BOOL")
+# the one datatype table (converters.spec): what an upload may declare is what converts
+TRITON_DATATYPES = tuple(sorted(TRITON_TO_NUMPY))
 
 
 class TensorDecl(BaseModel):

@@ -21,12 +21,11 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from converters.spec import TRITON_TO_NUMPY
 from gateway.errors import DeployFailed, GatewayError, InvalidInput, ModelNotFound, Unavailable
 from gateway.pools import PoolMember
 
-NUMPY_DTYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64,
-                "INT64": np.int64, "INT32": np.int32, "INT16": np.int16, "INT8": np.int8,
-                "UINT8": np.uint8, "BOOL": np.bool_}
+NUMPY_DTYPES = {t: np.dtype(n) for t, n in TRITON_TO_NUMPY.items()}  # converters' table
 DYNAMIC_DIM_FALLBACK = 8  # a dynamic non-batch dimension with no warm-up dims to copy
 
 
