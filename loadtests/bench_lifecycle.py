@@ -19,6 +19,12 @@ on crops of the bundled photos.
    while a third upload (FP32 + INT8, calibration and repair) converts in its worker.
 
     python -m loadtests.bench_lifecycle [--rounds 5] [--idle-s 10] [--predict-s 20]
+
+``--split``: the Kubernetes shape instead (one control plane, two data-plane replicas,
+HAProxy + agent each): upload through replica A, time to the first prediction through
+replica B, and predict p99 through B quiet vs while the control plane converts. (On one
+2-core machine the conversion still shares the cores with serving; on a cluster the
+control plane runs on its own CPU nodes.)
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from converters.images import EFFICIENTNET_LITE, SAMPLE_PHOTOS, augmented_views, load_image
 from converters.images import sample_photo as photo_path
 from converters.samples import INPUT_NAME
-from infergate.processes import run_gateway
+from infergate.processes import run_agent, run_gateway
 from infergate.triton.local import TritonEndpoints
 from loadtests.benchkit import median, percentile, sample_model_dir, triton
 
@@ -255,6 +261,41 @@ def run(rounds: int = 5, idle_s: float = 10.0, steady: int = 30,
     return rows
 
 
+def run_split(predict_s: float = 20.0) -> list[dict[str, Any]]:
+    model = sample_model_dir() / "1" / "model.onnx"
+    evaluation, calibration = _samples(24, seed=1), _samples(48, seed=100)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        repo = folder / "repo"
+        repo.mkdir()
+        with triton(repo, folder, ()) as server:
+            assert server.endpoints is not None
+            config = _config(folder, server.endpoints, repo)
+            with run_gateway(config, folder, data_plane="python") as control, \
+                    run_agent(control, folder / "a") as a, run_agent(control, folder / "b") as b:
+                client = httpx.Client(base_url=f"http://{a.http_url}", timeout=60,
+                                      trust_env=False)
+                predictor = Predictor(f"http://{b.http_url}")
+                seconds = upload_to_first_prediction(client, predictor, model, WARM, False,
+                                                     evaluation)
+                print(f"[bench_lifecycle] split: upload via A -> first prediction via B "
+                      f"{seconds:.1f} s", flush=True)
+                rows.append({"figure": "upload via replica A -> first prediction via B",
+                             "model": WARM, "value": round(seconds, 1), "unit": "s"})
+                during = predict_during_conversion(client, predictor, model, predict_s,
+                                                   evaluation, calibration)
+                for key, label in (("quiet", "no conversion"),
+                                   ("busy", "conversion running on the control plane")):
+                    values = during[key]
+                    rows.append({"figure": f"predict p99 via replica B ({label})",
+                                 "model": WARM, "value": round(percentile(values, 99), 1),
+                                 "unit": "ms", "p50_ms": round(percentile(values, 50), 1),
+                                 "requests": len(values)})
+                client.close()
+    return rows
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| figure | model | value |", "|---|---|---|"]
     for row in rows:
@@ -276,7 +317,12 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--steady", type=int, default=30)
     parser.add_argument("--predict-s", type=float, default=20.0)
+    parser.add_argument("--split", action="store_true",
+                        help="control plane + two data-plane replicas (see above)")
     args = parser.parse_args()
+    if args.split:
+        print(markdown(run_split(args.predict_s)))
+        return
     print(markdown(run(args.rounds, args.idle_s, args.steady, args.predict_s)))
 
 
