@@ -32,6 +32,7 @@ from gateway.errors import (
     grpc_status_name,
     outcome_of_answer,
 )
+from gateway.fanout import fan_out, settings_members, settle
 from gateway.pools import PoolMember
 from gateway.streams import StreamEnd, StreamRelay
 from gateway.upstream import parse_errors
@@ -273,6 +274,26 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 lambda m: _invoke(self.upstream.stub(m).RepositoryModelUnload, request, None),
             )
             return service_pb2.RepositoryModelUnloadResponse()
+        except (GatewayError, RelayedError) as err:
+            await _abort(context, err)
+
+    # -- trace and log settings: every member concerned (gateway/fanout.py) ----------
+    async def TraceSetting(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._settings("TraceSetting", request.model_name or None, request,
+                                    context)
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return await self._settings("LogSettings", None, request, context)
+
+    async def _settings(self, rpc: str, model: str | None, request: Any, context: Any) -> Any:
+        try:
+            self._require(context, Scope.ADMIN)
+            answers = await fan_out(
+                settings_members(self.control, model),
+                lambda m: _invoke(getattr(self.upstream.stub(m), rpc), request,
+                                  context.time_remaining()),
+            )
+            return settle(answers, lambda _: None)
         except (GatewayError, RelayedError) as err:
             await _abort(context, err)
 

@@ -38,6 +38,7 @@ from gateway.errors import (
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.lifecycle_http import api_key, create_lifecycle_router, requires
 from gateway.pools import PoolMember
+from gateway.settings_http import create_settings_router
 from gateway.upstream import parse_errors
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 
@@ -150,6 +151,25 @@ async def _read_body(receive: ASGIReceive, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def repository_index_body(raw: bytes) -> bytes:
+    """The index request for the members: ``{}``, or ``{"ready": <bool>}`` as given;
+    anything else is refused (400) before it reaches a member."""
+    if not raw.strip():
+        return b"{}"
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise InvalidInput("repository index: the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("repository index: the body must be a JSON object")
+    if "ready" in body and not isinstance(body["ready"], bool):
+        raise InvalidInput("repository index: 'ready' must be true or false")
+    unknown = sorted(set(body) - {"ready"})
+    if unknown:
+        raise InvalidInput(f"repository index: unknown field(s) {', '.join(unknown)}")
+    return json.dumps(body).encode()
+
+
 class BatchingRequest(BaseModel):
     latency_slo_ms: float = Field(gt=0, description="Latency SLO the batching must respect.")
 
@@ -162,6 +182,7 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
     auth = auth or TokenTable()
     admin = Depends(requires(auth, Scope.ADMIN))
     app.include_router(create_lifecycle_router(lifecycle, auth))
+    app.include_router(create_settings_router(control, upstream, auth))
     for router in routers:  # more control-plane surfaces (the data-plane snapshot feed)
         app.include_router(router)
 
@@ -207,9 +228,11 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
                               name=f"model{tail.replace('/', '_')}{suffix and '_version'}")
 
     @app.post("/v2/repository/index", dependencies=[admin])
-    async def repository_index() -> Response:
+    async def repository_index(request: Request) -> Response:
+        body = repository_index_body(await request.body())
         answers = await control.index(
-            lambda m: upstream.request(m, "POST", "/v2/repository/index", b"{}")
+            lambda m: upstream.request(m, "POST", "/v2/repository/index", body,
+                                       {"content-type": "application/json"})
         )
         merged: dict[tuple[str, str], Any] = {}
         for answer in answers:
