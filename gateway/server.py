@@ -36,6 +36,7 @@ from gateway.haproxy.controller import HAProxyDataPlane, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
 from gateway.http_api import create_http_app
+from gateway.http_framing import GatewayHttpToolsProtocol
 from gateway.lifecycle.control_plane import build_control_plane
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, PoolMember, build_pools
@@ -134,7 +135,7 @@ async def serve(
             access_log=False,
             lifespan="off",
             loop="asyncio",
-            http="httptools",
+            http=GatewayHttpToolsProtocol,  # framing as HAProxy and Triton decide it
             # per-request work nobody reads: X-Forwarded parsing, Server and Date headers
             proxy_headers=False,
             server_header=False,
