@@ -36,6 +36,7 @@ BENCHMARKS = (
     ("bench_batching", "dynamic batching on vs off (batch size impact)"),
     ("bench_converter", "converter: INT8 vs FP32"),
     ("bench_coldstart", "cold start: first request with vs without model_warmup"),
+    ("bench_streams", "streams: time to first response and inter-response gap, gateway vs direct"),
     ("bench_scheduler", "scheduler: optimality and plan time"),
 )
 

@@ -407,6 +407,9 @@ def _control_backends(layout: Layout) -> str:
         "backend control_http",
         "  errorfiles http_errors",
         "  http-reuse always",
+        # generate_stream's server-sent events: each chunk leaves when it arrives (else
+        # HAProxy holds small chunks back for more data, a whole stream's worth)
+        "  option http-no-delay",
         f"  server control {layout.control_http}",
         "backend control_grpc",
         "  errorfiles grpc_errors",

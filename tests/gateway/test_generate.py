@@ -5,6 +5,7 @@ Triton's shape, metrics; on both data planes."""
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import httpx
@@ -108,3 +109,22 @@ def test_generate_stream_metrics_count_events_when_streamed(gateway: GatewayProc
     ok = _metric(gateway.http_url, "infergate_requests_total", model=MODEL,
                  protocol="http_generate_stream", outcome="success")
     assert ok >= 1
+
+
+def test_generate_stream_events_arrive_apart_when_sent_apart(gateway: GatewayProcess) -> None:
+    """16 events 2 ms apart reach the client's socket in several reads: a front door
+    that holds small writes back while more keep coming delivers the stream in one or
+    two (HAProxy without ``option http-no-delay`` did)."""
+    body = json.dumps({"text_input": "hi", "count": 16, "delay_ms": 2}).encode()
+    request = (f"POST /v2/models/{MODEL}/generate_stream HTTP/1.1\r\nHost: gw\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+               "Connection: close\r\n\r\n").encode() + body
+    with socket.create_connection(("127.0.0.1", gateway.http_port), timeout=30) as sock:
+        sock.sendall(request)
+        reads, data = 0, b""
+        while chunk := sock.recv(65536):
+            if b"data: " in chunk:
+                reads += 1
+            data += chunk
+    assert data.count(b"data: ") == 16
+    assert reads >= 4, reads
