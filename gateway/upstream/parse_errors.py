@@ -54,3 +54,15 @@ def grpc_code(code: grpc.StatusCode, details: str) -> grpc.StatusCode:
     if is_parse_error(details):
         return grpc.StatusCode.INVALID_ARGUMENT
     return grpc.StatusCode.NOT_FOUND if NOT_IN_REPOSITORY in details else code
+
+
+# Triton quotes requests back in its messages (a 10,000-dimension shape in full); gRPC
+# clients refuse a status message above 16 KiB (their metadata limit), so a relayed
+# message is cut well below it
+MAX_MESSAGE_CHARS = 4096
+
+
+def bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[:MAX_MESSAGE_CHARS] + f"... ({len(message)} characters, cut)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from gateway.upstream.parse_errors import grpc_code, http_status
+from gateway.upstream.parse_errors import bounded, grpc_code, http_status
 
 
 @pytest.mark.parametrize("body", [
@@ -44,3 +44,9 @@ def test_repository_load_of_a_model_the_repository_lacks_is_not_found() -> None:
 def test_unknown_content_encoding_is_the_clients_mistake() -> None:
     assert http_status(501, b'{"error":"Unsupported compression type x"}') == 400
     assert http_status(501, b'{"error":"not supported through the gateway"}') == 501
+
+
+def test_bounded_cuts_messages_a_grpc_client_would_refuse() -> None:
+    assert bounded("short") == "short"
+    cut = bounded("x" * 100_000)
+    assert len(cut) < 16 * 1024 and cut.endswith("(100000 characters, cut)")
