@@ -116,7 +116,7 @@ async def _invoke(method: Callable[..., Awaitable[Any]], request: Any, timeout: 
     except grpc.aio.AioRpcError as exc:
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             raise Unavailable(f"member unreachable: {exc.details()}") from exc
-        details = exc.details() or ""
+        details = parse_errors.bounded(exc.details() or "")
         raise RelayedError(parse_errors.grpc_code(exc.code(), details), details) from exc
 
 
