@@ -179,7 +179,8 @@ class _Relay:
         counter = EventCounter()
         try:
             async for chunk in resp.content.iter_any():
-                if counter.feed(chunk) and counter.events == 1:
+                found = counter.feed(chunk)
+                if found and found == counter.events:  # the first event(s) arrived
                     metrics.first_response.labels(self.model, self.protocol).observe(
                         time.monotonic() - sent_at)
                 await self.out.put({"type": "http.response.body", "body": chunk,
