@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
-from gateway.dataplane import DataPlane, RequestOptions
+from gateway.dataplane import NO_OPTIONS, DataPlane, RequestOptions
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec, build_pools
 from gateway.streams import EMPTY_FINAL, StreamEnd, StreamRelay, StreamTally
@@ -33,8 +33,10 @@ class FakeCall:
     """A member's ModelStreamInfer: two responses per request (one with an output, then
     Triton's empty final), or a failure at a chosen read."""
 
-    def __init__(self, fail_on_read: int | None) -> None:
+    def __init__(self, fail_on_read: int | None,
+                 code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
         self.fail_on_read = fail_on_read
+        self.code = code
         self.reads = 0
         self.written: list[service_pb2.ModelInferRequest] = []
         self.responses: asyncio.Queue[Any] = asyncio.Queue()
@@ -52,7 +54,10 @@ class FakeCall:
     async def read(self) -> Any:
         self.reads += 1
         if self.fail_on_read is not None and self.reads >= self.fail_on_read:
-            raise _unavailable()
+            if self.code == grpc.StatusCode.UNAVAILABLE:
+                raise _unavailable()
+            raise grpc.aio.AioRpcError(self.code, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       details="cancelled by the member")
         return await self.responses.get()
 
     def cancel(self) -> None:
@@ -60,14 +65,18 @@ class FakeCall:
 
 
 class FakeUpstream:
-    def __init__(self, fail_on_read: list[int | None]) -> None:
+    def __init__(self, fail_on_read: list[int | None],
+                 code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
         self.plan = list(fail_on_read)  # per call, in order
+        self.code = code
         self.calls: list[tuple[PoolMember, FakeCall]] = []
+        self.timeouts: list[float | None] = []
 
     def raw_stream(self, member: PoolMember) -> Any:
         def open_call(timeout: float | None = None) -> FakeCall:
-            call = FakeCall(self.plan.pop(0))
+            call = FakeCall(self.plan.pop(0), self.code)
             self.calls.append((member, call))
+            self.timeouts.append(timeout)
             return call
 
         return open_call
@@ -86,15 +95,26 @@ def _request(request_id: str, empty_final: bool = False) -> bytes:
     return request.SerializeToString()
 
 
-async def _relay(upstream: FakeUpstream, requests: list[bytes]) -> list[Any]:
+async def _relay(upstream: FakeUpstream, requests: list[bytes],
+                 options: RequestOptions = NO_OPTIONS, keep_open: bool = False,
+                 stop_after: int | None = None) -> list[Any]:
     dataplane = _dataplane()
 
     async def rest() -> AsyncIterator[bytes]:
         for raw in requests[1:]:
             yield raw
+        if keep_open:
+            await asyncio.Event().wait()
 
     relay = StreamRelay(dataplane, upstream)
-    return [item async for item in relay.relay("m", requests[0], rest(), RequestOptions())]
+    items = []
+    stream = relay.relay("m", requests[0], rest(), options)
+    async for item in stream:
+        items.append(item)
+        if stop_after is not None and len(items) >= stop_after:
+            break
+    await stream.aclose()  # what grpc does to a handler whose client went away
+    return items
 
 
 def _ids(items: list[Any]) -> list[str]:
@@ -150,3 +170,24 @@ def test_tally_counts_responses_per_request_when_ids_interleave() -> None:
     assert metrics.registry.get_sample_value(
         "infergate_time_to_first_response_seconds_sum",
         {"model": "m", "protocol": "grpc_stream"}) == 1.5
+
+
+def test_relay_cancels_upstream_call_when_client_goes_away() -> None:
+    upstream = FakeUpstream([None])
+    items = asyncio.run(_relay(upstream, [_request("a")], keep_open=True, stop_after=1))
+    assert _ids(items) == ["a"]
+    assert upstream.calls[0][1].cancelled
+
+
+def test_relay_relays_member_status_when_member_cancels() -> None:
+    upstream = FakeUpstream([2], code=grpc.StatusCode.CANCELLED)
+    items = asyncio.run(_relay(upstream, [_request("a")], keep_open=True))
+    assert items[-1] == StreamEnd(grpc.StatusCode.CANCELLED, "cancelled by the member")
+    assert len(upstream.calls) == 1
+
+
+def test_relay_gives_upstream_the_client_deadline_when_client_has_one() -> None:
+    upstream = FakeUpstream([None])
+    asyncio.run(_relay(upstream, [_request("a")], RequestOptions(deadline_s=7.5)))
+    (timeout,) = upstream.timeouts
+    assert timeout is not None and 7.0 < timeout <= 7.5
