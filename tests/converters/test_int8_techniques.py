@@ -183,3 +183,23 @@ def test_adaround_lowers_layer_output_error_and_stays_on_the_int8_grid_when_enab
 
     nearest_w = _dequantized_weights(nearest.quantize())["conv1"]
     assert error(served["conv1"]) < error(nearest_w)  # on the data it was fitted to
+
+
+def test_cli_json_stays_parseable_when_a_histogram_calibrator_prints(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from infergate.cli import app
+
+    model = small_cnn(tmp_path / "cnn.onnx")
+    calib, evaluation = cnn_samples(tmp_path / "c.npy", 16, 1), cnn_samples(tmp_path / "e.npy",
+                                                                            16, 2)
+    result = CliRunner().invoke(app, [
+        "convert", str(model), "--name", "m", "--repo", str(tmp_path / "repo"),
+        "--precisions", "fp32,int8", "--calib", str(calib), "--eval", str(evaluation),
+        "--calibration", "entropy", "--min-cosine", "0.5", "--max-batch-size", "2",
+        "--profile-iterations", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    published = json.loads(result.stdout)  # ORT's "Collecting tensor data..." kept out
+    assert published["name"] == "m"
