@@ -13,6 +13,8 @@ sees it), the client's deadline (the upstream call's timeout), and the member's 
 of the stream (its status and message, e.g. CANCELLED or DEADLINE_EXCEEDED). A member
 that fails before its first response is replaced once (the requests it was sent are
 replayed on another member); after that its failure ends the stream with UNAVAILABLE.
+A client message that is not a ``ModelInferRequest`` is not forwarded: the member
+finishes the requests before it, then the stream ends with INVALID_ARGUMENT.
 
 Per-request metrics (:class:`StreamTally`): the gateway asks Triton for its empty final
 response (``triton_enable_empty_final_response``), so it knows when each request is
@@ -29,12 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import grpc
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from gateway.dataplane import DataPlane, RequestOptions
 from gateway.errors import Unavailable, outcome_of_answer
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolMember
+from gateway.upstream import parse_errors
 
 EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL = "triton_final_response"
@@ -115,15 +119,19 @@ def stream_outcome(end: StreamEnd) -> str:
     return outcome_of_answer(200, end.code.value[0])
 
 
-def _inspect_request(raw: bytes) -> tuple[str, str, bool]:
-    """(model name, id, whether the client asked for empty final responses)."""
-    request = service_pb2.ModelInferRequest.FromString(raw)
+def _inspect_request(raw: bytes) -> tuple[str, str, bool] | None:
+    """(model name, id, whether the client asked for empty final responses); None for
+    bytes that are not a ModelInferRequest."""
+    try:
+        request = service_pb2.ModelInferRequest.FromString(raw)
+    except DecodeError:
+        return None
     param = request.parameters.get(EMPTY_FINAL)
     return request.model_name, request.id, bool(param is not None and param.bool_param)
 
 
 def _inspect_response(raw: bytes) -> tuple[str, bool, bool]:
-    """(id, final, empty) of one stream response."""
+    """(id, final, empty) of one stream response (Triton's own bytes: well-formed)."""
     response = service_pb2.ModelStreamInferResponse.FromString(raw)
     infer = response.infer_response
     final = FINAL in infer.parameters and infer.parameters[FINAL].bool_param
@@ -147,6 +155,7 @@ class StreamSession:
         self.replay: list[bytes] = []  # sent to the member, none answered yet
         self.answered = False
         self.client_done = False
+        self.malformed = False  # a client message was not a request: the stream ends
         self.started = time.monotonic()
 
     async def read_client(self) -> None:
@@ -166,6 +175,9 @@ class StreamSession:
             while True:
                 raw = await call.read()
                 if raw is grpc.aio.EOF:
+                    if self.malformed:
+                        return StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                                         "malformed protobuf request in the stream")
                     return StreamEnd(grpc.StatusCode.OK)
                 self.answered = True
                 self.replay.clear()
@@ -180,7 +192,8 @@ class StreamSession:
                 return StreamEnd(grpc.StatusCode.UNAVAILABLE,
                                  f"member {member.key} failed during the stream: "
                                  f"{exc.details()}")
-            return StreamEnd(exc.code(), exc.details() or "")
+            details = exc.details() or ""
+            return StreamEnd(parse_errors.grpc_code(exc.code(), details), details)
         finally:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -197,11 +210,19 @@ class StreamSession:
                 await call.done_writing()
                 return
             raw = cast(bytes, item)
-            model, request_id, wants_final = _inspect_request(raw)
+            inspected = _inspect_request(raw)
+            if inspected is None:  # the member finishes the others, then the stream ends
+                self.malformed = True
+                self.client_done = True
+                await call.done_writing()
+                return
+            model, request_id, wants_final = inspected
             self.tally.sent(request_id, model, wants_final)
+            if not wants_final:
+                raw += FORCE_EMPTY_FINAL
             if not self.answered:
-                self.replay.append(raw + FORCE_EMPTY_FINAL)
-            await call.write(raw if wants_final else raw + FORCE_EMPTY_FINAL)
+                self.replay.append(raw)
+            await call.write(raw)
 
 
 class StreamRelay:

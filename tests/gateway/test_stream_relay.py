@@ -191,3 +191,13 @@ def test_relay_gives_upstream_the_client_deadline_when_client_has_one() -> None:
     asyncio.run(_relay(upstream, [_request("a")], RequestOptions(deadline_s=7.5)))
     (timeout,) = upstream.timeouts
     assert timeout is not None and 7.0 < timeout <= 7.5
+
+
+def test_relay_ends_invalid_argument_after_earlier_answers_when_message_malformed() -> None:
+    upstream = FakeUpstream([None])
+    items = asyncio.run(_relay(upstream, [_request("a"), b"\xff\xff\xff", _request("b")],
+                               keep_open=True))
+    assert _ids(items) == ["a"]
+    assert items[-1] == StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                                  "malformed protobuf request in the stream")
+    assert [r.id for r in upstream.calls[0][1].written] == ["a"]
