@@ -17,6 +17,12 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.keepalive_time_ms", 30_000),
 ]
+# Triton quotes requests back in its status messages (a 10,000-dimension shape in full,
+# 20 KB): the channel toward it takes large trailers; the adapter relays them cut
+UPSTREAM_ONLY_OPTIONS = [
+    ("grpc.max_metadata_size", 4 << 20),
+    ("grpc.absolute_max_metadata_size", 4 << 20),
+]
 
 
 def _identity(data: bytes) -> bytes:
@@ -34,7 +40,8 @@ class UpstreamGRPC:
         entry = self._members.get(member.key)
         if entry is None:
             target = f"{member.spec.host}:{member.spec.grpc_port}"
-            channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(
+                target, options=[*CHANNEL_OPTIONS, *UPSTREAM_ONLY_OPTIONS])
             self._channels.append(channel)
             raw = channel.unary_unary(
                 f"/{SERVICE}/ModelInfer",
