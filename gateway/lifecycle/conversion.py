@@ -64,7 +64,8 @@ def convert_upload(task: WorkerTask, calibration: Path | None, evaluation: Path 
     except Refused as exc:
         # the job folder is the gateway's business: name the uploaded part instead
         message = str(exc).replace(f"{task.work_dir}/", "")
-        raise ConversionError(f"{type(getattr(exc, 'cause', exc)).__name__}: {message}") \
+        # the converter's message is whole and starts with what to do: keep it first
+        raise ConversionError(f"{message}\n[{type(getattr(exc, 'cause', exc)).__name__}]") \
             from None
     version_dir = result.path / str(result.version)
     reports = sorted((p for p in result.report_files.values() if p.is_file()),

@@ -78,7 +78,7 @@ async def warm_on(dataplane: DataPlane, admin: MemberAdmin, model: str, version:
         )
         if status != 200:
             raise DeployFailed(f"{member.key}: warm-up at batch {batch} answered {status}: "
-                               f"{answer[:300].decode(errors='replace')}")
+                               f"{answer[:4000].decode(errors='replace')}")
 
 
 def _batches(config: mc.ModelConfig, wanted: Sequence[int]) -> tuple[int, ...]:
