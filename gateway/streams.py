@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -233,7 +233,7 @@ class StreamRelay:
         self.upstream = upstream
 
     async def relay(self, model: str, first: bytes, requests: AsyncIterator[bytes],
-                    options: RequestOptions) -> AsyncIterator[bytes | StreamEnd]:
+                    options: RequestOptions) -> AsyncGenerator[bytes | StreamEnd, None]:
         """The member's responses as raw bytes, then how the stream ended. Gateway
         errors before the stream is established (unknown model, overload, no member)
         are raised."""

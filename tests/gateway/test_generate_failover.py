@@ -5,7 +5,7 @@ that answers like Triton's generate_stream."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from aiohttp import web
@@ -59,7 +59,7 @@ async def _call(break_after: int | None = None) -> tuple[httpx.Response, DataPla
 
     app = GenerateFastPath(fallthrough, dataplane, upstream)
     try:
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=cast(Any, app))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
             resp = await client.post("/v2/models/m/generate_stream", json={"text_input": "x"})
     finally:

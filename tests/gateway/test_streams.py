@@ -141,10 +141,11 @@ def test_stream_relays_every_response_when_aio_client(
     gateway: GatewayProcess, triton: LocalTriton,
 ) -> None:
     assert triton.endpoints is not None
+    direct_url = triton.endpoints.grpc_url
 
     async def both() -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
         return (await _aio_stream(gateway.grpc_url, REQUESTS),
-                await _aio_stream(triton.endpoints.grpc_url, REQUESTS))
+                await _aio_stream(direct_url, REQUESTS))
 
     via_gateway, direct = asyncio.run(both())
     assert sorted(via_gateway) == sorted(direct) == sorted(expected())
