@@ -208,7 +208,10 @@ def multipart_boundary(content_type: str | None) -> bytes:
     if kind != b"multipart/form-data" or not options.get(b"boundary"):
         raise InvalidInput("expected a multipart/form-data body (model, spec, calibration, "
                            "evaluation parts)")
-    return options[b"boundary"]
+    boundary: bytes = options[b"boundary"]
+    if len(boundary) > 70:  # RFC 2046; python-multipart raises on its own limit
+        raise InvalidInput(f"multipart boundary of {len(boundary)} characters (at most 70)")
+    return boundary
 
 
 async def receive_upload(chunks: AsyncIterator[bytes], content_type: str | None,

@@ -207,3 +207,9 @@ def test_zip_refused_when_member_is_symlink(tmp_path: Path) -> None:
         zf.writestr(info, "/etc/passwd")
     with pytest.raises(UnsafeArchive, match="not a regular file"):
         safe_extract(archive, tmp_path / "out", UploadLimits())
+
+
+def test_upload_refused_with_invalid_input_when_boundary_too_long(tmp_path: Path) -> None:
+    body, _ = _body({"model": ("m.onnx", b"x"), "spec": ("s.json", SPEC)})
+    with pytest.raises(InvalidInput, match="boundary of 300 characters"):
+        _receive(tmp_path, body, "multipart/form-data; boundary=" + "x" * 300)
