@@ -124,7 +124,7 @@ def test_model_infer_fuzz_answers_no_server_fault(gateway: GatewayProcess,
                 ("grpc.max_send_message_length", -1),
                 ("grpc.max_receive_message_length", -1)]) as channel:
         infer = channel.unary_unary(f"{SERVICE}/ModelInfer")
-        total = cases(2000)
+        total = cases(2500)
         for i in range(total):
             huge = i % 100 == 99
             message = _huge_repeated(rng) if huge else rng.choice(MUTATORS)(rng)

@@ -146,7 +146,7 @@ def test_binary_and_json_tensor_fuzz_answers_no_server_fault(gateway: GatewayPro
     with fuzzing(gateway, tally, "http-tensors") as surface, \
             httpx.Client(base_url=f"http://{gateway.http_url}", timeout=30,
                          trust_env=False) as client:
-        for _ in range(cases(1500)):
+        for _ in range(cases(2000)):
             path, headers, body = rng.choice(MUTATORS)(rng)
             try:
                 resp = client.post(path, content=body, headers=headers)
