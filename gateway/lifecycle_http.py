@@ -76,11 +76,14 @@ def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) 
 
     @router.get("/models")
     async def list_models(who: Principal = upload) -> JSONResponse:
-        return JSONResponse({"models": core().models()})
+        lifecycle = core()
+        return JSONResponse({"models": [model_json(lifecycle, m)
+                                        for m in lifecycle.model_names()]})
 
     @router.get("/models/{name}")
     async def show_model(name: str, who: Principal = upload) -> JSONResponse:
-        return JSONResponse(await core().show(name))
+        lifecycle = core()
+        return JSONResponse(model_json(lifecycle, await lifecycle.show(name)))
 
     @router.get("/models/{name}/versions/{version}/report")
     async def version_report(name: str, version: int, who: Principal = upload) -> Response:
@@ -89,10 +92,33 @@ def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) 
     @router.post("/models/{name}/rollback")
     async def rollback(name: str, body: RollbackRequest | None = None,
                        who: Principal = admin) -> JSONResponse:
-        return JSONResponse(await core().rollback(name, body.version if body else None))
+        lifecycle = core()
+        model = await lifecycle.rollback(name, body.version if body else None)
+        return JSONResponse(model_json(lifecycle, model))
 
     @router.delete("/models/{name}/versions/{version}")
     async def delete_version(name: str, version: int, who: Principal = admin) -> JSONResponse:
-        return JSONResponse(await core().delete_version(name, version))
+        lifecycle = core()
+        return JSONResponse(model_json(lifecycle, await lifecycle.delete_version(name, version)))
 
     return router
+
+
+def model_json(lifecycle: ModelLifecycle, model: str) -> dict[str, Any]:
+    """A managed model as the HTTP API shows it: its state, versions and recent jobs."""
+    record = lifecycle.record(model)
+    store = lifecycle.store
+    versions = []
+    for v in store.versions(model):
+        report = f"/v1/models/{model}/versions/{v.version}/report" if v.report else None
+        versions.append({"version": v.version, "state": v.state, "precision": v.precision,
+                         "job": v.job_id, "created_at": v.created_at, "report": report,
+                         "metadata": v.metadata})
+    jobs = [{"id": j.id, "state": j.state, "version": j.version}
+            for j in store.jobs(model, limit=5)]
+    keep_warm = lifecycle.keep_warm_policies().get(model)
+    return {"name": model, "state": record.state, "detail": record.detail,
+            "serving_version": record.serving_version,
+            "previous_version": record.previous_version, "pools": list(record.pools),
+            "keep_warm": keep_warm.model_dump(mode="json") if keep_warm else None,
+            "loading": lifecycle.loading(model), "versions": versions, "recent_jobs": jobs}

@@ -95,6 +95,7 @@ def build_control_plane(config: GatewayConfig, dataplane: DataPlane,
         workers = ConversionWorkers(spec.worker_timeout_s, sandbox=spec.sandbox,
                                     allow_pickled_code=spec.allow_pickled_code)
         lifecycle = ModelLifecycle(spec, config, dataplane, store, admin, deployer, workers)
+        lifecycle.recover()  # explicit, at start-up, before any request is served
 
     def policies() -> dict[str, KeepWarmPolicy]:
         if lifecycle is not None:

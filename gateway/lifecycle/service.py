@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from converters.repository import InvalidModelName, validate_model_name
 from gateway.auth import Principal
@@ -68,6 +67,10 @@ class ModelLifecycle:
 
     def __post_init__(self) -> None:
         self.slots = asyncio.Semaphore(self.spec.workers)
+
+    def recover(self) -> None:
+        """At start-up, before any request: jobs a previous process left running are
+        reported failed and their traces removed; models go back to their pools."""
         for job_id in self.store.fail_interrupted(RESTART_REASON):
             self._recover(self.store.job(job_id))
         for record in self.store.models():
@@ -331,32 +334,21 @@ class ModelLifecycle:
     def job(self, job_id: str) -> JobRecord:
         return self.store.job(job_id)
 
-    async def show(self, name: str) -> dict[str, Any]:
-        return self.model_view((await self.known(name)).name)
+    async def show(self, name: str) -> str:
+        """The managed model's name (adopted from the repository on first sight)."""
+        return (await self.known(name)).name
 
-    def model_view(self, model: str) -> dict[str, Any]:
+    def record(self, model: str) -> ModelRecord:
         record = self.store.model(model)
         if record is None:
             raise ModelNotFound(f"model {model!r} is not managed by the gateway")
-        versions = []
-        for v in self.store.versions(model):
-            report = f"/v1/models/{model}/versions/{v.version}/report" if v.report else None
-            versions.append({"version": v.version, "state": v.state,
-                             "precision": v.precision, "job": v.job_id,
-                             "created_at": v.created_at, "report": report,
-                             "metadata": v.metadata})
-        jobs = [{"id": j.id, "state": j.state, "version": j.version}
-                for j in self.store.jobs(model, limit=5)]
-        keep_warm = self.keep_warm_policies().get(model)
-        return {"name": model, "state": record.state, "detail": record.detail,
-                "serving_version": record.serving_version,
-                "previous_version": record.previous_version, "pools": list(record.pools),
-                "keep_warm": keep_warm.model_dump(mode="json") if keep_warm else None,
-                "loading": model in self.dataplane.not_ready,
-                "versions": versions, "recent_jobs": jobs}
+        return record
 
-    def models(self) -> list[dict[str, Any]]:
-        return [self.model_view(r.name) for r in self.store.models()]
+    def model_names(self) -> list[str]:
+        return [r.name for r in self.store.models()]
+
+    def loading(self, model: str) -> bool:
+        return model in self.dataplane.not_ready
 
     def report_path(self, name: str, version: int) -> Path:
         model = checked_name(name)
@@ -370,19 +362,19 @@ class ModelLifecycle:
         return path
 
     # -- admin -----------------------------------------------------------------------------
-    async def rollback(self, name: str, version: int | None) -> dict[str, Any]:
+    async def rollback(self, name: str, version: int | None) -> str:
         model = (await self.known(name)).name
         async with self.deployer.lock(model):
             await self.deployer.rollback(model, version, self.warm_batches(model))
         if self.keepwarm is not None:
             self.keepwarm.forget(model)
-        return self.model_view(model)
+        return model
 
-    async def delete_version(self, name: str, version: int) -> dict[str, Any]:
+    async def delete_version(self, name: str, version: int) -> str:
         model = (await self.known(name)).name
         async with self.deployer.lock(model):
             self.deployer.delete_version(model, version)
-        return self.model_view(model)
+        return model
 
     # -- policies and start-up ---------------------------------------------------------------
     def keep_warm_policies(self) -> dict[str, KeepWarmPolicy]:

@@ -24,7 +24,7 @@ from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
 from gateway.grpc_api import create_grpc_server
 from gateway.http_api import create_http_app
-from gateway.lifecycle.jobs import JobRecord
+from gateway.lifecycle.jobs import JobRecord, LifecycleStore, ModelRecord
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
@@ -114,10 +114,16 @@ def _lifecycle(tmp_path: Path) -> Any:
     job = JobRecord("job-1", "m", "queued", time.time(), time.time())
     lifecycle.submit.return_value = job
     lifecycle.job.return_value = job
-    lifecycle.models.return_value = []
-    lifecycle.show.return_value = {"name": "m"}
-    lifecycle.rollback.return_value = {"name": "m"}
-    lifecycle.delete_version.return_value = {"name": "m"}
+    lifecycle.model_names.return_value = []
+    lifecycle.show.return_value = "m"
+    lifecycle.rollback.return_value = "m"
+    lifecycle.delete_version.return_value = "m"
+    lifecycle.record.return_value = ModelRecord("m", "serving", time.time())
+    lifecycle.keep_warm_policies.return_value = {}
+    lifecycle.loading.return_value = False
+    lifecycle.store = create_autospec(LifecycleStore, instance=True)
+    lifecycle.store.versions.return_value = []
+    lifecycle.store.jobs.return_value = []
     report = tmp_path / "report.json"
     report.write_text("{}")
     lifecycle.report_path.return_value = report

@@ -115,8 +115,10 @@ def test_restart_removes_version_published_but_never_served_when_job_died_deploy
                           metrics=create_metrics())
     store = LifecycleStore(spec.state_dir / "lifecycle.db")
     admin: Any = create_autospec(MemberAdmin, instance=True)
-    ModelLifecycle(spec, gateway, dataplane, store, admin,
-                   Deployer(dataplane, admin, store, repo), ConversionWorkers())
+    lifecycle = ModelLifecycle(spec, gateway, dataplane, store, admin,
+                               Deployer(dataplane, admin, store, repo), ConversionWorkers())
+    assert store.job("job-x").state != "failed"  # nothing happens before recover()
+    lifecycle.recover()
     assert store.job("job-x").state == "failed"
     assert not (repo / TINY / "2").exists() and (repo / TINY / "1").is_dir()
     assert [v.version for v in store.versions(TINY)] == [1]
