@@ -154,3 +154,27 @@ def test_repository_index_refuses_body_when_malformed(
     assert resp.status_code == 400
     assert resp.headers["content-type"] == "application/json"
     assert "repository index" in resp.json()["error"]
+
+
+def test_settings_reach_every_member_when_pool_has_two(
+    triton: LocalTriton, index_triton: LocalTriton, data_plane: str, tmp_path: Path,
+) -> None:
+    assert triton.endpoints is not None and index_triton.endpoints is not None
+    members = [triton.endpoints, index_triton.endpoints]
+    directs = [httpclient.InferenceServerClient(e.http_url) for e in members]
+    before = [d.get_trace_settings()["trace_rate"] for d in directs]
+    pools = pools_yaml(tmp_path / "pools.yaml", {"both": members})
+    try:
+        with run_gateway(pools, tmp_path, data_plane=data_plane) as gw:
+            via = grpcclient.InferenceServerClient(gw.grpc_url)
+            via.update_trace_settings(settings={"trace_rate": "11"})
+            via.close()
+            assert [d.get_trace_settings()["trace_rate"] for d in directs] == ["11", "11"]
+            resp = httpx.post(f"http://{gw.http_url}/v2/trace/setting",
+                              json={"trace_rate": "12"})
+            assert resp.status_code == 200 and resp.json()["trace_rate"] == "12"
+            assert [d.get_trace_settings()["trace_rate"] for d in directs] == ["12", "12"]
+    finally:
+        for direct, rate in zip(directs, before, strict=True):
+            direct.update_trace_settings(settings={"trace_rate": rate})
+            direct.close()
