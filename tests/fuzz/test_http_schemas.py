@@ -36,7 +36,7 @@ def run_schema(schema: schemathesis.BaseSchema, base_url: str, tally: Tally, sur
     session = requests.Session()
     session.trust_env = False
     for result in schema.get_all_operations():
-        operation = result.ok()
+        operation = result.ok()  # type: ignore[union-attr]
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             @given(operation.as_strategy(generation_mode=mode))
             @settings(max_examples=examples, derandomize=True, database=None, deadline=None,

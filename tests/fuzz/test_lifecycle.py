@@ -203,7 +203,8 @@ def test_lifecycle_and_control_api_fuzz_with_and_without_tokens(
 
     def authorize(case: Case) -> None:
         token = rng.choice(TOKEN_CHOICES)
-        case.headers = {**(case.headers or {})}
+        if case.headers is None:
+            case.headers = {}
         if token is not None:
             case.headers[rng.choice(["authorization", "x-api-key"])] = (
                 token if rng.random() < 0.5 else f"Bearer {token}")

@@ -230,7 +230,7 @@ def test_gateway_killed_during_upload_leaves_repository_whole_and_job_failed(
                                   repo)
         jobs_dir = tmp_path / "state" / "jobs"
         before = tree(repo)
-        release, result = threading.Event(), []
+        release, result = threading.Event(), list[object]()
         with run_gateway(config, tmp_path) as gw:
             url = f"http://{gw.http_url}"
             sender = threading.Thread(target=_slow_upload, args=(url, release, result))
