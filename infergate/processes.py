@@ -49,12 +49,12 @@ def pools_yaml(path: Path, pools: dict[str, list[TritonEndpoints]], **extra: obj
 
 
 @dataclass
-class GatewayProcess:
+class FrontDoor:
+    """A process serving the gateway's two ports on loopback."""
+
     proc: subprocess.Popen[bytes]
     http_port: int
     grpc_port: int
-    log: Path
-    data_plane: str = "auto"
 
     @property
     def http_url(self) -> str:
@@ -63,6 +63,12 @@ class GatewayProcess:
     @property
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+
+@dataclass
+class GatewayProcess(FrontDoor):
+    log: Path
+    data_plane: str = "auto"
 
     def terminate(self, timeout_s: float = 30.0) -> int:
         if self.proc.poll() is None:
@@ -111,20 +117,9 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
 
 
 @dataclass
-class AgentProcess:
-    proc: subprocess.Popen[bytes]
-    http_port: int
-    grpc_port: int
+class AgentProcess(FrontDoor):
     status_port: int
     log: Path
-
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
 
     def status(self) -> dict[str, object]:
         return dict(httpx.get(f"http://127.0.0.1:{self.status_port}/status").json())
