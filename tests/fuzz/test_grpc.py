@@ -187,7 +187,8 @@ def test_huge_shape_answers_invalid_argument(gateway: GatewayProcess) -> None:
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="known: concurrent unparseable ModelInfer messages "
-                   "through HAProxy bring tritonserver down within seconds (directly, or "
+                   "through HAProxy bring tritonserver down within seconds (SIGSEGV in its "
+                   "gRPC frontend; directly, or "
                    "through the Python data plane, the same traffic is answered "
                    "INVALID_ARGUMENT and Triton lives); not fixed yet")
 def test_concurrent_unparseable_grpc_through_haproxy_leaves_triton_serving(
