@@ -50,7 +50,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy gateway scheduler converters infergate
 
-bench: venv runtime
+bench: venv runtime system-deps
 	$(PY) -m loadtests.bench --out results
 
 ## system-deps: Debian packages the tests need (haproxy: the native data plane;
