@@ -22,10 +22,10 @@ from typing import Any
 
 import aiohttp
 
-from gateway.auth import Scope, TokenTable
+from gateway.auth import Scope
 from gateway.dataplane import DataPlane, RequestOptions
 from gateway.errors import DeadlineExceeded, GatewayError, Unavailable, outcome_of_answer
-from gateway.http_api import _error_body, _read_body, options_from_headers
+from gateway.http_api import FastPath, _error_body, _read_body, options_from_headers
 from gateway.pools import PoolMember
 from gateway.upstream import parse_errors
 from gateway.upstream.http import UpstreamHTTP
@@ -55,19 +55,14 @@ class EventCounter:
         return found
 
 
-class GenerateFastPath:
+class GenerateFastPath(FastPath):
     """ASGI layer for the generate extension; every other request falls through."""
 
-    def __init__(self, app: Any, dataplane: DataPlane, upstream: UpstreamHTTP,
-                 auth: TokenTable | None = None,
-                 max_body_bytes: int = 256 * 1024 * 1024) -> None:
-        self.app, self.dataplane, self.upstream = app, dataplane, upstream
-        self.auth = auth or TokenTable()
-        self.max_body_bytes = max_body_bytes
+    path = GENERATE_PATH
 
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
-        match = GENERATE_PATH.match(scope["path"]) if scope["type"] == "http" else None
-        if match is None or scope["method"] != "POST":
+        match = self.matched(scope)
+        if match is None:
             await self.app(scope, receive, send)
             return
         stream = match.group(3) is not None

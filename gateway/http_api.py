@@ -90,9 +90,11 @@ def options_from_headers(headers: Mapping[str, str]) -> RequestOptions:
     return RequestOptions(deadline_s=deadline, api_key=api_key)
 
 
-class InferFastPath:
-    """ASGI layer serving ``POST /v2/models/{m}[/versions/{v}]/infer``; the rest falls
-    through to the FastAPI app."""
+class FastPath:
+    """A plain ASGI layer in front of the FastAPI app for one POST path of the hot path;
+    every other request falls through to ``app``."""
+
+    path: re.Pattern[str]
 
     def __init__(self, app: Any, dataplane: DataPlane, upstream: UpstreamHTTP,
                  auth: TokenTable | None = None,
@@ -101,9 +103,19 @@ class InferFastPath:
         self.auth = auth or TokenTable()
         self.max_body_bytes = max_body_bytes
 
+    def matched(self, scope: ASGIScope) -> re.Match[str] | None:
+        match = self.path.match(scope["path"]) if scope["type"] == "http" else None
+        return match if match is not None and scope["method"] == "POST" else None
+
+
+class InferFastPath(FastPath):
+    """Serves ``POST /v2/models/{m}[/versions/{v}]/infer``."""
+
+    path = INFER_PATH
+
     async def __call__(self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend) -> None:
-        match = INFER_PATH.match(scope["path"]) if scope["type"] == "http" else None
-        if match is None or scope["method"] != "POST":
+        match = self.matched(scope)
+        if match is None:
             await self.app(scope, receive, send)
             return
         try:
