@@ -11,6 +11,7 @@ This module imports neither ``fastapi`` nor ``grpc``.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -97,6 +98,8 @@ class DataPlane:
     background: set[Any] = field(default_factory=set)  # running member restores
     # awaited by settle(): data planes that follow this state (HAProxy) apply it now
     followers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # awaited before a scrape: HAProxy's live counts read now, not a round ago
+    gauge_sources: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # model -> pools that serve it, set by the model lifecycle (an upload's target
     # pools); overrides the pools' static ``models`` lists for that model.
     assigned_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -330,6 +333,13 @@ class DataPlane:
                 if member.available(now):
                     return member
         raise Unavailable("no healthy Triton member")
+
+    async def refresh_gauges(self) -> None:
+        """What a ``/metrics`` scrape sees: every gauge source read now, then saturation."""
+        for source in self.gauge_sources:
+            with contextlib.suppress(OSError):  # one that cannot answer keeps its last
+                await source()
+        self.update_saturation()
 
     def update_saturation(self) -> None:
         for pool in self.pools:

@@ -229,7 +229,7 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        dataplane.update_saturation()
+        await dataplane.refresh_gauges()
         return Response(dataplane.metrics.render(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -139,6 +139,7 @@ class HAProxyDataPlane:
                                      RequestLog(self.dataplane.metrics, on_served=served))
         self._receiver.start()
         self.dataplane.followers.append(self.apply)
+        self.dataplane.gauge_sources.append(self.observe)
         self.proxy.start(snapshot_of(self.dataplane, self.auth, self.dataplane.clock()))
 
     def _note_user_requests(self, models: set[str]) -> None:
