@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
+from google.protobuf import text_format
 
 from converters.samples import INPUT_NAME, OUTPUT_NAME, SAMPLE_MODEL_NAME
+from converters.triton_config import parse_model_config
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.procs import wait_until
@@ -26,9 +29,19 @@ def _stats(client: httpclient.InferenceServerClient) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def own_triton(sample_repo: Path, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[LocalTriton]:
-    """A Triton of its own: the statistics below must count this test's requests only."""
+    """A Triton of its own: the statistics below must count this test's requests only.
+
+    Its copy of the sample model waits up to 2 s to fill a batch (the sample's own 2 ms
+    is shorter than the gap between two requests on a loaded machine), so concurrent
+    requests are merged however slowly they arrive."""
     tmp = tmp_path_factory.mktemp("batching")
-    with LocalTriton(triton_settings(sample_repo, tmp, SAMPLE_MODEL_NAME)) as server:
+    repo = tmp / "model_repo"
+    shutil.copytree(sample_repo / SAMPLE_MODEL_NAME, repo / SAMPLE_MODEL_NAME)
+    config_path = repo / SAMPLE_MODEL_NAME / "config.pbtxt"
+    config = parse_model_config(config_path.read_text())
+    config.dynamic_batching.max_queue_delay_microseconds = 2_000_000
+    config_path.write_text(text_format.MessageToString(config))
+    with LocalTriton(triton_settings(repo, tmp, SAMPLE_MODEL_NAME)) as server:
         yield server
 
 

@@ -14,6 +14,10 @@ from tests.procs import GatewayProcess
 
 pytestmark = pytest.mark.integration
 
+# locust.stats.CSV_STATS_INTERVAL_SEC, locust 2.47 (not imported: importing locust
+# monkey-patches the test process with gevent).
+CSV_STATS_INTERVAL_SEC = 1.0
+
 
 def settings(
     gateway: GatewayProcess, out: Path, protocol: str, **overrides: object
@@ -41,9 +45,13 @@ def test_locust_grpc_run_passes_and_writes_reports_when_slo_is_generous(
     assert verdict is not None and verdict["passed"] is True
     row = aggregated_row(result.directory)
     assert int(row["Request Count"]) > 0 and int(row["Failure Count"]) == 0
-    # The CSV is written as users stop; each of the 2 users may finish one more request.
-    judged = verdict["summary"]["requests"]  # type: ignore[index]
-    assert 0 <= judged - int(row["Request Count"]) <= 2
+    # The verdict is judged on locust's final statistics; its CSV writer rewrites the file
+    # every CSV_STATS_INTERVAL_SEC, so the CSV may miss the requests of the run's last
+    # interval (and what the users finished as they stopped), never more.
+    judged = int(verdict["summary"]["requests"])  # type: ignore[index]
+    per_s = judged / 4.0  # duration_s of settings()
+    lag = judged - int(row["Request Count"])
+    assert 0 <= lag <= per_s * CSV_STATS_INTERVAL_SEC + 2, (judged, row["Request Count"])
     assert (result.directory / "report.html").stat().st_size > 10_000
     assert (result.directory / "locust_verdict.md").read_text().startswith("**SLO verdict: PASS")
 
