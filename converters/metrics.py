@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from converters.errors import InvalidRequest
+
 Batches = Sequence[Mapping[str, np.ndarray]]
 
 
@@ -66,6 +68,33 @@ class AccuracyBudget:
 
     max_top1_drop: float | None = 0.01
     min_cosine: float | None = 0.99
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("max_top1_drop", 0.0, 1.0), ("min_cosine", -1.0, 1.0)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not low <= value <= high:
+                raise InvalidRequest(f"{name} must be a number from {low:g} to {high:g}, "
+                                     f"not {value!r}")
+
+    @classmethod
+    def from_mapping(cls, item: Mapping[str, object]) -> AccuracyBudget:
+        """The JSON form (an upload's spec): a limit left out is no limit, not this
+        class's default, and at least one is given."""
+        if not isinstance(item, Mapping):
+            raise InvalidRequest(f"an accuracy budget is an object, not {item!r}")
+        unknown = sorted(set(item) - {"max_top1_drop", "min_cosine"})
+        if unknown:
+            raise InvalidRequest(f"accuracy budget has unknown fields {unknown} (it takes "
+                                 "max_top1_drop and min_cosine)")
+        if item.get("max_top1_drop") is None and item.get("min_cosine") is None:
+            raise InvalidRequest("an accuracy budget gives max_top1_drop and/or min_cosine")
+        return cls(item.get("max_top1_drop"), item.get("min_cosine"))  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"max_top1_drop": self.max_top1_drop, "min_cosine": self.min_cosine}
 
     def violations(self, accuracy: Accuracy) -> list[str]:
         problems = []

@@ -22,6 +22,7 @@ from converters.errors import InputSpecMismatch, InvalidRequest
 from converters.triton_config import NUMPY_TO_TRITON
 
 Dim = int | str
+MAX_NAME = 128  # characters in an input's name
 TRITON_TO_NUMPY = {v: k for k, v in NUMPY_TO_TRITON.items()}
 ONNX_TO_NUMPY = {
     onnx.TensorProto.FLOAT: "float32",
@@ -57,9 +58,58 @@ def is_dynamic(dim: Dim) -> bool:
 
 @dataclass(frozen=True)
 class TensorDecl:
+    """One input: the converter's, the upload spec's and the CLI's one type.
+
+    Its JSON form (:meth:`from_mapping`, :meth:`to_wire`) is Triton's:
+    ``{"name": "input", "datatype": "FP32", "shape": ["batch", 3, 224, 224]}``.
+    """
+
     name: str
     dtype: str  # numpy name
     shape: tuple[Dim, ...]  # includes the batch axis
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidRequest("an input's name is empty")
+        if self.dtype not in NUMPY_TO_TRITON:
+            raise InvalidRequest(f"input {self.name!r}: dtype {self.dtype!r} is not one of "
+                                 f"{', '.join(sorted(NUMPY_TO_TRITON))}")
+        for dim in self.shape:
+            if isinstance(dim, bool) or not isinstance(dim, int | str):
+                raise InvalidRequest(f"input {self.name!r}: dimension {dim!r} is neither a "
+                                     "number nor a name")
+            if isinstance(dim, int) and dim < 1 and dim != -1:
+                raise InvalidRequest(f"input {self.name!r}: dimension {dim} must be >= 1, -1 "
+                                     "or a name")
+            if isinstance(dim, str) and not dim.strip():
+                raise InvalidRequest(f"input {self.name!r}: empty dimension name")
+
+    @classmethod
+    def from_mapping(cls, item: Mapping[str, Any]) -> TensorDecl:
+        """``{"name", "datatype" (or "dtype"), "shape"}``; Triton or numpy type names."""
+        if not isinstance(item, Mapping):
+            raise InvalidRequest(f"an input is an object with name, datatype and shape, "
+                                 f"not {item!r}")
+        unknown = sorted(set(item) - {"name", "datatype", "dtype", "shape"})
+        if unknown:
+            raise InvalidRequest(f"input entry has unknown fields {unknown} (it takes name, "
+                                 "datatype and shape)")
+        dtype = item.get("datatype", item.get("dtype"))
+        missing = [k for k, v in (("name", item.get("name")), ("datatype", dtype),
+                                  ("shape", item.get("shape"))) if v is None]
+        if missing:
+            raise InvalidRequest(f"input entry {dict(item)} lacks {', '.join(missing)}")
+        name, shape = item["name"], item["shape"]
+        if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
+            raise InvalidRequest(f"input name {name!r} must be a string of 1 to {MAX_NAME} "
+                                 "characters")
+        if isinstance(shape, str | bytes) or not isinstance(shape, Iterable):
+            raise InvalidRequest(f"input {name!r}: shape must be a list, not {shape!r}")
+        return cls(name, numpy_dtype_name(str(dtype)), _dims(shape))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON form :meth:`from_mapping` reads (Triton's datatype names)."""
+        return {"name": self.name, "datatype": self.triton_datatype, "shape": list(self.shape)}
 
     @property
     def triton_datatype(self) -> str:
@@ -142,7 +192,7 @@ def parse_input_spec(text: str) -> InputSpec:
             items = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InvalidRequest(f"input spec is not valid JSON: {exc}") from None
-        return InputSpec(tuple(_decl_from_mapping(item) for item in items))
+        return InputSpec(tuple(TensorDecl.from_mapping(item) for item in items))
     decls = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         match = _DECL_RE.match(part)
@@ -158,28 +208,16 @@ def parse_input_spec(text: str) -> InputSpec:
     return InputSpec(tuple(decls))
 
 
-def _decl_from_mapping(item: Mapping[str, Any]) -> TensorDecl:
-    try:
-        dtype = item.get("dtype") or item["datatype"]
-        return TensorDecl(str(item["name"]), numpy_dtype_name(str(dtype)), _dims(item["shape"]))
-    except KeyError as exc:
-        raise InvalidRequest(f"input spec entry {dict(item)} lacks {exc}") from None
-
-
 def _dims(raw: Iterable[Any]) -> tuple[Dim, ...]:
     dims: list[Dim] = []
     for value in raw:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise InvalidRequest(f"dimension {value!r} is neither a whole number nor a name")
         text = str(value).strip()
         if not text:
             raise InvalidRequest("empty dimension in input spec")
-        if re.fullmatch(r"-?\d+", text):
-            number = int(text)
-            if number < 1 and number != -1:
-                raise InvalidRequest(f"dimension {number} must be >= 1, -1 or a name")
-            dims.append(number)
-        else:
-            dims.append(text)
-    return tuple(dims)
+        dims.append(int(text) if re.fullmatch(r"-?\d+", text) else text)
+    return tuple(dims)  # checked by TensorDecl
 
 
 def spec_from_onnx(model: onnx.ModelProto) -> InputSpec:

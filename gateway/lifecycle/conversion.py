@@ -27,26 +27,23 @@ def conversion_request(task: WorkerTask, calibration: Path | None,
     from converters.images import preprocessing_from_text
     from converters.metrics import AccuracyBudget
     from converters.pipeline import ConversionRequest
-    from converters.spec import InputSpec, TensorDecl, numpy_dtype_name
+    from converters.spec import InputSpec
+    from gateway.lifecycle.spec import UploadSpec
 
-    spec = task.spec
-    budget = spec.get("accuracy_budget")
-    inputs = tuple(TensorDecl(t["name"], numpy_dtype_name(t["datatype"]), tuple(t["shape"]))
-                   for t in spec["inputs"])
+    spec = UploadSpec.model_validate(task.spec)  # the gateway checked it: same schema
     try:
-        preprocessing = (preprocessing_from_text(spec["preprocessing"])
-                         if spec.get("preprocessing") else None)
+        preprocessing = (preprocessing_from_text(spec.preprocessing)
+                         if spec.preprocessing else None)
     except ValueError as exc:
         raise ConversionError(str(exc)) from None
     return ConversionRequest(
         source=task.model_file, name=task.model, repo=Path(task.repository),
-        precisions=tuple(spec["precisions"]), target=spec["target"],
-        calibration=calibration, evaluation=evaluation, input_spec=InputSpec(inputs),
-        preprocessing=preprocessing,
-        budget=AccuracyBudget(**budget) if budget else AccuracyBudget(),
-        max_batch_size=spec["max_batch_size"], latency_budget_ms=spec.get("latency_slo_ms"),
-        instance_count=spec["instance_count"], intra_op_threads=spec["intra_op_threads"],
-        profile_iterations=spec["profile_iterations"], repair=spec["repair"],
+        precisions=spec.precisions, target=spec.target,
+        calibration=calibration, evaluation=evaluation, input_spec=InputSpec(spec.inputs),
+        preprocessing=preprocessing, budget=spec.accuracy_budget or AccuracyBudget(),
+        max_batch_size=spec.max_batch_size, latency_budget_ms=spec.latency_slo_ms,
+        instance_count=spec.instance_count, intra_op_threads=spec.intra_op_threads,
+        profile_iterations=spec.profile_iterations, repair=spec.repair,
     )
 
 

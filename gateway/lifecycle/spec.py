@@ -23,69 +23,61 @@ Shapes include the batch axis; a string (or -1) is a dynamic dimension.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from converters.spec import TRITON_TO_NUMPY
+from converters.errors import InvalidRequest
+from converters.metrics import AccuracyBudget
+from converters.spec import TensorDecl
 from gateway.errors import InvalidInput
 from gateway.lifecycle.config import KeepWarmPolicy
 
 Precision = Literal["fp32", "fp16", "int8"]
 ModelFormat = Literal["onnx", "pt2", "torchscript"]
-# the one datatype table (converters.spec): what an upload may declare is what converts
-TRITON_DATATYPES = tuple(sorted(TRITON_TO_NUMPY))
 
 
-class TensorDecl(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(min_length=1, max_length=128)
-    datatype: str
-    shape: tuple[int | str, ...] = Field(min_length=1)
-
-    @field_validator("datatype")
-    @classmethod
-    def _known_datatype(cls, value: str) -> str:
-        value = value.upper().removeprefix("TYPE_")
-        if value not in TRITON_DATATYPES:
-            raise ValueError(f"datatype {value!r} is not one of {', '.join(TRITON_DATATYPES)}")
+def _tensor(value: Any) -> TensorDecl:
+    if isinstance(value, TensorDecl):
         return value
+    try:
+        return TensorDecl.from_mapping(value)
+    except InvalidRequest as exc:
+        raise ValueError(str(exc)) from None
 
-    @field_validator("shape")
-    @classmethod
-    def _dims(cls, value: tuple[int | str, ...]) -> tuple[int | str, ...]:
-        for dim in value:
-            if isinstance(dim, int) and dim < 1 and dim != -1:
-                raise ValueError(f"dimension {dim} must be >= 1, -1 or a name")
+
+def _budget(value: Any) -> AccuracyBudget:
+    if isinstance(value, AccuracyBudget):
         return value
+    try:
+        return AccuracyBudget.from_mapping(value)
+    except InvalidRequest as exc:
+        raise ValueError(str(exc)) from None
 
-    def dynamic(self, axis: int) -> bool:
-        return isinstance(self.shape[axis], str) or self.shape[axis] == -1
 
-
-class AccuracyBudget(BaseModel):
-    """How far a faster variant may stray from the FP32 reference on the evaluation set."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_top1_drop: float | None = Field(None, ge=0, le=1)
-    min_cosine: float | None = Field(None, ge=-1, le=1)
-
-    @model_validator(mode="after")
-    def _something(self) -> AccuracyBudget:
-        if self.max_top1_drop is None and self.min_cosine is None:
-            raise ValueError("give max_top1_drop and/or min_cosine")
-        return self
+# The converter's own types, read and written in their JSON form (one parser, one set of
+# checks: converters/spec.py and converters/metrics.py).
+Tensor = Annotated[TensorDecl, PlainValidator(_tensor), PlainSerializer(TensorDecl.to_wire)]
+Budget = Annotated[AccuracyBudget, PlainValidator(_budget),
+                   PlainSerializer(AccuracyBudget.to_dict)]
 
 
 class UploadSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     format: ModelFormat | None = None  # default: from the model file's extension
-    inputs: tuple[TensorDecl, ...] = Field(min_length=1)
+    inputs: tuple[Tensor, ...]
     precisions: tuple[Precision, ...] = ("fp32",)
-    accuracy_budget: AccuracyBudget | None = None
+    accuracy_budget: Budget | None = None
     latency_slo_ms: float | None = Field(None, gt=0)
     target: Literal["cpu", "onnxruntime", "tensorrt"] = "cpu"
     pools: tuple[str, ...] = ()  # default: the pools that serve the model by configuration
@@ -99,6 +91,13 @@ class UploadSpec(BaseModel):
     profile_iterations: int = Field(20, ge=1, le=1000)  # per batch size when profiling
     # INT8 that misses the budget: keep its most sensitive layers in float and retry
     repair: bool = True
+
+    @field_validator("inputs")
+    @classmethod
+    def _some_inputs(cls, value: tuple[TensorDecl, ...]) -> tuple[TensorDecl, ...]:
+        if not value:
+            raise ValueError("declare at least one input (name, datatype, shape)")
+        return value
 
     @field_validator("precisions")
     @classmethod
@@ -119,7 +118,7 @@ class UploadSpec(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"input names repeat: {names}")
         for tensor in self.inputs:
-            if not tensor.dynamic(0):
+            if not tensor.batched:
                 raise ValueError(f"input {tensor.name!r}: the first (batch) dimension must be "
                                  "dynamic (a name such as \"batch\", or -1)")
         return self
@@ -143,7 +142,8 @@ def parse_spec(text: str) -> UploadSpec:
         return UploadSpec.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}"
+            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: "
+            f"{err['msg'].removeprefix('Value error, ')}"
             for err in exc.errors()
         )
         raise InvalidInput(f"invalid spec: {problems}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from converters.errors import InvalidRequest
 from converters.metrics import AccuracyBudget, agreement, compare_outputs, evaluate
 
 
@@ -76,3 +77,15 @@ def test_budget_rejects_nan_outputs_when_candidate_overflows() -> None:
     accuracy = evaluate(reference, candidate, "y", classify=False)
     assert accuracy.outputs["y"].nonfinite_samples == 1
     assert AccuracyBudget(None, None).violations(accuracy) == ["1 output rows hold NaN/Inf"]
+
+
+def test_budget_json_form_leaves_out_what_is_not_given_and_checks_ranges() -> None:
+    assert AccuracyBudget.from_mapping({"min_cosine": 0.98}) == AccuracyBudget(None, 0.98)
+    assert AccuracyBudget.from_mapping(AccuracyBudget(0.02, None).to_dict()) == \
+        AccuracyBudget(0.02, None)
+    for bad, problem in (({}, "max_top1_drop and/or min_cosine"),
+                         ({"max_top1_drop": 1.5}, "from 0 to 1"),
+                         ({"min_cosine": "high"}, "min_cosine must be a number"),
+                         ({"max_top1_drop": 0.1, "top5": 1}, "unknown fields")):
+        with pytest.raises(InvalidRequest, match=problem):
+            AccuracyBudget.from_mapping(bad)

@@ -68,3 +68,34 @@ def test_check_sample_rejects_wrong_shape_when_fixed_dim_differs() -> None:
     spec.check_sample({"x": np.zeros(3, np.float32)}, "set")
     with pytest.raises(InputSpecMismatch, match=r"shape \[4\] per sample, the model takes \[3\]"):
         spec.check_sample({"x": np.zeros(4, np.float32)}, "set")
+
+
+def test_tensor_decl_json_form_round_trips_when_triton_or_numpy_names() -> None:
+    wire = {"name": "ids", "datatype": "INT64", "shape": ["batch", "seq", 4]}
+    decl = TensorDecl.from_mapping(wire)
+    assert decl == TensorDecl("ids", "int64", ("batch", "seq", 4))
+    assert decl.to_wire() == wire
+    assert TensorDecl.from_mapping({"name": "ids", "dtype": "int64",
+                                    "shape": ["batch", "seq", "4"]}) == decl
+
+
+@pytest.mark.parametrize("item, problem", [
+    ({"name": "x", "datatype": "FP32", "shape": ["b"], "extra": 1}, r"unknown fields \['extra'\]"),
+    ({"name": "x", "shape": ["b"]}, "lacks datatype"),
+    ({"name": "", "datatype": "FP32", "shape": ["b"]}, "1 to 128 characters"),
+    ({"name": 7, "datatype": "FP32", "shape": ["b"]}, "must be a string"),
+    ({"name": "x", "datatype": "FP32", "shape": "b,3"}, "shape must be a list"),
+    ({"name": "x", "datatype": "FP32", "shape": ["b", 2.5]}, "neither a whole number"),
+    ({"name": "x", "datatype": "FP32", "shape": ["b", True]}, "neither a whole number"),
+    ({"name": "x", "datatype": "FP32", "shape": ["b", -3]}, "must be >= 1"),
+    ({"name": "x", "datatype": "COMPLEX", "shape": ["b"]}, "unknown datatype 'COMPLEX'"),
+])
+def test_tensor_decl_refused_naming_the_problem_when_json_malformed(
+        item: dict, problem: str) -> None:
+    with pytest.raises(InvalidRequest, match=problem):
+        TensorDecl.from_mapping(item)
+
+
+def test_tensor_decl_refused_when_built_with_a_triton_dtype() -> None:
+    with pytest.raises(InvalidRequest, match="dtype 'FP32' is not one of"):
+        TensorDecl("x", "FP32", ("batch",))

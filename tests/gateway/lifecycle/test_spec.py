@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from converters.metrics import AccuracyBudget
+from converters.spec import TensorDecl
 from gateway.errors import InvalidInput
-from gateway.lifecycle.spec import parse_spec
+from gateway.lifecycle.spec import UploadSpec, parse_spec
 
 INPUTS = [{"name": "input", "datatype": "FP32", "shape": ["batch", 3, 224, 224]}]
 
@@ -40,3 +42,22 @@ def test_spec_refused_with_field_named_when_invalid(spec: dict, message: str) ->
 def test_spec_refused_when_not_json() -> None:
     with pytest.raises(InvalidInput, match="not valid JSON"):
         parse_spec("{inputs: nope")
+
+
+def test_spec_holds_the_converters_own_types_and_writes_them_back_as_sent() -> None:
+    sent = {"inputs": INPUTS, "precisions": ["fp16"], "accuracy_budget": {"min_cosine": 0.99}}
+    spec = parse_spec(json.dumps(sent))
+    assert spec.inputs == (TensorDecl("input", "float32", ("batch", 3, 224, 224)),)
+    assert spec.accuracy_budget == AccuracyBudget(max_top1_drop=None, min_cosine=0.99)
+    dumped = spec.model_dump(mode="json")
+    assert dumped["inputs"] == INPUTS
+    assert dumped["accuracy_budget"] == {"max_top1_drop": None, "min_cosine": 0.99}
+    assert UploadSpec.model_validate(dumped) == spec  # what the worker reads back
+
+
+def test_spec_error_names_the_input_problem_once() -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse_spec(json.dumps({"inputs": [{"name": "x", "datatype": "FP32",
+                                           "shape": ["b", 0]}]}))
+    assert info.value.message == ("invalid spec: inputs.0: input 'x': dimension 0 must be "
+                                  ">= 1, -1 or a name")
