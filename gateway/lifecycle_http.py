@@ -1,8 +1,9 @@
 """HTTP adapter of the model lifecycle: ``/v1/models...`` and ``/v1/jobs/{id}``.
 
 Each route checks the caller's token scope, converts the request to a call on
-:class:`~gateway.lifecycle.service.ModelLifecycle`, and encodes the answer as JSON;
-errors are the gateway's own (one table, see :mod:`gateway.errors`).
+:class:`~gateway.lifecycle.service.ModelLifecycle` (its job runner for uploads and jobs,
+its catalog for reads), and encodes the answer as JSON: the HTTP-shaped views of jobs
+and models live here. Errors are the gateway's own (one table, see :mod:`gateway.errors`).
 
 | route | scope |
 |---|---|
@@ -22,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from gateway.auth import Principal, Scope, TokenTable, presented_token
 from gateway.errors import Unsupported
+from gateway.lifecycle.catalog import ModelCatalog
 from gateway.lifecycle.jobs import JobRecord
 from gateway.lifecycle.service import ModelLifecycle
 
@@ -65,60 +67,59 @@ def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) 
         """Multipart upload: ``model`` file, ``spec`` JSON, optional ``calibration`` /
         ``evaluation`` samples. Answers 202 with the job to follow."""
         length = request.headers.get("content-length")
-        job = await core().submit(name, request.stream(), request.headers.get("content-type"),
+        job = await core().jobs.submit(name, request.stream(), request.headers.get("content-type"),
                                   int(length) if length and length.isdigit() else None, who)
         return JSONResponse(job_json(job), status_code=202,
                             headers={"location": f"/v1/jobs/{job.id}"})
 
     @router.get("/jobs/{job_id}")
     async def get_job(job_id: str, who: Principal = upload) -> JSONResponse:
-        return JSONResponse(job_json(core().job(job_id)))
+        return JSONResponse(job_json(core().jobs.job(job_id)))
 
     @router.get("/models")
     async def list_models(who: Principal = upload) -> JSONResponse:
-        lifecycle = core()
-        return JSONResponse({"models": [model_json(lifecycle, m)
-                                        for m in lifecycle.model_names()]})
+        catalog = core().catalog
+        return JSONResponse({"models": [model_json(catalog, m) for m in catalog.model_names()]})
 
     @router.get("/models/{name}")
     async def show_model(name: str, who: Principal = upload) -> JSONResponse:
-        lifecycle = core()
-        return JSONResponse(model_json(lifecycle, await lifecycle.show(name)))
+        catalog = core().catalog
+        return JSONResponse(model_json(catalog, (await catalog.known(name)).name))
 
     @router.get("/models/{name}/versions/{version}/report")
     async def version_report(name: str, version: int, who: Principal = upload) -> Response:
-        return FileResponse(core().report_path(name, version))
+        return FileResponse(core().catalog.report_path(name, version))
 
     @router.post("/models/{name}/rollback")
     async def rollback(name: str, body: RollbackRequest | None = None,
                        who: Principal = admin) -> JSONResponse:
         lifecycle = core()
         model = await lifecycle.rollback(name, body.version if body else None)
-        return JSONResponse(model_json(lifecycle, model))
+        return JSONResponse(model_json(lifecycle.catalog, model))
 
     @router.delete("/models/{name}/versions/{version}")
     async def delete_version(name: str, version: int, who: Principal = admin) -> JSONResponse:
         lifecycle = core()
-        return JSONResponse(model_json(lifecycle, await lifecycle.delete_version(name, version)))
+        model = await lifecycle.delete_version(name, version)
+        return JSONResponse(model_json(lifecycle.catalog, model))
 
     return router
 
 
-def model_json(lifecycle: ModelLifecycle, model: str) -> dict[str, Any]:
+def model_json(catalog: ModelCatalog, model: str) -> dict[str, Any]:
     """A managed model as the HTTP API shows it: its state, versions and recent jobs."""
-    record = lifecycle.record(model)
-    store = lifecycle.store
+    record = catalog.record(model)
     versions = []
-    for v in store.versions(model):
+    for v in catalog.versions(model):
         report = f"/v1/models/{model}/versions/{v.version}/report" if v.report else None
         versions.append({"version": v.version, "state": v.state, "precision": v.precision,
                          "job": v.job_id, "created_at": v.created_at, "report": report,
                          "metadata": v.metadata})
     jobs = [{"id": j.id, "state": j.state, "version": j.version}
-            for j in store.jobs(model, limit=5)]
-    keep_warm = lifecycle.keep_warm_policies().get(model)
+            for j in catalog.recent_jobs(model)]
+    keep_warm = catalog.keep_warm_policies().get(model)
     return {"name": model, "state": record.state, "detail": record.detail,
             "serving_version": record.serving_version,
             "previous_version": record.previous_version, "pools": list(record.pools),
             "keep_warm": keep_warm.model_dump(mode="json") if keep_warm else None,
-            "loading": lifecycle.loading(model), "versions": versions, "recent_jobs": jobs}
+            "loading": catalog.loading(model), "versions": versions, "recent_jobs": jobs}

@@ -19,6 +19,8 @@ import yaml
 from infergate.triton.local import TritonEndpoints, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+READY_TIMEOUT_S = 90.0
+
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout_s
@@ -109,8 +111,11 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
                 return httpx.get(f"http://{gateway.http_url}/v2/health/ready").status_code == 200
             return False
 
-        if not wait_until(ready, 30):
-            raise RuntimeError(f"gateway not ready: {log.read_text()[-2000:]}")
+        # a deadline, not a timing: readiness waits for preloading, which on a loaded
+        # 2-core machine can take Triton tens of seconds
+        if not wait_until(ready, READY_TIMEOUT_S):
+            raise RuntimeError(f"gateway not ready after {READY_TIMEOUT_S:g} s: "
+                               f"{log.read_text()[-2000:]}")
         yield gateway
     finally:
         gateway.terminate()

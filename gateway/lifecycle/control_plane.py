@@ -13,17 +13,10 @@ from typing import Any
 
 from gateway.dataplane import DataPlane
 from gateway.lifecycle.config import KeepWarmPolicy
-from gateway.lifecycle.deploy import (
-    Deployer,
-    load_as_configured,
-    restore_as_configured,
-    serves,
-)
-from gateway.lifecycle.jobs import LifecycleStore
+from gateway.lifecycle.deploy import load_as_configured, restore_as_configured, serves
 from gateway.lifecycle.keepwarm import KeepWarm
 from gateway.lifecycle.preload import Preloader
-from gateway.lifecycle.service import ModelLifecycle
-from gateway.lifecycle.workers import ConversionWorkers
+from gateway.lifecycle.service import ModelLifecycle, build_lifecycle
 from gateway.pools import GatewayConfig, PoolMember
 from gateway.upstream.triton import MemberAdmin
 
@@ -43,7 +36,7 @@ class ControlPlane:
 
     def preload_models(self) -> list[str]:
         if self.lifecycle is not None:
-            return self.lifecycle.preload_models()
+            return self.lifecycle.catalog.preload_models()
         return sorted(m for m, p in self.config.models.items() if p.preload)
 
     async def load_one(self, model: str) -> None:
@@ -82,27 +75,20 @@ class ControlPlane:
             await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.lifecycle is not None:
             await self.lifecycle.close()
-            self.lifecycle.store.close()
 
 
 def build_control_plane(config: GatewayConfig, dataplane: DataPlane,
                         admin: MemberAdmin) -> ControlPlane:
-    spec = config.lifecycle
-    lifecycle = None
-    if spec is not None:
-        store = LifecycleStore(spec.state_dir / "lifecycle.db")
-        deployer = Deployer(dataplane, admin, store, spec.repository, spec.retention)
-        workers = ConversionWorkers(spec.worker_timeout_s, sandbox=spec.sandbox,
-                                    allow_pickled_code=spec.allow_pickled_code)
-        lifecycle = ModelLifecycle(spec, config, dataplane, store, admin, deployer, workers)
-        lifecycle.recover()  # explicit, at start-up, before any request is served
+    lifecycle: ModelLifecycle | None = None
 
-    def policies() -> dict[str, KeepWarmPolicy]:
+    def policies() -> dict[str, KeepWarmPolicy]:  # asked once the keep-warm loop runs
         if lifecycle is not None:
-            return lifecycle.keep_warm_policies()
+            return lifecycle.catalog.keep_warm_policies()
         return {m: p.keep_warm for m, p in config.models.items() if p.keep_warm}
 
     keepwarm = KeepWarm(dataplane, admin, policies)
-    if lifecycle is not None:
-        lifecycle.keepwarm = keepwarm
+    if config.lifecycle is not None:
+        lifecycle = build_lifecycle(config.lifecycle, config, dataplane, admin,
+                                    on_version_changed=keepwarm.forget)
+        lifecycle.recover()  # explicit, at start-up, before any request is served
     return ControlPlane(config, dataplane, admin, keepwarm, lifecycle)

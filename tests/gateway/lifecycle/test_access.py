@@ -24,7 +24,9 @@ from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
 from gateway.grpc_api import create_grpc_server
 from gateway.http_api import create_http_app
-from gateway.lifecycle.jobs import JobRecord, LifecycleStore, ModelRecord
+from gateway.lifecycle.catalog import ModelCatalog
+from gateway.lifecycle.jobs import JobRecord, ModelRecord
+from gateway.lifecycle.runner import JobRunner
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
@@ -110,23 +112,25 @@ def _upstream_http() -> Any:
 
 
 def _lifecycle(tmp_path: Path) -> Any:
+    """The lifecycle as the HTTP adapter sees it, its parts specced from the real ones."""
     lifecycle = create_autospec(ModelLifecycle, instance=True)
+    lifecycle.jobs = create_autospec(JobRunner, instance=True)
+    lifecycle.catalog = catalog = create_autospec(ModelCatalog, instance=True)
     job = JobRecord("job-1", "m", "queued", time.time(), time.time())
-    lifecycle.submit.return_value = job
-    lifecycle.job.return_value = job
-    lifecycle.model_names.return_value = []
-    lifecycle.show.return_value = "m"
+    lifecycle.jobs.submit.return_value = job
+    lifecycle.jobs.job.return_value = job
     lifecycle.rollback.return_value = "m"
     lifecycle.delete_version.return_value = "m"
-    lifecycle.record.return_value = ModelRecord("m", "serving", time.time())
-    lifecycle.keep_warm_policies.return_value = {}
-    lifecycle.loading.return_value = False
-    lifecycle.store = create_autospec(LifecycleStore, instance=True)
-    lifecycle.store.versions.return_value = []
-    lifecycle.store.jobs.return_value = []
+    catalog.model_names.return_value = []
+    catalog.known.return_value = ModelRecord("m", "serving", time.time())
+    catalog.record.return_value = ModelRecord("m", "serving", time.time())
+    catalog.keep_warm_policies.return_value = {}
+    catalog.loading.return_value = False
+    catalog.versions.return_value = []
+    catalog.recent_jobs.return_value = []
     report = tmp_path / "report.json"
     report.write_text("{}")
-    lifecycle.report_path.return_value = report
+    catalog.report_path.return_value = report
     return lifecycle
 
 

@@ -16,10 +16,8 @@ from converters.samples import SAMPLE_MODEL_NAME
 from converters.tiny import TINY_MODEL_NAME
 from gateway.dataplane import DataPlane
 from gateway.lifecycle.config import LifecycleSpec
-from gateway.lifecycle.deploy import Deployer
 from gateway.lifecycle.jobs import LifecycleStore, ModelRecord, VersionRecord
-from gateway.lifecycle.service import RESTART_REASON, ModelLifecycle
-from gateway.lifecycle.workers import ConversionWorkers
+from gateway.lifecycle.service import RESTART_REASON, build_lifecycle
 from gateway.metrics import create_metrics
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
 from gateway.upstream.triton import MemberAdmin
@@ -113,10 +111,10 @@ def test_restart_removes_version_published_but_never_served_when_job_died_deploy
     gateway = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),)),))
     dataplane = DataPlane(config=gateway, pools=build_pools(gateway.pools),
                           metrics=create_metrics())
-    store = LifecycleStore(spec.state_dir / "lifecycle.db")
     admin: Any = create_autospec(MemberAdmin, instance=True)
-    lifecycle = ModelLifecycle(spec, gateway, dataplane, store, admin,
-                               Deployer(dataplane, admin, store, repo), ConversionWorkers())
+    lifecycle = build_lifecycle(spec, gateway, dataplane, admin,
+                                on_version_changed=lambda model: None)
+    store = lifecycle.catalog.store
     assert store.job("job-x").state != "failed"  # nothing happens before recover()
     lifecycle.recover()
     assert store.job("job-x").state == "failed"
