@@ -23,7 +23,8 @@ Shapes include the batch axis; a string (or -1) is a dynamic dimension.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -44,30 +45,27 @@ from gateway.lifecycle.config import KeepWarmPolicy
 
 Precision = Literal["fp32", "fp16", "int8"]
 ModelFormat = Literal["onnx", "pt2", "torchscript"]
+T = TypeVar("T")
 
 
-def _tensor(value: Any) -> TensorDecl:
-    if isinstance(value, TensorDecl):
-        return value
-    try:
-        return TensorDecl.from_mapping(value)
-    except InvalidRequest as exc:
-        raise ValueError(str(exc)) from None
+def _json_form(kind: type[T], parse: Callable[[Any], T]) -> PlainValidator:
+    """A pydantic validator for a converter type read by its own ``from_mapping``."""
+    def validate(value: Any) -> T:
+        if isinstance(value, kind):
+            return value
+        try:
+            return parse(value)
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
 
-
-def _budget(value: Any) -> AccuracyBudget:
-    if isinstance(value, AccuracyBudget):
-        return value
-    try:
-        return AccuracyBudget.from_mapping(value)
-    except InvalidRequest as exc:
-        raise ValueError(str(exc)) from None
+    return PlainValidator(validate)
 
 
 # The converter's own types, read and written in their JSON form (one parser, one set of
 # checks: converters/spec.py and converters/metrics.py).
-Tensor = Annotated[TensorDecl, PlainValidator(_tensor), PlainSerializer(TensorDecl.to_wire)]
-Budget = Annotated[AccuracyBudget, PlainValidator(_budget),
+Tensor = Annotated[TensorDecl, _json_form(TensorDecl, TensorDecl.from_mapping),
+                   PlainSerializer(TensorDecl.to_wire)]
+Budget = Annotated[AccuracyBudget, _json_form(AccuracyBudget, AccuracyBudget.from_mapping),
                    PlainSerializer(AccuracyBudget.to_dict)]
 
 
