@@ -136,6 +136,21 @@ def test_error_files_use_the_error_table_when_haproxy_answers_itself(status: int
     assert f"grpc-status: {errors.grpc_code_number(error)}\r\n" in grpc
 
 
+def test_grpc_members_take_one_request_per_connection_when_rendered(tmp_path: Path) -> None:
+    """Triton 2.51's repeated trailers after an unparseable message end the whole backend
+    connection; nothing else may share it (see ``GRPC_SERVER_REUSE``). HTTP/1 members keep
+    their connections."""
+    config = render(_snapshot(), _layout(tmp_path)).config
+    sections = {block.split("\n", 1)[0]: block for block in config.split("\nbackend ")}
+    for pool in ("main", "canary"):
+        grpc_servers = [line for line in sections[f"grpc_{pool}"].splitlines()
+                        if line.strip().startswith("server ")]
+        http_servers = [line for line in sections[f"http_{pool}"].splitlines()
+                        if line.strip().startswith("server ")]
+        assert grpc_servers and all(" proto h2 max-reuse 0 " in s for s in grpc_servers)
+        assert http_servers and not any("max-reuse" in s for s in http_servers)
+
+
 def test_rendered_config_passes_haproxy_check_when_written(tmp_path: Path) -> None:
     binary = find_haproxy()
     assert binary is not None, "make test installs Debian's haproxy"
