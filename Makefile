@@ -48,7 +48,7 @@ test-fast: venv runtime
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy gateway scheduler converters infergate
+	$(VENV)/bin/mypy gateway scheduler converters infergate loadtests
 
 bench: venv runtime system-deps
 	$(PY) -m loadtests.bench --out results

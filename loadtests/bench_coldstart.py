@@ -84,11 +84,10 @@ def run(rounds: int = 5, steady: int = 20) -> list[dict[str, Any]]:
             "first_to_steady_ratio": median([s["first_ms"] / s["steady_p50_ms"]
                                              for s in samples[model]]),
         })
-    warm, cold = rows
-    warm["cold_to_warm_first_request_ratio"] = (
-        float(cold["first_request_ms"]) / float(warm["first_request_ms"]))
-    warm["warm_to_cold_load_time_ratio"] = (
-        float(warm["load_s"]) / float(cold["load_s"]))
+    firsts = {m: median([s["first_ms"] for s in samples[m]]) for m in (WARM, COLD)}
+    loads = {m: median([s["load_s"] for s in samples[m]]) for m in (WARM, COLD)}
+    rows[0]["cold_to_warm_first_request_ratio"] = firsts[COLD] / firsts[WARM]
+    rows[0]["warm_to_cold_load_time_ratio"] = loads[WARM] / loads[COLD]
     return rows
 
 

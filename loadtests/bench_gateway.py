@@ -128,8 +128,8 @@ async def measure(client: Client, protocol: str, direct: Target, gateway: Target
     for t in (direct, gateway):
         calls[t.name] = await make(t.grpc if protocol == "grpc" else t.http)
         await closed_loop(calls[t.name], 4, 0.5)  # warm connections and caches
-    p50 = {t: [] for t in calls}
-    tput = {t: [] for t in calls}
+    p50: dict[str, list[float]] = {t: [] for t in calls}
+    tput: dict[str, list[float]] = {t: [] for t in calls}
     for r in range(rounds):
         order = list(calls) if r % 2 == 0 else list(reversed(list(calls)))
         for name in order:

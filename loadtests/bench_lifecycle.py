@@ -61,13 +61,14 @@ CLIENT_PING_S = 0.01
 
 
 def _samples(count: int, seed: int) -> bytes:
-    images = []
+    images: list[np.ndarray] = []
     for index, name in enumerate(SAMPLE_PHOTOS):
         views = augmented_views(load_image(photo_path(name)), count // len(SAMPLE_PHOTOS) + 1,
                                 seed + index)
         images.extend(EFFICIENTNET_LITE(v) for v in views)
     out = io.BytesIO()
-    np.savez(out, **{INPUT_NAME: np.stack(images[:count]).astype(np.float32)})
+    arrays = {INPUT_NAME: np.stack(images[:count]).astype(np.float32)}
+    np.savez(out, **arrays)  # type: ignore[arg-type]
     return out.getvalue()
 
 
@@ -117,7 +118,8 @@ def _warmup_requests(client: httpx.Client) -> dict[str, float]:
 
 
 def _job(client: httpx.Client, job_id: str) -> dict[str, Any]:
-    return client.get(f"/v1/jobs/{job_id}").json()  # type: ignore[no-any-return]
+    job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
+    return job
 
 
 def _infer_body() -> bytes:

@@ -85,9 +85,14 @@ def judge(summary: RunSummary, slo: Slo) -> Verdict:
 class StatsEntryLike(Protocol):
     """The part of ``locust.stats.StatsEntry`` a summary needs."""
 
-    num_requests: int
-    num_failures: int
-    total_rps: float
+    @property
+    def num_requests(self) -> int: ...
+
+    @property
+    def num_failures(self) -> int: ...
+
+    @property
+    def total_rps(self) -> float: ...
 
     def get_response_time_percentile(self, percent: float) -> float: ...
 

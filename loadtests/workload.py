@@ -131,7 +131,7 @@ def http_json_payload(meta: ModelMeta, arrays: dict[str, np.ndarray]) -> HttpPay
 def _json_data(array: np.ndarray) -> list[Any]:
     if array.dtype == np.object_:
         return [v.decode() if isinstance(v, bytes) else str(v) for v in array.ravel()]
-    return array.ravel().tolist()  # type: ignore[no-any-return]
+    return list(array.ravel().tolist())
 
 
 def http_binary_payload(meta: ModelMeta, arrays: dict[str, np.ndarray]) -> HttpPayload:
