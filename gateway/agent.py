@@ -65,6 +65,7 @@ class AgentSettings:
     # HAProxy in its own container on state_dir/haproxy: write its files, reload it
     # through its master socket (Kubernetes); else the agent starts HAProxy itself
     haproxy_external: bool = False
+    grpc_upstream_reuse: bool = False  # Layout.grpc_upstream_reuse
     observe_s: float = 1.0
     agent_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
@@ -82,6 +83,7 @@ class Agent:
             control_http=settings.control_http, control_grpc=settings.control_grpc,
             run_dir=run_dir, log_socket=run_dir / "log.sock",
             max_body_bytes=settings.max_request_bytes,
+            grpc_upstream_reuse=settings.grpc_upstream_reuse,
         )
         if settings.haproxy_external and run_dir != settings.state_dir / "haproxy":
             raise ValueError(f"--state-dir {settings.state_dir}: too long for unix sockets")

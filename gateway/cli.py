@@ -16,6 +16,11 @@ from gateway.pools import load_gateway_config
 from gateway.server import GatewaySettings, choose_data_plane, serve
 
 app = typer.Typer(help="The KServe v2 / Triton-compatible gateway.", no_args_is_help=True)
+GRPC_REUSE_HELP = (
+    "gRPC requests to a Triton member share HTTP/2 connections (about twice the "
+    "throughput on small requests). Only for a Triton with server#8078's fix: 2.51 "
+    "crashes when a broken request ends a shared connection. Default: one request per "
+    "connection.")
 
 
 @app.callback()
@@ -49,6 +54,7 @@ def serve_command(
     haproxy_external: bool = typer.Option(
         False, help="HAProxy runs elsewhere on --haproxy-run-dir (its own container): "
                     "write its files and reload it through its master socket."),
+    grpc_upstream_reuse: bool = typer.Option(False, help=GRPC_REUSE_HELP),
     tokens: Annotated[Path | None, typer.Option(
         exists=True, dir_okay=False,
         help=f"API tokens (YAML: name, scopes, sha256). Also read from ${TOKENS_ENV}; "
@@ -68,6 +74,7 @@ def serve_command(
         max_request_bytes=max_request_bytes,
         haproxy_run_dir=haproxy_run_dir,
         haproxy_external=haproxy_external,
+        grpc_upstream_reuse=grpc_upstream_reuse,
     )
     config = load_gateway_config(pools)
     try:
@@ -106,6 +113,7 @@ def agent_command(
     haproxy_external: bool = typer.Option(
         False, help="HAProxy runs in its own container on STATE_DIR/haproxy: write its "
                     "files and reload it through its master socket."),
+    grpc_upstream_reuse: bool = typer.Option(False, help=GRPC_REUSE_HELP),
     log_level: str = typer.Option("warning", help="Log level."),
 ) -> None:
     """One data-plane replica: HAProxy following the control plane's snapshots (and its
@@ -118,6 +126,6 @@ def agent_command(
         control_http=control_plane, control_grpc=control_grpc, state_dir=state_dir,
         host=host, http_port=http_port, grpc_port=grpc_port, status_port=status_port,
         token=os.environ.get("INFERGATE_AGENT_TOKEN"), max_request_bytes=max_request_bytes,
-        haproxy_external=haproxy_external,
+        haproxy_external=haproxy_external, grpc_upstream_reuse=grpc_upstream_reuse,
     )
     asyncio.run(run_agent(settings))

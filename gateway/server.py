@@ -64,6 +64,7 @@ class GatewaySettings:
     # ``haproxy_external`` HAProxy runs elsewhere (its own container) on this folder
     haproxy_run_dir: Path | None = None
     haproxy_external: bool = False
+    grpc_upstream_reuse: bool = False  # Layout.grpc_upstream_reuse
 
 
 def choose_data_plane(requested: str) -> str:
@@ -213,6 +214,7 @@ def _haproxy(settings: GatewaySettings, dataplane: DataPlane, auth: TokenTable,
                        control_http, control_grpc, run_dir),
         max_body_bytes=settings.max_request_bytes,
         server_timeout_s=max(1, round(settings.upstream_timeout_s)),
+        grpc_upstream_reuse=settings.grpc_upstream_reuse,
     )
     process = HAProxyProcess(layout, settings.haproxy_binary,
                              external=settings.haproxy_external)

@@ -425,7 +425,8 @@ GRPC_TIMEOUT_UNITS = {"H": ",mul(3600000)", "M": ",mul(60000)", "S": ",mul(1000)
                       "m": "", "u": ",div(1000),add(1)", "n": ",div(1000000),add(1)"}
 
 
-# One ModelInfer per connection to a Triton member, never two at once on one: Triton
+# By default one ModelInfer per connection to a Triton member, never two at once on one
+# (Layout.grpc_upstream_reuse turns sharing back on, for a Triton with the fix): Triton
 # 2.51 answers a message it cannot parse with its trailers-only status, then repeats
 # that HEADERS frame on the stream END_STREAM closed (6 in all, each followed by an
 # RST_STREAM). HAProxy takes that as a connection error (GOAWAY STREAM_CLOSED),
@@ -435,6 +436,8 @@ GRPC_TIMEOUT_UNITS = {"H": ",mul(3600000)", "M": ",mul(60000)", "S": ",mul(1000)
 # connection ends, after its answer, and Triton has nothing to cancel. The price: a
 # TCP and HTTP/2 handshake per request to the member (HAProxy resets the connection it
 # is done with, so no TIME_WAIT socket piles up on either side).
+# Measured (loadtests.bench_dataplane, tiny model, 16 in flight): about half the gRPC
+# throughput of shared connections; large requests and HTTP pay nothing.
 GRPC_SERVER_REUSE = "max-reuse 0"
 
 
@@ -470,7 +473,8 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
              "observe layer4 error-limit 1 on-error mark-down")
     for m in pool.members:
         port = m.http_port if http else m.grpc_port
-        extra = "" if http else f" proto h2 {GRPC_SERVER_REUSE} port {m.http_port} check-proto h1"
+        reuse = "" if layout.grpc_upstream_reuse else f" {GRPC_SERVER_REUSE}"
+        extra = "" if http else f" proto h2{reuse} port {m.http_port} check-proto h1"
         lines.append(
             f"  server {m.name} {m.host}:{port} {check} "
             f"weight {m.weight}{extra}{'' if m.routable else ' disabled'}"

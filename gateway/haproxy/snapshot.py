@@ -117,6 +117,9 @@ class Layout:
     health_interval_ms: int = 1000
     max_body_bytes: int = 256 * 1024 * 1024
     stream_timeout_s: int = 3600  # gRPC streams to the control plane may idle this long
+    # gRPC requests to a member share HTTP/2 connections (render.py: only for a Triton
+    # with server#8078's fix; else one request per connection)
+    grpc_upstream_reuse: bool = False
     extra_global: tuple[str, ...] = field(default_factory=tuple)
 
     @property

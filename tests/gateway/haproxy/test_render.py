@@ -3,6 +3,7 @@ process (maps, runtime commands, error answers), plus ``haproxy -c`` on the resu
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -149,6 +150,15 @@ def test_grpc_members_take_one_request_per_connection_when_rendered(tmp_path: Pa
                         if line.strip().startswith("server ")]
         assert grpc_servers and all(" proto h2 max-reuse 0 " in s for s in grpc_servers)
         assert http_servers and not any("max-reuse" in s for s in http_servers)
+
+
+def test_grpc_members_share_connections_when_the_layout_allows(tmp_path: Path) -> None:
+    """--grpc-upstream-reuse (a Triton with server#8078's fix): no per-request connection."""
+    layout = dataclasses.replace(_layout(tmp_path), grpc_upstream_reuse=True)
+    config = render(_snapshot(), layout).config
+    servers = [line for line in config.splitlines() if line.strip().startswith("server ")
+               and " proto h2 " in line and "127.0.0.1:1800" not in line]
+    assert servers and not any("max-reuse" in s for s in servers)
 
 
 def test_rendered_config_passes_haproxy_check_when_written(tmp_path: Path) -> None:
