@@ -272,8 +272,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--bad-share", type=float, default=0.3)
     parser.add_argument("--no-bad-grpc", action="store_true",
-                        help="client mistakes over HTTP only (concurrent unparseable gRPC "
-                             "through HAProxy brings tritonserver down: see README)")
+                        help="client mistakes over HTTP only")
     parser.add_argument("--out", type=Path, default=Path("results/soak"))
     parser.add_argument("--data-plane", default="haproxy")
     parser.add_argument("--http", help="a running gateway's HTTP address (host:port)")
