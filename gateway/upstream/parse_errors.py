@@ -23,8 +23,10 @@ from __future__ import annotations
 import grpc
 
 # the start of Triton's message for a request it could not parse (HTTP JSON body or
-# gRPC message; "request params": a JSON value of the wrong type in the body)
-PREFIXES = ("failed to parse", "Unable to parse", "failed to get request params")
+# gRPC message; "request params": a JSON value of the wrong type in the body; "parameter
+# key": a "parameters" key holding a NUL, which Triton's lookup cuts short)
+PREFIXES = ("failed to parse", "Unable to parse", "failed to get request params",
+            "parameter key ")
 HTTP_BODY_START = b'{"error":"'  # Triton's HTTP error body: {"error":"<message>"}
 NOT_IN_REPOSITORY = "failed to poll from model repository"
 UNKNOWN_ENCODING = "Unsupported compression type"  # Triton's 501 for a Content-Encoding

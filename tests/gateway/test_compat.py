@@ -85,6 +85,11 @@ UNPARSEABLE_JSON = {
                     "data": ONE_ROW}],
         "outputs": [{"name": {"a": 1}}]}).encode(),
     "truncated": b'{"inputs": [{"name": "x", "shape": [1, 16], "datat',
+    # Triton looks the key up cut at its NUL: 500 "parameter key 'a' was not found"
+    "parameter key with a NUL": json.dumps({
+        "parameters": {"a\u0000b": 1},
+        "inputs": [{"name": "x", "shape": [1, TINY_WIDTH], "datatype": "FP32",
+                    "data": ONE_ROW}]}).encode(),
 }
 
 
@@ -95,7 +100,7 @@ def test_http_infer_answers_400_when_triton_cannot_parse_the_body(
     resp = httpx.post(f"http://{gateway.http_url}/v2/models/{TINY_MODEL_NAME}/infer",
                       content=UNPARSEABLE_JSON[case])
     assert resp.status_code == 400, resp.text
-    assert "parse" in resp.json()["error"]
+    assert "parse" in resp.json()["error"] or "parameter key" in resp.json()["error"]
 
 
 UNPARSEABLE_GRPC = {

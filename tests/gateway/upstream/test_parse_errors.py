@@ -13,6 +13,7 @@ from gateway.upstream.parse_errors import bounded, grpc_code, http_status
     b'{"error":"failed to parse the request JSON buffer: Missing a name for object member."}',
     b'{"error":"Unable to parse \'name\': attempt to access JSON non-string as string"}',
     b'{"error":"failed to get request params.: attempt to get members for non-object"}',
+    b'{"error":"parameter key \'a\' was not found in the JSON"}',
 ])
 def test_http_status_is_400_when_triton_could_not_parse_the_body(body: bytes) -> None:
     assert http_status(500, body) == 400
