@@ -498,9 +498,15 @@ def parse_error_rules(http: bool) -> list[str]:
                 f"{{ res.body -m beg {encoding} }}"]
     starts = " ".join(f'"{p}"' for p in parse_errors.PREFIXES)
     code = errors.grpc_code_number(errors.InvalidInput)
+    cut = parse_errors.MAX_MESSAGE_CHARS
+    # res.fhdr: the whole header (res.hdr would take the part after its last comma)
     return [f"  http-response set-header grpc-status {code}"
             " if { res.hdr(grpc-status) -m str 13 } "
-            f"{{ res.hdr(grpc-message) -m beg {starts} }}"]
+            f"{{ res.fhdr(grpc-message) -m beg {starts} }}",
+            # as parse_errors.bounded: a gRPC client refuses metadata above 8-16 KiB
+            f'  http-response set-header grpc-message "%[res.fhdr(grpc-message),bytes(0,{cut})]'
+            f'... (%[res.fhdr(grpc-message),length] characters, cut)"'
+            f" if {{ res.fhdr(grpc-message),length gt {cut} }}"]
 
 
 def with_map_paths(config: str, layout: Layout) -> str:

@@ -19,6 +19,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from gateway.upstream.parse_errors import MAX_MESSAGE_CHARS
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.fuzz.conftest import fuzzing
@@ -183,6 +184,26 @@ def test_huge_shape_answers_invalid_argument(gateway: GatewayProcess) -> None:
     if gateway.data_plane == "haproxy" and _code(info.value) == "UNAVAILABLE":
         pytest.xfail("HAProxy resets the stream: Triton's grpc-message exceeds its buffer")
     assert _code(info.value) == "INVALID_ARGUMENT", info.value.details()
+
+
+@pytest.mark.parametrize("dims", [3_000, 6_000])
+def test_long_error_message_is_cut_as_the_python_plane_cuts_it(
+    gateway: GatewayProcess, dims: int,
+) -> None:
+    """Triton quotes a 3,000- or 6,000-dimension shape back (6 or 12 KB): above a gRPC
+    client's 8 KiB soft metadata limit it would be refused at random. Both data planes
+    relay the first MAX_MESSAGE_CHARS and say how long the message was."""
+    request = good_request(random.Random(3))
+    request.inputs[0].shape.extend([1] * dims)
+    with grpc.insecure_channel(gateway.grpc_url) as channel:
+        infer = channel.unary_unary(f"{SERVICE}/ModelInfer")
+        with pytest.raises(grpc.RpcError) as info:
+            infer(request.SerializeToString(), timeout=30)
+    details = info.value.details() or ""
+    assert _code(info.value) == "INVALID_ARGUMENT", details[:200]
+    assert details.endswith(" characters, cut)"), details[-200:]
+    assert len(details) < MAX_MESSAGE_CHARS + 64
+    assert int(details.rsplit("(", 1)[1].split()[0]) > 2 * dims
 
 
 @pytest.mark.slow
