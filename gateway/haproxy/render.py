@@ -471,9 +471,9 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
     lines += parse_error_rules(http)
     check = (f"check inter {layout.health_interval_ms}ms fall 2 rise 1 "
              "observe layer4 error-limit 1 on-error mark-down")
+    reuse = "" if layout.grpc_upstream_reuse else f" {GRPC_SERVER_REUSE}"
     for m in pool.members:
         port = m.http_port if http else m.grpc_port
-        reuse = "" if layout.grpc_upstream_reuse else f" {GRPC_SERVER_REUSE}"
         extra = "" if http else f" proto h2{reuse} port {m.http_port} check-proto h1"
         lines.append(
             f"  server {m.name} {m.host}:{port} {check} "
