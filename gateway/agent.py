@@ -44,6 +44,7 @@ from gateway.haproxy.snapshot import (
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import GatewayMetrics, create_metrics
 from gateway.server import EmbeddedServer
+from gateway.upstream.triton_version import GrpcReuse, VersionWatch
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,8 @@ class AgentSettings:
     # HAProxy in its own container on state_dir/haproxy: write its files, reload it
     # through its master socket (Kubernetes); else the agent starts HAProxy itself
     haproxy_external: bool = False
-    grpc_upstream_reuse: bool = False  # Layout.grpc_upstream_reuse
+    grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO  # Layout.grpc_upstream_reuse
+    haproxy_tune: tuple[tuple[str, str], ...] = ()  # Layout.tune
     observe_s: float = 1.0
     agent_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
@@ -83,7 +85,7 @@ class Agent:
             control_http=settings.control_http, control_grpc=settings.control_grpc,
             run_dir=run_dir, log_socket=run_dir / "log.sock",
             max_body_bytes=settings.max_request_bytes,
-            grpc_upstream_reuse=settings.grpc_upstream_reuse,
+            grpc_upstream_reuse=settings.grpc_upstream_reuse, tune=settings.haproxy_tune,
         )
         if settings.haproxy_external and run_dir != settings.state_dir / "haproxy":
             raise ValueError(f"--state-dir {settings.state_dir}: too long for unix sockets")
@@ -92,6 +94,15 @@ class Agent:
         self.version = ""
         self.control_plane_seen_at: float | None = None
         self._receiver = LogReceiver(self.layout.log_socket, RequestLog(self.metrics))
+        # what this replica does with each member's gRPC connections (its own setting
+        # over the versions the control plane read)
+        self.versions = VersionWatch(self.metrics.member_info, settings.grpc_upstream_reuse)
+
+    def _note_versions(self, snapshot: Snapshot) -> None:
+        members = [(p.name, f"{m.host}:{m.grpc_port}", m.triton_version)
+                   for p in snapshot.pools for m in p.members]
+        self.versions.observe(members)
+        self.versions.forget({(pool, member) for pool, member, _ in members})
 
     @property
     def snapshot_file(self) -> Path:
@@ -190,6 +201,7 @@ class Agent:
             return
         await asyncio.to_thread(self._save, snapshot)
         self.version = snapshot_version(snapshot)
+        self._note_versions(snapshot)
         log.info("agent: routing on snapshot %s (%s)", self.version, how)
 
     # -- its own status port -----------------------------------------------------------
@@ -225,6 +237,7 @@ class Agent:
             await asyncio.to_thread(self.proxy.start, snapshot)
             await asyncio.to_thread(self._save, snapshot)
             self.version = snapshot_version(snapshot)
+            self._note_versions(snapshot)
             status = EmbeddedServer(uvicorn.Config(
                 self.status_app(), host=self.settings.host, port=self.settings.status_port,
                 log_level="warning", lifespan="off", access_log=False))

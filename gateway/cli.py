@@ -12,15 +12,30 @@ from typing import Annotated
 import typer
 
 from gateway.auth import TOKENS_ENV, TokenConfigError, TokenTable, load_token_entries
+from gateway.haproxy.snapshot import parse_tune
 from gateway.pools import load_gateway_config
 from gateway.server import GatewaySettings, choose_data_plane, serve
+from gateway.upstream.triton_version import GrpcReuse
 
 app = typer.Typer(help="The KServe v2 / Triton-compatible gateway.", no_args_is_help=True)
 GRPC_REUSE_HELP = (
-    "gRPC requests to a Triton member share HTTP/2 connections (about twice the "
-    "throughput on small requests). Only for a Triton with server#8078's fix: 2.51 "
-    "crashes when a broken request ends a shared connection. Default: one request per "
-    "connection.")
+    "How gRPC requests reach each Triton member: 'auto' shares HTTP/2 connections with "
+    "members that report Triton 2.57.0 or later (GET /v2) and sends one request per "
+    "connection to older ones, whose cancellation race (server#8034) a broken request "
+    "on a shared connection can trigger; 'shared' or 'per-request' override that for "
+    "every member. Sharing is about twice the throughput on small requests.")
+
+
+HAPROXY_TUNE_HELP = (
+    "An HAProxy global tune.* setting, KEY=VALUE (repeatable), over the gateway's own "
+    "(the README's 'HTTP/2 windows and buffers'), e.g. tune.bufsize=32768.")
+
+
+def _tune(values: list[str]) -> tuple[tuple[str, str], ...]:
+    try:
+        return tuple(parse_tune(v) for v in values)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--haproxy-tune") from exc
 
 
 @app.callback()
@@ -54,7 +69,8 @@ def serve_command(
     haproxy_external: bool = typer.Option(
         False, help="HAProxy runs elsewhere on --haproxy-run-dir (its own container): "
                     "write its files and reload it through its master socket."),
-    grpc_upstream_reuse: bool = typer.Option(False, help=GRPC_REUSE_HELP),
+    grpc_upstream_reuse: GrpcReuse = typer.Option(GrpcReuse.AUTO, help=GRPC_REUSE_HELP),
+    haproxy_tune: Annotated[list[str], typer.Option(help=HAPROXY_TUNE_HELP)] = [],  # noqa: B006
     tokens: Annotated[Path | None, typer.Option(
         exists=True, dir_okay=False,
         help=f"API tokens (YAML: name, scopes, sha256). Also read from ${TOKENS_ENV}; "
@@ -75,6 +91,7 @@ def serve_command(
         haproxy_run_dir=haproxy_run_dir,
         haproxy_external=haproxy_external,
         grpc_upstream_reuse=grpc_upstream_reuse,
+        haproxy_tune=_tune(haproxy_tune),
     )
     config = load_gateway_config(pools)
     try:
@@ -113,7 +130,8 @@ def agent_command(
     haproxy_external: bool = typer.Option(
         False, help="HAProxy runs in its own container on STATE_DIR/haproxy: write its "
                     "files and reload it through its master socket."),
-    grpc_upstream_reuse: bool = typer.Option(False, help=GRPC_REUSE_HELP),
+    grpc_upstream_reuse: GrpcReuse = typer.Option(GrpcReuse.AUTO, help=GRPC_REUSE_HELP),
+    haproxy_tune: Annotated[list[str], typer.Option(help=HAPROXY_TUNE_HELP)] = [],  # noqa: B006
     log_level: str = typer.Option("warning", help="Log level."),
 ) -> None:
     """One data-plane replica: HAProxy following the control plane's snapshots (and its
@@ -127,5 +145,6 @@ def agent_command(
         host=host, http_port=http_port, grpc_port=grpc_port, status_port=status_port,
         token=os.environ.get("INFERGATE_AGENT_TOKEN"), max_request_bytes=max_request_bytes,
         haproxy_external=haproxy_external, grpc_upstream_reuse=grpc_upstream_reuse,
+        haproxy_tune=_tune(haproxy_tune),
     )
     asyncio.run(run_agent(settings))

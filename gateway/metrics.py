@@ -29,6 +29,7 @@ class GatewayMetrics:
     upstream_errors: Counter
     member_healthy: Gauge
     member_queue: Gauge
+    member_info: Gauge
     saturation: Gauge
     first_response: Histogram
     responses_per_request: Histogram
@@ -106,6 +107,14 @@ def create_metrics(registry: CollectorRegistry | None = None) -> GatewayMetrics:
             "infergate_member_queued_requests",
             "Requests queued inside the member (Triton's nv_inference_pending_request_count).",
             ("pool", "member"),
+            registry=registry,
+        ),
+        member_info=Gauge(
+            "infergate_member_info",
+            "1 per member: the Triton version it reports (GET /v2; 'unknown' when it "
+            "cannot be read) and how the data plane's gRPC requests reach it: 'shared' "
+            "HTTP/2 connections, or 'per_request' (Triton before 2.57.0, server#8034).",
+            ("pool", "member", "version", "grpc_connections"),
             registry=registry,
         ),
         saturation=Gauge(

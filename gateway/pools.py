@@ -154,6 +154,10 @@ class PoolMember:
     consecutive_failures: int = 0
     # back from the dead, its models being reloaded: healthy but not routable yet
     restoring: bool = False
+    # what its server metadata (GET /v2) said at the last healthy probe: None when that
+    # call failed; ``version_probed`` turns True at the first read, failed or not
+    triton_version: str | None = None
+    version_probed: bool = False
 
     @property
     def key(self) -> str:

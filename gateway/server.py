@@ -44,6 +44,7 @@ from gateway.probes import probe_forever
 from gateway.upstream.grpc import UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP
 from gateway.upstream.triton import MemberAdmin
+from gateway.upstream.triton_version import GrpcReuse
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ class GatewaySettings:
     # ``haproxy_external`` HAProxy runs elsewhere (its own container) on this folder
     haproxy_run_dir: Path | None = None
     haproxy_external: bool = False
-    grpc_upstream_reuse: bool = False  # Layout.grpc_upstream_reuse
+    grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO  # Layout.grpc_upstream_reuse
+    haproxy_tune: tuple[tuple[str, str], ...] = ()  # Layout.tune
 
 
 def choose_data_plane(requested: str) -> str:
@@ -215,6 +217,7 @@ def _haproxy(settings: GatewaySettings, dataplane: DataPlane, auth: TokenTable,
         max_body_bytes=settings.max_request_bytes,
         server_timeout_s=max(1, round(settings.upstream_timeout_s)),
         grpc_upstream_reuse=settings.grpc_upstream_reuse,
+        tune=settings.haproxy_tune,
     )
     process = HAProxyProcess(layout, settings.haproxy_binary,
                              external=settings.haproxy_external)

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import typer
 
+from gateway.cli import GRPC_REUSE_HELP
 from gateway.cli import app as gateway_app
 from gateway.models_cli import app as models_app
+from gateway.upstream.triton_version import GrpcReuse
 
 app = typer.Typer(
     help="infergate: a Triton inference gateway, model converter and MIG scheduler.",
@@ -76,6 +78,7 @@ def up(
     data_plane: str = typer.Option(
         "auto", help="Who carries inference: 'haproxy', 'python', or 'auto' (HAProxy when "
                      "installed, else Python, said at start-up)."),
+    grpc_upstream_reuse: GrpcReuse = typer.Option(GrpcReuse.AUTO, help=GRPC_REUSE_HELP),
 ) -> None:
     """Start Triton + gateway (HAProxy data plane + Python control plane) + scheduler
     locally and print where to point a client.
@@ -95,6 +98,7 @@ def up(
             models=tuple(model),
             log_dir=log_dir,
             data_plane=data_plane,
+            grpc_upstream_reuse=grpc_upstream_reuse,
         )
     )
 

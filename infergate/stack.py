@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import uvicorn
 
@@ -25,6 +26,14 @@ from gateway.auth import TokenTable, load_token_entries
 from gateway.lifecycle.config import LifecycleSpec
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.server import EmbeddedServer, GatewaySettings, choose_data_plane, serve
+from gateway.upstream.triton_version import (
+    FIXED_RELEASE,
+    RACE,
+    GrpcReuse,
+    grpc_mode,
+    has_fix,
+    version_from_metadata,
+)
 from infergate.owner import EXAMPLE_MODEL, ExampleUpload, LocalTokens, example_upload, local_tokens
 from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
 
@@ -45,6 +54,7 @@ class LocalStackSettings:
     models: tuple[str, ...] = ()
     log_dir: Path = Path(".run")
     data_plane: str = "auto"
+    grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO
 
 
 def repository_models(repo: Path) -> tuple[str, ...]:
@@ -97,6 +107,7 @@ async def _serve_all(settings: LocalStackSettings, pool: PoolSpec) -> None:
     gateway_settings = GatewaySettings(
         host=settings.host, http_port=settings.http_port, grpc_port=settings.grpc_port,
         data_plane=data_plane, haproxy_run_dir=(settings.log_dir / "haproxy").resolve(),
+        grpc_upstream_reuse=settings.grpc_upstream_reuse,
     )
     gateway = asyncio.create_task(
         serve(gateway_settings, _local_config(settings, pool), stop, started,
@@ -194,6 +205,8 @@ def _print_welcome(settings: LocalStackSettings, with_scheduler: bool,
     ]
     if with_scheduler:
         lines.append(f"  scheduler     http://{settings.host}:{settings.scheduler_port}/docs")
+    if data_plane == "haproxy":
+        lines += ["", *triton_version_note(http, settings.grpc_upstream_reuse)]
     lines += [
         "",
         f"First prediction ({SAMPLE_MODEL_NAME}, bundled cat photo): " + ", ".join(
@@ -221,6 +234,27 @@ def _print_welcome(settings: LocalStackSettings, with_scheduler: bool,
         "",
     ]
     print("\n".join(lines), flush=True)
+
+
+def triton_version_note(http_url: str, setting: GrpcReuse) -> list[str]:
+    """Once, at start: which Triton serves here and what that costs gRPC through
+    HAProxy (the gateway decides per member; this is the local stack's one member)."""
+    try:
+        version = version_from_metadata(httpx.get(f"http://{http_url}/v2", timeout=10).json())
+    except (httpx.HTTPError, ValueError):
+        version = None
+    mode = grpc_mode(version, setting)
+    if has_fix(version):
+        return [f"Triton {version} here: gRPC through the gateway shares connections "
+                f"({mode.why})."]
+    what = f"Triton {version}" if version else "a Triton of unknown version"
+    cost = ("one gRPC request per connection to it: about half the gRPC throughput "
+            "on small requests" if not mode.shared else
+            "gRPC connections shared anyway: a broken or cancelled request can crash it")
+    return [f"{what} here (all that installs on this machine) has the gRPC cancellation "
+            f"race {RACE}, so {cost} ({mode.why}).",
+            f"  Production images run {FIXED_RELEASE}, which shares them "
+            "(docker/, k8s/overlays/gpu-mig)."]
 
 
 def _first_prediction(http_url: str) -> list[tuple[int, float]]:

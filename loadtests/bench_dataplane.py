@@ -8,7 +8,14 @@ For the tiny ``y = 2x + 1`` model (per-request overhead dominates) and Efficient
 - added latency: gateway p50 - direct p50 (per-request log of h2load, medians over rounds);
 - gateway CPU per request: utime+stime+cutime+cstime of the gateway process and every
   descendant (HAProxy master and workers are its children, and a live child's CPU is not
-  in its parent's cutime), after minus before, over the requests Triton served.
+  in its parent's cutime), after minus before, over the requests Triton served; split by
+  process: ``haproxy`` (the data plane) and ``python`` (the control plane, which reads
+  HAProxy's per-request telemetry lines).
+
+By default three gateways: ``haproxy`` (default settings: gRPC connections decided per
+member from its Triton version, so one request per connection to this machine's 2.51),
+``haproxy-shared`` (``--grpc-upstream-reuse shared``, the production mode for Triton
+2.57.0 and later) and ``python``.
 
 h2load counts any HTTP 200 as a success, gRPC errors included (they travel as HTTP 200
 with ``grpc-status`` in the trailers), so each run is checked against Triton's own
@@ -18,7 +25,8 @@ serving more than was sent is reported, not failed: the other gateways' warm-up
 requests reach the same Triton.)
 
     python -m loadtests.bench_dataplane [--rounds 3] [--seconds 3] [--out DIR] \
-        [--plane haproxy --plane python --plane 'plain=']
+        [--plane haproxy --plane python --plane 'plain='] \
+        [--model tiny] [--protocol grpc] [--in-flight 16]
 
 ``--plane NAME`` starts ``gateway serve --data-plane NAME``; ``NAME=ARGS`` passes ARGS
 instead (none after ``=``: the gateway's default). A data plane whose gateway does not
@@ -32,7 +40,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import statistics
@@ -53,7 +60,22 @@ from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from infergate.processes import ROOT, pools_yaml, run_gateway
 from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
-from loadtests.bench_gateway import INFER, grpc_request_bytes
+from loadtests.h2load import (
+    H2loadSummary,
+    Workload,
+    h2load_command,
+    h2load_gist,
+    parse_h2load,
+    parse_log,
+    status_counts,
+    write_workload,
+)
+from loadtests.proc_cpu import (
+    cpu_us_per_request,
+    process_tree,
+    read_proc_stats,
+    ticks_by_name,
+)
 
 IN_FLIGHT = (1, 16)
 PROTOCOLS = ("grpc", "http")
@@ -66,124 +88,6 @@ GOALS: dict[str, tuple[float, float, float | None]] = {
 
 def say(line: str) -> None:
     print(f"[bench_dataplane] {line}", flush=True)
-
-
-# -- h2load's output ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class H2loadSummary:
-    seconds: float
-    req_per_s: float
-    started: int
-    done: int
-    succeeded: int
-    failed: int
-    errored: int
-    timeout: int
-    mean_us: float
-
-
-_UNITS_US = {"us": 1.0, "ms": 1e3, "s": 1e6}
-
-
-def duration_us(text: str) -> float:
-    """h2load's '242us' / '6.13ms' / '1.02s' in microseconds."""
-    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text.strip())
-    if match is None:
-        raise ValueError(f"not an h2load duration: {text!r}")
-    return float(match[1]) * _UNITS_US[match[2]]
-
-
-def parse_h2load(stdout: str) -> H2loadSummary:
-    finished = re.search(r"finished in ([\d.]+(?:us|ms|s)), ([\d.]+) req/s", stdout)
-    counts = re.search(r"requests: \d+ total, (\d+) started, (\d+) done, (\d+) succeeded, "
-                       r"(\d+) failed, (\d+) errored, (\d+) timeout", stdout)
-    timing = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", stdout)
-    if finished is None or counts is None or timing is None:
-        raise ValueError(f"unexpected h2load output: {stdout[-800:]!r}")
-    started, done, succeeded, failed, errored, timeout = (int(g) for g in counts.groups())
-    return H2loadSummary(duration_us(finished[1]) / 1e6, float(finished[2]), started, done,
-                         succeeded, failed, errored, timeout, duration_us(timing[3]))
-
-
-def h2load_gist(stdout: str, stderr: str, most: int = 4) -> str:
-    """What went wrong in a run, in h2load's words: its request counts and the first
-    distinct lines that mention an error."""
-    words = ("error", "fail", "reset", "refused", "timeout", "closed", "GOAWAY")
-    lines = [ln.strip() for ln in (stderr + "\n" + stdout).splitlines()]
-    counts = [ln for ln in lines if ln.startswith("requests:")]
-    noted = [ln for ln in dict.fromkeys(lines) if ln and not ln.startswith("requests:")
-             and any(w.lower() in ln.lower() for w in words)]
-    return " | ".join([*counts[:1], *noted[:most]]) or "(h2load said nothing)"
-
-
-def parse_log(log_text: str) -> list[tuple[int, float]]:
-    """(HTTP status, us to the end of the response) per request of ``h2load --log-file``
-    (columns: start us since the epoch, status, us to the end)."""
-    rows = (line.split("\t") for line in log_text.splitlines() if line.strip())
-    return [(int(cols[1]), float(cols[2])) for cols in rows]
-
-
-def status_counts(log: Sequence[tuple[int, float]]) -> dict[int, int]:
-    return dict(sorted(Counter(status for status, _ in log).items()))
-
-
-# -- CPU of a process tree ------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ProcStat:
-    pid: int
-    ppid: int
-    name: str
-    ticks: int  # utime + stime + cutime + cstime
-
-
-def parse_proc_stat(text: str) -> ProcStat:
-    """One /proc/<pid>/stat line; the command name may hold spaces and parentheses."""
-    head, _, rest = text.rpartition(")")
-    pid, _, name = head.partition("(")
-    fields = rest.split()  # fields[0] is field 3 (state) of proc(5)
-    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
-    return ProcStat(int(pid), int(fields[1]), name, utime + stime + cutime + cstime)
-
-
-def process_tree(root: int, stats: Sequence[ProcStat]) -> list[ProcStat]:
-    """``root`` and all its descendants (by parent pid), root first."""
-    children: dict[int, list[ProcStat]] = {}
-    for s in stats:
-        children.setdefault(s.ppid, []).append(s)
-    found = [s for s in stats if s.pid == root][:1]
-    for s in found:  # grows while iterating: breadth first
-        found.extend(c for c in children.get(s.pid, ()) if c not in found)
-    return found
-
-
-def tree_ticks(root: int, stats: Sequence[ProcStat]) -> int:
-    """CPU ticks of ``root`` and all its descendants. Children that ended and were reaped
-    are in their parent's cutime/cstime, so a difference of two readings counts each
-    tick once, also across a child that exited between them (e.g. an old HAProxy worker
-    after a reload)."""
-    return sum(s.ticks for s in process_tree(root, stats))
-
-
-def ticks_by_name(root: int, stats: Sequence[ProcStat]) -> Counter[str]:
-    """:func:`tree_ticks` split by process name (a reaped child's ticks are its parent's)."""
-    totals: Counter[str] = Counter()
-    for s in process_tree(root, stats):
-        totals[s.name] += s.ticks
-    return totals
-
-
-def read_proc_stats() -> list[ProcStat]:
-    stats = []
-    for path in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):  # it may just have ended
-            stats.append(parse_proc_stat(path.read_text()))
-    return stats
-
-
-def cpu_us_per_request(ticks: int, requests: int, clock_ticks_per_s: int) -> float:
-    return ticks * 1e6 / clock_ticks_per_s / requests if requests else float("nan")
 
 
 # -- Triton's count of what it served -------------------------------------------------
@@ -232,51 +136,6 @@ def extra_served(h2: H2loadSummary, served: int) -> int:
     return max(0, served - h2.started)
 
 
-# -- requests and h2load command lines ------------------------------------------------
-
-@dataclass(frozen=True)
-class Workload:
-    model: str
-    grpc_file: Path
-    http_file: Path
-    http_header_length: int
-
-
-def write_workload(folder: Path, model: str, x: np.ndarray, input_name: str,
-                   output_name: str) -> Workload:
-    body = grpc_request_bytes(model, x, input_name)
-    grpc_file = folder / f"{model}.grpc"
-    grpc_file.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC framing
-    header = json.dumps({
-        "inputs": [{"name": input_name, "shape": list(x.shape), "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes}}],
-        "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
-    }).encode()
-    http_file = folder / f"{model}.bin"
-    http_file.write_bytes(header + x.astype(np.float32).tobytes())
-    return Workload(model, grpc_file, http_file, len(header))
-
-
-def h2load_command(work: Workload, protocol: str, target: TritonEndpoints | Any,
-                   in_flight: int, duration: str, log_file: Path | None) -> list[str]:
-    """gRPC: HTTP/2, up to 4 connections with streams multiplexed; HTTP: one HTTP/1.1
-    connection per request in flight (as Triton's HTTP clients do)."""
-    cmd = ["h2load", "-D", duration]
-    if log_file is not None:
-        cmd += ["--log-file", str(log_file)]
-    if protocol == "grpc":
-        clients = min(4, in_flight)
-        cmd += ["-c", str(clients), "-m", str(in_flight // clients), "-d", str(work.grpc_file),
-                "-H", "content-type: application/grpc", "-H", "te: trailers",
-                f"http://{target.grpc_url}{INFER}"]
-    else:
-        cmd += ["--h1", "-c", str(in_flight), "-d", str(work.http_file),
-                "-H", f"Inference-Header-Content-Length: {work.http_header_length}",
-                "-H", "Content-Type: application/octet-stream",
-                f"http://{target.http_url}/v2/models/{work.model}/infer"]
-    return cmd
-
-
 # -- one measured run -----------------------------------------------------------------
 
 class RunFailed(RuntimeError):
@@ -308,6 +167,7 @@ class Sample:
     problem: str
     cpu_split_us: Mapping[str, float] = field(default_factory=dict)  # by process name
     extra_served: int = 0
+    seconds: float = 0.0  # wall time of the h2load run
 
     @classmethod
     def failed(cls, problem: str) -> Sample:
@@ -323,8 +183,10 @@ def measure(target: Target, work: Workload, protocol: str, in_flight: int, secon
                          f"{round(seconds * 1000)}ms", log_file)
     before = served_by_triton(triton_http, work.model)
     ticks0 = ticks_by_name(target.pid, read_proc_stats()) if target.pid else Counter()
+    began = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120,
                           check=False)
+    wall = time.monotonic() - began
     ticks1 = ticks_by_name(target.pid, read_proc_stats()) if target.pid else Counter()
     if done.returncode != 0:
         raise RunFailed(f"h2load exited {done.returncode}: "
@@ -345,7 +207,7 @@ def measure(target: Target, work: Workload, protocol: str, in_flight: int, secon
                   float(np.percentile(latencies, 99)) / 1e3, served,
                   sum(split.values()) if target.pid else None,
                   served_check(h2, served, status_counts(log)), split,
-                  extra_served(h2, served))
+                  extra_served(h2, served), wall)
 
 
 def attempt(target: Target, work: Workload, protocol: str, in_flight: int, seconds: float,
@@ -372,29 +234,50 @@ def log_tail(log: Path | None, lines: int = 15) -> str:
     return "\n".join(f"    | {line}" for line in tail) or "    (gateway log empty)"
 
 
+@dataclass(frozen=True)
+class Cells:
+    """Which (model, protocol, in flight) cells a run measures (default: all)."""
+
+    models: tuple[str, ...] = (TINY_MODEL_NAME, SAMPLE_MODEL_NAME)
+    protocols: tuple[str, ...] = PROTOCOLS
+    in_flight: tuple[int, ...] = IN_FLIGHT
+
+
 def warm_up(targets: Sequence[Target], works: Sequence[Workload], triton_http: str,
-            scratch: Path) -> None:
+            scratch: Path, protocols: Sequence[str] = PROTOCOLS) -> None:
     failed: set[str] = set()
     for work in works:
-        for protocol in PROTOCOLS:
+        for protocol in protocols:
             for target in targets:
                 attempt(target, work, protocol, 4, 0.5, triton_http, scratch, failed)
 
 
-def idle_cpu_percent(targets: Sequence[Target], seconds: float = 2.0) -> dict[str, float]:
+def idle_cpu_percent(targets: Sequence[Target], seconds: float = 2.0
+                     ) -> dict[str, dict[str, float]]:
     """Each gateway's CPU while nobody sends it anything (probes, telemetry, timers), in
-    % of one core: the floor under its CPU per request at low rates."""
+    % of one core, by process name: the floor under its CPU per request at low rates."""
     gateways = [t for t in targets if t.pid is not None]
-    before = {t.name: tree_ticks(t.pid, read_proc_stats()) for t in gateways if t.pid}
+    before = {t.name: ticks_by_name(t.pid, read_proc_stats()) for t in gateways if t.pid}
     time.sleep(seconds)
     stats, clock = read_proc_stats(), os.sysconf("SC_CLK_TCK")
-    return {t.name: 100.0 * (tree_ticks(t.pid, stats) - before[t.name]) / clock / seconds
+    return {t.name: {name: 100.0 * (ticks - before[t.name][name]) / clock / seconds
+                     for name, ticks in ticks_by_name(t.pid, stats).items()}
             for t in gateways if t.pid}
 
 
+def above_floor(sample: Sample, idle_pct: Mapping[str, float]) -> dict[str, float]:
+    """CPU per request by process beyond what the process burns idle over the same
+    seconds (``idle_pct``): what the requests themselves cost it (e.g. the control
+    plane's reading of HAProxy's telemetry lines, without its probe rounds)."""
+    if not sample.requests:
+        return {}
+    return {name: us - idle_pct.get(name, 0.0) / 100 * sample.seconds * 1e6 / sample.requests
+            for name, us in sample.cpu_split_us.items()}
+
+
 def interleaved(targets: Sequence[Target], works: Sequence[Workload], rounds: int,
-                seconds: float, triton_http: str,
-                scratch: Path) -> dict[tuple[str, str, int, str], list[Sample]]:
+                seconds: float, triton_http: str, scratch: Path,
+                cells: Cells = Cells()) -> dict[tuple[str, str, int, str], list[Sample]]:
     """Every cell (model, protocol, in flight) against every target once per round, the
     targets' order rotated each round so that none always runs first. A gateway whose
     process exited is dropped from the rest of the run (with a line saying so)."""
@@ -404,8 +287,8 @@ def interleaved(targets: Sequence[Target], works: Sequence[Workload], rounds: in
     for r in range(rounds):
         order = [*targets[r % len(targets):], *targets[:r % len(targets)]]
         for work in works:
-            for protocol in PROTOCOLS:
-                for in_flight in IN_FLIGHT:
+            for protocol in cells.protocols:
+                for in_flight in cells.in_flight:
                     for target in (t for t in order if t.name not in dropped):
                         s = attempt(target, work, protocol, in_flight, seconds, triton_http,
                                     scratch, failed)
@@ -454,7 +337,8 @@ def finite_median(values: Iterable[float | None]) -> float | None:
 
 def summarise(samples: Mapping[tuple[str, str, int, str], Sequence[Sample]],
               planes: Sequence[str],
-              idle_cpu_pct: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+              idle_cpu_pct: Mapping[str, Mapping[str, float]] | None = None
+              ) -> list[dict[str, Any]]:
     """One row per (model, protocol, in flight, data plane): medians over rounds."""
     rows = []
     for model, protocol, in_flight in dict.fromkeys(k[:3] for k in samples):
@@ -462,14 +346,16 @@ def summarise(samples: Mapping[tuple[str, str, int, str], Sequence[Sample]],
         for plane in planes:
             gateway = samples.get((model, protocol, in_flight, plane))
             if gateway:
-                row = cell_row(model, protocol, in_flight, plane, direct, gateway)
-                row["gateway_idle_cpu_pct"] = (idle_cpu_pct or {}).get(plane)
+                idle = (idle_cpu_pct or {}).get(plane)
+                row = cell_row(model, protocol, in_flight, plane, direct, gateway, idle)
+                row["gateway_idle_cpu_pct"] = sum(idle.values()) if idle else None
                 rows.append(row)
     return rows
 
 
 def cell_row(model: str, protocol: str, in_flight: int, plane: str,
-             direct: Sequence[Sample], gateway: Sequence[Sample]) -> dict[str, Any]:
+             direct: Sequence[Sample], gateway: Sequence[Sample],
+             idle_pct: Mapping[str, float] | None = None) -> dict[str, Any]:
     # Ratios and differences pair each gateway run with the direct run of the same round
     # (seconds apart, so under the same load from the machine's other work). A run where
     # nothing succeeded served 0 req/s; its latency was not measured.
@@ -481,6 +367,8 @@ def cell_row(model: str, protocol: str, in_flight: int, plane: str,
     cpu = finite_median(s.cpu_us_per_request for s in gateway)
     names = sorted({n for s in gateway for n in s.cpu_split_us})
     split = {n: finite_median(s.cpu_split_us.get(n) for s in gateway) for n in names}
+    beyond = [above_floor(s, idle_pct) for s in gateway] if idle_pct is not None else []
+    split_above = {n: finite_median(b.get(n) for b in beyond) for n in names} if beyond else {}
     problems = ([f"direct: {s.problem}" for s in direct if s.problem]
                 + [f"{plane}: {s.problem}" for s in gateway if s.problem])
     return {
@@ -496,6 +384,7 @@ def cell_row(model: str, protocol: str, in_flight: int, plane: str,
         "direct_rps_each": [s.req_per_s for s in direct],
         "gateway_rps_each": [s.req_per_s for s in gateway],
         "gateway_cpu_us_per_request": cpu, "gateway_cpu_split_us": split,
+        "gateway_cpu_split_above_idle_us": split_above,
         "gateway_requests": sum(s.requests for s in gateway),
         "triton_extra_served": sum(s.extra_served for s in (*direct, *gateway)),
         "rounds": len(gateway), "verified": not problems,
@@ -521,7 +410,9 @@ def num(value: float | None, spec: str) -> str:
 
 
 def cpu_cell(row: Mapping[str, Any]) -> str:
+    above = row.get("gateway_cpu_split_above_idle_us") or {}
     split = ", ".join(f"{name} {num(us, '.0f')}"
+                      + (f" [{num(above[name], '.0f')}]" if name in above else "")
                       for name, us in row["gateway_cpu_split_us"].items())
     text = num(row["gateway_cpu_us_per_request"], ".0f")
     return f"{text} ({split}) {row.get('cpu_goal', '')}" if split else text
@@ -555,7 +446,9 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
                  "only; medians over rounds. Ratio and added p50: median over rounds of each "
                  "gateway run against the direct run of the same round (lowest..highest). "
                  "CPU: the gateway process and all its descendants (HAProxy included), per "
-                 "request Triton served. 'served checked': no request "
+                 "request Triton served, by process; [in brackets] what remains once the "
+                 "process's idle burn (probes, timers) over the run's seconds is taken "
+                 "out. 'served checked': no request "
                  "failed and every h2load success was an inference Triton counted (h2load "
                  "takes any HTTP 200, a gRPC error included, as a success).")
     idle = dict.fromkeys((r["data_plane"], r.get("gateway_idle_cpu_pct")) for r in rows)
@@ -616,7 +509,14 @@ def parse_plane(spec: str) -> Plane:
     return name.strip(), tuple(shlex.split(args)) if sep else ("--data-plane", name.strip())
 
 
+# both gRPC connection modes of the HAProxy data plane (the default decides per member
+# from its Triton version: one request per connection before 2.57.0), and Python
+SHARED_PLANE = "haproxy-shared=--data-plane haproxy --grpc-upstream-reuse shared"
+
+
 def default_planes(serve_help: str) -> list[Plane]:
+    if "--grpc-upstream-reuse" in serve_help and "per-request" in serve_help:
+        return [parse_plane("haproxy"), parse_plane(SHARED_PLANE), parse_plane("python")]
     if "--data-plane" in serve_help:
         return [parse_plane("haproxy"), parse_plane("python")]
     say("this gateway has no --data-plane option yet: measuring its only (Python) "
@@ -673,26 +573,29 @@ def stack(workdir: Path, planes: Sequence[Plane]) -> Iterator[tuple[TritonEndpoi
         yield ep, targets
 
 
-def run(rounds: int = 3, seconds: float = 3.0,
-        planes: Sequence[Plane] | None = None) -> list[dict[str, Any]]:
+def run(rounds: int = 3, seconds: float = 3.0, planes: Sequence[Plane] | None = None,
+        cells: Cells = Cells()) -> list[dict[str, Any]]:
     if shutil.which("h2load") is None:
         raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
     chosen = list(planes) if planes is not None else default_planes(serve_help())
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, stack(Path(tmp), chosen) as (triton, targets):
         scratch = Path(tmp)
-        works = [
+        works = [work for work in (
             write_workload(scratch, TINY_MODEL_NAME, np.ones((1, TINY_WIDTH), np.float32),
                            "x", "y"),
             write_workload(scratch, SAMPLE_MODEL_NAME, cat_input(), "input", "logits"),
-        ]
+        ) if work.model in cells.models]
         if len(targets) == 1:
             say("no gateway started: nothing to compare")
             return []
-        warm_up(targets, works, triton.http_url, scratch)
+        warm_up(targets, works, triton.http_url, scratch, cells.protocols)
         idle = idle_cpu_percent(targets)
-        say("idle CPU, % of one core: " + ", ".join(f"{k} {v:.1f}" for k, v in idle.items()))
-        samples = interleaved(targets, works, rounds, seconds, triton.http_url, scratch)
+        say("idle CPU, % of one core: " + ", ".join(
+            f"{k} {sum(v.values()):.1f} ({', '.join(f'{n} {pct:.1f}' for n, pct in v.items())})"
+            for k, v in idle.items()))
+        samples = interleaved(targets, works, rounds, seconds, triton.http_url, scratch,
+                              cells)
     say(f"measured in {time.monotonic() - started:.0f} s")
     return summarise(samples, [t.name for t in targets[1:]], idle)
 
@@ -708,8 +611,16 @@ def main() -> None:
                              "--data-plane option")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write bench_dataplane.json/.md/.png into this folder")
+    parser.add_argument("--model", action="append", choices=Cells().models,
+                        help="only this model (repeatable; default: both)")
+    parser.add_argument("--protocol", action="append", choices=PROTOCOLS,
+                        help="only this protocol (repeatable; default: both)")
+    parser.add_argument("--in-flight", action="append", type=int,
+                        help=f"only this many in flight (repeatable; default: {IN_FLIGHT})")
     args = parser.parse_args()
-    rows = run(args.rounds, args.seconds, args.plane)
+    cells = Cells(tuple(args.model or Cells().models), tuple(args.protocol or PROTOCOLS),
+                  tuple(args.in_flight or IN_FLIGHT))
+    rows = run(args.rounds, args.seconds, args.plane, cells)
     table = markdown(rows)
     print(table)
     if args.out is not None:

@@ -35,7 +35,7 @@ from scheduler.plan import PlacementPlan
 from scheduler.pools import PoolSpec
 from scheduler.profiles import GPU_TYPES
 
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.04-py3"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "infergate-scheduler"}
 POOL_LABEL = "infergate.io/pool"
 NODE_LABEL = "infergate.io/node"

@@ -36,6 +36,7 @@ from gateway.haproxy.snapshot import (
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.pools import Pool
 from gateway.routing import RoutingPolicy
+from gateway.upstream.triton_version import VersionWatch
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ def snapshot_of(dataplane: DataPlane, auth: TokenTable, now: float,
                     weight=queue_weight(m.upstream_queue
                                         if now - m.queue_scraped_at <= policy.stale_after_s
                                         else 0),
+                    triton_version=m.triton_version,
                 )
                 for m in pool.members
             ),
@@ -114,9 +116,12 @@ class HAProxyDataPlane:
     _receiver: LogReceiver | None = None
     _errors_seen: dict[tuple[str, str], int] = field(default_factory=dict)
     proxy: SnapshotProxy = field(init=False)
+    versions: VersionWatch = field(init=False)
 
     def __post_init__(self) -> None:
         self.proxy = SnapshotProxy(self.layout, self.process)
+        self.versions = VersionWatch(self.dataplane.metrics.member_info,
+                                     self.layout.grpc_upstream_reuse)
 
     @property
     def api(self) -> RuntimeAPI:
@@ -148,7 +153,11 @@ class HAProxyDataPlane:
             self.dataplane.note_user_request(model, now)
 
     async def apply(self) -> None:
-        """Move HAProxy to the current snapshot (runtime commands, else a reload)."""
+        """Move HAProxy to the current snapshot (runtime commands, else a reload: a
+        member's gRPC connection mode changes with its Triton version)."""
+        self.versions.observe((m.pool, m.key, m.triton_version)
+                              for m in self.dataplane.members() if m.version_probed)
+        self.versions.forget({(m.pool, m.key) for m in self.dataplane.members()})
         await self.proxy.amove(snapshot_of(self.dataplane, self.auth, self.dataplane.clock()))
 
     async def observe(self) -> None:

@@ -60,14 +60,25 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_files(rendered: Rendered, layout: Layout) -> None:
-    """Error files, maps, then the configuration: a reload always finds a whole set."""
+def write_files(rendered: Rendered, layout: Layout, written: Rendered | None = None) -> int:
+    """Error files, maps, then the configuration: a reload always finds a whole set.
+    ``written``: what the last call wrote to the same layout; files it already holds
+    are left alone (under load a probe round changes a member's weight and nothing
+    else: one file to write, not every map and error file). Returns the files written."""
+    count = 0
     for name, body in rendered.error_files.items():
-        _atomic_write(layout.run_dir / "errors" / name, body)
+        if written is None or written.error_files.get(name) != body:
+            _atomic_write(layout.run_dir / "errors" / name, body)
+            count += 1
     for name, entries in rendered.maps.items():
-        _atomic_write(layout.map_path(name),
-                      "".join(f"{k} {v}\n" for k, v in sorted(entries.items())))
-    _atomic_write(layout.config_path, rendered.config)
+        if written is None or written.maps.get(name) != entries:
+            _atomic_write(layout.map_path(name),
+                          "".join(f"{k} {v}\n" for k, v in sorted(entries.items())))
+            count += 1
+    if written is None or written.config != rendered.config:
+        _atomic_write(layout.config_path, rendered.config)
+        count += 1
+    return count
 
 
 class HAProxyProcess:

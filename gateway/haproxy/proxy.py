@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 from gateway.haproxy.process import HAProxyProcess, write_files
-from gateway.haproxy.render import render, runtime_commands
+from gateway.haproxy.render import Rendered, render, runtime_commands
 from gateway.haproxy.runtime import RuntimeAPI
 from gateway.haproxy.snapshot import Layout, Snapshot
 
@@ -20,6 +20,7 @@ class SnapshotProxy:
         self.layout = layout
         self.process = process
         self.applied: Snapshot | None = None
+        self._written: Rendered | None = None  # the files on disk
         self.reloads = 0
         self._lock = asyncio.Lock()
 
@@ -30,7 +31,7 @@ class SnapshotProxy:
     def start(self, snapshot: Snapshot) -> None:
         """Files, then the process (blocking)."""
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
-        write_files(render(snapshot, self.layout), self.layout)
+        self._write(render(snapshot, self.layout))
         self.process.start()
         self.applied = snapshot
 
@@ -41,7 +42,7 @@ class SnapshotProxy:
             return "same"
         assert self.applied is not None, "start() first"
         commands = runtime_commands(self.applied, snapshot, self.layout)
-        write_files(render(snapshot, self.layout), self.layout)
+        self._write(render(snapshot, self.layout))
         if commands is None:
             log.info("HAProxy: structural change, reloading")
             self.process.reload()
@@ -50,6 +51,12 @@ class SnapshotProxy:
             self.api.run(commands)
         self.applied = snapshot
         return "reload" if commands is None else "runtime"
+
+    def _write(self, rendered: Rendered) -> None:
+        # a failed write leaves the cache empty: the next one writes every file again
+        written, self._written = self._written, None
+        write_files(rendered, self.layout, written)
+        self._written = rendered
 
     async def amove(self, snapshot: Snapshot) -> str:
         async with self._lock:

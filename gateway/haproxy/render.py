@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from http import HTTPStatus
 
 from gateway import errors
-from gateway.haproxy.snapshot import Layout, PoolState, RouteState, Snapshot
+from gateway.haproxy.snapshot import Layout, MemberState, PoolState, RouteState, Snapshot
 from gateway.upstream import parse_errors
+from gateway.upstream.triton_version import grpc_mode
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 INFER_PATH_RE = r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$"
@@ -168,6 +169,14 @@ def render_config(snapshot: Snapshot, layout: Layout) -> str:
     return with_map_paths("\n".join(parts), layout)
 
 
+# HAProxy's global tune.* settings (Layout.tune overrides them, key by key)
+TUNING: dict[str, str] = {}
+
+
+def tuning(layout: Layout) -> dict[str, str]:
+    return {**TUNING, **dict(layout.tune)}
+
+
 def _global(layout: Layout) -> str:
     lines = [
         "global",
@@ -175,7 +184,7 @@ def _global(layout: Layout) -> str:
         f"  stats socket {layout.admin_socket} mode 600 level admin expose-fd listeners",
         "  log ring@telemetry len 2048 format raw local0",
         "  hard-stop-after 30s",
-        *(f"  {line}" for line in layout.extra_global),
+        *(f"  {key} {value}" for key, value in tuning(layout).items()),
         "",
         # a ring buffer streamed to the control plane: bursts wait in the ring instead of
         # being dropped (a datagram socket's queue is a few lines long)
@@ -425,20 +434,23 @@ GRPC_TIMEOUT_UNITS = {"H": ",mul(3600000)", "M": ",mul(60000)", "S": ",mul(1000)
                       "m": "", "u": ",div(1000),add(1)", "n": ",div(1000000),add(1)"}
 
 
-# By default one ModelInfer per connection to a Triton member, never two at once on one
-# (Layout.grpc_upstream_reuse turns sharing back on, for a Triton with the fix): Triton
-# 2.51 answers a message it cannot parse with its trailers-only status, then repeats
-# that HEADERS frame on the stream END_STREAM closed (6 in all, each followed by an
-# RST_STREAM). HAProxy takes that as a connection error (GOAWAY STREAM_CLOSED),
-# which aborts every other request multiplexed on that connection; Triton cancels them
-# all at once, and its cancellation race (triton-inference-server/server#8034, fixed
-# after 2.51) segfaults it. On a connection of its own, only the broken request's
-# connection ends, after its answer, and Triton has nothing to cancel. The price: a
-# TCP and HTTP/2 handshake per request to the member (HAProxy resets the connection it
-# is done with, so no TIME_WAIT socket piles up on either side).
-# Measured (loadtests.bench_dataplane, tiny model, 16 in flight): about half the gRPC
-# throughput of shared connections; large requests and HTTP pay nothing.
+# gRPC to a member whose Triton lacks the fix for server#8034 (before 2.57.0): one
+# ModelInfer per connection, never two at once on one. Triton 2.51 answers a message it
+# cannot parse with its trailers-only status, then repeats that HEADERS frame on the
+# stream END_STREAM closed (6 in all, each followed by an RST_STREAM). HAProxy takes
+# that as a connection error (GOAWAY STREAM_CLOSED), which aborts every other request
+# multiplexed on that connection; Triton cancels them all at once, and its cancellation
+# race segfaults it. On a connection of its own, only the broken request's connection
+# ends, after its answer, and Triton has nothing to cancel. The price: a TCP and HTTP/2
+# handshake per request to the member (HAProxy resets the connection it is done with,
+# so no TIME_WAIT socket piles up on either side). Members with the fix share
+# connections (``gateway.upstream.triton_version.grpc_mode``; the layout's setting
+# overrides it either way).
 GRPC_SERVER_REUSE = "max-reuse 0"
+
+
+def grpc_shared(member: MemberState, layout: Layout) -> bool:
+    return grpc_mode(member.triton_version, layout.grpc_upstream_reuse).shared
 
 
 def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
@@ -471,9 +483,9 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
     lines += parse_error_rules(http)
     check = (f"check inter {layout.health_interval_ms}ms fall 2 rise 1 "
              "observe layer4 error-limit 1 on-error mark-down")
-    reuse = "" if layout.grpc_upstream_reuse else f" {GRPC_SERVER_REUSE}"
     for m in pool.members:
         port = m.http_port if http else m.grpc_port
+        reuse = "" if grpc_shared(m, layout) else f" {GRPC_SERVER_REUSE}"
         extra = "" if http else f" proto h2{reuse} port {m.http_port} check-proto h1"
         lines.append(
             f"  server {m.name} {m.host}:{port} {check} "
@@ -519,11 +531,13 @@ def _cli_word(text: str) -> str:
     return text.replace("\\", "\\\\").replace(" ", "\\ ").replace(";", "\\;")
 
 
-def structure(snapshot: Snapshot) -> tuple[object, ...]:
-    """What only a reload can change: listeners, backends, servers, tables, defaults."""
+def structure(snapshot: Snapshot, layout: Layout) -> tuple[object, ...]:
+    """What only a reload can change: listeners, backends, servers (a member's gRPC
+    connection mode among them), tables, defaults."""
     return (
         tuple((p.name,
-               tuple((m.name, m.host, m.http_port, m.grpc_port) for m in p.members))
+               tuple((m.name, m.host, m.http_port, m.grpc_port, grpc_shared(m, layout))
+                     for m in p.members))
               for p in snapshot.pools),
         snapshot.default_route.pools if snapshot.default_route else None,
         snapshot.default_route.max_in_system if snapshot.default_route else None,
@@ -537,7 +551,7 @@ def structure(snapshot: Snapshot) -> tuple[object, ...]:
 def runtime_commands(old: Snapshot, new: Snapshot, layout: Layout) -> list[str] | None:
     """Admin-socket commands taking a process rendered from ``old`` to ``new``; ``None``
     when only a reload can (see :func:`structure`)."""
-    if structure(old) != structure(new):
+    if structure(old, layout) != structure(new, layout):
         return None
     commands: list[str] = []
     old_maps, new_maps = route_maps(old), route_maps(new)

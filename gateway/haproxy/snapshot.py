@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.upstream.triton_version import GrpcReuse
+
 # Canary splits: at most this many pools per model are rendered as split ranks; a model
 # assigned to more pools keeps its heaviest ones.
 MAX_POOLS_PER_MODEL = 4
@@ -33,6 +35,9 @@ class MemberState:
     grpc_port: int
     routable: bool  # False: held in maintenance (unhealthy, or being restored)
     weight: int = MAX_WEIGHT  # 1..256, from the member's queue depth
+    # the Triton version it reported (None: not read); decides whether its gRPC
+    # connections are shared (gateway.upstream.triton_version)
+    triton_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,10 +122,11 @@ class Layout:
     health_interval_ms: int = 1000
     max_body_bytes: int = 256 * 1024 * 1024
     stream_timeout_s: int = 3600  # gRPC streams to the control plane may idle this long
-    # gRPC requests to a member share HTTP/2 connections (render.py: only for a Triton
-    # with server#8078's fix; else one request per connection)
-    grpc_upstream_reuse: bool = False
-    extra_global: tuple[str, ...] = field(default_factory=tuple)
+    # gRPC requests to a member share HTTP/2 connections when its Triton has the fix
+    # for server#8034 (auto), always, or never (gateway.upstream.triton_version)
+    grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO
+    # HAProxy ``tune.*`` settings over render.TUNING's defaults: (key, value)
+    tune: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     @property
     def config_path(self) -> Path:
@@ -139,6 +145,22 @@ class Layout:
 
 
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+_TUNE_KEY = re.compile(r"tune\.[a-z0-9][a-z0-9.-]*")
+_TUNE_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def parse_tune(text: str) -> tuple[str, str]:
+    """``"tune.bufsize=65536"`` (or ``"tune.bufsize 65536"``) -> (key, value); ValueError
+    for anything but one ``tune.*`` keyword and one plain value (a line of HAProxy's
+    ``global`` section, so nothing else may slip in)."""
+    key, _, value = text.strip().replace("=", " ", 1).partition(" ")
+    key, value = key.strip(), value.strip()
+    if not _TUNE_KEY.fullmatch(key) or not _TUNE_VALUE.fullmatch(value):
+        raise ValueError(f"{text!r}: expected 'tune.KEY=VALUE' (HAProxy's global tune.* "
+                         "settings, one plain value)")
+    return key, value
 
 
 def server_name(member_key: str) -> str:

@@ -267,7 +267,7 @@ def test_grace_period_covers_pre_stop_and_drain(rendered: dict[str, list[Obj]]) 
 
 
 def test_images_are_pinned_and_chosen_by_overlay(rendered: dict[str, list[Obj]]) -> None:
-    expected = {"gpu-mig": "nvcr.io/nvidia/tritonserver:24.10-py3",
+    expected = {"gpu-mig": "nvcr.io/nvidia/tritonserver:25.04-py3",
                 "cpu-dev": "infergate/triton-cpu:dev"}
     for overlay, objects in rendered.items():
         triton = container(find(objects, "Deployment", "triton-efficientnet-lite0"),

@@ -45,7 +45,7 @@ def test_deployments_request_one_mig_resource_when_pool_is_placed(
         pod = d["spec"]["template"]
         assert d["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
         (container,) = pod["spec"]["containers"]
-        assert container["image"] == TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:24.10-py3"
+        assert container["image"] == TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:25.04-py3"
         assert [p["containerPort"] for p in container["ports"]] == [8000, 8001, 8002]
         gpu_resources = [r for r in container["resources"]["limits"] if r.startswith("nvidia.com/")]
         assert len(gpu_resources) == 1

@@ -31,6 +31,7 @@ from gateway.haproxy.snapshot import (
     queue_weight,
     server_name,
 )
+from gateway.upstream.triton_version import GrpcReuse
 
 
 def _layout(tmp: Path) -> Layout:
@@ -137,28 +138,55 @@ def test_error_files_use_the_error_table_when_haproxy_answers_itself(status: int
     assert f"grpc-status: {errors.grpc_code_number(error)}\r\n" in grpc
 
 
-def test_grpc_members_take_one_request_per_connection_when_rendered(tmp_path: Path) -> None:
-    """Triton 2.51's repeated trailers after an unparseable message end the whole backend
-    connection; nothing else may share it (see ``GRPC_SERVER_REUSE``). HTTP/1 members keep
-    their connections."""
-    config = render(_snapshot(), _layout(tmp_path)).config
+def _server_lines(config: str, backend: str) -> dict[str, str]:
     sections = {block.split("\n", 1)[0]: block for block in config.split("\nbackend ")}
-    for pool in ("main", "canary"):
-        grpc_servers = [line for line in sections[f"grpc_{pool}"].splitlines()
-                        if line.strip().startswith("server ")]
-        http_servers = [line for line in sections[f"http_{pool}"].splitlines()
-                        if line.strip().startswith("server ")]
-        assert grpc_servers and all(" proto h2 max-reuse 0 " in s for s in grpc_servers)
-        assert http_servers and not any("max-reuse" in s for s in http_servers)
+    lines = [line.split() for line in sections[backend].splitlines()
+             if line.strip().startswith("server ")]
+    return {words[1]: " ".join(words) for words in lines}
 
 
-def test_grpc_members_share_connections_when_the_layout_allows(tmp_path: Path) -> None:
-    """--grpc-upstream-reuse (a Triton with server#8078's fix): no per-request connection."""
-    layout = dataclasses.replace(_layout(tmp_path), grpc_upstream_reuse=True)
-    config = render(_snapshot(), layout).config
-    servers = [line for line in config.splitlines() if line.strip().startswith("server ")
-               and " proto h2 " in line and "127.0.0.1:1800" not in line]
-    assert servers and not any("max-reuse" in s for s in servers)
+def test_grpc_connections_follow_each_members_version_when_rendered(tmp_path: Path) -> None:
+    """Triton before 2.57.0 (server#8034): one request per connection (see
+    ``GRPC_SERVER_REUSE``); 2.57.0 and later share; a version not read or not parseable
+    counts as old. HTTP/1 members keep their connections whatever they run."""
+    versions = {"old": "2.51.0", "new": "2.57.0", "dev": "2.60.0dev", "junk": "next",
+                "unread": None}
+    members = tuple(replace(_member(9000 + 10 * i), name=name, triton_version=version)
+                    for i, (name, version) in enumerate(versions.items()))
+    config = render(_snapshot(pools=(PoolState("main", members),)), _layout(tmp_path)).config
+    grpc, http = _server_lines(config, "grpc_main"), _server_lines(config, "http_main")
+    per_request = {name for name, line in grpc.items() if " max-reuse 0 " in line}
+    assert per_request == {"old", "junk", "unread"}
+    assert all(" proto h2 " in line for line in grpc.values())
+    assert http.keys() == grpc.keys() and not any("max-reuse" in s for s in http.values())
+
+
+@pytest.mark.parametrize(("setting", "per_request"), [
+    (GrpcReuse.SHARED, set()), (GrpcReuse.PER_REQUEST, {"old", "new"}),
+    (GrpcReuse.AUTO, {"old"})])
+def test_layout_setting_overrides_versions_when_rendered(
+        tmp_path: Path, setting: GrpcReuse, per_request: set[str]) -> None:
+    members = (replace(_member(9000), name="old", triton_version="2.51.0"),
+               replace(_member(9010), name="new", triton_version="2.57.1"))
+    layout = dataclasses.replace(_layout(tmp_path), grpc_upstream_reuse=setting)
+    config = render(_snapshot(pools=(PoolState("main", members),)), layout).config
+    grpc = _server_lines(config, "grpc_main")
+    assert {n for n, line in grpc.items() if " max-reuse 0 " in line} == per_request
+
+
+def test_member_restarted_on_another_version_needs_a_reload_when_moved(tmp_path: Path) -> None:
+    """max-reuse is no runtime-API setting: a mode change is structural (a seamless
+    reload); a new patch release of an already fixed Triton changes nothing."""
+    layout = _layout(tmp_path)
+
+    def on(version: str | None) -> Snapshot:
+        return _snapshot(pools=(PoolState("main", (replace(_member(9000),
+                                                           triton_version=version),)),))
+    assert runtime_commands(on("2.51.0"), on("2.57.0"), layout) is None
+    assert runtime_commands(on("2.57.0"), on(None), layout) is None
+    assert runtime_commands(on("2.57.0"), on("2.58.0"), layout) == []
+    shared = dataclasses.replace(layout, grpc_upstream_reuse=GrpcReuse.SHARED)
+    assert runtime_commands(on("2.51.0"), on("2.57.0"), shared) == []
 
 
 def test_rendered_config_passes_haproxy_check_when_written(tmp_path: Path) -> None:

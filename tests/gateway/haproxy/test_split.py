@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
 
 from converters.tiny import TINY_WIDTH, tiny_onnx
 from infergate.processes import run_agent
@@ -36,6 +37,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def _feed_version(http_url: str) -> str:
     return str(httpx.get(f"http://{http_url}/v1/dataplane/snapshot",
                          headers=bearer("admin")).json()["version"])
+
+
+def _member_info(status_port: int) -> dict[tuple[str, str, str], float]:
+    text = httpx.get(f"http://127.0.0.1:{status_port}/metrics").text
+    return {(s.labels["member"], s.labels["version"], s.labels["grpc_connections"]): s.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "infergate_member_info" for s in family.samples}
 
 
 def _infers(http_url: str, model: str) -> bool:
@@ -77,6 +85,13 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
             version = _feed_version(control.http_url)
             assert wait_until(lambda: agent_a.status()["version"] == version
                               == agent_b.status()["version"], 10)
+            # each replica decides the gRPC connections from the versions the control
+            # plane read: this machine's Triton lacks the fix for server#8034
+            triton_version = httpx.get(f"http://{ea.http_url}/v2").json()["version"]
+            for agent in (agent_a, agent_b):
+                assert _member_info(agent.status_port) == {
+                    (member.grpc_url, triton_version, "per_request"): 1.0
+                    for member in (ea, eb)}
 
             control.proc.send_signal(signal.SIGKILL)
             control.proc.wait(10)

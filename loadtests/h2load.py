@@ -1,0 +1,118 @@
+"""h2load, the C load generator the benchmarks drive: its command lines for gRPC
+``ModelInfer`` and HTTP binary-tensor requests, and what it prints (the summary and the
+per-request ``--log-file``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtests.bench_gateway import INFER, grpc_request_bytes
+
+
+@dataclass(frozen=True)
+class H2loadSummary:
+    seconds: float
+    req_per_s: float
+    started: int
+    done: int
+    succeeded: int
+    failed: int
+    errored: int
+    timeout: int
+    mean_us: float
+
+
+_UNITS_US = {"us": 1.0, "ms": 1e3, "s": 1e6}
+
+
+def duration_us(text: str) -> float:
+    """h2load's '242us' / '6.13ms' / '1.02s' in microseconds."""
+    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text.strip())
+    if match is None:
+        raise ValueError(f"not an h2load duration: {text!r}")
+    return float(match[1]) * _UNITS_US[match[2]]
+
+
+def parse_h2load(stdout: str) -> H2loadSummary:
+    finished = re.search(r"finished in ([\d.]+(?:us|ms|s)), ([\d.]+) req/s", stdout)
+    counts = re.search(r"requests: \d+ total, (\d+) started, (\d+) done, (\d+) succeeded, "
+                       r"(\d+) failed, (\d+) errored, (\d+) timeout", stdout)
+    timing = re.search(r"time for request:\s+(\S+)\s+(\S+)\s+(\S+)", stdout)
+    if finished is None or counts is None or timing is None:
+        raise ValueError(f"unexpected h2load output: {stdout[-800:]!r}")
+    started, done, succeeded, failed, errored, timeout = (int(g) for g in counts.groups())
+    return H2loadSummary(duration_us(finished[1]) / 1e6, float(finished[2]), started, done,
+                         succeeded, failed, errored, timeout, duration_us(timing[3]))
+
+
+def h2load_gist(stdout: str, stderr: str, most: int = 4) -> str:
+    """What went wrong in a run, in h2load's words: its request counts and the first
+    distinct lines that mention an error."""
+    words = ("error", "fail", "reset", "refused", "timeout", "closed", "GOAWAY")
+    lines = [ln.strip() for ln in (stderr + "\n" + stdout).splitlines()]
+    counts = [ln for ln in lines if ln.startswith("requests:")]
+    noted = [ln for ln in dict.fromkeys(lines) if ln and not ln.startswith("requests:")
+             and any(w.lower() in ln.lower() for w in words)]
+    return " | ".join([*counts[:1], *noted[:most]]) or "(h2load said nothing)"
+
+
+def parse_log(log_text: str) -> list[tuple[int, float]]:
+    """(HTTP status, us to the end of the response) per request of ``h2load --log-file``
+    (columns: start us since the epoch, status, us to the end)."""
+    rows = (line.split("\t") for line in log_text.splitlines() if line.strip())
+    return [(int(cols[1]), float(cols[2])) for cols in rows]
+
+
+def status_counts(log: Sequence[tuple[int, float]]) -> dict[int, int]:
+    return dict(sorted(Counter(status for status, _ in log).items()))
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: str
+    grpc_file: Path
+    http_file: Path
+    http_header_length: int
+
+
+def write_workload(folder: Path, model: str, x: np.ndarray, input_name: str,
+                   output_name: str) -> Workload:
+    body = grpc_request_bytes(model, x, input_name)
+    grpc_file = folder / f"{model}.grpc"
+    grpc_file.write_bytes(b"\x00" + len(body).to_bytes(4, "big") + body)  # gRPC framing
+    header = json.dumps({
+        "inputs": [{"name": input_name, "shape": list(x.shape), "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
+    }).encode()
+    http_file = folder / f"{model}.bin"
+    http_file.write_bytes(header + x.astype(np.float32).tobytes())
+    return Workload(model, grpc_file, http_file, len(header))
+
+
+def h2load_command(work: Workload, protocol: str, target: Any,
+                   in_flight: int, duration: str, log_file: Path | None) -> list[str]:
+    """gRPC: HTTP/2, up to 4 connections with streams multiplexed; HTTP: one HTTP/1.1
+    connection per request in flight (as Triton's HTTP clients do)."""
+    cmd = ["h2load", "-D", duration]
+    if log_file is not None:
+        cmd += ["--log-file", str(log_file)]
+    if protocol == "grpc":
+        clients = min(4, in_flight)
+        cmd += ["-c", str(clients), "-m", str(in_flight // clients), "-d", str(work.grpc_file),
+                "-H", "content-type: application/grpc", "-H", "te: trailers",
+                f"http://{target.grpc_url}{INFER}"]
+    else:
+        cmd += ["--h1", "-c", str(in_flight), "-d", str(work.http_file),
+                "-H", f"Inference-Header-Content-Length: {work.http_header_length}",
+                "-H", "Content-Type: application/octet-stream",
+                f"http://{target.http_url}/v2/models/{work.model}/infer"]
+    return cmd
