@@ -32,7 +32,8 @@ from typing import Any
 
 BENCHMARKS = (
     ("bench_gateway", "gateway overhead vs direct Triton"),
-    ("bench_dataplane", "data planes (HAProxy, Python) vs direct Triton, h2load as client"),
+    ("bench_dataplane", "data planes (HAProxy in both gRPC connection modes, Python) vs "
+                        "direct Triton, h2load as client"),
     ("bench_batching", "dynamic batching on vs off (batch size impact)"),
     ("bench_converter", "converter: INT8 vs FP32"),
     ("bench_coldstart", "cold start: first request with vs without model_warmup"),

@@ -14,11 +14,13 @@ from gateway import errors
 from gateway.haproxy.process import find_haproxy, write_files
 from gateway.haproxy.render import (
     LOCAL_ERRORS,
+    TUNING,
     error_files,
     render,
     route_maps,
     runtime_commands,
     split,
+    tuning,
 )
 from gateway.haproxy.snapshot import (
     Layout,
@@ -28,6 +30,7 @@ from gateway.haproxy.snapshot import (
     RouteState,
     Snapshot,
     key_digest,
+    parse_tune,
     queue_weight,
     server_name,
 )
@@ -213,3 +216,54 @@ def test_snapshot_survives_its_wire_form_when_published_to_replicas() -> None:
     assert snapshot_version(replace(snapshot, predict_gated=False)) != snapshot_version(snapshot)
     with pytest.raises(ValueError, match="malformed"):
         snapshot_from_dict({"pools": [{"name": "p"}]})
+
+
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("tune.bufsize=65536", ("tune.bufsize", "65536")),
+    ("tune.h2.initial-window-size 1048576", ("tune.h2.initial-window-size", "1048576")),
+    (" tune.sched.low-latency=on ", ("tune.sched.low-latency", "on"))])
+def test_parse_tune_reads_one_setting_when_well_formed(text: str,
+                                                       parsed: tuple[str, str]) -> None:
+    assert parse_tune(text) == parsed
+
+
+@pytest.mark.parametrize("text", [
+    "bufsize=1", "tune.bufsize", "tune.bufsize=", "tune.bufsize=1\n  nbthread 8",
+    "tune.bufsize=1 2", "maxconn=10", "tune.bufsize=$(reboot)", "TUNE.bufsize=1"])
+def test_parse_tune_refuses_anything_but_one_tune_setting(text: str) -> None:
+    with pytest.raises(ValueError, match="tune.KEY=VALUE"):
+        parse_tune(text)
+
+
+def test_layout_tune_settings_land_in_global_over_the_defaults_when_rendered(
+        tmp_path: Path) -> None:
+    layout = dataclasses.replace(_layout(tmp_path), tune=(("tune.bufsize", "65536"),
+                                                          ("tune.h2.initial-window-size",
+                                                           "1048576")))
+    config = render(_snapshot(), layout).config
+    global_section = config.split("\n\n", 1)[0]
+    assert "  tune.bufsize 65536\n" in global_section
+    assert "  tune.h2.initial-window-size 1048576" in global_section
+    assert tuning(layout) == {**TUNING, "tune.bufsize": "65536",
+                              "tune.h2.initial-window-size": "1048576"}
+    binary = find_haproxy()
+    assert binary is not None
+    write_files(render(_snapshot(), layout), layout)
+    checked = subprocess.run([binary, "-c", "-f", str(layout.config_path)],
+                             capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_write_files_writes_only_what_changed_when_given_the_last_set(tmp_path: Path) -> None:
+    layout = _layout(tmp_path)
+    first = render(_snapshot(), layout)
+    assert write_files(first, layout) == len(first.error_files) + len(first.maps) + 1
+    assert write_files(first, layout, first) == 0
+    heavier = _snapshot(pools=(PoolState("main", (_member(9000, weight=3), _member(9010))),
+                               PoolState("canary", (_member(9020),))))
+    second = render(heavier, layout)
+    assert write_files(second, layout, first) == 1  # the config (a weight): nothing else
+    assert layout.config_path.read_text() == second.config
+    renamed = render(_snapshot(routes=(RouteState("other", (("main", 1.0),), 5),)), layout)
+    assert write_files(renamed, layout, second) >= 2  # the maps and the config
+    assert "other" in layout.map_path("route0").read_text()
