@@ -11,8 +11,10 @@ coordinate descent (flip one weight's rounding while that lowers ``d^T C d``), s
 from nearest, with ``C`` measured on calibration data from the float model's inputs.
 
 The result is a float model whose quantized weights are already on ONNX Runtime's grid
-(``q * s``, with the scale read back from the quantized model); each channel's largest
-weight is left as it is, so the quantizer computes the same scale again.
+(``q * s``, with the scale read back from the quantized model, and ``q`` within the
+integers the quantizer serves: [-64, 64] for 7-bit CPU weights, [-127, 127] otherwise,
+:func:`converters.quantize.weight_range`); each channel's largest weight is left as it
+is, so the quantizer computes the same scale again.
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ class _Layer:
 
 
 def rounded_weights(float_model: onnx.ModelProto, quantized: onnx.ModelProto,
-                    samples: SampleSet, settings: RuntimeSettings,
+                    samples: SampleSet, settings: RuntimeSettings, *,
+                    levels: tuple[int, int],
                     sweeps: int = 2) -> dict[str, tuple[str, np.ndarray]]:
     """Node name -> (weight initializer, float weights on the INT8 grid, rounded to
-    minimize output error), for every Conv (group 1 or depthwise) and Gemm."""
-    layers = _layers(float_model, quantized)
+    minimize output error), for every Conv (group 1 or depthwise) and Gemm. ``levels``:
+    the integers the quantizer serves (:func:`converters.quantize.weight_range`)."""
+    layers = _layers(float_model, quantized, levels)
     if not layers:
         return {}
     moments = _input_moments(float_model, layers, samples, settings)
@@ -86,8 +90,9 @@ def _attrs(node: onnx.NodeProto) -> dict[str, object]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _layers(float_model: onnx.ModelProto, quantized: onnx.ModelProto) -> list[_Layer]:
-    grids = _grids(quantized)
+def _layers(float_model: onnx.ModelProto, quantized: onnx.ModelProto,
+            levels: tuple[int, int]) -> list[_Layer]:
+    grids = _grids(quantized, levels)
     inits = {i.name: i for i in float_model.graph.initializer}
     users: dict[str, int] = {}
     for node in float_model.graph.node:
@@ -116,8 +121,9 @@ def _layers(float_model: onnx.ModelProto, quantized: onnx.ModelProto) -> list[_L
     return layers
 
 
-def _grids(quantized: onnx.ModelProto) -> dict[str, _Grid]:
-    """Node -> the INT8 grid ONNX Runtime chose for its weights (scale per output row)."""
+def _grids(quantized: onnx.ModelProto, levels: tuple[int, int]) -> dict[str, _Grid]:
+    """Node -> the INT8 grid ONNX Runtime chose for its weights (scale per output row),
+    its integers limited to ``levels`` (7-bit weights use less than the int8 type holds)."""
     inits = {i.name: numpy_helper.to_array(i) for i in quantized.graph.initializer}
     producer = {o: n for n in quantized.graph.node for o in n.output}
     grids = {}
@@ -131,12 +137,16 @@ def _grids(quantized: onnx.ModelProto) -> dict[str, _Grid]:
         scale = inits[dq.input[1]].astype(np.float64).reshape(-1)
         zero = inits[dq.input[2]].astype(np.float64).reshape(-1) if len(dq.input) > 2 \
             else np.zeros(1)
-        info = np.iinfo(values.dtype)
+        low, high = levels
+        if values.dtype != np.int8 or int(values.min()) < low or int(values.max()) > high:
+            raise RuntimeError(
+                f"{node.name}: served weights {values.dtype} in [{values.min()}, "
+                f"{values.max()}], outside the INT8 grid [{low}, {high}] expected")
         axis = next((int(a.i) for a in dq.attribute if a.name == "axis"), 1)
         rows_axis = 1 if node.op_type == "Gemm" and not _attrs(node).get("transB", 0) else 0
         if scale.size > 1 and axis != rows_axis:
             continue  # scales along another axis than output channels: not handled
-        grids[node.name] = _Grid(scale, zero, int(info.min), int(info.max))
+        grids[node.name] = _Grid(scale, zero, low, high)
     return grids
 
 

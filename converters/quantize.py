@@ -5,7 +5,8 @@
 - static INT8: calibrate once (MinMax / Entropy / Percentile), then quantize to QDQ with
   per-channel weights, as often as accuracy repair asks, reusing the calibrated ranges.
   Activations per target: U8S8 for x86 CPUs without VNNI (such as this one); symmetric
-  S8S8 for TensorRT's explicit quantization.
+  S8S8 for TensorRT's explicit quantization. CPU weights are 7-bit (``reduce_range``):
+  see :data:`INT16_SAFE_WEIGHT_MAX`.
 - dynamic INT8: weight-only INT8 MatMuls with activations quantized at run time; the
   usual path for transformer encoders on CPU.
 """
@@ -41,6 +42,18 @@ FP16_UNSAFE_OPS = (
 )
 DYNAMIC_OP_TYPES = ("MatMul", "Attention")
 
+# ONNX Runtime's U8S8 QLinearConv/QGemm kernels on x86 CPUs with AVX2 or AVX-512 but no
+# VNNI multiply with VPMADDUBSW, which adds two u8*s8 products into a *saturating* int16:
+# 255 * 127 * 2 = 64770 is clipped to 32767 (ONNX Runtime 1.31.1). With VNNI (VPDPBUSD)
+# the sum is int32 and exact, so the same model computes other numbers there. Measured on
+# an AMD EPYC (AVX2, no VNNI) with 8-bit weights, a small CNN's logits were off by 0.056
+# RMS (0.0047 with the exact U8U8 kernels, ``session.x64quantprecision``) and one logit
+# by 0.148 on average: an error bias correction, which assumes exact integer arithmetic,
+# cannot see.
+# Weights in [-64, 64] (ONNX Runtime's ``reduce_range``) keep every pair sum within int16
+# (255 * 64 * 2 = 32640), so the served model computes the same on every x86 CPU.
+INT16_SAFE_WEIGHT_MAX = 64
+
 
 @dataclass(frozen=True)
 class StaticInt8Recipe:
@@ -54,6 +67,9 @@ class StaticInt8Recipe:
     empirical_passes: int = 0  # bias correction refined on measured output means
     adaround: bool = False  # weights rounded up/down for least output error (adaround.py)
     float_nodes: tuple[str, ...] = ()
+    # 7-bit weights for ONNX Runtime's x86 U8S8 kernels (see INT16_SAFE_WEIGHT_MAX); off
+    # only for TensorRT, whose INT8 kernels accumulate in int32
+    reduce_range: bool = True
 
     def describe(self) -> str:
         kind = "S8S8 symmetric" if self.symmetric else (
@@ -64,9 +80,27 @@ class StaticInt8Recipe:
         if self.bias_correction and self.empirical_passes:
             corrected += f" (empirical, {self.empirical_passes} passes)"
         equalized = ", cross-layer equalized" if self.equalize else ""
+        bits = " 7-bit" if self.reduce_range else ""
         return f"static QDQ {kind}, {self.calibration} calibration, " \
-            f"{'per-channel' if self.per_channel else 'per-tensor'} weights{corrected}" \
+            f"{'per-channel' if self.per_channel else 'per-tensor'}{bits} weights{corrected}" \
             f"{equalized}"
+
+
+def weight_range(recipe: StaticInt8Recipe) -> tuple[int, int]:
+    """The integers the served INT8 weights take: ONNX Runtime's quantizer asked with the
+    settings :meth:`StaticQuantizer._quantize` gives it (QInt8 weights are symmetric, and
+    ``reduce_range`` from the recipe). [-64, 64] with ``reduce_range``, [-127, 127]
+    without. Whatever re-rounds weights for the quantizer (AdaRound) must stay inside it,
+    or the quantizer clips them."""
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
+
+    low, high = (int(v) for v in get_qmin_qmax_for_qType(
+        TensorProto.INT8, reduce_range=recipe.reduce_range, symmetric=True))
+    if recipe.reduce_range and max(-low, high) > INT16_SAFE_WEIGHT_MAX:
+        raise RuntimeError(f"ONNX Runtime's reduced INT8 range [{low}, {high}] exceeds "
+                           f"{INT16_SAFE_WEIGHT_MAX}: its x86 U8S8 kernels would saturate")
+    return low, high
 
 
 @dataclass(frozen=True)
@@ -237,7 +271,8 @@ class StaticQuantizer:
             from converters.adaround import rounded_weights
 
             quantizer.rounded = rounded_weights(quantizer.base_model(), quantizer.quantize(),
-                                                samples.strided(64), RuntimeSettings())
+                                                samples.strided(64), RuntimeSettings(),
+                                                levels=weight_range(recipe))
         if recipe.bias_correction:
             quantizer.corrections = bias_corrections(
                 quantizer.base_model(), quantizer.quantize(), samples, RuntimeSettings())
@@ -279,7 +314,7 @@ class StaticQuantizer:
         quantizer = QDQQuantizer(
             source,
             per_channel=self.recipe.per_channel,
-            reduce_range=False,
+            reduce_range=self.recipe.reduce_range,  # weights only (activations: 8 bits)
             weight_qType=QuantType.QInt8,
             activation_qType=activation,
             tensors_range=self.ranges,
