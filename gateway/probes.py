@@ -30,8 +30,9 @@ PENDING = "nv_inference_pending_request_count"
 def pending_requests(metrics_text: str) -> int:
     """The sum of ``nv_inference_pending_request_count`` over a member's models. Its
     samples are read straight off the text (``name{labels} value [timestamp]``): a
-    full parse of Triton's metrics page cost the control plane a millisecond per member
-    per round, for one family."""
+    full parse of Triton's metrics page, for one family, took the control plane about
+    100 times as long (3.5 ms against 0.035 ms for two models' 61 lines, on a busy
+    machine) per member per round."""
     total = 0.0
     for line in metrics_text.splitlines():
         if not line.startswith(PENDING):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
-from converters.tiny import build_tiny_model
+from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -14,3 +16,15 @@ def tiny_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("tiny") / "model_repo"
     build_tiny_model(repo)
     return repo
+
+
+def tiny_infers_over_grpc(grpc_url: str, model: str = TINY_MODEL_NAME) -> bool:
+    """One ``y = 2x + 1`` inference through ``grpc_url`` answers 3 for 1."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        x = np.ones((1, TINY_WIDTH), np.float32)
+        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        return bool(client.infer(model, [inp]).as_numpy("y")[0][0] == 3.0)
+    finally:
+        client.close()

@@ -18,10 +18,11 @@ import httpx
 import pytest
 
 from gateway.auth import TokenTable
+from gateway.dataplane import DataPlane
 from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.render import render, runtime_commands
 from gateway.haproxy.snapshot import Layout
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
+from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
 from gateway.probes import pending_requests, probe_member, read_version
 from gateway.server import build_dataplane
 
@@ -70,6 +71,14 @@ def member_server() -> Iterator[tuple[int, Answers]]:
         thread.join(timeout=10)
 
 
+def _one_member(port: int, tmp_path: Path) -> tuple[DataPlane, PoolMember, Layout]:
+    spec = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
+    dataplane = build_dataplane(GatewayConfig(pools=(PoolSpec(name="p", members=(spec,)),)))
+    layout = Layout("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", tmp_path,
+                    tmp_path / "log.sock")
+    return dataplane, dataplane.members()[0], layout
+
+
 def _grpc_server_line(config: str) -> str:
     return next(line for line in config.splitlines()
                 if line.strip().startswith("server ") and " proto h2 " in line)
@@ -88,11 +97,7 @@ def test_probe_reads_the_version_and_the_render_follows_when_members_report(
         version: str | None, shared: bool) -> None:
     port, answers = member_server
     answers.metadata = metadata
-    spec = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
-    dataplane = build_dataplane(GatewayConfig(pools=(PoolSpec(name="p", members=(spec,)),)))
-    member = dataplane.members()[0]
-    layout = Layout("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", tmp_path,
-                    tmp_path / "log.sock")
+    dataplane, member, layout = _one_member(port, tmp_path)
 
     async def probe() -> None:
         async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
@@ -109,11 +114,7 @@ def test_probe_reads_the_version_and_the_render_follows_when_members_report(
 def test_member_restarted_on_a_fixed_release_shares_after_one_round(
         member_server: tuple[int, Answers], tmp_path: Path) -> None:
     port, answers = member_server
-    spec = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
-    dataplane = build_dataplane(GatewayConfig(pools=(PoolSpec(name="p", members=(spec,)),)))
-    member = dataplane.members()[0]
-    layout = Layout("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", tmp_path,
-                    tmp_path / "log.sock")
+    dataplane, member, layout = _one_member(port, tmp_path)
 
     async def round_() -> str:
         async with httpx.AsyncClient(timeout=5, trust_env=False) as client:

@@ -9,15 +9,14 @@ import signal
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from converters.tiny import TINY_WIDTH, tiny_onnx
+from converters.tiny import tiny_onnx
 from infergate.processes import run_agent
 from infergate.triton.local import LocalTriton, free_port
 from tests.conftest import triton_settings
+from tests.gateway.conftest import tiny_infers_over_grpc
 from tests.gateway.lifecycle.conftest import (
     TINY_SPEC,
     TOKENS,
@@ -51,17 +50,6 @@ def _infers(http_url: str, model: str) -> bool:
     return answer.status_code == 200 and answer.json()["outputs"][0]["data"][0] == 3.0
 
 
-def _grpc_infers(grpc_url: str, model: str) -> bool:
-    client = grpcclient.InferenceServerClient(grpc_url)
-    try:
-        x = np.ones((1, TINY_WIDTH), np.float32)
-        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x)
-        return bool(client.infer(model, [inp]).as_numpy("y")[0][0] == 3.0)
-    finally:
-        client.close()
-
-
 def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path) -> None:
     repo = tmp_path / "model_repo"
     repo.mkdir()
@@ -81,7 +69,8 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
             done = finished(f"http://{agent_b.http_url}", accepted["id"])
             assert done["state"] == "succeeded", done
             # routable through replica B, which follows the same snapshot
-            assert _infers(agent_b.http_url, "owned") and _grpc_infers(agent_b.grpc_url, "owned")
+            assert _infers(agent_b.http_url, "owned")
+            assert tiny_infers_over_grpc(agent_b.grpc_url, "owned")
             version = _feed_version(control.http_url)
             assert wait_until(lambda: agent_a.status()["version"] == version
                               == agent_b.status()["version"], 10)
@@ -97,7 +86,7 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
             control.proc.wait(10)
             for agent in (agent_a, agent_b):  # both keep routing on their last snapshot
                 assert _infers(agent.http_url, "owned"), agent.log.read_text()[-1500:]
-                assert _grpc_infers(agent.grpc_url, "owned")
+                assert tiny_infers_over_grpc(agent.grpc_url, "owned")
                 assert agent.status()["version"] == version
                 ready = httpx.get(f"http://127.0.0.1:{agent.status_port}/ready")
                 assert ready.status_code == 200  # the replica stays in its Service

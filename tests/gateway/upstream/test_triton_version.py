@@ -6,13 +6,10 @@ import logging
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from gateway.metrics import create_metrics
 from gateway.upstream.triton_version import (
     GrpcReuse,
@@ -23,6 +20,7 @@ from gateway.upstream.triton_version import (
     version_from_metadata,
 )
 from infergate.triton.local import LocalTriton
+from tests.gateway.conftest import tiny_infers_over_grpc
 from tests.procs import pools_yaml, run_gateway, wait_until
 
 
@@ -117,17 +115,6 @@ def _grpc_server_lines(run_dir: Path) -> list[str]:
             and "control" not in line]
 
 
-def _infers_over_grpc(grpc_url: str) -> bool:
-    client = grpcclient.InferenceServerClient(grpc_url)
-    try:
-        x = np.ones((1, TINY_WIDTH), np.float32)
-        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x)
-        return bool(client.infer(TINY_MODEL_NAME, [inp]).as_numpy("y")[0][0] == 3.0)
-    finally:
-        client.close()
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize(("setting", "mode"), [
     (None, "per_request"),  # auto: the member reports 2.51.0
@@ -143,7 +130,7 @@ def test_gateway_decides_from_the_members_reported_version_when_serving(
                           10), _member_info(gateway.http_url)
         servers = _grpc_server_lines(tmp_path / f"haproxy-{gateway.http_port}")
         assert len(servers) == 1 and ("max-reuse 0" in servers[0]) is (mode == "per_request")
-        assert _infers_over_grpc(gateway.grpc_url)
+        assert tiny_infers_over_grpc(gateway.grpc_url)
     said = gateway.log.read_text()
     assert f"runs Triton {version}" in said and "server#8034" in said
     assert ("share connections anyway" in said) is (mode == "shared")
