@@ -47,7 +47,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _die_with_parent() -> None:
-    """In the child: SIGTERM when the gateway dies, however it dies (Linux)."""
+    """In the child: SIGTERM when the gateway dies, however it dies (Linux). Only where
+    ``setpriv`` is missing (:func:`_die_with_parent_command`)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -81,6 +82,18 @@ def write_files(rendered: Rendered, layout: Layout, written: Rendered | None = N
     return count
 
 
+def _die_with_parent_command() -> list[str]:
+    """``setpriv --pdeathsig TERM --``: HAProxy gets SIGTERM when the gateway dies, set
+    by util-linux in the child instead of by Python code between fork and exec. The
+    gateway runs gRPC's threads; a fork that runs Python in the child (``preexec_fn``)
+    also runs gRPC's fork handlers there, and one aborted a starting HAProxy (SIGABRT,
+    "epoll_wait error: Bad file descriptor" from gRPC's poller, seen once in a test
+    that restarts a gateway). Without ``preexec_fn`` the child is started by vfork,
+    which runs no fork handler."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
+
+
 class HAProxyProcess:
     def __init__(self, layout: Layout, binary: str | None = None, external: bool = False,
                  log_file: Path | None = None) -> None:
@@ -111,12 +124,13 @@ class HAProxyProcess:
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
         out = self.log_file.open("ab")
+        prefix = _die_with_parent_command()
         self._proc = subprocess.Popen(
-            [self.binary, "-W", "-db", "-S", f"{self.layout.master_socket},mode,600",
+            [*prefix, self.binary, "-W", "-db", "-S", f"{self.layout.master_socket},mode,600",
              "-f", str(self.layout.config_path)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C reaches us first; we stop it in order
-            preexec_fn=_die_with_parent,
+            preexec_fn=None if prefix else _die_with_parent,
         )
         out.close()
         self._wait_for_admin(timeout_s)

@@ -1,0 +1,79 @@
+"""HAProxy as the gateway's child: it ends with the process that started it, however
+that process ends, and it is started without running Python between fork and exec (the
+gateway's gRPC threads make such a fork unsafe)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gateway.haproxy.process import _die_with_parent_command
+from tests.procs import ROOT, wait_until
+
+STARTER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import grpc  # gRPC's threads running, as in the gateway
+    from concurrent import futures
+    from gateway.haproxy.process import HAProxyProcess, free_port, write_files
+    from gateway.haproxy.render import render
+    from gateway.haproxy.snapshot import Layout, Snapshot
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    run = Path(sys.argv[1])
+    layout = Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
+                    f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", run,
+                    run / "log.sock")
+    write_files(render(Snapshot(pools=()), layout), layout)
+    process = HAProxyProcess(layout)
+    process.start()
+    print(process.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_haproxy_ends_with_its_starter_when_the_starter_is_killed(tmp_path: Path) -> None:
+    assert grpc is not None
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path)], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert starter.stdout is not None
+        pid = int(starter.stdout.readline())
+        assert _alive(pid) and "haproxy" in Path(f"/proc/{pid}/cmdline").read_text()
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait(10)
+        assert wait_until(lambda: not _alive(pid), 30), "HAProxy outlived its starter"
+    finally:
+        starter.kill()
+        starter.wait(10)
+
+
+GET_PDEATHSIG = ("import ctypes; libc = ctypes.CDLL('libc.so.6'); sig = ctypes.c_int(); "
+                 "libc.prctl(2, ctypes.byref(sig)); print(sig.value)")  # PR_GET_PDEATHSIG
+
+
+@pytest.mark.skipif(not _die_with_parent_command(), reason="util-linux setpriv not here")
+def test_the_child_gets_sigterm_as_its_parent_death_signal_when_started_by_setpriv() -> None:
+    """What HAProxy's start relies on instead of a ``preexec_fn``."""
+    prefix = _die_with_parent_command()
+    child = subprocess.run([*prefix, sys.executable, "-c", GET_PDEATHSIG],
+                           capture_output=True, text=True, check=True)
+    plain = subprocess.run([sys.executable, "-c", GET_PDEATHSIG],
+                           capture_output=True, text=True, check=True)
+    assert int(child.stdout) == signal.SIGTERM and int(plain.stdout) == 0
