@@ -7,6 +7,10 @@ Python-backend stub (numpy<2, onnxruntime); it must not import anything from inf
 - Input/output names and dtypes come from the model config (config.pbtxt).
 - A dynamic batch (several requests) is executed in one ONNX Runtime call: requests whose
   non-batch shapes agree are concatenated along axis 0, run once, and split back.
+- A client's mistake is answered ``INVALID_ARG`` (400 / ``INVALID_ARGUMENT``), never
+  Triton's default ``INTERNAL``: a tensor whose rank is not the config's, a batch of no
+  rows (Triton 2.51 passes ``[0, 16]`` with a one-row body on: it sizes a zero batch as
+  one row), and whatever ONNX Runtime itself calls an invalid argument.
 - Config parameters: ``intra_op_threads`` (0 = ONNX Runtime's default),
   ``onnx_model_filename`` (default ``model.onnx``), ``disabled_optimizers``
   (comma-separated ONNX Runtime graph optimizers to turn off; the converter sets
@@ -52,6 +56,8 @@ class TritonPythonModel:
         self.inputs = [
             (i["name"], pb_utils.triton_string_to_numpy(i["data_type"])) for i in config["input"]
         ]
+        # rank each input must have (the batch dimension counted when batching)
+        self.ranks = {i["name"]: len(i.get("dims", [])) + self.batched for i in config["input"]}
         self.outputs = [
             (o["name"], pb_utils.triton_string_to_numpy(o["data_type"])) for o in config["output"]
         ]
@@ -67,15 +73,37 @@ class TritonPythonModel:
         responses: list[Any] = [None] * len(requests)
         groups: dict[tuple[Any, ...], list[tuple[int, dict[str, np.ndarray]]]] = defaultdict(list)
         for index, request in enumerate(requests):
-            feeds = {}
+            feeds, declared = {}, {}
             for name, dtype in self.inputs:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 feeds[name] = tensor.as_numpy().astype(dtype, copy=False)
+                declared[name] = [int(d) for d in tensor.shape()]
+            mistake = self._mistake(feeds, declared)
+            if mistake:
+                responses[index] = _invalid(mistake)
+                continue
             key = tuple((n, a.shape[1:] if self.batched else a.shape) for n, a in feeds.items())
             groups[key if self.batched else (index,)].append((index, feeds))
         for members in groups.values():
             self._run_group(members, responses)
         return responses
+
+    def _mistake(self, feeds: dict[str, np.ndarray], declared: dict[str, list[int]]) -> str:
+        """What is wrong with one request's tensors ('' when nothing is)."""
+        for name, array in feeds.items():
+            shape, rank = declared[name], self.ranks[name]
+            if self.batched and shape[:1] == [0]:
+                return (f"input '{name}' has shape {shape}: a batch of 0 rows; send at "
+                        "least one")
+            if len(shape) != rank or array.ndim != rank:
+                # Triton 2.51 passes a request shaped [0, ...] (with one row's bytes) on
+                # without its batch dimension
+                hint = (" (batch dimension first): a batch dimension of 0 arrives so; "
+                        "send at least one row" if self.batched and len(shape) == rank - 1
+                        else "")
+                return (f"input '{name}' arrived with shape {shape}; the model takes rank "
+                        f"{rank}{hint}")
+        return ""
 
     def _run_group(
         self, members: list[tuple[int, dict[str, np.ndarray]]], responses: list[Any]
@@ -88,10 +116,12 @@ class TritonPythonModel:
         try:
             results = self.session.run([name for name, _ in self.outputs], feeds)
         except Exception as exc:  # noqa: BLE001 - reported to the client, not raised
+            invalid = type(exc).__name__ == "InvalidArgument"  # onnxruntime's own verdict
             for index, _ in members:
-                responses[index] = pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError(f"onnxruntime: {exc}")
-                )
+                responses[index] = (_invalid(f"onnxruntime: {exc}") if invalid else
+                                    pb_utils.InferenceResponse(
+                                        output_tensors=[],
+                                        error=pb_utils.TritonError(f"onnxruntime: {exc}")))
             return
         offset = 0
         for index, feeds_one in members:
@@ -105,3 +135,9 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.session = None
+
+
+def _invalid(message: str) -> Any:
+    """A client's mistake: Triton answers it 400 / INVALID_ARGUMENT."""
+    return pb_utils.InferenceResponse(
+        output_tensors=[], error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))

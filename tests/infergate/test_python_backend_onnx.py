@@ -6,13 +6,16 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 from google.protobuf import text_format
+from tritonclient.grpc import service_pb2
 
 from converters.samples import INPUT_NAME, OUTPUT_NAME, SAMPLE_MODEL_NAME
+from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from converters.triton_config import parse_model_config
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
@@ -80,3 +83,23 @@ def test_python_backend_splits_dynamic_batch_per_request_when_requests_concurren
     assert inferences == sent
     # the dynamic batcher merged requests: fewer model executions than requests
     assert executions < len(inputs)
+
+
+def test_zero_row_batch_is_the_clients_mistake_when_triton_passes_it_on(
+        triton: LocalTriton) -> None:
+    """Triton 2.51 sizes a ``[0, 16]`` tensor as one row and hands the model a rank-1
+    tensor; ONNX Runtime's refusal used to come back as INTERNAL."""
+    assert triton.endpoints is not None
+    request = service_pb2.ModelInferRequest(model_name=TINY_MODEL_NAME)
+    request.inputs.add(name="x", datatype="FP32", shape=[0, TINY_WIDTH])
+    request.raw_input_contents.append(np.ones(TINY_WIDTH, np.float32).tobytes())
+    with grpc.insecure_channel(triton.endpoints.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as info:
+            infer(request.SerializeToString(), timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "batch dimension of 0" in (info.value.details() or "")
+        request.inputs[0].shape[0] = 1  # the same bytes as one row: served
+        answer = service_pb2.ModelInferResponse.FromString(
+            infer(request.SerializeToString(), timeout=30))
+    assert np.allclose(np.frombuffer(answer.raw_output_contents[0], np.float32), 3.0)
