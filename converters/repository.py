@@ -11,7 +11,10 @@ A version is staged completely in a sibling folder on the same file system and p
 with ``rename``: a new model is one rename; a new version of an existing model is the
 version folder's rename followed by replacing ``config.pbtxt`` (rolled back if the second
 step fails). Any failure before publishing leaves the repository exactly as it was.
-Existing versions are never overwritten: each publish takes the next integer.
+Existing versions are never overwritten: each publish takes the next integer. Two writers
+that staged the same version at once (two ``infergate up`` exporting the sample): the
+second finds the first's version there; the same files are its own success, other files
+a :class:`VersionConflict`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ from typing import Any
 from converters.errors import ConversionError
 
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class VersionConflict(ConversionError, FileExistsError):
+    """Another writer published the same version number with other contents."""
 
 
 class InvalidModelName(ConversionError, ValueError):
@@ -102,11 +109,16 @@ def _publish(repo: Path, staged: StagedVersion) -> None:
     if not (staged.model_dir / "config.pbtxt").is_file():
         raise FileNotFoundError("staged model has no config.pbtxt")
     if not target.exists():
-        os.rename(staged.model_dir, target)
-        return
+        try:
+            os.rename(staged.model_dir, target)
+            return
+        except OSError:
+            if not target.is_dir():  # not another writer's model appearing meanwhile
+                raise
     final_version_dir = target / str(staged.version)
     if final_version_dir.exists():
-        raise FileExistsError(f"version {staged.version} of {staged.name} appeared meanwhile")
+        _same_or_conflict(staged, target)
+        return
     os.rename(staged.version_dir, final_version_dir)
     try:
         _replace_tree(staged.model_dir / "warmup", target / "warmup")
@@ -114,6 +126,27 @@ def _publish(repo: Path, staged: StagedVersion) -> None:
     except BaseException:
         shutil.rmtree(final_version_dir, ignore_errors=True)
         raise
+
+
+def _same_or_conflict(staged: StagedVersion, target: Path) -> None:
+    """Another writer published ``staged.version`` first: the same files are success."""
+    differs = [name for name in ("config.pbtxt", "warmup", str(staged.version))
+               if _tree_bytes(staged.model_dir / name) != _tree_bytes(target / name)]
+    if differs:
+        raise VersionConflict(
+            f"version {staged.version} of {staged.name} was published meanwhile by another "
+            f"writer, with other contents ({', '.join(differs)} differ); ask again for the "
+            "next version")
+
+
+def _tree_bytes(path: Path) -> dict[str, bytes]:
+    """Every file below ``path`` (or ``path`` itself) by relative name, with its bytes."""
+    if path.is_file():
+        return {"": path.read_bytes()}
+    if not path.is_dir():
+        return {}
+    return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*"))
+            if f.is_file()}
 
 
 def _replace_tree(source: Path, target: Path) -> None:

@@ -85,10 +85,11 @@ def up(
 
     Ctrl-C (or SIGTERM) stops everything; no Triton process is left behind.
     """
+    from converters.repository import VersionConflict
     from infergate.stack import LocalStackSettings, run_local_stack
 
-    run_local_stack(
-        LocalStackSettings(
+    try:
+        run_local_stack(LocalStackSettings(
             repo=repo,
             runtime_env=runtime_env,
             host=host,
@@ -99,8 +100,10 @@ def up(
             log_dir=log_dir,
             data_plane=data_plane,
             grpc_upstream_reuse=grpc_upstream_reuse,
-        )
-    )
+        ))
+    except VersionConflict as exc:  # another `infergate up` exported other files meanwhile
+        typer.echo(f"[infergate] {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 if __name__ == "__main__":
