@@ -27,8 +27,9 @@ GRPC_REUSE_HELP = (
 
 
 HAPROXY_TUNE_HELP = (
-    "An HAProxy global tune.* setting, KEY=VALUE (repeatable), over the gateway's own "
-    "(the README's 'HTTP/2 windows and buffers'), e.g. tune.bufsize=32768.")
+    "An HAProxy global tune.* setting, KEY=VALUE (repeatable; default: HAProxy's own). "
+    "For large tensors: tune.bufsize=65536 and tune.h2.initial-window-size=1048576 "
+    "(measured in the README's 'HTTP/2 windows and buffers').")
 
 
 def _tune(values: list[str]) -> tuple[tuple[str, str], ...]:

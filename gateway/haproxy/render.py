@@ -169,7 +169,10 @@ def render_config(snapshot: Snapshot, layout: Layout) -> str:
     return with_map_paths("\n".join(parts), layout)
 
 
-# HAProxy's global tune.* settings (Layout.tune overrides them, key by key)
+# HAProxy's global tune.* settings beyond its own defaults (Layout.tune adds or overrides,
+# key by key). None: HAProxy 2.6 has one buffer size for every stream, and larger ones
+# cost small requests more than they save large ones (README, "HTTP/2 windows and
+# buffers"); deployments of large tensors set them (--haproxy-tune).
 TUNING: dict[str, str] = {}
 
 
