@@ -32,6 +32,7 @@ from gateway.upstream.triton_version import (
     GrpcReuse,
     grpc_mode,
     has_fix,
+    parse_version,
     version_from_metadata,
 )
 from infergate.owner import EXAMPLE_MODEL, ExampleUpload, LocalTokens, example_upload, local_tokens
@@ -247,12 +248,15 @@ def triton_version_note(http_url: str, setting: GrpcReuse) -> list[str]:
     if has_fix(version):
         return [f"Triton {version} here: gRPC through the gateway shares connections "
                 f"({mode.why})."]
-    what = f"Triton {version}" if version else "a Triton of unknown version"
+    what = (f"Triton {version} here (all that installs on this machine) has"
+            if parse_version(version) else
+            "The Triton here reports no readable version; before 2.57.0 Triton has")
     cost = ("one gRPC request per connection to it: about half the gRPC throughput "
             "on small requests" if not mode.shared else
-            "gRPC connections shared anyway: a broken or cancelled request can crash it")
-    return [f"{what} here (all that installs on this machine) has the gRPC cancellation "
-            f"race {RACE}, so {cost} ({mode.why}).",
+            "its gRPC connections are shared anyway: a broken or cancelled request can "
+            "crash it")
+    forced = f" ({mode.why})" if setting is not GrpcReuse.AUTO else ""
+    return [f"{what} the gRPC cancellation race {RACE}, so {cost}{forced}.",
             f"  Production images run {FIXED_RELEASE}, which shares them "
             "(docker/, k8s/overlays/gpu-mig)."]
 
