@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gateway.lifecycle.config import AuthSpec, KeepWarmPolicy, LifecycleSpec
 
+# failed health checks in a row before a member that still answers counts as down: the
+# probes' rule and HAProxy's ``fall`` (a refused connection is down at once)
+HEALTH_FALL = 2
+
 
 class MemberSpec(BaseModel):
     """One Triton server: host plus its HTTP, gRPC and metrics ports."""
@@ -158,6 +162,7 @@ class PoolMember:
     # call failed; ``version_probed`` turns True at the first read, failed or not
     triton_version: str | None = None
     version_probed: bool = False
+    failed_probes: int = 0  # health probes failed in a row (probes.py, HEALTH_FALL)
 
     @property
     def key(self) -> str:

@@ -20,7 +20,7 @@ import socket
 import httpx
 
 from gateway.dataplane import DataPlane
-from gateway.pools import MemberSpec, Pool, PoolMember
+from gateway.pools import HEALTH_FALL, MemberSpec, Pool, PoolMember
 from gateway.upstream.triton_version import version_from_metadata
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,20 @@ def pending_requests(metrics_text: str) -> int:
 
 async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: PoolMember) -> None:
     spec = member.spec
+    refused = False
     try:
         live = await client.get(f"http://{spec.host}:{spec.http_port}/v2/health/live")
-        healthy = live.status_code == 200
+        passed = live.status_code == 200
+    except httpx.ConnectError:
+        passed, refused = False, True  # nothing listens: down now
     except httpx.HTTPError:
-        healthy = False
+        passed = False
+    member.failed_probes = 0 if passed else member.failed_probes + 1
+    # a member that answers slowly or badly is down after HEALTH_FALL probes in a row,
+    # as HAProxy's own checks decide: one slow /live on a machine busy converting a
+    # model must not send its member through maintenance and a restore
+    healthy = passed or (member.healthy and not refused
+                         and member.failed_probes < HEALTH_FALL)
     was_healthy = member.healthy
     member.healthy = healthy
     if healthy and not was_healthy:

@@ -34,6 +34,7 @@ from http import HTTPStatus
 
 from gateway import errors
 from gateway.haproxy.snapshot import Layout, MemberState, PoolState, RouteState, Snapshot
+from gateway.pools import HEALTH_FALL
 from gateway.upstream import parse_errors
 from gateway.upstream.triton_version import grpc_mode
 
@@ -484,7 +485,7 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
             for unit, conv in GRPC_TIMEOUT_UNITS.items()
         ]
     lines += parse_error_rules(http)
-    check = (f"check inter {layout.health_interval_ms}ms fall 2 rise 1 "
+    check = (f"check inter {layout.health_interval_ms}ms fall {HEALTH_FALL} rise 1 "
              "observe layer4 error-limit 1 on-error mark-down")
     for m in pool.members:
         port = m.http_port if http else m.grpc_port

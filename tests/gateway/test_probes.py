@@ -25,11 +25,13 @@ from gateway.haproxy.snapshot import Layout
 from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
 from gateway.probes import pending_requests, probe_member, read_version
 from gateway.server import build_dataplane
+from infergate.triton.local import free_port
 
 
 @dataclass
 class Answers:
     metadata: bytes | None = b'{"name": "triton", "version": "2.51.0"}'  # None: HTTP 500
+    live: int = 200
 
 
 class FakeTritonHTTP(BaseHTTPRequestHandler):
@@ -37,7 +39,7 @@ class FakeTritonHTTP(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         if self.path == "/v2/health/live":
-            self._send(200, b"")
+            self._send(self.answers.live, b"")
         elif self.path == "/v2":
             body = self.answers.metadata
             self._send(500, b'{"error": "boom"}') if body is None else self._send(200, body)
@@ -152,3 +154,24 @@ def test_pending_requests_sums_the_family_and_nothing_else_when_read_off_the_tex
     )
     assert pending_requests(text) == 6
     assert pending_requests("") == 0
+
+
+def test_member_is_down_after_two_failed_probes_but_at_once_when_refused(
+        member_server: tuple[int, Answers], tmp_path: Path) -> None:
+    """HEALTH_FALL, as HAProxy's ``fall``: one bad /live (a busy machine) keeps the
+    member; two in a row take it out; nothing listening takes it out at once."""
+    port, answers = member_server
+    dataplane, member, _ = _one_member(port, tmp_path)
+
+    async def probe(target: PoolMember) -> bool:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            await probe_member(client, dataplane, target)
+        return target.healthy
+
+    answers.live = 500
+    assert asyncio.run(probe(member)) is True
+    assert asyncio.run(probe(member)) is False
+    answers.live = 200
+    assert asyncio.run(probe(member)) is True and member.failed_probes == 0
+    gone, _, _ = _one_member(free_port(), tmp_path)
+    assert asyncio.run(probe(gone.members()[0])) is False
