@@ -22,10 +22,9 @@ implies the other two). With no tokens configured the gateway is open (local use
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -34,6 +33,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.errors import Forbidden, Unauthorized
+from gateway.policy import access
+from gateway.policy.access import key_digest
 
 TOKENS_ENV = "INFERGATE_TOKENS"
 
@@ -89,21 +90,9 @@ class TokenConfigError(ValueError):
     """The token file or environment variable is malformed."""
 
 
-def presented_token(header: Callable[[str], str | None]) -> str | None:
-    """The token a caller presents, by one precedence for HTTP headers and gRPC metadata
-    alike (and HAProxy's rendering of it): ``x-api-key``, else ``authorization:
-    Bearer <token>``. ``header`` looks a lower-case name up."""
-    key = header("x-api-key")
-    if key is not None:
-        return key
-    auth = header("authorization") or ""
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return None
-
-
 def token_digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
+    """:func:`gateway.policy.access.key_digest` as bytes (compared in constant time)."""
+    return bytes.fromhex(key_digest(token))
 
 
 def parse_tokens(text: str, source: str) -> tuple[TokenEntry, ...]:
@@ -153,14 +142,11 @@ class TokenTable:
         if not self.enabled:
             return ANONYMOUS
         if not presented:
-            raise Unauthorized(
-                "missing API token: send 'X-API-Key: <token>' or 'Authorization: Bearer "
-                "<token>' (gRPC: 'x-api-key' or 'authorization' metadata)"
-            )
+            raise Unauthorized(access.MISSING_TOKEN)
         digest = token_digest(presented)
         stored, principal = self._index.get(digest[:8], (b"", ANONYMOUS))
         if not hmac.compare_digest(stored, digest):
-            raise Unauthorized("unknown API token")
+            raise Unauthorized(access.UNKNOWN_TOKEN)
         return principal
 
     def require(self, presented: str | None, scope: Scope) -> Principal:
@@ -169,5 +155,5 @@ class TokenTable:
             return ANONYMOUS
         principal = self.authenticate(presented)
         if not principal.allows(scope):
-            raise Forbidden(f"token {principal.name!r} lacks the {scope.value!r} scope")
+            raise Forbidden(access.LACKS_SCOPE.format(name=principal.name, scope=scope.value))
         return principal

@@ -1,10 +1,12 @@
 """The transport-free core of the gateway.
 
 ``DataPlane.forward`` is what both the HTTP and the gRPC adapters call for every model
-request. In order: the API key's rate limit, the model's admission gate (concurrency +
-bounded queue), the routing policy's choice of member, the upstream call supplied by the
-adapter (bytes in, bytes out), one retry on another member when the first fails with
-:class:`Unavailable`, passive ejection of the failed member, and metrics.
+request. It applies the request policy (``gateway/policy``) in its order, as HAProxy's
+rules do: the API key's rate limit, the model's route, its readiness, its admission
+limit (requests in the gateway, refused at once beyond it); then the routing policy's
+choice of member, the upstream call supplied by the adapter (bytes in, bytes out), one
+retry on another member when the first fails with :class:`Unavailable`, passive
+ejection of the failed member, and metrics.
 
 This module imports neither ``fastapi`` nor ``grpc``.
 """
@@ -18,16 +20,20 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gateway.admission import AdmissionGate, RateLimit, RateLimiter
 from gateway.errors import (
     DeadlineExceeded,
     GatewayError,
     ModelNotFound,
     ModelNotReady,
+    Overloaded,
     Unavailable,
     outcome_name,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.policy import admission, readiness
+from gateway.policy.model_name import UNKNOWN_MODEL
+from gateway.policy.rate import RateClass, RateLimiter
+from gateway.policy.upstream import RETRIES, EjectionPolicy
 from gateway.pools import GatewayConfig, Pool, PoolMember, pools_for_model
 from gateway.routing import RoutingPolicy
 
@@ -48,28 +54,15 @@ class RequestOptions:
 NO_OPTIONS = RequestOptions()
 
 
-@dataclass(frozen=True)
-class EjectionPolicy:
-    """Passive outlier ejection: after ``failures`` consecutive connection failures a
-    member sits out ``base_s * 2**k`` seconds (capped), then gets traffic again; a
-    passing health check brings it back at once."""
-
-    failures: int = 1
-    base_s: float = 1.0
-    max_s: float = 30.0
-
-    def ejection_s(self, consecutive_failures: int) -> float:
-        steps = max(0, consecutive_failures - self.failures)
-        return float(min(self.max_s, self.base_s * (2**steps)))
-
-
 @dataclass
 class ModelRoute:
-    """Per-model state cached on first use: its pools, admission gate, metric children."""
+    """Per-model state cached on first use: its pools, admission limit and count,
+    metric children."""
 
     model: str
     pools: list[Pool]
-    gate: AdmissionGate
+    limits: admission.AdmissionLimits
+    in_system: int = 0  # requests of this model in the gateway now
     children: dict[tuple[str, ...], Any] = field(default_factory=dict)
     last_user_request_at: float = float("-inf")  # keep-warm's idleness clock
 
@@ -108,8 +101,8 @@ class DataPlane:
     def __post_init__(self) -> None:
         limits = self.config.rate_limits
         self.rate_limiter = RateLimiter(
-            RateLimit(limits.default.rate_per_s, limits.default.burst) if limits.default else None,
-            {k: RateLimit(v.rate_per_s, v.burst) for k, v in limits.keys.items()},
+            RateClass(limits.default.rate_per_s, limits.default.burst) if limits.default else None,
+            {k: RateClass(v.rate_per_s, v.burst) for k, v in limits.keys.items()},
             clock=self.clock,
         )
 
@@ -119,9 +112,9 @@ class DataPlane:
         if route is None:
             pools = self.pools_for(model)
             if not pools:
-                raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
-            route = self.routes[model] = ModelRoute(model, pools, AdmissionGate(1, 0))
-            self._size_gate(route)
+                raise ModelNotFound(UNKNOWN_MODEL.format(model=model))
+            route = self.routes[model] = ModelRoute(
+                model, pools, self.admission_limits(model, pools))
         return route
 
     def pools_for(self, model: str) -> list[Pool]:
@@ -133,12 +126,12 @@ class DataPlane:
 
     def assign_pools(self, model: str, pool_names: Sequence[str]) -> None:
         """Serve ``model`` from these pools from now on (a cached route is updated in
-        place: requests holding its admission gate keep it)."""
+        place: requests in the gateway stay counted)."""
         self.assigned_pools[model] = tuple(pool_names)
         route = self.routes.get(model)
         if route is not None:
             route.pools = self.pools_for(model)
-            self._size_gate(route)
+            route.limits = self.admission_limits(model, route.pools)
 
     # -- readiness, owned here: the lifecycle tells, a native data plane follows -----
     def mark_not_ready(self, model: str, reason: str) -> None:
@@ -164,24 +157,17 @@ class DataPlane:
         if route is not None:
             route.last_user_request_at = self.clock() if at is None else at
 
-    def _size_gate(self, route: ModelRoute) -> None:
-        route.gate.max_concurrency, route.gate.max_queue = self.admission_limits(
-            route.model, route.pools)
-
-    def admission_limits(self, model: str, pools: Sequence[Pool]) -> tuple[int, int]:
-        """(concurrency, queue) from the model's policy, else from its pools' capacity."""
+    def admission_limits(self, model: str, pools: Sequence[Pool]) -> admission.AdmissionLimits:
+        """The model's policy fields, else its pools' capacity (:mod:`gateway.policy.admission`)."""
         policy = self.config.models.get(model)
-        capacity = sum(p.capacity for p in pools)
-        concurrency = (policy and policy.max_concurrency) or capacity
-        queue = policy.max_queue if policy and policy.max_queue is not None else int(
-            concurrency * self.config.queue_factor
-        )
-        return concurrency, queue
+        return admission.admission_limits(
+            sum(p.capacity for p in pools), self.config.queue_factor,
+            policy.max_concurrency if policy else None, policy.max_queue if policy else None)
 
     def refresh_limits(self) -> None:
-        """Re-size admission gates after pool membership changed (DNS discovery)."""
+        """Re-size admission limits after pool membership changed (DNS discovery)."""
         for route in self.routes.values():
-            self._size_gate(route)
+            route.limits = self.admission_limits(route.model, route.pools)
 
     def members(self) -> list[PoolMember]:
         return [m for p in self.pools for m in p.members]
@@ -204,31 +190,29 @@ class DataPlane:
         outcome: Callable[[T], str] | None = None,
         metered: bool = True,
     ) -> T:
-        """Admit, route and run ``call``; ``metered=False`` skips admission and metrics
-        (metadata and config calls)."""
+        """Admit, route and run ``call``; ``metered=False`` skips the request policy's
+        rate and admission checks and metrics (metadata and config calls)."""
+        if not metered:
+            return (await self._attempts(self.route(model), call, protocol, options))[0]
+        try:  # the policy's order: rate, route, readiness, admission
+            self.rate_limiter.check(options.api_key)
+        except Overloaded as err:
+            with contextlib.suppress(GatewayError):  # counted for a model it serves
+                self._refused(self.route(model), protocol, options, err)
+            raise
         route = self.route(model)
         started = self.clock()
-        if not metered:
-            return (await self._attempts(route, call, protocol, options))[0]
         if options.traffic == "user":
             route.last_user_request_at = started
         try:
-            if self.not_ready and model in self.not_ready:
-                raise ModelNotReady(f"model '{model}' is not ready yet: "
-                                    f"{self.not_ready[model]}", retry_after_s=2.0)
-            self.rate_limiter.check(options.api_key)
-            if options.deadline_s is not None and options.deadline_s <= 0:
-                raise DeadlineExceeded("deadline exceeded before the request was admitted")
-            if not route.gate.try_acquire():
-                await self._queue(route, options)
+            self._admit(route, options)
         except GatewayError as err:
-            self._count(route, "-", protocol, outcome_name(err), options.traffic)
-            self._child(route, ("rejected", outcome_name(err))).inc()
+            self._refused(route, protocol, options, err)
             raise
         try:
             result, pool = await self._attempts(route, call, protocol, options)
         finally:
-            route.gate.release()
+            self._count_in(route, -1)
         self._count(route, pool, protocol, outcome(result) if outcome else "success",
                     options.traffic)
         self._child(route, ("latency", pool, protocol, options.traffic)).observe(
@@ -236,18 +220,36 @@ class DataPlane:
         )
         return result
 
-    async def _queue(self, route: ModelRoute, options: RequestOptions) -> None:
-        queued = self._child(route, ("queued",))
-        queued.inc()
-        try:
-            await route.gate.acquire(options.deadline_s, retry_after_s=1.0)
-        finally:
-            queued.dec()
+    def _admit(self, route: ModelRoute, options: RequestOptions) -> None:
+        """Readiness, then admission (:mod:`gateway.policy`); counts the request in."""
+        reason = self.not_ready.get(route.model) if self.not_ready else None
+        if reason is not None:
+            raise ModelNotReady(readiness.not_ready_message(route.model, reason),
+                                retry_after_s=readiness.RETRY_AFTER_S)
+        if options.deadline_s is not None and options.deadline_s <= 0:
+            raise DeadlineExceeded("deadline exceeded before the request was admitted")
+        limit = route.limits.in_system
+        if route.in_system >= limit:
+            raise Overloaded(admission.overloaded_message(route.model, route.in_system + 1,
+                                                          limit),
+                             retry_after_s=admission.RETRY_AFTER_S)
+        self._count_in(route, +1)
+
+    def _count_in(self, route: ModelRoute, delta: int) -> None:
+        route.in_system += delta
+        # beyond the concurrency the members are expected to run at once: waiting in
+        # their queues (HAProxy's plane estimates the same gauge)
+        self._child(route, ("queued",)).set(max(0, route.in_system - route.limits.concurrency))
+
+    def _refused(self, route: ModelRoute, protocol: str, options: RequestOptions,
+                 err: GatewayError) -> None:
+        self._count(route, "-", protocol, outcome_name(err), options.traffic)
+        self._child(route, ("rejected", outcome_name(err))).inc()
 
     async def _attempts(self, route: ModelRoute, call: UpstreamCall[T], protocol: str,
                         options: RequestOptions) -> tuple[T, str]:
         tried: list[str] = []
-        for attempt in range(2):  # inference is idempotent: one retry on another member
+        for attempt in range(1 + RETRIES):  # inference is idempotent: retried elsewhere
             member = self.policy.choose(route.pools, route.model, self.clock(), self.rng, tried)
             if member is None:
                 if tried:
@@ -262,7 +264,7 @@ class DataPlane:
                 result = await call(member)
             except Unavailable:
                 self._record_failure(member)
-                if attempt == 0:
+                if attempt < RETRIES:
                     continue
                 self._count(route, member.pool, protocol, "unavailable", options.traffic)
                 raise

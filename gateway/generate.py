@@ -26,8 +26,8 @@ from gateway.auth import Scope
 from gateway.dataplane import DataPlane, RequestOptions
 from gateway.errors import DeadlineExceeded, GatewayError, Unavailable, outcome_of_answer
 from gateway.http_api import FastPath, _error_body, _read_body, options_from_headers
+from gateway.policy import parse_errors
 from gateway.pools import PoolMember
-from gateway.upstream import parse_errors
 from gateway.upstream.http import UpstreamHTTP
 
 GENERATE_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/generate(_stream)?$")

@@ -3,7 +3,8 @@
 The servicer base class, the method table and the messages come from
 ``tritonclient.grpc``. One thing is changed on the hot path: ``ModelInfer`` requests and
 responses travel as raw bytes. The gateway reads only the model name (field 1) from the
-request with a tiny wire-format scan and forwards the bytes untouched: decoding and
+request with a tiny wire-format scan (``gateway/policy/model_name.py``) and forwards the
+bytes untouched: decoding and
 re-encoding a request with megabytes of ``raw_input_contents`` costs more than the
 rest of the proxy.
 
@@ -21,66 +22,28 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from gateway.auth import Scope, TokenTable, presented_token
+from gateway.auth import Scope, TokenTable
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane, RequestOptions
 from gateway.errors import (
     GatewayError,
-    InvalidInput,
     Unavailable,
     Unsupported,
     grpc_status_name,
     outcome_of_answer,
 )
 from gateway.fanout import fan_out, settings_members, settle
+from gateway.policy import parse_errors
+from gateway.policy.access import presented_token
+from gateway.policy.model_name import grpc_model_name
 from gateway.pools import PoolMember
 from gateway.streams import StreamEnd, StreamRelay
-from gateway.upstream import parse_errors
 from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
 
 SHARED_MEMORY_RPCS = (
     "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
     "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
 )
-
-
-def read_string_field(message: bytes, field_number: int = 1) -> str:
-    """The first occurrence of a length-delimited field, read from protobuf wire bytes.
-
-    Raises InvalidInput for bytes that are not a well-formed message prefix.
-    """
-    pos, end = 0, len(message)
-    while pos < end:
-        key, pos = _varint(message, pos)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == 2:
-            length, pos = _varint(message, pos)
-            if number == field_number:
-                try:
-                    return message[pos : pos + length].decode("utf-8")
-                except UnicodeDecodeError:
-                    raise InvalidInput(f"field {field_number} of the request is not valid "
-                                       "UTF-8 (a model name must be)") from None
-            pos += length
-        elif wire_type == 0:
-            _, pos = _varint(message, pos)
-        elif wire_type in (1, 5):
-            pos += 8 if wire_type == 1 else 4
-        else:
-            raise InvalidInput("malformed protobuf request")
-    return ""
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result, shift = 0, 0
-    while pos < len(data):
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-    raise InvalidInput("malformed protobuf request (truncated varint)")
 
 
 def with_timeout_parameter(request: bytes, deadline_s: float) -> bytes:
@@ -153,7 +116,7 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # -- model calls -------------------------------------------------------------------
     async def ModelInfer(self, request: bytes, context: Any) -> bytes:  # noqa: N802
         try:
-            model = read_string_field(request, 1)
+            model = grpc_model_name(request)
             options = self._require(context, Scope.PREDICT)
             if options.deadline_s is not None:
                 request = with_timeout_parameter(request, options.deadline_s)
@@ -186,7 +149,7 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             first = await anext(aiter(request_iterator), None)
             if first is None:
                 return
-            model = read_string_field(first, 1)
+            model = grpc_model_name(first)
             async for item in self.streams.relay(model, first, request_iterator, options):
                 if isinstance(item, StreamEnd):
                     if item.code != grpc.StatusCode.OK:

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from gateway.auth import Scope, TokenTable, presented_token
+from gateway.auth import Scope, TokenTable
 from gateway.control import ModelControl
 from gateway.dataplane import DataPlane, RequestOptions
 from gateway.errors import (
@@ -37,13 +37,16 @@ from gateway.errors import (
 )
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.lifecycle_http import api_key, create_lifecycle_router, requires
+from gateway.policy import parse_errors
+from gateway.policy.access import WWW_AUTHENTICATE, presented_token
+from gateway.policy.deadline import HTTP_TIMEOUT_HEADER, http_deadline_s
+from gateway.policy.model_name import HTTP_INFER_PATTERN
 from gateway.pools import PoolMember
 from gateway.settings_http import create_settings_router
-from gateway.upstream import parse_errors
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 
 FORWARDED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "content-encoding")
-INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+INFER_PATH = re.compile(HTTP_INFER_PATTERN)
 
 ASGIScope = dict[str, Any]
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
@@ -71,23 +74,14 @@ def _error_body(error: GatewayError) -> tuple[int, bytes, list[tuple[bytes, byte
     if error.retry_after_s is not None:
         headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
     if isinstance(error, Unauthorized):
-        headers.append((b"www-authenticate", b'Bearer realm="infergate"'))
+        headers.append((b"www-authenticate", WWW_AUTHENTICATE.encode()))
     return http_status(error), json.dumps({"error": error.message}).encode(), headers
 
 
 def options_from_headers(headers: Mapping[str, str]) -> RequestOptions:
-    api_key = presented_token(headers.get)
-    timeout = headers.get("x-request-timeout-ms")
-    deadline = None
-    if timeout is not None:
-        try:
-            deadline = float(timeout) / 1e3
-        except ValueError:
-            raise InvalidInput(f"X-Request-Timeout-Ms must be a number, got {timeout!r}") from None
-        if not 0 < deadline < 1e9:  # zero, negative, inf, nan
-            raise InvalidInput("X-Request-Timeout-Ms must be a positive number of milliseconds, "
-                               f"got {timeout!r}")
-    return RequestOptions(deadline_s=deadline, api_key=api_key)
+    """The deadline and API key (:mod:`gateway.policy.deadline`, :mod:`.access`)."""
+    return RequestOptions(deadline_s=http_deadline_s(headers.get(HTTP_TIMEOUT_HEADER)),
+                          api_key=presented_token(headers.get))
 
 
 class FastPath:

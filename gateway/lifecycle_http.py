@@ -21,11 +21,12 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
-from gateway.auth import Principal, Scope, TokenTable, presented_token
+from gateway.auth import Principal, Scope, TokenTable
 from gateway.errors import Unsupported
 from gateway.lifecycle.catalog import ModelCatalog
 from gateway.lifecycle.jobs import JobRecord
 from gateway.lifecycle.service import ModelLifecycle
+from gateway.policy.access import presented_token
 
 
 def api_key(request: Request) -> str | None:

@@ -16,10 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gateway.lifecycle.config import AuthSpec, KeepWarmPolicy, LifecycleSpec
 
-# failed health checks in a row before a member that still answers counts as down: the
-# probes' rule and HAProxy's ``fall`` (a refused connection is down at once)
-HEALTH_FALL = 2
-
 
 class MemberSpec(BaseModel):
     """One Triton server: host plus its HTTP, gRPC and metrics ports."""
@@ -109,7 +105,8 @@ class GatewayConfig(BaseModel):
     pools: tuple[PoolSpec, ...]
     models: dict[str, ModelPolicy] = Field(default_factory=dict)
     rate_limits: RateLimits = Field(default_factory=RateLimits)
-    # queued requests allowed per admitted one when a model policy does not say
+    # requests beyond the concurrency a model may have in the gateway (they wait in
+    # Triton), per unit of concurrency, when a model policy does not say
     queue_factor: float = Field(2.0, ge=0)
     # model lifecycle (uploads, versions, rollback); absent = no /v1/models uploads
     lifecycle: LifecycleSpec | None = None

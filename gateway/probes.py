@@ -20,7 +20,8 @@ import socket
 import httpx
 
 from gateway.dataplane import DataPlane
-from gateway.pools import HEALTH_FALL, MemberSpec, Pool, PoolMember
+from gateway.policy.upstream import HEALTH_FALL
+from gateway.pools import MemberSpec, Pool, PoolMember
 from gateway.upstream.triton_version import version_from_metadata
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from gateway.auth import Scope, TokenTable
 from gateway.control import ModelControl
 from gateway.fanout import fan_out, settings_members, settle
 from gateway.lifecycle_http import requires
+from gateway.policy import parse_errors
 from gateway.pools import PoolMember
-from gateway.upstream import parse_errors
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 
 

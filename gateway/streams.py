@@ -37,8 +37,8 @@ from tritonclient.grpc import service_pb2
 from gateway.dataplane import DataPlane, RequestOptions
 from gateway.errors import Unavailable, outcome_of_answer
 from gateway.metrics import GatewayMetrics
+from gateway.policy import parse_errors
 from gateway.pools import PoolMember
-from gateway.upstream import parse_errors
 
 EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL = "triton_final_response"

@@ -85,9 +85,11 @@ class GatewayProcess(FrontDoor):
 @contextlib.contextmanager
 def run_gateway(pools_file: Path, log_dir: Path, *args: str,
                 data_plane: str | None = None,
-                ports: tuple[int, int] | None = None) -> Iterator[GatewayProcess]:
+                ports: tuple[int, int] | None = None,
+                until: str = "ready") -> Iterator[GatewayProcess]:
     """``data_plane``: ``haproxy`` or ``python`` (None: the gateway's default, auto);
-    ``ports``: (HTTP, gRPC), default free ones."""
+    ``ports``: (HTTP, gRPC), default free ones; ``until``: the health endpoint to wait
+    for, ``ready`` or ``live`` (a gateway whose preloading cannot finish)."""
     http_port, grpc_port = ports or (free_port(), free_port())
     if data_plane is not None:
         args = ("--data-plane", data_plane, *args)
@@ -98,7 +100,7 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--pools", str(pools_file),
              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-             "--probe-interval", "0.5", "--log-level", "warning", *args],
+             "--probe-interval", "0.5", "--log-level", os.environ.get("INFERGATE_TEST_LOG_LEVEL", "warning"), *args],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -108,13 +110,13 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
             if proc.poll() is not None:
                 raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"http://{gateway.http_url}/v2/health/ready").status_code == 200
+                return httpx.get(f"http://{gateway.http_url}/v2/health/{until}").status_code == 200
             return False
 
         # a deadline, not a timing: readiness waits for preloading, which on a loaded
         # 2-core machine can take Triton tens of seconds
         if not wait_until(ready, READY_TIMEOUT_S):
-            raise RuntimeError(f"gateway not ready after {READY_TIMEOUT_S:g} s: "
+            raise RuntimeError(f"gateway not {until} after {READY_TIMEOUT_S:g} s: "
                                f"{log.read_text()[-2000:]}")
         yield gateway
     finally:

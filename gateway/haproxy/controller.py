@@ -25,15 +25,15 @@ from gateway.haproxy.snapshot import (
     Layout,
     MemberState,
     PoolState,
-    RateClass,
     RouteState,
     Snapshot,
-    key_digest,
     queue_weight,
     server_name,
     top_pools,
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
+from gateway.policy.access import configured_digest
+from gateway.policy.rate import RateClass
 from gateway.pools import Pool
 from gateway.routing import RoutingPolicy
 from gateway.upstream.triton_version import VersionWatch
@@ -81,10 +81,10 @@ def snapshot_of(dataplane: DataPlane, auth: TokenTable, now: float,
         default_route=default,
         rate_default=(RateClass(limits.default.rate_per_s, limits.default.burst)
                       if limits.default else None),
-        rate_keys=tuple(sorted((key_digest(k), RateClass(v.rate_per_s, v.burst))
+        rate_keys=tuple(sorted((configured_digest(k), RateClass(v.rate_per_s, v.burst))
                                for k, v in limits.keys.items())),
         tokens=tuple(sorted(
-            (digest.hex().upper(), f"{','.join(sorted(p.scopes))};{p.name}")
+            (digest.hex(), f"{','.join(sorted(p.scopes))};{p.name}")
             for digest, p in auth.digests()
         )),
         predict_gated=auth.predict_gated,
@@ -100,8 +100,8 @@ def _route(dataplane: DataPlane, model: str, pools: list[Pool], routable: set[st
     chosen = top_pools(live or weights)  # none routable: let HAProxy answer 503
     if not chosen:
         return None
-    concurrency, queue = dataplane.admission_limits(model, pools)
-    return RouteState(model=model, pools=chosen, max_in_system=concurrency + queue,
+    limits = dataplane.admission_limits(model, pools)
+    return RouteState(model=model, pools=chosen, max_in_system=limits.in_system,
                       not_ready=dataplane.not_ready.get(model))
 
 

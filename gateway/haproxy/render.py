@@ -5,19 +5,22 @@ Pure functions, no I/O: :func:`render` gives everything a fresh HAProxy process 
 one snapshot to the next, or ``None`` when the change is structural (pools, members,
 rate classes, default routes) and needs a seamless reload.
 
-The hot path, per request, inside HAProxy:
-1. the model name: HTTP from the path; gRPC ``ModelInfer`` from protobuf field 1 of the
-   buffered body's first bytes (``req.body,bytes(5),protobuf(1)``: the 5-byte gRPC
-   prefix skipped; the partial body in the buffer is enough);
-2. a model still loading -> 503 + Retry-After (map ``notready``);
-3. predict auth when gated: SHA-256 of the presented token looked up in map ``tokens``;
+The hot path, per request, inside HAProxy, in the request policy's order
+(``gateway/policy``: its constants, patterns and message templates are rendered here):
+1. body size (HTTP: ``Content-Length``; gRPC: the message's length prefix);
+2. the request: the model name, HTTP from the path, gRPC ``ModelInfer`` from protobuf
+   field 1 of the buffered body's first bytes (``req.body,bytes(5),protobuf(1)``: the
+   5-byte gRPC prefix skipped; the partial body in the buffer is enough), none -> 400 /
+   INVALID_ARGUMENT; a malformed ``X-Request-Timeout-Ms`` -> 400;
+3. predict auth when gated: the presented token's digest looked up in map ``tokens``;
 4. rate limit per API key: a stick table per limit class, keyed by the key's digest,
    bounded in size, never the key itself;
 5. the pool: weighted split over up to ``MAX_POOLS_PER_MODEL`` pools (maps
-   ``route<k>`` / ``cut<k>`` against one ``rand(1000)``);
-6. admission: requests of the model in the gateway (stick table ``st_model``,
+   ``route<k>`` / ``cut<k>`` against one ``rand(1000)``); none -> 404;
+6. a model still loading -> 503 + Retry-After (map ``notready``);
+7. admission: requests of the model in the gateway (stick table ``st_model``,
    ``conn_cur``) bounded by map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once;
-7. the pool's backend: least connections over members weighted by their Triton queue
+8. the pool's backend: least connections over members weighted by their Triton queue
    depth (no per-member connection cap: a request HAProxy held back in its queue would
    hold back the HTTP/2 connection window of the requests sharing its client connection;
    Triton queues and batches), active health checks on
@@ -34,17 +37,14 @@ from http import HTTPStatus
 
 from gateway import errors
 from gateway.haproxy.snapshot import Layout, MemberState, PoolState, RouteState, Snapshot
-from gateway.pools import HEALTH_FALL
-from gateway.upstream import parse_errors
+from gateway.policy import access, admission, deadline, model_name, parse_errors, rate, readiness
+from gateway.policy.upstream import EJECT_AFTER_FAILURES, HEALTH_FALL, RETRIES
 from gateway.upstream.triton_version import grpc_mode
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
-INFER_PATH_RE = r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$"
 # one line per inference request, to the control plane's datagram socket (telemetry.py)
 LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
               "%[var(txn.gs)] %Tt %[var(txn.out)] %ts")
-MISSING_TOKEN = ("missing API token: send 'X-API-Key: <token>' or 'Authorization: Bearer "
-                 "<token>' (gRPC: 'x-api-key' or 'authorization' metadata)")
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def http_return(error: type[errors.GatewayError], message_lf: str,
     already escaped for a JSON string inside a quoted HAProxy argument."""
     hdrs = f" hdr retry-after {retry_after}" if retry_after is not None else ""
     if error is errors.Unauthorized:
-        hdrs += ' hdr www-authenticate "Bearer realm=\\"infergate\\""'
+        hdrs += ' hdr www-authenticate "' + access.WWW_AUTHENTICATE.replace('"', '\\"') + '"'
     body = '{\\"error\\":\\"' + message_lf + '\\"}'
     return (f"http-request return status {errors.http_status_of(error)} "
             f'content-type application/json{hdrs} lf-string "{body}"')
@@ -240,15 +240,15 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
     ]
     if http:
         lines += [
-            f"  acl infer_path path_reg {INFER_PATH_RE}",
+            f"  acl infer_path path_reg {model_name.HTTP_INFER_PATTERN}",
             "  acl infer_method method POST",
         ]
         guard = "infer_path infer_method"
-        model_fetch = "path,field(4,/)"
+        model_fetch = "path,field(4,/),url_dec"
     else:
         lines.append(f"  acl infer_path path {GRPC_INFER}")
         guard = "infer_path"
-        model_fetch = "req.body,bytes(5),protobuf(1)"
+        model_fetch = f"req.body,bytes(5),protobuf({model_name.GRPC_MODEL_FIELD})"
     lines += [
         f"  http-request set-log-level silent unless {guard}",
         f"  use_backend control_{proto} unless {guard}",
@@ -271,7 +271,7 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
         first += [("set-var(txn.glen) req.body,bytes(1,4),be2dec(:,4)", ""),
                   ("set-var(txn.out) str(too_large)",
                    f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
-    rules = [*first, *_model_rules(snapshot, answer, http)]
+    rules = [*first, *_request_rules(answer, http), *_model_rules(snapshot, answer, http)]
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
         *(_guarded(action, cond, guard) for action, cond in rules),
@@ -288,9 +288,13 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
 
 
 def _acls() -> list[str]:
+    timeout = deadline.HTTP_TIMEOUT_HEADER
     return [
+        "named var(txn.model) -m len 1:",
+        f"has_timeout req.fhdr({timeout}) -m found",
+        f"good_timeout req.fhdr({timeout}) -m reg {deadline.HTTP_TIMEOUT_PATTERN}",
         "nr var(txn.nr) -m found",
-        "has_key var(txn.key) -m found",
+        "has_key var(txn.key) -m len 1:",  # an empty key is no key
         "has_scopes var(txn.scopes) -m found",
         "may_predict var(txn.scopes) -m reg (^|,)(predict|admin)(,|;)",
         "has_pool var(txn.pool) -m found",
@@ -310,72 +314,98 @@ def _guarded(action: str, cond: str, guard: str) -> str:
 Rule = tuple[str, str]  # (action, condition)
 
 
-def _model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> list[Rule]:
-    model_lf = "%[var(txn.model),json(utf8s)]" if http else "%[var(txn.model)]"
+def _request_rules(answer: Callable[..., str], http: bool) -> list[Rule]:
+    """The policy's ``request`` check: a model named, a well-formed deadline."""
     rules: list[Rule] = [
-        # a model still loading or warming up
-        ("set-var(txn.nr) var(txn.model),map(MAPS/notready.map)", ""),
-        ("set-var(txn.out) str(not_ready)", "nr"),
-        (answer(errors.ModelNotReady, f"model '{model_lf}' is not ready yet: %[var(txn.nr)]",
-                retry_after=2), "nr"),
+        ("set-var(txn.out) str(invalid)", "!named"),
+        (answer(errors.InvalidInput, model_name.NO_MODEL), "!named"),
     ]
+    if not http:
+        # json(utf8) yields nothing for bytes that are not UTF-8
+        rules += [
+            ("set-var(txn.mu) var(txn.model),json(utf8)", ""),
+            ("set-var(txn.out) str(invalid)", "!{ var(txn.mu) -m found }"),
+            (answer(errors.InvalidInput, model_name.NOT_UTF8), "!{ var(txn.mu) -m found }"),
+        ]
+    if http:
+        header = deadline.HTTP_TIMEOUT_HEADER
+        value = f"%[req.fhdr({header}),bytes(0,64),json(utf8s)]"
+        rules += [
+            ("set-var(txn.out) str(invalid)", "has_timeout !good_timeout"),
+            (answer(errors.InvalidInput, deadline.BAD_HTTP_TIMEOUT.format(value=value)),
+             "has_timeout !good_timeout"),
+        ]
+    return rules
+
+
+def _model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> list[Rule]:
+    """The policy's checks after the request's own: auth, rate, route, readiness,
+    admission (``gateway.policy.ORDER``)."""
+    model_lf = "%[var(txn.model),json(utf8s)]" if http else "%[var(txn.model)]"
     classes = snapshot.rate_classes()
     if not classes and not snapshot.predict_gated:
-        return [*rules, *_pool_rules(snapshot, answer, model_lf)]  # no one asks who calls
-    rules += [
+        return _pool_rules(snapshot, answer, model_lf)  # no one asks who calls
+    rules: list[Rule] = [
         # who is calling: X-API-Key, else Authorization: Bearer (one precedence)
         ("set-var(txn.key) req.fhdr(x-api-key)", "x_api_key"),
         ("set-var(txn.key) req.fhdr(authorization),bytes(7)", "!has_key bearer"),
     ]
     if snapshot.predict_gated:
+        lacks = access.LACKS_SCOPE.format(name="%[var(txn.scopes),field(2,;)]",
+                                          scope="predict")
         rules += [
             ("set-var(txn.out) str(auth)", "!has_key"),
-            (answer(errors.Unauthorized, MISSING_TOKEN), "!has_key"),
-            ("set-var(txn.kd) var(txn.key),sha2(256),hex", ""),
+            (answer(errors.Unauthorized, access.MISSING_TOKEN), "!has_key"),
+            (f"set-var(txn.kd) var(txn.key),{access.HAPROXY_DIGEST}", ""),
             ("set-var(txn.scopes) var(txn.kd),map(MAPS/tokens.map)", ""),
             ("set-var(txn.out) str(auth)", "!has_scopes"),
-            (answer(errors.Unauthorized, "unknown API token"), "!has_scopes"),
+            (answer(errors.Unauthorized, access.UNKNOWN_TOKEN), "!has_scopes"),
             ("set-var(txn.out) str(auth)", "!may_predict"),
-            (answer(errors.Forbidden,
-                    "token '%[var(txn.scopes),field(2,;)]' lacks the 'predict' scope"),
-             "!may_predict"),
+            (answer(errors.Forbidden, lacks), "!may_predict"),
         ]
     rules += [
-        ("set-var(txn.key) str(anonymous)", "!has_key"),
-        ("set-var(txn.kd) var(txn.key),sha2(256),hex", ""),
+        (f"set-var(txn.key) str({access.ANONYMOUS})", "!has_key"),
+        (f"set-var(txn.kd) var(txn.key),{access.HAPROXY_DIGEST}", ""),
     ]
     if classes:
         default = str(classes.index(snapshot.rate_default)) if snapshot.rate_default else "none"
         rules.append((f"set-var(txn.rc) var(txn.kd),map(MAPS/ratekeys.map,{default})", ""))
-        for i, rate in enumerate(classes):
+        for i, limit in enumerate(classes):
             cls = f"{{ var(txn.rc) -m str {i} }}"
-            over = f"{cls} {{ sc2_http_req_rate gt {rate.limit} }}"
+            over = f"{cls} {{ sc2_http_req_rate gt {limit.limit} }}"
             rules += [
                 (f"track-sc2 var(txn.kd) table rate{i}", cls),
                 ("set-var(txn.out) str(rejected)", over),
-                (answer(errors.Overloaded, "rate limit exceeded for this API key",
-                        retry_after=1), over),
+                (answer(errors.Overloaded, limit.message(), retry_after=limit.retry_after_s),
+                 over),
             ]
     return [*rules, *_pool_rules(snapshot, answer, model_lf)]
 
 
 def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -> list[Rule]:
-    """The pool (weighted split), then admission against the model's limit."""
+    """The pool (weighted split; none: unknown), readiness, then admission against the
+    model's limit."""
     default_limit = snapshot.default_route.max_in_system if snapshot.default_route else 1
+    not_ready = readiness.not_ready_message(model_lf, "%[var(txn.nr)]")
+    overloaded = admission.OVERLOADED.format(model=model_lf, count="%[sc0_conn_cur]",
+                                             limit="%[var(txn.lim)]")
     rules = _split_rules(snapshot)
     rules += [
         ("set-var(txn.out) str(unknown)", "!has_pool"),
-        (answer(errors.ModelNotFound, f"Request for unknown model: '{model_lf}' is not found"),
+        (answer(errors.ModelNotFound, model_name.UNKNOWN_MODEL.format(model=model_lf)),
          "!has_pool"),
+        # a model still loading or warming up
+        ("set-var(txn.nr) var(txn.model),map(MAPS/notready.map)", ""),
+        ("set-var(txn.out) str(not_ready)", "nr"),
+        (answer(errors.ModelNotReady, not_ready, retry_after=readiness.RETRY_AFTER_S), "nr"),
         ("track-sc0 var(txn.model) table st_model", ""),
         ("set-var(txn.mp) var(txn.model),concat(/,txn.pool,)", ""),
         ("track-sc1 var(txn.mp) table st_route", ""),
         (f"set-var(txn.lim) var(txn.model),map_str_int(MAPS/limits.map,{default_limit})", ""),
         ("set-var(txn.over) sc0_conn_cur,sub(txn.lim)", ""),
         ("set-var(txn.out) str(rejected)", "over_limit"),
-        (answer(errors.Overloaded,
-                f"overloaded: model '{model_lf}' has %[sc0_conn_cur] requests in the gateway "
-                "(limit %[var(txn.lim)])", retry_after=1), "over_limit"),
+        (answer(errors.Overloaded, overloaded, retry_after=admission.RETRY_AFTER_S),
+         "over_limit"),
     ]
     return rules
 
@@ -406,11 +436,11 @@ def _tables(snapshot: Snapshot) -> str:
         "backend st_route",
         "  stick-table type string len 192 size 20k expire 10m store conn_cur",
     ]
-    for i, rate in enumerate(snapshot.rate_classes()):
+    for i, limit in enumerate(snapshot.rate_classes()):
         lines += [
             f"backend rate{i}",
-            f"  stick-table type string len 64 size 100k expire {2 * rate.window_ms}ms "
-            f"store http_req_rate({rate.window_ms}ms)",
+            f"  stick-table type string len 64 size {rate.MAX_KEYS} "
+            f"expire {2 * limit.window_ms}ms store http_req_rate({limit.window_ms}ms)",
         ]
     return "\n".join(lines) + "\n"
 
@@ -433,9 +463,6 @@ def _control_backends(layout: Layout) -> str:
         "",
     ])
 
-
-GRPC_TIMEOUT_UNITS = {"H": ",mul(3600000)", "M": ",mul(60000)", "S": ",mul(1000)",
-                      "m": "", "u": ",div(1000),add(1)", "n": ",div(1000000),add(1)"}
 
 
 # gRPC to a member whose Triton lacks the fix for server#8034 (before 2.57.0): one
@@ -466,27 +493,28 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
         "  option httpchk GET /v2/health/live",
         "  http-check expect status 200",
         "  http-reuse always",
-        "  retries 1",
+        f"  retries {RETRIES}",
         "  option redispatch 1",
         "  retry-on conn-failure empty-response",
     ]
     if http:
-        lines.append("  http-request set-timeout server req.hdr(x-request-timeout-ms) "
-                     "if { req.hdr(x-request-timeout-ms) -m reg ^[0-9]{1,9}$ }")
+        header = deadline.HTTP_TIMEOUT_HEADER
+        lines.append(f"  http-request set-timeout server req.fhdr({header}) "
+                     f"if {{ req.fhdr({header}) -m reg {deadline.HTTP_TIMEOUT_PATTERN} }}")
     else:
         lines += [
             "  option http-no-delay",
             "  http-request set-var(txn.gt) req.hdr(grpc-timeout),regsub([^0-9],,g) "
-            "if { req.hdr(grpc-timeout) -m reg ^[0-9]{1,8}[HMSmun]$ }",
+            f"if {{ req.hdr(grpc-timeout) -m reg {deadline.GRPC_TIMEOUT_PATTERN} }}",
         ]
         lines += [
             f"  http-request set-timeout server var(txn.gt){conv} "
             f"if {{ var(txn.gt) -m found }} {{ req.hdr(grpc-timeout) -m end {unit} }}"
-            for unit, conv in GRPC_TIMEOUT_UNITS.items()
+            for unit, conv in deadline.GRPC_TIMEOUT_MS_CONVERTERS.items()
         ]
     lines += parse_error_rules(http)
     check = (f"check inter {layout.health_interval_ms}ms fall {HEALTH_FALL} rise 1 "
-             "observe layer4 error-limit 1 on-error mark-down")
+             f"observe layer4 error-limit {EJECT_AFTER_FAILURES} on-error mark-down")
     for m in pool.members:
         port = m.http_port if http else m.grpc_port
         reuse = "" if grpc_shared(m, layout) else f" {GRPC_SERVER_REUSE}"
@@ -500,7 +528,7 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
 
 def parse_error_rules(http: bool) -> list[str]:
     """Triton's 500 / INTERNAL for a request it could not parse becomes 400 /
-    INVALID_ARGUMENT (``gateway/upstream/parse_errors.py``: matched by message prefix).
+    INVALID_ARGUMENT (``gateway/policy/parse_errors.py``: matched by message prefix).
     Triton's HTTP error bodies are small, so waiting for one costs nothing; its gRPC
     errors are trailers-only answers, whose ``grpc-status`` is a header here."""
     if http:

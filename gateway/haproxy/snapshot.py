@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.policy.rate import RateClass
 from gateway.upstream.triton_version import GrpcReuse
 
 # Canary splits: at most this many pools per model are rendered as split ranks; a model
@@ -58,23 +59,6 @@ class RouteState:
 
 
 @dataclass(frozen=True)
-class RateClass:
-    """A token bucket approximated by a sliding window: at most ``burst`` requests per
-    ``burst / rate_per_s`` seconds, so the long-run rate is ``rate_per_s``."""
-
-    rate_per_s: float
-    burst: float
-
-    @property
-    def window_ms(self) -> int:
-        return max(1, round(1000 * self.burst / self.rate_per_s))
-
-    @property
-    def limit(self) -> int:
-        return max(1, int(self.burst))
-
-
-@dataclass(frozen=True)
 class Snapshot:
     """Everything routing depends on. ``default_route`` serves models no pool names
     explicitly (pools that serve ``*``); ``None`` means unknown models are answered 404."""
@@ -83,7 +67,8 @@ class Snapshot:
     routes: tuple[RouteState, ...] = ()
     default_route: RouteState | None = None
     rate_default: RateClass | None = None
-    rate_keys: tuple[tuple[str, RateClass], ...] = ()  # (sha256 hex of the key, class)
+    # (the key's digest, gateway.policy.access.key_digest, class)
+    rate_keys: tuple[tuple[str, RateClass], ...] = ()
     tokens: tuple[tuple[str, str], ...] = ()  # (sha256 hex, comma-separated scopes)
     predict_gated: bool = False
 
@@ -166,14 +151,6 @@ def parse_tune(text: str) -> tuple[str, str]:
 def server_name(member_key: str) -> str:
     """``127.0.0.1:8001`` -> ``127.0.0.1_8001``: a valid HAProxy server name."""
     return _NOT_IDENTIFIER.sub("_", member_key)
-
-
-def key_digest(key: str) -> str:
-    """How HAProxy identifies an API key: ``sha2(256),hex`` of it (upper-case hex).
-    A configured ``sha256:<hex>`` is taken as the digest itself."""
-    if key.startswith("sha256:"):
-        return key[len("sha256:"):].upper()
-    return hashlib.sha256(key.encode("utf-8")).hexdigest().upper()
 
 
 def queue_weight(queue_depth: int) -> int:

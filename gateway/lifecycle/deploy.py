@@ -168,8 +168,11 @@ class Deployer:
         override = override_for_version(config, version, batches)
         loaded: list[PoolMember] = []
         try:
-            on_step("load", "running", f"version {version} on {len(members)} member(s)")
-            await load_on(self.admin, model, override, members, loaded)
+            to_load = members
+            if serving == version:  # start-up: members that already serve it keep it
+                to_load = await self._not_serving(model, version, members)
+            on_step("load", "running", f"version {version} on {len(to_load)} member(s)")
+            await load_on(self.admin, model, override, to_load, loaded)
             on_step("load", "done", "")
             on_step("warm", "running", f"batch sizes {list(batches)}")
             await asyncio.gather(*(warm_on(self.dataplane, self.admin, model, version, config,
@@ -187,6 +190,14 @@ class Deployer:
             await self.dataplane.settle()
         on_step("route", "done", f"version {version} is serving")
         return self._record_serving(record, target)
+
+    async def _not_serving(self, model: str, version: int, members: Sequence[PoolMember]
+                           ) -> list[PoolMember]:
+        """Members that do not already serve exactly ``version`` of ``model``, ready. A
+        restarted gateway does not ask a Triton to load again what it serves (Triton
+        2.51 was seen to hang on such a load after a refused one)."""
+        served = await asyncio.gather(*(self.admin.loaded_versions(m, model) for m in members))
+        return [m for m, versions in zip(members, served, strict=True) if versions != [version]]
 
     async def _revert(self, model: str, serving: int | None,
                       loaded: list[PoolMember]) -> None:

@@ -29,6 +29,7 @@ class Preloader:
     load: LoadOne  # loads and warms one model on all its members
     first_backoff_s: float = 1.0
     max_backoff_s: float = 30.0
+    report_every_s: float = 30.0  # a load still running is logged this often
 
     async def run(self, models: Sequence[str]) -> None:
         """Hold readiness down until every model in ``models`` is loaded and warm."""
@@ -50,7 +51,7 @@ class Preloader:
         backoff = self.first_backoff_s
         while True:
             try:
-                await self.load(model)
+                await self._load_reported(model)
                 self.dataplane.mark_ready(model)
                 return
             except GatewayError as exc:
@@ -58,3 +59,17 @@ class Preloader:
                           exc.message)
             await asyncio.sleep(backoff)
             backoff = min(self.max_backoff_s, backoff * 2)
+
+    async def _load_reported(self, model: str) -> None:
+        """``load(model)``, saying in the log while it takes long (a member that does not
+        answer a load keeps the gateway unready: the log says which model waits)."""
+        task = asyncio.ensure_future(self.load(model))
+        waited = 0.0
+        try:
+            while not (await asyncio.wait({task}, timeout=self.report_every_s))[0]:
+                waited += self.report_every_s
+                log.warning("preloading %s: still loading and warming after %.0f s", model,
+                            waited)
+        finally:
+            task.cancel()
+        task.result()

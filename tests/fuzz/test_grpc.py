@@ -19,7 +19,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
-from gateway.upstream.parse_errors import MAX_MESSAGE_CHARS
+from gateway.policy.parse_errors import MAX_MESSAGE_CHARS
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.fuzz.conftest import fuzzing

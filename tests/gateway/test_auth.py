@@ -13,7 +13,6 @@ from gateway.auth import (
     TokenConfigError,
     TokenTable,
     load_token_entries,
-    presented_token,
 )
 from gateway.errors import Forbidden, Unauthorized
 
@@ -94,13 +93,3 @@ def test_token_table_refuses_config_when_token_declared_twice() -> None:
         TokenTable(load_token_entries(None, {TOKENS_ENV: text}))
 
 
-@pytest.mark.parametrize(("headers", "expected"), [
-    ({"x-api-key": "k1", "authorization": "Bearer k2"}, "k1"),  # one precedence
-    ({"authorization": "bearer  k2 "}, "k2"),
-    ({"authorization": "Basic dXNlcg=="}, None),
-    ({}, None),
-])
-def test_presented_token_has_one_precedence_when_both_headers_sent(
-    headers: dict[str, str], expected: str | None,
-) -> None:
-    assert presented_token(headers.get) == expected

@@ -27,14 +27,14 @@ from gateway.haproxy.snapshot import (
     Layout,
     MemberState,
     PoolState,
-    RateClass,
     RouteState,
     Snapshot,
-    key_digest,
     server_name,
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import create_metrics
+from gateway.policy.access import key_digest
+from gateway.policy.rate import RateClass
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.procs import wait_until

@@ -26,14 +26,14 @@ from gateway.haproxy.snapshot import (
     Layout,
     MemberState,
     PoolState,
-    RateClass,
     RouteState,
     Snapshot,
-    key_digest,
     parse_tune,
     queue_weight,
     server_name,
 )
+from gateway.policy.access import key_digest
+from gateway.policy.rate import RateClass
 from gateway.upstream.triton_version import GrpcReuse
 
 

@@ -128,3 +128,28 @@ def test_gateway_reports_ready_only_after_preloading_into_real_triton(
         # while preloading, the model answers 503 + Retry-After, never Triton's 400
         assert {s[1] for s in seen} <= {503, 200} and any(s[1] == 503 for s in seen)
         assert all(s[2] for s in seen if s[1] == 503)
+
+
+def test_preloading_says_which_model_still_loads_when_a_load_takes_long(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        dataplane, _ = _gateway()
+        release = asyncio.Event()
+
+        async def load(model: str) -> None:
+            await release.wait()
+
+        preloader = Preloader(dataplane, load, report_every_s=0.01)
+        run = asyncio.create_task(preloader.run(["slow-model"]))
+        deadline = time.monotonic() + 10
+        while "preloading slow-model: still loading" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.01)
+        assert not dataplane.ready()
+        release.set()
+        await run
+        assert dataplane.ready()
+
+    with caplog.at_level("WARNING", logger="gateway.lifecycle.preload"):
+        asyncio.run(scenario())

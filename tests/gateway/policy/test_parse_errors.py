@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from gateway.upstream.parse_errors import bounded, grpc_code, http_status
+from gateway.policy.parse_errors import bounded, grpc_code, http_status
 
 
 @pytest.mark.parametrize("body", [

@@ -1,0 +1,72 @@
+"""Which model a request is for: the one thing the data planes read from a request.
+
+- HTTP: the path, ``/v2/models/<name>[/versions/<v>]/infer`` (percent-decoded).
+- gRPC ``ModelInfer`` / ``ModelStreamInfer``: field 1 (``model_name``) of the protobuf
+  message, read from the wire bytes without decoding the rest (a request with megabytes
+  of ``raw_input_contents`` is never parsed in the gateway). HAProxy reads it with its
+  ``protobuf(1)`` converter from the buffered start of the body; the Python plane with
+  :func:`grpc_model_name`. A message whose field 1 cannot be read (malformed or cut
+  short before it ends), is absent or is empty names no model: 400 / INVALID_ARGUMENT,
+  the same on both planes, before anything else is decided.
+"""
+
+from __future__ import annotations
+
+from gateway.errors import InvalidInput
+
+HTTP_INFER_PATTERN = r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$"
+GRPC_MODEL_FIELD = 1
+UNKNOWN_MODEL = "Request for unknown model: '{model}' is not found"  # Triton's words
+NO_MODEL = ("the request names no model: field 1 (model_name) of the ModelInferRequest "
+            "is missing, empty or malformed")
+NOT_UTF8 = "the model name (field 1 of the ModelInferRequest) is not valid UTF-8"
+
+
+def grpc_model_name(message: bytes) -> str:
+    """The model a ``ModelInferRequest``'s wire bytes name; InvalidInput when none."""
+    raw = _first_length_delimited(message, GRPC_MODEL_FIELD)
+    if not raw:
+        raise InvalidInput(NO_MODEL)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(NOT_UTF8) from None
+
+
+def _first_length_delimited(message: bytes, field_number: int) -> bytes | None:
+    """The first occurrence of a length-delimited field; None when the bytes before it
+    (or the field itself) are not well-formed, or it is absent."""
+    pos, end = 0, len(message)
+    while pos < end:
+        key, pos = _varint(message, pos)
+        if pos < 0:
+            return None
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 2:
+            length, pos = _varint(message, pos)
+            if pos < 0 or pos + length > end:
+                return None
+            if number == field_number:
+                return message[pos : pos + length]
+            pos += length
+        elif wire_type == 0:
+            _, pos = _varint(message, pos)
+            if pos < 0:
+                return None
+        elif wire_type in (1, 5):
+            pos += 8 if wire_type == 1 else 4
+        else:
+            return None
+    return None
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """(value, position after it); position -1 when truncated or longer than 10 bytes."""
+    result, shift = 0, 0
+    for i in range(pos, min(len(data), pos + 10)):
+        byte = data[i]
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, i + 1
+        shift += 7
+    return 0, -1
