@@ -31,7 +31,7 @@ class ModelControl:
 
     # -- generic routing ---------------------------------------------------------------
     def owners(self, model: str) -> list[PoolMember]:
-        members = [m for p in self.dataplane.route(model).pools for m in p.members]
+        members = self.dataplane.state.members_of(model, available=False)
         if not members:
             raise Unavailable(f"no member serves '{model}'")
         return members
@@ -40,7 +40,7 @@ class ModelControl:
         """One available member per pool."""
         now = self.dataplane.clock()
         chosen = []
-        for pool in self.dataplane.pools:
+        for pool in self.dataplane.state.pools:
             alive = [m for m in pool.members if m.available(now)]
             if alive:
                 chosen.append(alive[0])

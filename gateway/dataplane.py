@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,13 +29,14 @@ from gateway.errors import (
     Unavailable,
     outcome_name,
 )
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, create_metrics
 from gateway.policy import admission, readiness
 from gateway.policy.model_name import UNKNOWN_MODEL
 from gateway.policy.rate import RateClass, RateLimiter
 from gateway.policy.upstream import RETRIES, EjectionPolicy
-from gateway.pools import GatewayConfig, Pool, PoolMember, pools_for_model
+from gateway.pools import GatewayConfig, Pool, PoolMember, build_pools
 from gateway.routing import RoutingPolicy
+from gateway.state import GatewayState
 
 T = TypeVar("T")
 
@@ -56,128 +57,72 @@ NO_OPTIONS = RequestOptions()
 
 @dataclass
 class ModelRoute:
-    """Per-model state cached on first use: its pools, admission limit and count,
-    metric children."""
+    """Per-model state the forwarder caches on first use: its pools and admission limit
+    (refreshed when the gateway's state changes), the count in the gateway, metric
+    children."""
 
     model: str
     pools: list[Pool]
     limits: admission.AdmissionLimits
     in_system: int = 0  # requests of this model in the gateway now
     children: dict[tuple[str, ...], Any] = field(default_factory=dict)
-    last_user_request_at: float = float("-inf")  # keep-warm's idleness clock
+
+    def follow(self, state: GatewayState) -> None:
+        self.pools = state.pools_for(self.model)
+        self.limits = state.admission_limits(self.model, self.pools)
 
 
 @dataclass
 class DataPlane:
-    config: GatewayConfig
-    pools: list[Pool]
+    """The Python forwarder: reads what the gateway knows (``state``), owns only what it
+    counts itself (per-model routes, rate windows, metric children)."""
+
+    state: GatewayState
     metrics: GatewayMetrics
     policy: RoutingPolicy = field(default_factory=RoutingPolicy)
     ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
-    clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
-    draining: bool = False
     routes: dict[str, ModelRoute] = field(default_factory=dict)
-    # Readiness gate: false until start-up preloading has loaded the configured models.
-    preloaded: bool = True
-    # model -> why it cannot take requests yet (first load, warm-up): answered 503 +
-    # Retry-After instead of reaching Triton, which would say "unknown model" (400).
-    not_ready: dict[str, str] = field(default_factory=dict)
-    # run when a member comes back from the dead, before it is routable again (the
-    # lifecycle reloads the serving versions there: a restarted Triton has none loaded)
-    member_recovered: list[Callable[[PoolMember], Awaitable[None]]] = field(
-        default_factory=list
-    )
-    background: set[Any] = field(default_factory=set)  # running member restores
-    # awaited by settle(): data planes that follow this state (HAProxy) apply it now
-    followers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # awaited before a scrape: HAProxy's live counts read now, not a round ago
     gauge_sources: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    # model -> pools that serve it, set by the model lifecycle (an upload's target
-    # pools); overrides the pools' static ``models`` lists for that model.
-    assigned_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)
     rate_limiter: RateLimiter = field(init=False)
 
     def __post_init__(self) -> None:
-        limits = self.config.rate_limits
+        limits = self.state.config.rate_limits
         self.rate_limiter = RateLimiter(
             RateClass(limits.default.rate_per_s, limits.default.burst) if limits.default else None,
             {k: RateClass(v.rate_per_s, v.burst) for k, v in limits.keys.items()},
             clock=self.clock,
         )
+        self.state.watch(self._refresh_routes)
+
+    @classmethod
+    def for_config(cls, config: GatewayConfig, metrics: GatewayMetrics | None = None,
+                   clock: Callable[[], float] = time.monotonic) -> DataPlane:
+        """A forwarder over a new state of ``config``'s pools."""
+        return cls(GatewayState(config, build_pools(config.pools), clock),
+                   metrics or create_metrics())
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.state.clock
 
     # -- lookups -----------------------------------------------------------------------
     def route(self, model: str) -> ModelRoute:
         route = self.routes.get(model)
         if route is None:
-            pools = self.pools_for(model)
+            pools = self.state.pools_for(model)
             if not pools:
                 raise ModelNotFound(UNKNOWN_MODEL.format(model=model))
             route = self.routes[model] = ModelRoute(
-                model, pools, self.admission_limits(model, pools))
+                model, pools, self.state.admission_limits(model, pools))
         return route
 
-    def pools_for(self, model: str) -> list[Pool]:
-        """The pools serving ``model``: the lifecycle's assignment, else the static lists."""
-        assigned = self.assigned_pools.get(model)
-        if assigned is None:
-            return pools_for_model(self.pools, model)
-        return [p for p in self.pools if p.name in assigned]
-
-    def assign_pools(self, model: str, pool_names: Sequence[str]) -> None:
-        """Serve ``model`` from these pools from now on (a cached route is updated in
-        place: requests in the gateway stay counted)."""
-        self.assigned_pools[model] = tuple(pool_names)
-        route = self.routes.get(model)
-        if route is not None:
-            route.pools = self.pools_for(model)
-            route.limits = self.admission_limits(model, route.pools)
-
-    # -- readiness, owned here: the lifecycle tells, a native data plane follows -----
-    def mark_not_ready(self, model: str, reason: str) -> None:
-        """``model`` answers 503 + Retry-After (first load, warm-up) until marked ready."""
-        self.not_ready[model] = reason
-
-    def mark_ready(self, model: str) -> None:
-        self.not_ready.pop(model, None)
-
-    def set_preloaded(self, preloaded: bool) -> None:
-        self.preloaded = preloaded
-
-    async def settle(self) -> None:
-        """Return once every follower (HAProxy) routes by the state set so far: a
-        lifecycle step that changed routing awaits this before it reports success."""
-        for follower in self.followers:
-            await follower()
-
-    def note_user_request(self, model: str, at: float | None = None) -> None:
-        """A user request for ``model`` was served elsewhere (HAProxy): keep-warm's
-        idleness clock."""
-        route = self.routes.get(model)
-        if route is not None:
-            route.last_user_request_at = self.clock() if at is None else at
-
-    def admission_limits(self, model: str, pools: Sequence[Pool]) -> admission.AdmissionLimits:
-        """The model's policy fields, else its pools' capacity (:mod:`gateway.policy.admission`)."""
-        policy = self.config.models.get(model)
-        return admission.admission_limits(
-            sum(p.capacity for p in pools), self.config.queue_factor,
-            policy.max_concurrency if policy else None, policy.max_queue if policy else None)
-
-    def refresh_limits(self) -> None:
-        """Re-size admission limits after pool membership changed (DNS discovery)."""
+    def _refresh_routes(self) -> None:
+        """The state changed (a model's pools, DNS membership): cached routes follow, in
+        place (requests in the gateway stay counted)."""
         for route in self.routes.values():
-            route.limits = self.admission_limits(route.model, route.pools)
-
-    def members(self) -> list[PoolMember]:
-        return [m for p in self.pools for m in p.members]
-
-    def ready(self) -> bool:
-        """Ready when not draining and every pool has at least one available member."""
-        now = self.clock()
-        return not self.draining and self.preloaded and all(
-            any(m.available(now) for m in p.members) for p in self.pools
-        )
+            route.follow(self.state)
 
     # -- the request path --------------------------------------------------------------
     async def forward(
@@ -203,7 +148,7 @@ class DataPlane:
         route = self.route(model)
         started = self.clock()
         if options.traffic == "user":
-            route.last_user_request_at = started
+            self.state.note_used(model, started)
         try:
             self._admit(route, options)
         except GatewayError as err:
@@ -222,7 +167,7 @@ class DataPlane:
 
     def _admit(self, route: ModelRoute, options: RequestOptions) -> None:
         """Readiness, then admission (:mod:`gateway.policy`); counts the request in."""
-        reason = self.not_ready.get(route.model) if self.not_ready else None
+        reason = self.state.not_ready_reason(route.model)
         if reason is not None:
             raise ModelNotReady(readiness.not_ready_message(route.model, reason),
                                 retry_after_s=readiness.RETRY_AFTER_S)
@@ -258,7 +203,7 @@ class DataPlane:
                 raise Unavailable(f"no healthy Triton member serves model '{route.model}'")
             tried.append(member.key)
             gauge = self._child(route, ("in_flight", member.pool))
-            member.in_flight += 1
+            member.request_started()
             gauge.inc()
             try:
                 result = await call(member)
@@ -269,9 +214,9 @@ class DataPlane:
                 self._count(route, member.pool, protocol, "unavailable", options.traffic)
                 raise
             finally:
-                member.in_flight -= 1
+                member.request_ended()
                 gauge.dec()
-            member.consecutive_failures = 0
+            member.answered()
             return result, member.pool
         self._count(route, "-", protocol, "unavailable", options.traffic)
         raise Unavailable(f"all members serving '{route.model}' failed ({', '.join(tried)})")
@@ -284,14 +229,14 @@ class DataPlane:
         under ``traffic`` so that SLO figures can leave it out."""
         route = self.route(model)
         started = self.clock()
-        member.in_flight += 1
+        member.request_started()
         try:
             result = await call(member)
         except GatewayError as err:
             self._count(route, member.pool, protocol, outcome_name(err), traffic)
             raise
         finally:
-            member.in_flight -= 1
+            member.request_ended()
         self._count(route, member.pool, protocol, outcome(result) if outcome else "success",
                     traffic)
         self._child(route, ("latency", member.pool, protocol, traffic)).observe(
@@ -300,12 +245,8 @@ class DataPlane:
         return result
 
     def _record_failure(self, member: PoolMember) -> None:
-        member.consecutive_failures += 1
         self.metrics.upstream_errors.labels(member.pool, member.key).inc()
-        if member.consecutive_failures >= self.ejection.failures:
-            member.ejected_until = self.clock() + self.ejection.ejection_s(
-                member.consecutive_failures
-            )
+        if member.failed(self.clock(), self.ejection):
             self.metrics.member_healthy.labels(member.pool, member.key).set(0)
 
     def _child(self, route: ModelRoute, key: tuple[str, ...]) -> Any:
@@ -328,14 +269,6 @@ class DataPlane:
         self._child(route, ("requests", pool, protocol, outcome, traffic)).inc()
 
     # -- server-level calls ------------------------------------------------------------
-    def any_member(self, pools: Sequence[Pool] | None = None) -> PoolMember:
-        now = self.clock()
-        for pool in pools or self.pools:
-            for member in sorted(pool.members, key=lambda m: m.in_flight):
-                if member.available(now):
-                    return member
-        raise Unavailable("no healthy Triton member")
-
     async def refresh_gauges(self) -> None:
         """What a ``/metrics`` scrape sees: every gauge source read now, then saturation."""
         for source in self.gauge_sources:
@@ -344,7 +277,7 @@ class DataPlane:
         self.update_saturation()
 
     def update_saturation(self) -> None:
-        for pool in self.pools:
+        for pool in self.state.pools:
             load = sum(m.in_flight + m.external_in_flight + m.upstream_queue
                        for m in pool.members)
             self.metrics.saturation.labels(pool.name).set(load / pool.capacity)

@@ -190,11 +190,11 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return service_pb2.ServerReadyResponse(ready=self.dataplane.ready())
+        return service_pb2.ServerReadyResponse(ready=self.dataplane.state.ready())
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
         try:
-            member = self.dataplane.any_member()
+            member = self.dataplane.state.any_member()
             return await _invoke(self.upstream.stub(member).ServerMetadata, request,
                                  context.time_remaining())
         except (GatewayError, RelayedError) as err:

@@ -214,12 +214,12 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
-        is_ready = dataplane.ready()
+        is_ready = dataplane.state.ready()
         return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
     @app.get("/v2")
     async def server_metadata() -> Response:
-        return relay(await upstream.request(dataplane.any_member(), "GET", "/v2"))
+        return relay(await upstream.request(dataplane.state.any_member(), "GET", "/v2"))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.lifecycle.config import AuthSpec, KeepWarmPolicy, LifecycleSpec
+from gateway.policy.upstream import HEALTH_FALL, EjectionPolicy
 
 
 class MemberSpec(BaseModel):
@@ -141,7 +142,10 @@ def load_gateway_config(path: Path) -> GatewayConfig:
 
 @dataclass(eq=False)
 class PoolMember:
-    """Live state of one member, owned by the data plane's event loop."""
+    """Live state of one member. Read its fields anywhere; change them only through its
+    methods (the probes, the Python forwarder and the HAProxy controller each report
+    what they saw; ``tests/gateway/test_ownership.py`` checks that no module assigns
+    them). Single event loop: no locks."""
 
     pool: str
     spec: MemberSpec
@@ -159,7 +163,7 @@ class PoolMember:
     # call failed; ``version_probed`` turns True at the first read, failed or not
     triton_version: str | None = None
     version_probed: bool = False
-    failed_probes: int = 0  # health probes failed in a row (probes.py, HEALTH_FALL)
+    failed_probes: int = 0  # health probes failed in a row (HEALTH_FALL)
 
     @property
     def key(self) -> str:
@@ -167,6 +171,60 @@ class PoolMember:
 
     def available(self, now: float) -> bool:
         return self.healthy and not self.restoring and now >= self.ejected_until
+
+    # -- what the probes saw ---------------------------------------------------------------
+    def probed(self, passed: bool, refused: bool) -> bool:
+        """One health probe's verdict; True when the member just came back from the dead.
+        A member that still answers is down after HEALTH_FALL failed probes in a row, as
+        HAProxy's own checks decide (one slow /live on a machine busy converting a model
+        must not send it through maintenance and a restore); nothing listening is down
+        at once. Back from the dead, it gets traffic at once, not after its back-off."""
+        self.failed_probes = 0 if passed else self.failed_probes + 1
+        was_healthy = self.healthy
+        self.healthy = passed or (self.healthy and not refused
+                                  and self.failed_probes < HEALTH_FALL)
+        if self.healthy and not was_healthy:
+            self.ejected_until, self.consecutive_failures = 0.0, 0
+            return True
+        return False
+
+    def observed(self, queue: int | None, version: str | None, now: float) -> None:
+        """Triton's queue depth (None: not read) and its version, at a healthy probe."""
+        self.triton_version, self.version_probed = version, True
+        if queue is not None:
+            self.upstream_queue, self.queue_scraped_at = queue, now
+
+    def restore_started(self) -> bool:
+        """Held out of routing while its models are reloaded; False if already so."""
+        if self.restoring:
+            return False
+        self.restoring = True
+        return True
+
+    def restore_done(self) -> None:
+        self.restoring = False
+
+    # -- what the data planes saw --------------------------------------------------------
+    def request_started(self) -> None:
+        self.in_flight += 1
+
+    def request_ended(self) -> None:
+        self.in_flight -= 1
+
+    def answered(self) -> None:
+        self.consecutive_failures = 0
+
+    def failed(self, now: float, ejection: EjectionPolicy) -> bool:
+        """A connection failure; True when it ejects the member (``ejection``)."""
+        self.consecutive_failures += 1
+        if self.consecutive_failures < ejection.failures:
+            return False
+        self.ejected_until = now + ejection.ejection_s(self.consecutive_failures)
+        return True
+
+    def haproxy_in_flight(self, count: int) -> None:
+        """Requests HAProxy has at this member now (its stats, once per round)."""
+        self.external_in_flight = count
 
 
 @dataclass
@@ -181,6 +239,17 @@ class Pool:
     @property
     def capacity(self) -> int:
         return self.spec.capacity_per_member * max(1, len(self.members))
+
+    def resolved(self, specs: Sequence[MemberSpec]) -> list[str]:
+        """The members DNS resolves to now (plus the declared ones): known members keep
+        their state, new ones join, vanished ones leave. Returns the keys that joined."""
+        known = {m.key: m for m in self.members}
+        kept = [m for m in self.members
+                if m.key in {s.key for s in specs} or m.spec in self.spec.members]
+        joined = [s for s in specs if s.key not in known]
+        kept += [PoolMember(self.name, s) for s in joined]
+        self.members[:] = kept
+        return [s.key for s in joined]
 
 
 def build_pools(specs: Iterable[PoolSpec]) -> list[Pool]:

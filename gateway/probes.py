@@ -20,8 +20,8 @@ import socket
 import httpx
 
 from gateway.dataplane import DataPlane
-from gateway.policy.upstream import HEALTH_FALL
 from gateway.pools import MemberSpec, Pool, PoolMember
+from gateway.state import GatewayState
 from gateway.upstream.triton_version import version_from_metadata
 
 log = logging.getLogger(__name__)
@@ -58,39 +58,24 @@ async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: 
         passed, refused = False, True  # nothing listens: down now
     except httpx.HTTPError:
         passed = False
-    member.failed_probes = 0 if passed else member.failed_probes + 1
-    # a member that answers slowly or badly is down after HEALTH_FALL probes in a row,
-    # as HAProxy's own checks decide: one slow /live on a machine busy converting a
-    # model must not send its member through maintenance and a restore
-    healthy = passed or (member.healthy and not refused
-                         and member.failed_probes < HEALTH_FALL)
     was_healthy = member.healthy
-    member.healthy = healthy
-    if healthy and not was_healthy:
-        # A member back from the dead gets traffic at once, not after its back-off;
-        # first, though, whatever must be loaded on it is (see DataPlane.member_recovered).
-        member.ejected_until = 0.0
-        member.consecutive_failures = 0
+    if member.probed(passed, refused):  # back from the dead (PoolMember.probed)
         log.info("member %s/%s is healthy again", member.pool, member.key)
-        if dataplane.member_recovered and not member.restoring:
-            member.restoring = True
-            task = asyncio.create_task(_restore(dataplane, member))
-            dataplane.background.add(task)  # a strong reference until it is done
-            task.add_done_callback(dataplane.background.discard)
-    elif was_healthy and not healthy:
+        # whatever must be loaded on it is, before it is routable (GatewayState.recovered)
+        dataplane.state.recovered(member, lambda exc: log.error(
+            "restoring member %s/%s failed: %r", member.pool, member.key, exc))
+    elif was_healthy and not member.healthy:
         log.warning("member %s/%s failed its health check", member.pool, member.key)
     metrics = dataplane.metrics
     metrics.member_healthy.labels(member.pool, member.key).set(
         1 if member.available(dataplane.clock()) else 0
     )
-    if not healthy:
+    if not member.healthy:
         return
     queue, version = await asyncio.gather(_scrape_queue(client, spec),
                                           read_version(client, spec))
-    member.triton_version, member.version_probed = version, True
+    member.observed(queue, version, dataplane.clock())
     if queue is not None:
-        member.upstream_queue = queue
-        member.queue_scraped_at = dataplane.clock()
         metrics.member_queue.labels(member.pool, member.key).set(member.upstream_queue)
 
 
@@ -111,18 +96,7 @@ async def read_version(client: httpx.AsyncClient, spec: MemberSpec) -> str | Non
         return None
 
 
-async def _restore(dataplane: DataPlane, member: PoolMember) -> None:
-    try:
-        for hook in dataplane.member_recovered:
-            await hook(member)
-        log.info("member %s/%s restored", member.pool, member.key)
-    except Exception:  # noqa: BLE001 - logged; the member serves what it has
-        log.exception("restoring member %s/%s failed", member.pool, member.key)
-    finally:
-        member.restoring = False
-
-
-async def resolve_members(pool: Pool) -> None:
+async def resolve_members(state: GatewayState, pool: Pool) -> None:
     """Members of a pool declared by DNS (a Kubernetes headless Service): one per address.
     Known members keep their state; vanished addresses leave the pool."""
     assert pool.spec.dns is not None
@@ -135,19 +109,10 @@ async def resolve_members(pool: Pool) -> None:
         return
     addresses = sorted({str(info[4][0]) for info in infos})
     ports = pool.spec.dns_ports
-    wanted = {
-        MemberSpec(host=a, http_port=ports.http_port, grpc_port=ports.grpc_port,
-                   metrics_port=ports.metrics_port).key: a for a in addresses
-    }
-    kept = [m for m in pool.members if m.key in wanted or m.spec in pool.spec.members]
-    known = {m.key for m in kept}
-    for key, address in wanted.items():
-        if key not in known:
-            spec = MemberSpec(host=address, http_port=ports.http_port,
-                              grpc_port=ports.grpc_port, metrics_port=ports.metrics_port)
-            kept.append(PoolMember(pool.name, spec))
-            log.info("pool %s: member %s joined via DNS", pool.name, key)
-    pool.members[:] = kept
+    specs = [MemberSpec(host=a, http_port=ports.http_port, grpc_port=ports.grpc_port,
+                        metrics_port=ports.metrics_port) for a in addresses]
+    for key in state.resolved(pool, specs):
+        log.info("pool %s: member %s joined via DNS", pool.name, key)
 
 
 async def probe_forever(dataplane: DataPlane, interval_s: float) -> None:
@@ -157,10 +122,10 @@ async def probe_forever(dataplane: DataPlane, interval_s: float) -> None:
     timeout = httpx.Timeout(max(2.0, 2 * interval_s), connect=max(0.5, interval_s))
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
         while True:
-            dns_pools = [p for p in dataplane.pools if p.spec.dns]
+            dns_pools = [p for p in dataplane.state.pools if p.spec.dns]
             if dns_pools:
-                await asyncio.gather(*(resolve_members(p) for p in dns_pools))
-                dataplane.refresh_limits()
-            await asyncio.gather(*(probe_member(client, dataplane, m) for m in dataplane.members()))
+                await asyncio.gather(*(resolve_members(dataplane.state, p) for p in dns_pools))
+            await asyncio.gather(*(probe_member(client, dataplane, m)
+                                   for m in dataplane.state.members()))
             dataplane.update_saturation()
             await asyncio.sleep(interval_s)

@@ -38,8 +38,7 @@ from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
 from gateway.http_api import create_http_app
 from gateway.http_framing import GatewayHttpToolsProtocol
 from gateway.lifecycle.control_plane import build_control_plane
-from gateway.metrics import create_metrics
-from gateway.pools import GatewayConfig, PoolMember, build_pools
+from gateway.pools import GatewayConfig, PoolMember
 from gateway.probes import probe_forever
 from gateway.upstream.grpc import UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP
@@ -85,7 +84,8 @@ def choose_data_plane(requested: str) -> str:
 
 
 def build_dataplane(config: GatewayConfig) -> DataPlane:
-    return DataPlane(config=config, pools=build_pools(config.pools), metrics=create_metrics())
+    """What the gateway knows (its state) and the Python forwarder that reads it."""
+    return DataPlane.for_config(config)
 
 
 async def serve(
@@ -120,7 +120,7 @@ async def serve(
     control = ModelControl(dataplane, admin)
     control_plane = build_control_plane(config, dataplane, admin)
     feed = SnapshotFeed(dataplane, auth)  # for data-plane replicas elsewhere (agents)
-    dataplane.followers.append(feed.settle)
+    dataplane.state.follow(feed.settle)
     app = create_http_app(dataplane, control, upstream_http, auth, control_plane.lifecycle,
                           max_body_bytes=settings.max_request_bytes,
                           routers=(feed_router(feed, auth),))
@@ -228,11 +228,11 @@ async def _drain(dataplane: DataPlane, timeout_s: float,
                  haproxy: HAProxyDataPlane | None = None) -> None:
     """Readiness false at once; wait (bounded) until no request is in flight, in this
     process or in HAProxy."""
-    dataplane.draining = True
+    dataplane.state.start_draining()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        held = sum(m.in_flight for m in dataplane.members())
+        held = sum(m.in_flight for m in dataplane.state.members())
         if haproxy is not None:
             held += await haproxy.in_flight()
         if not held:

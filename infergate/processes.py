@@ -82,6 +82,10 @@ class GatewayProcess(FrontDoor):
         return self.proc.wait(timeout=10)
 
 
+# the gateways' log level in tests (INFERGATE_TEST_LOG_LEVEL=info to see every call)
+LOG_LEVEL = os.environ.get("INFERGATE_TEST_LOG_LEVEL", "warning")
+
+
 @contextlib.contextmanager
 def run_gateway(pools_file: Path, log_dir: Path, *args: str,
                 data_plane: str | None = None,
@@ -100,7 +104,7 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--pools", str(pools_file),
              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-             "--probe-interval", "0.5", "--log-level", os.environ.get("INFERGATE_TEST_LOG_LEVEL", "warning"), *args],
+             "--probe-interval", "0.5", "--log-level", LOG_LEVEL, *args],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )

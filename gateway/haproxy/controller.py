@@ -36,15 +36,16 @@ from gateway.policy.access import configured_digest
 from gateway.policy.rate import RateClass
 from gateway.pools import Pool
 from gateway.routing import RoutingPolicy
+from gateway.state import GatewayState
 from gateway.upstream.triton_version import VersionWatch
 
 log = logging.getLogger(__name__)
 
 
-def snapshot_of(dataplane: DataPlane, auth: TokenTable, now: float,
+def snapshot_of(state: GatewayState, auth: TokenTable, now: float,
                 policy: RoutingPolicy | None = None) -> Snapshot:
-    """What HAProxy must know, read off the data plane's state at ``now``."""
-    policy = policy or dataplane.policy
+    """What HAProxy must know, read off the gateway's state at ``now``."""
+    policy = policy or RoutingPolicy()
     pools = tuple(
         PoolState(
             name=pool.name,
@@ -61,20 +62,16 @@ def snapshot_of(dataplane: DataPlane, auth: TokenTable, now: float,
             ),
             capacity=pool.capacity,
         )
-        for pool in dataplane.pools
+        for pool in state.pools
     )
     routable = {p.name for p in pools if any(m.routable for m in p.members)}
-    config = dataplane.config
-    named = {m for p in dataplane.pools for m in p.spec.models if m != "*"}
-    named |= set(dataplane.config.models) | set(dataplane.assigned_pools)
-    named |= set(dataplane.not_ready) | set(dataplane.routes)
     routes = tuple(
-        route for model in sorted(named)
-        if (route := _route(dataplane, model, dataplane.pools_for(model), routable))
+        route for model in sorted(state.known_models())
+        if (route := _route(state, model, state.pools_for(model), routable))
     )
-    wildcard = [p for p in dataplane.pools if "*" in p.spec.models]
-    default = _route(dataplane, "", wildcard, routable, weigh=False) if wildcard else None
-    limits = config.rate_limits
+    wildcard = [p for p in state.pools if "*" in p.spec.models]
+    default = _route(state, "", wildcard, routable, weigh=False) if wildcard else None
+    limits = state.config.rate_limits
     return Snapshot(
         pools=pools,
         routes=routes,
@@ -91,7 +88,7 @@ def snapshot_of(dataplane: DataPlane, auth: TokenTable, now: float,
     )
 
 
-def _route(dataplane: DataPlane, model: str, pools: list[Pool], routable: set[str],
+def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str],
            weigh: bool = True) -> RouteState | None:
     if not pools:
         return None
@@ -100,9 +97,9 @@ def _route(dataplane: DataPlane, model: str, pools: list[Pool], routable: set[st
     chosen = top_pools(live or weights)  # none routable: let HAProxy answer 503
     if not chosen:
         return None
-    limits = dataplane.admission_limits(model, pools)
+    limits = state.admission_limits(model, pools)
     return RouteState(model=model, pools=chosen, max_in_system=limits.in_system,
-                      not_ready=dataplane.not_ready.get(model))
+                      not_ready=state.not_ready_reason(model))
 
 
 @dataclass
@@ -117,6 +114,9 @@ class HAProxyDataPlane:
     _errors_seen: dict[tuple[str, str], int] = field(default_factory=dict)
     proxy: SnapshotProxy = field(init=False)
     versions: VersionWatch = field(init=False)
+    # set once HAProxy runs: a lifecycle step that settles meanwhile (a fast preload)
+    # waits for it instead of moving a process that is not there yet
+    started: asyncio.Event = field(init=False, default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.proxy = SnapshotProxy(self.layout, self.process)
@@ -143,22 +143,28 @@ class HAProxyDataPlane:
         self._receiver = LogReceiver(self.layout.log_socket,
                                      RequestLog(self.dataplane.metrics, on_served=served))
         self._receiver.start()
-        self.dataplane.followers.append(self.apply)
+        self.dataplane.state.follow(self.apply)
         self.dataplane.gauge_sources.append(self.observe)
-        self.proxy.start(snapshot_of(self.dataplane, self.auth, self.dataplane.clock()))
+        self.proxy.start(self.snapshot())
+        loop.call_soon_threadsafe(self.started.set)
 
     def _note_user_requests(self, models: set[str]) -> None:
         now = self.dataplane.clock()
         for model in models:
-            self.dataplane.note_user_request(model, now)
+            self.dataplane.state.note_used(model, now)
 
     async def apply(self) -> None:
         """Move HAProxy to the current snapshot (runtime commands, else a reload: a
         member's gRPC connection mode changes with its Triton version)."""
+        await self.started.wait()
         self.versions.observe((m.pool, m.key, m.triton_version)
-                              for m in self.dataplane.members() if m.version_probed)
-        self.versions.forget({(m.pool, m.key) for m in self.dataplane.members()})
-        await self.proxy.amove(snapshot_of(self.dataplane, self.auth, self.dataplane.clock()))
+                              for m in self.dataplane.state.members() if m.version_probed)
+        self.versions.forget({(m.pool, m.key) for m in self.dataplane.state.members()})
+        await self.proxy.amove(self.snapshot())
+
+    def snapshot(self) -> Snapshot:
+        dataplane = self.dataplane
+        return snapshot_of(dataplane.state, self.auth, dataplane.clock(), dataplane.policy)
 
     async def observe(self) -> None:
         """HAProxy's live counts -> gauges: in flight per model and pool, queued per
@@ -170,7 +176,7 @@ class HAProxyDataPlane:
         servers = {(row["pxname"], row["svname"]): row for row in stats}
         metrics = self.dataplane.metrics
         pool_queue: dict[str, int] = defaultdict(int)
-        for pool in self.dataplane.pools:
+        for pool in self.dataplane.state.pools:
             for proto in ("http", "grpc"):
                 row = servers.get((f"{proto}_{pool.name}", "BACKEND"))
                 if row:
@@ -178,7 +184,7 @@ class HAProxyDataPlane:
             for member in pool.members:
                 name = server_name(member.key)
                 rows = [servers.get((f"{p}_{pool.name}", name)) for p in ("http", "grpc")]
-                member.external_in_flight = sum(_int(r.get("scur")) for r in rows if r)
+                member.haproxy_in_flight(sum(_int(r.get("scur")) for r in rows if r))
                 failures = sum(_int(r.get("econ")) + _int(r.get("eresp")) for r in rows if r)
                 seen = self._errors_seen.get((pool.name, member.key), 0)
                 if failures > seen:

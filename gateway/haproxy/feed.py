@@ -36,7 +36,8 @@ class SnapshotFeed:
     agents: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> (have, seen)
 
     def current(self) -> tuple[str, Snapshot]:
-        snapshot = snapshot_of(self.dataplane, self.auth, self.dataplane.clock())
+        snapshot = snapshot_of(self.dataplane.state, self.auth, self.dataplane.clock(),
+                               self.dataplane.policy)
         return snapshot_version(snapshot), snapshot
 
     def saw(self, agent: str, have: str) -> None:

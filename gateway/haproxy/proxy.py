@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from gateway.haproxy.changes import runtime_commands
 from gateway.haproxy.process import HAProxyProcess, write_files
-from gateway.haproxy.render import Rendered, render, runtime_commands
+from gateway.haproxy.render import Rendered, render
 from gateway.haproxy.runtime import RuntimeAPI
 from gateway.haproxy.snapshot import Layout, Snapshot
 

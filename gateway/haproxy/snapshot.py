@@ -3,8 +3,9 @@
 The control plane builds one :class:`Snapshot` per probe round from what it owns (pools,
 members' health and queue depth, model assignments, admission limits, rate limits,
 token digests); :mod:`gateway.haproxy.render` turns it into HAProxy's configuration, map
-files and runtime commands without any I/O. Nothing here refers to a live object, so a
-snapshot can be compared, stored and replayed.
+files and error files, :mod:`gateway.haproxy.changes` into runtime commands, without any
+I/O. Nothing here refers to a live object, so a snapshot can be compared, stored and
+replayed.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class Layout:
     # gRPC requests to a member share HTTP/2 connections when its Triton has the fix
     # for server#8034 (auto), always, or never (gateway.upstream.triton_version)
     grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO
-    # HAProxy ``tune.*`` settings over render.TUNING's defaults: (key, value)
+    # HAProxy ``tune.*`` settings over config.TUNING's defaults: (key, value)
     tune: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     @property

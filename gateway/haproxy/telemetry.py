@@ -2,7 +2,7 @@
 from HAProxy's ring buffer to a unix socket this process reads, counted into the
 gateway's ``infergate_*`` metrics (same names, labels and meaning as the Python data plane's).
 
-The line (``render.LOG_FORMAT``): ``model pool proto status grpc_status Tt outcome
+The line (``config.LOG_FORMAT``): ``model pool proto status grpc_status Tt outcome
 termination server``. This runs beside the hot path, in a thread, after HAProxy has
 answered: a few microseconds of Python per request, never in the request's way.
 Latency has HAProxy's resolution, milliseconds.

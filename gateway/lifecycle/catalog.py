@@ -61,7 +61,7 @@ class ModelCatalog:
         return self.store.jobs(model, limit=limit)
 
     def loading(self, model: str) -> bool:
-        return model in self.dataplane.not_ready
+        return self.dataplane.state.not_ready_reason(model) is not None
 
     def report_path(self, name: str, version: int) -> Path:
         model = checked_name(name)
@@ -133,7 +133,7 @@ class ModelCatalog:
     def target_pools(self, model: str, spec: UploadSpec) -> list[str]:
         """Where an upload of ``model`` goes: the spec's pools, else where the model lives
         now, else the pools that serve it by configuration."""
-        names = [p.name for p in self.dataplane.pools]
+        names = [p.name for p in self.dataplane.state.pools]
         if spec.pools:
             unknown = [p for p in spec.pools if p not in names]
             if unknown:
@@ -142,7 +142,7 @@ class ModelCatalog:
         record = self.store.model(model)
         if record is not None and record.pools:
             return list(record.pools)
-        serving = [p.name for p in pools_for_model(self.dataplane.pools, model)]
+        serving = [p.name for p in pools_for_model(self.dataplane.state.pools, model)]
         if not serving:
             raise InvalidInput(f"no pool serves {model!r} by configuration: name the target "
                                f"pools in the spec ('pools': one or more of {names})")
@@ -152,7 +152,7 @@ class ModelCatalog:
         """At start-up: every managed model goes back to the pools it was deployed to."""
         for record in self.store.models():
             if record.pools:
-                self.dataplane.assign_pools(record.name, record.pools)
+                self.dataplane.state.serve(record.name, record.pools)
 
     # -- policies --------------------------------------------------------------------------
     def keep_warm_policies(self) -> dict[str, KeepWarmPolicy]:

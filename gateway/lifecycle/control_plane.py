@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.dataplane import DataPlane
 from gateway.lifecycle.config import KeepWarmPolicy
-from gateway.lifecycle.deploy import load_as_configured, restore_as_configured, serves
+from gateway.lifecycle.deploy import load_as_configured, restore_as_configured
 from gateway.lifecycle.keepwarm import KeepWarm
 from gateway.lifecycle.preload import Preloader
 from gateway.lifecycle.service import ModelLifecycle, build_lifecycle
 from gateway.pools import GatewayConfig, PoolMember
 from gateway.upstream.triton import MemberAdmin
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,7 +56,7 @@ class ControlPlane:
             await self.lifecycle.restore_member(member)
             return
         for model in self.preload_models():
-            if serves(self.dataplane, model, member):
+            if self.dataplane.state.serves(model, member):
                 policy = self.config.models.get(model)
                 batches = policy.keep_warm.batch_sizes if policy and policy.keep_warm else (1,)
                 await restore_as_configured(self.dataplane, self.admin, member, model, batches)
@@ -61,12 +64,15 @@ class ControlPlane:
     def start(self) -> None:
         """Start preloading (readiness turns true when it is done) and keep-warm, and
         have members that come back from the dead restored before they take traffic."""
-        self.dataplane.member_recovered.append(self.restore_member)
+        self.dataplane.state.on_recovery(self.restore_member)
         models = self.preload_models()
         if models:
-            self.dataplane.set_preloaded(False)  # before the first readiness probe
-        self.tasks.append(asyncio.create_task(self.preloader.run(models), name="preload"))
-        self.tasks.append(asyncio.create_task(self.keepwarm.run_forever(), name="keep-warm"))
+            self.dataplane.state.set_preloaded(False)  # before the first readiness probe
+        for job, name in ((self.preloader.run(models), "preload"),
+                          (self.keepwarm.run_forever(), "keep-warm")):
+            task = asyncio.create_task(job, name=name)
+            task.add_done_callback(_report_failure)
+            self.tasks.append(task)
 
     async def close(self) -> None:
         for task in self.tasks:
@@ -75,6 +81,13 @@ class ControlPlane:
             await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.lifecycle is not None:
             await self.lifecycle.close()
+
+
+def _report_failure(task: asyncio.Task[Any]) -> None:
+    """A background task that died: say so (else it dies unseen, and a preload that
+    died keeps the gateway unready for good)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s failed", task.get_name(), exc_info=task.exception())
 
 
 def build_control_plane(config: GatewayConfig, dataplane: DataPlane,

@@ -42,8 +42,7 @@ def _no_steps(name: str, state: str, detail: str) -> None:
 
 
 def available_members(dataplane: DataPlane, model: str) -> list[PoolMember]:
-    now = dataplane.clock()
-    members = [m for p in dataplane.route(model).pools for m in p.members if m.available(now)]
+    members = dataplane.state.members_of(model)
     if not members:
         raise Unavailable(f"no healthy Triton member serves {model!r}")
     return members
@@ -106,14 +105,6 @@ async def restore_as_configured(dataplane: DataPlane, admin: MemberAdmin, member
                   member)
 
 
-def serves(dataplane: DataPlane, model: str, member: PoolMember) -> bool:
-    """Whether traffic for ``model`` can be routed to ``member``."""
-    try:
-        return any(member in pool.members for pool in dataplane.route(model).pools)
-    except GatewayError:
-        return False
-
-
 @dataclass
 class Deployer:
     dataplane: DataPlane
@@ -156,15 +147,15 @@ class Deployer:
         if target is None:
             raise ModelNotFound(f"model {model!r} has no version {version}")
         if record.pools:
-            self.dataplane.assign_pools(model, record.pools)
+            self.dataplane.state.serve(model, record.pools)
         serving = record.serving_version
         members = self.members(model)
         config = parse_model_config(target.config)
         batches = _batches(config, warm_batches)
         if serving is None:
-            self.dataplane.mark_not_ready(model, f"version {version} is loading")
+            self.dataplane.state.mark_not_ready(model, f"version {version} is loading")
             self.store.put_model(replace(record, state="loading", detail=""))
-        await self.dataplane.settle()
+        await self.dataplane.state.settle()
         override = override_for_version(config, version, batches)
         loaded: list[PoolMember] = []
         try:
@@ -186,8 +177,8 @@ class Deployer:
                                f"{exc.message}") from exc
         finally:
             if serving is None:
-                self.dataplane.mark_ready(model)
-            await self.dataplane.settle()
+                self.dataplane.state.mark_ready(model)
+            await self.dataplane.state.settle()
         on_step("route", "done", f"version {version} is serving")
         return self._record_serving(record, target)
 

@@ -68,9 +68,9 @@ class KeepWarm:
 
     async def tick(self) -> None:
         policies = {m: p for m, p in self.policies().items()
-                    if m not in self.dataplane.not_ready}
+                    if self.dataplane.state.not_ready_reason(m) is None}
         now = self.dataplane.clock()
-        last_request = {m: r.last_user_request_at for m, r in self.dataplane.routes.items()}
+        last_request = self.dataplane.state.last_used()
         due = due_models(policies, last_request, self.last_ping, now)
         for model in due:
             self.last_ping[model] = now
@@ -78,9 +78,7 @@ class KeepWarm:
 
     async def ping(self, model: str, policy: KeepWarmPolicy) -> None:
         try:
-            now = self.dataplane.clock()
-            members = [m for p in self.dataplane.route(model).pools for m in p.members
-                       if m.available(now)]
+            members = self.dataplane.state.members_of(model)
             if not members:
                 return
             config = self.configs.get(model)

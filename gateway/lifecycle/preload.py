@@ -35,16 +35,16 @@ class Preloader:
         """Hold readiness down until every model in ``models`` is loaded and warm."""
         if not models:
             return
-        self.dataplane.set_preloaded(False)
+        self.dataplane.state.set_preloaded(False)
         for model in models:
-            self.dataplane.mark_not_ready(model, "preloading at gateway start-up")
+            self.dataplane.state.mark_not_ready(model, "preloading at gateway start-up")
         try:
             await asyncio.gather(*(self._until_loaded(m) for m in models))
         finally:
             for model in models:
-                self.dataplane.mark_ready(model)
-        await self.dataplane.settle()  # HAProxy routes them before readiness turns true
-        self.dataplane.set_preloaded(True)
+                self.dataplane.state.mark_ready(model)
+        await self.dataplane.state.settle()  # HAProxy routes them before readiness turns true
+        self.dataplane.state.set_preloaded(True)
         log.warning("preloaded %d model(s): %s", len(models), ", ".join(models))
 
     async def _until_loaded(self, model: str) -> None:
@@ -52,7 +52,7 @@ class Preloader:
         while True:
             try:
                 await self._load_reported(model)
-                self.dataplane.mark_ready(model)
+                self.dataplane.state.mark_ready(model)
                 return
             except GatewayError as exc:
                 log.error("preloading %s failed (retry in %.0f s): %s", model, backoff,

@@ -21,7 +21,7 @@ from gateway.dataplane import DataPlane
 from gateway.lifecycle import versions as repo_edits
 from gateway.lifecycle.catalog import ModelCatalog
 from gateway.lifecycle.config import LifecycleSpec
-from gateway.lifecycle.deploy import Deployer, load_as_configured, serves
+from gateway.lifecycle.deploy import Deployer, load_as_configured
 from gateway.lifecycle.jobs import LifecycleStore
 from gateway.lifecycle.runner import RESTART_REASON, JobRunner
 from gateway.lifecycle.workers import ConversionWorkers
@@ -79,7 +79,7 @@ class ModelLifecycle:
         load and warm there every preloaded model its pool serves, before it takes
         traffic (the data plane keeps it out of routing meanwhile)."""
         for model in self.catalog.preload_models():
-            if not serves(self.dataplane, model, member):
+            if not self.dataplane.state.serves(model, member):
                 continue
             record = self.catalog.store.model(model)
             version = record.serving_version if record is not None else None

@@ -2,7 +2,7 @@
 reaches a Triton member, as plain data and pure functions that both data planes read.
 
 The Python forwarder (``gateway/dataplane.py`` and its adapters ``http_api.py``,
-``grpc_api.py``) calls these functions; HAProxy's renderer (``gateway/haproxy/render.py``)
+``grpc_api.py``) calls these functions; HAProxy's renderer (``gateway/haproxy/config.py``)
 renders the same constants, patterns and message templates into its rules. A parity
 suite (``tests/gateway/test_parity.py``) sends one table of requests to both planes.
 

@@ -9,7 +9,7 @@
 
 Both data planes read this module: the Python forwarder calls :func:`http_deadline_s`,
 HAProxy's rules match :data:`HTTP_TIMEOUT_PATTERN` and convert with
-:data:`GRPC_TIMEOUT_MS_CONVERTERS` (``gateway/haproxy/render.py``).
+:data:`GRPC_TIMEOUT_MS_CONVERTERS` (``gateway/haproxy/config.py``).
 """
 
 from __future__ import annotations

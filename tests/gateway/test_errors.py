@@ -16,8 +16,7 @@ from gateway.control import ModelControl
 from gateway.dataplane import DataPlane
 from gateway.grpc_api import create_grpc_server
 from gateway.http_api import create_http_app
-from gateway.metrics import create_metrics
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.upstream.grpc import SERVICE, UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP
 from gateway.upstream.triton import MemberAdmin
@@ -36,7 +35,7 @@ def _make(cls: type[errors.GatewayError]) -> errors.GatewayError:
 
 def _dataplane() -> DataPlane:
     config = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),)),))
-    return DataPlane(config=config, pools=build_pools(config.pools), metrics=create_metrics())
+    return DataPlane.for_config(config)
 
 
 @pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda c: c.__name__)

@@ -12,8 +12,7 @@ from aiohttp import web
 
 from gateway.dataplane import DataPlane
 from gateway.generate import GenerateFastPath
-from gateway.metrics import create_metrics
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.upstream.http import UpstreamHTTP
 from infergate.triton.local import free_port
 
@@ -46,9 +45,8 @@ async def _call(break_after: int | None = None) -> tuple[httpx.Response, DataPla
     members = (MemberSpec(http_port=dead_port, grpc_port=dead_port),
                MemberSpec(http_port=live_port, grpc_port=live_port))
     config = GatewayConfig(pools=(PoolSpec(name="p", members=members),))
-    dataplane = DataPlane(config=config, pools=build_pools(config.pools),
-                          metrics=create_metrics())
-    dead, live = dataplane.pools[0].members
+    dataplane = DataPlane.for_config(config)
+    dead, live = dataplane.state.pools[0].members
     live.upstream_queue = 50  # the router prefers the (dead) idle member first
     live.queue_scraped_at = dataplane.clock()
     runner = await _member(live_port, break_after)

@@ -19,8 +19,9 @@ import pytest
 
 from gateway.auth import TokenTable
 from gateway.dataplane import DataPlane
+from gateway.haproxy.changes import runtime_commands
 from gateway.haproxy.controller import snapshot_of
-from gateway.haproxy.render import render, runtime_commands
+from gateway.haproxy.render import render
 from gateway.haproxy.snapshot import Layout
 from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
 from gateway.probes import pending_requests, probe_member, read_version
@@ -78,7 +79,7 @@ def _one_member(port: int, tmp_path: Path) -> tuple[DataPlane, PoolMember, Layou
     dataplane = build_dataplane(GatewayConfig(pools=(PoolSpec(name="p", members=(spec,)),)))
     layout = Layout("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", tmp_path,
                     tmp_path / "log.sock")
-    return dataplane, dataplane.members()[0], layout
+    return dataplane, dataplane.state.members()[0], layout
 
 
 def _grpc_server_line(config: str) -> str:
@@ -108,7 +109,7 @@ def test_probe_reads_the_version_and_the_render_follows_when_members_report(
     asyncio.run(probe())
     assert member.version_probed and member.triton_version == version
     assert member.upstream_queue == 3  # the queue scrape still happens beside it
-    snapshot = snapshot_of(dataplane, TokenTable(), dataplane.clock())
+    snapshot = snapshot_of(dataplane.state, TokenTable(), dataplane.clock())
     line = _grpc_server_line(render(snapshot, layout).config)
     assert ("max-reuse 0" not in line) is shared
 
@@ -121,15 +122,15 @@ def test_member_restarted_on_a_fixed_release_shares_after_one_round(
     async def round_() -> str:
         async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
             await probe_member(client, dataplane, member)
-        return _grpc_server_line(render(snapshot_of(dataplane, TokenTable(), 0.0),
+        return _grpc_server_line(render(snapshot_of(dataplane.state, TokenTable(), 0.0),
                                         layout).config)
 
-    before = snapshot_of(dataplane, TokenTable(), 0.0)
+    before = snapshot_of(dataplane.state, TokenTable(), 0.0)
     assert "max-reuse 0" in asyncio.run(round_())
-    old = snapshot_of(dataplane, TokenTable(), 0.0)
+    old = snapshot_of(dataplane.state, TokenTable(), 0.0)
     answers.metadata = json.dumps({"name": "triton", "version": "2.58.0"}).encode()
     assert "max-reuse 0" not in asyncio.run(round_())
-    new = snapshot_of(dataplane, TokenTable(), 0.0)
+    new = snapshot_of(dataplane.state, TokenTable(), 0.0)
     assert runtime_commands(old, new, layout) is None  # a reload moves HAProxy
     assert before.pools[0].members[0].triton_version is None  # never probed: not assumed
 
@@ -174,4 +175,4 @@ def test_member_is_down_after_two_failed_probes_but_at_once_when_refused(
     answers.live = 200
     assert asyncio.run(probe(member)) is True and member.failed_probes == 0
     gone, _, _ = _one_member(free_port(), tmp_path)
-    assert asyncio.run(probe(gone.members()[0])) is False
+    assert asyncio.run(probe(gone.state.members()[0])) is False

@@ -12,7 +12,7 @@ from tritonclient.grpc import service_pb2
 
 from gateway.dataplane import NO_OPTIONS, DataPlane, RequestOptions
 from gateway.metrics import create_metrics
-from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec, build_pools
+from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
 from gateway.streams import EMPTY_FINAL, StreamEnd, StreamRelay, StreamTally
 
 
@@ -85,7 +85,7 @@ class FakeUpstream:
 def _dataplane() -> DataPlane:
     members = (MemberSpec(grpc_port=9001), MemberSpec(grpc_port=9002))
     config = GatewayConfig(pools=(PoolSpec(name="p", members=members),))
-    return DataPlane(config=config, pools=build_pools(config.pools), metrics=create_metrics())
+    return DataPlane.for_config(config)
 
 
 def _request(request_id: str, empty_final: bool = False) -> bytes:

@@ -20,8 +20,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
+from gateway.haproxy.changes import runtime_commands
 from gateway.haproxy.process import HAProxyProcess, free_port, write_files
-from gateway.haproxy.render import render, runtime_commands
+from gateway.haproxy.render import render
 from gateway.haproxy.runtime import RuntimeAPI
 from gateway.haproxy.snapshot import (
     Layout,

@@ -28,8 +28,7 @@ from gateway.lifecycle.catalog import ModelCatalog
 from gateway.lifecycle.jobs import JobRecord, ModelRecord
 from gateway.lifecycle.runner import JobRunner
 from gateway.lifecycle.service import ModelLifecycle
-from gateway.metrics import create_metrics
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.upstream.grpc import UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 from gateway.upstream.triton import MemberAdmin
@@ -98,7 +97,7 @@ def _token(identity: str) -> str | None:
 
 def _dataplane() -> DataPlane:
     config = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),)),))
-    return DataPlane(config=config, pools=build_pools(config.pools), metrics=create_metrics())
+    return DataPlane.for_config(config)
 
 
 def _upstream_http() -> Any:

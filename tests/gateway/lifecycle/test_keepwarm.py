@@ -20,8 +20,7 @@ from converters.tiny import TINY_MODEL_NAME
 from gateway.dataplane import DataPlane
 from gateway.lifecycle.config import KeepWarmPolicy
 from gateway.lifecycle.keepwarm import KeepWarm, due_models
-from gateway.metrics import create_metrics
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton, TritonEndpoints
 from tests.conftest import triton_settings
@@ -55,8 +54,7 @@ def test_keepwarm_reaches_every_member_labelled_warmup_when_model_idle() -> None
         PoolSpec(name="b", members=(MemberSpec(grpc_port=3),)),
     ))
     clock = [1000.0]
-    dataplane = DataPlane(config=config, pools=build_pools(config.pools),
-                          metrics=create_metrics(), clock=lambda: clock[0])
+    dataplane = DataPlane.for_config(config, clock=lambda: clock[0])
     admin = create_autospec(MemberAdmin, instance=True)
     admin.config.return_value = _config()
     calls: list[tuple[str, int]] = []
@@ -72,7 +70,7 @@ def test_keepwarm_reaches_every_member_labelled_warmup_when_model_idle() -> None
         await keepwarm.tick()  # idle since forever: ping
         clock[0] += 5
         await keepwarm.tick()  # interval not passed
-        dataplane.route("m").last_user_request_at = clock[0]
+        dataplane.state.note_used("m", clock[0])
         clock[0] += 10
         await keepwarm.tick()  # busy 10 s ago: no ping
 

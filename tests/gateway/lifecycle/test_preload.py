@@ -21,8 +21,7 @@ from gateway.dataplane import DataPlane
 from gateway.errors import Unavailable
 from gateway.http_api import create_http_app
 from gateway.lifecycle.preload import Preloader
-from gateway.metrics import create_metrics
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton
@@ -33,8 +32,7 @@ from tests.procs import pools_yaml
 
 def _gateway() -> tuple[DataPlane, Any]:
     config = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),)),))
-    dataplane = DataPlane(config=config, pools=build_pools(config.pools),
-                          metrics=create_metrics())
+    dataplane = DataPlane.for_config(config)
     upstream = create_autospec(UpstreamHTTP, instance=True)
 
     async def answer(*args: Any, **kwargs: Any) -> UpstreamResponse:
@@ -87,7 +85,7 @@ def test_gateway_ready_at_once_when_nothing_to_preload() -> None:
     async def scenario() -> bool:
         dataplane, _ = _gateway()
         await Preloader(dataplane, lambda m: asyncio.sleep(0)).run([])
-        return dataplane.ready()
+        return dataplane.state.ready()
 
     assert asyncio.run(scenario())
 
@@ -146,10 +144,10 @@ def test_preloading_says_which_model_still_loads_when_a_load_takes_long(
         while "preloading slow-model: still loading" not in caplog.text:
             assert time.monotonic() < deadline, caplog.text
             await asyncio.sleep(0.01)
-        assert not dataplane.ready()
+        assert not dataplane.state.ready()
         release.set()
         await run
-        assert dataplane.ready()
+        assert dataplane.state.ready()
 
     with caplog.at_level("WARNING", logger="gateway.lifecycle.preload"):
         asyncio.run(scenario())

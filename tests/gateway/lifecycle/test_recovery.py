@@ -18,8 +18,7 @@ from gateway.dataplane import DataPlane
 from gateway.lifecycle.config import LifecycleSpec
 from gateway.lifecycle.jobs import LifecycleStore, ModelRecord, VersionRecord
 from gateway.lifecycle.service import RESTART_REASON, build_lifecycle
-from gateway.metrics import create_metrics
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec, build_pools
+from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
@@ -109,8 +108,7 @@ def test_restart_removes_version_published_but_never_served_when_job_died_deploy
 
     spec = LifecycleSpec(repository=repo, state_dir=tmp_path / "state")
     gateway = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),)),))
-    dataplane = DataPlane(config=gateway, pools=build_pools(gateway.pools),
-                          metrics=create_metrics())
+    dataplane = DataPlane.for_config(gateway)
     admin: Any = create_autospec(MemberAdmin, instance=True)
     lifecycle = build_lifecycle(spec, gateway, dataplane, admin,
                                 on_version_changed=lambda model: None)

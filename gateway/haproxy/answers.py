@@ -1,0 +1,68 @@
+"""What HAProxy answers itself, built from ``gateway.errors``' one table (pure, no I/O).
+
+``http-request return`` actions for the frontends' rules (:func:`http_return`,
+:func:`grpc_return`; :mod:`gateway.haproxy.config` places them), and one error file per
+status HAProxy may produce on its own (:data:`LOCAL_ERRORS`, :func:`error_files`), for
+the ``http-errors`` sections.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from gateway import errors
+from gateway.policy import access
+
+
+def http_return(error: type[errors.GatewayError], message_lf: str,
+                retry_after: int | None = None) -> str:
+    """``http-request return`` for the HTTP frontend; ``message_lf`` is log-format text
+    already escaped for a JSON string inside a quoted HAProxy argument."""
+    hdrs = f" hdr retry-after {retry_after}" if retry_after is not None else ""
+    if error is errors.Unauthorized:
+        hdrs += ' hdr www-authenticate "' + access.WWW_AUTHENTICATE.replace('"', '\\"') + '"'
+    body = '{\\"error\\":\\"' + message_lf + '\\"}'
+    return (f"http-request return status {errors.http_status_of(error)} "
+            f'content-type application/json{hdrs} lf-string "{body}"')
+
+
+def grpc_return(error: type[errors.GatewayError], message_lf: str,
+                retry_after: int | None = None) -> str:
+    """A trailers-only gRPC answer: HTTP 200, ``grpc-status`` and ``grpc-message``."""
+    hdrs = f" hdr retry-after {retry_after}" if retry_after is not None else ""
+    return (f"http-request return status 200 content-type application/grpc "
+            f"hdr grpc-status {errors.grpc_code_number(error)} "
+            f'hdr grpc-message "{message_lf}"{hdrs}')
+
+
+# status HAProxy may produce itself -> (error class, message)
+LOCAL_ERRORS: dict[int, tuple[type[errors.GatewayError], str]] = {
+    400: (errors.InvalidInput, "malformed HTTP request"),
+    403: (errors.Forbidden, "request denied"),
+    408: (errors.DeadlineExceeded, "the request was not received in time"),
+    413: (errors.PayloadTooLarge, "request too large"),
+    500: (errors.GatewayError, "internal error in the gateway's data plane"),
+    502: (errors.Unavailable, "invalid or no answer from the Triton member"),
+    503: (errors.Unavailable, "no healthy Triton member could take the request"),
+    504: (errors.DeadlineExceeded, "deadline exceeded waiting for the Triton member"),
+}
+
+
+def error_files() -> dict[str, str]:
+    """One file per status HAProxy may produce; each answers with the error table's
+    status and code (a 502 from a broken member is the table's 503, say)."""
+    files = {}
+    for status, (error, message) in LOCAL_ERRORS.items():
+        body = '{"error": "' + message + '"}'
+        code = errors.http_status_of(error)
+        retry = "retry-after: 1\r\n" if code == 503 else ""
+        files[f"http-{status}.http"] = (
+            f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\ncontent-type: application/json\r\n"
+            f"{retry}content-length: {len(body)}\r\ncache-control: no-cache\r\n\r\n{body}"
+        )
+        files[f"grpc-{status}.http"] = (
+            "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
+            f"grpc-status: {errors.grpc_code_number(error)}\r\ngrpc-message: {message}\r\n"
+            "content-length: 0\r\n\r\n"
+        )
+    return files

@@ -1,0 +1,451 @@
+"""Snapshot -> HAProxy's configuration text (pure, no I/O).
+
+:func:`render_config` writes the sections: ``global`` (with :data:`TUNING` and the
+layout's ``tune.*`` settings) and the telemetry ring, ``defaults``, the ``http-errors``
+sections (the error files of :mod:`gateway.haproxy.answers`), one frontend per protocol
+with its request rules, the stick tables, the control plane's backends and one backend
+per pool and protocol. ``MAPS/`` in a rule stands for the map directory
+(:func:`with_map_paths`); the maps' contents come from :mod:`gateway.haproxy.maps`.
+
+The hot path, per request, inside HAProxy, in the request policy's order
+(``gateway/policy``: its constants, patterns and message templates are rendered here):
+1. body size (HTTP: ``Content-Length``; gRPC: the message's length prefix);
+2. the request: the model name, HTTP from the path, gRPC ``ModelInfer`` from protobuf
+   field 1 of the buffered body's first bytes (``req.body,bytes(5),protobuf(1)``: the
+   5-byte gRPC prefix skipped; the partial body in the buffer is enough), none -> 400 /
+   INVALID_ARGUMENT; a malformed ``X-Request-Timeout-Ms`` -> 400;
+3. predict auth when gated: the presented token's digest looked up in map ``tokens``;
+4. rate limit per API key: a stick table per limit class, keyed by the key's digest,
+   bounded in size, never the key itself;
+5. the pool: weighted split over up to ``MAX_POOLS_PER_MODEL`` pools (maps
+   ``route<k>`` / ``cut<k>`` against one ``rand(1000)``); none -> 404;
+6. a model still loading -> 503 + Retry-After (map ``notready``);
+7. admission: requests of the model in the gateway (stick table ``st_model``,
+   ``conn_cur``) bounded by map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once;
+8. the pool's backend: least connections over members weighted by their Triton queue
+   depth (no per-member connection cap: a request HAProxy held back in its queue would
+   hold back the HTTP/2 connection window of the requests sharing its client connection;
+   Triton queues and batches), active health checks on
+   ``/v2/health/live``, passive ejection, one retry on another member for connection
+   failures, the client's deadline as the server timeout.
+Every answer HAProxy produces itself is built from ``gateway.errors``' one table
+(:mod:`gateway.haproxy.answers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway import errors
+from gateway.haproxy.answers import LOCAL_ERRORS, grpc_return, http_return
+from gateway.haproxy.maps import split
+from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Snapshot
+from gateway.policy import access, admission, deadline, model_name, parse_errors, rate, readiness
+from gateway.policy.upstream import EJECT_AFTER_FAILURES, HEALTH_FALL, RETRIES
+from gateway.upstream.triton_version import grpc_mode
+
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+# one line per inference request, to the control plane's datagram socket (telemetry.py)
+LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
+              "%[var(txn.gs)] %Tt %[var(txn.out)] %ts")
+
+
+def render_config(snapshot: Snapshot, layout: Layout) -> str:
+    parts = [
+        _global(layout),
+        _defaults(layout),
+        _errors_sections(layout),
+        _frontend(snapshot, layout, "http"),
+        _frontend(snapshot, layout, "grpc"),
+        _tables(snapshot),
+        _control_backends(layout),
+        *(_pool_backend(pool, "http", layout) for pool in snapshot.pools),
+        *(_pool_backend(pool, "grpc", layout) for pool in snapshot.pools),
+    ]
+    return with_map_paths("\n".join(parts), layout)
+
+
+# HAProxy's global tune.* settings beyond its own defaults (Layout.tune adds or overrides,
+# key by key). None: HAProxy 2.6 has one buffer size for every stream, and larger ones
+# cost small requests more than they save large ones (README, "HTTP/2 windows and
+# buffers"); deployments of large tensors set them (--haproxy-tune).
+TUNING: dict[str, str] = {}
+
+
+def tuning(layout: Layout) -> dict[str, str]:
+    return {**TUNING, **dict(layout.tune)}
+
+
+def _global(layout: Layout) -> str:
+    lines = [
+        "global",
+        f"  nbthread {layout.nbthread}",
+        f"  stats socket {layout.admin_socket} mode 600 level admin expose-fd listeners",
+        "  log ring@telemetry len 2048 format raw local0",
+        "  hard-stop-after 30s",
+        *(f"  {key} {value}" for key, value in tuning(layout).items()),
+        "",
+        # a ring buffer streamed to the control plane: bursts wait in the ring instead of
+        # being dropped (a datagram socket's queue is a few lines long)
+        "ring telemetry",
+        "  format raw",
+        "  maxlen 2048",
+        "  size 16777216",
+        "  timeout connect 2s",
+        "  timeout server 300s",
+        f"  server control unix@{layout.log_socket}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _defaults(layout: Layout) -> str:
+    return "\n".join([
+        "defaults",
+        "  mode http",
+        "  log global",
+        "  option dontlognull",
+        f"  timeout connect {layout.connect_timeout_ms}ms",
+        f"  timeout client {layout.client_timeout_s}s",
+        f"  timeout server {layout.server_timeout_s}s",
+        f"  timeout queue {layout.queue_timeout_s}s",
+        "  timeout http-request 30s",
+        "  timeout http-keep-alive 300s",
+        "",
+    ])
+
+
+def _errors_sections(layout: Layout) -> str:
+    lines = []
+    for proto in ("http", "grpc"):
+        lines.append(f"http-errors {proto}_errors")
+        lines += [f"  errorfile {s} {layout.run_dir / 'errors' / f'{proto}-{s}.http'}"
+                  for s in LOCAL_ERRORS]
+    return "\n".join(lines) + "\n"
+
+
+def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
+    http = proto == "http"
+    bind = layout.http_bind if http else f"{layout.grpc_bind} proto h2"
+    lines = [
+        f"frontend {proto}",
+        f"  bind {bind}",
+        f"  errorfiles {proto}_errors",
+        f'  log-format "{LOG_FORMAT}"',
+        "  option http-keep-alive" if http else "  option http-no-delay",
+    ]
+    if http:
+        lines += [
+            f"  acl infer_path path_reg {model_name.HTTP_INFER_PATTERN}",
+            "  acl infer_method method POST",
+        ]
+        guard = "infer_path infer_method"
+        model_fetch = "path,field(4,/),url_dec"
+    else:
+        lines.append(f"  acl infer_path path {GRPC_INFER}")
+        guard = "infer_path"
+        model_fetch = f"req.body,bytes(5),protobuf({model_name.GRPC_MODEL_FIELD})"
+    lines += [
+        f"  http-request set-log-level silent unless {guard}",
+        f"  use_backend control_{proto} unless {guard}",
+    ]
+    first: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
+    if not http:
+        # only as much of the body as the model name needs (streams must not wait)
+        first.append(("wait-for-body time 1s at-least 1k", ""))
+    first.append((f"set-var(txn.model) {model_fetch}", ""))
+    answer = http_return if http else grpc_return
+    if http:
+        too_large = answer(errors.PayloadTooLarge,
+                           f"request body larger than {layout.max_body_bytes} bytes")
+        first.append((too_large, f"{{ req.hdr_val(content-length) gt {layout.max_body_bytes} }}"))
+    else:
+        # a gRPC message says its length in its 5-byte prefix (big-endian, bytes 1-4)
+        # Answering while the client still sends races its reading of the answer with
+        # the stream's reset: the control plane's gRPC server reads the message through
+        # and refuses it (RESOURCE_EXHAUSTED, its max_receive_message_length)
+        first += [("set-var(txn.glen) req.body,bytes(1,4),be2dec(:,4)", ""),
+                  ("set-var(txn.out) str(too_large)",
+                   f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
+    rules = [*first, *_request_rules(answer, http), *_model_rules(snapshot, answer, http)]
+    lines += [
+        *(f"  acl {acl}" for acl in _acls()),
+        *(_guarded(action, cond, guard) for action, cond in rules),
+    ]
+    if not http:
+        lines.append("  http-response set-var(txn.gs) res.hdr(grpc-status)")
+        # HAProxy drops content-type from a return without payload: put it back
+        lines.append("  http-after-response set-header content-type application/grpc "
+                     "if { var(txn.model) -m found } !{ res.hdr(content-type) -m found }")
+    if not http:
+        lines.append("  use_backend control_grpc if { var(txn.out) -m str too_large }")
+    lines.append(f"  use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}")
+    return "\n".join(lines) + "\n"
+
+
+def _acls() -> list[str]:
+    timeout = deadline.HTTP_TIMEOUT_HEADER
+    return [
+        "named var(txn.model) -m len 1:",
+        f"has_timeout req.fhdr({timeout}) -m found",
+        f"good_timeout req.fhdr({timeout}) -m reg {deadline.HTTP_TIMEOUT_PATTERN}",
+        "nr var(txn.nr) -m found",
+        "has_key var(txn.key) -m len 1:",  # an empty key is no key
+        "has_scopes var(txn.scopes) -m found",
+        "may_predict var(txn.scopes) -m reg (^|,)(predict|admin)(,|;)",
+        "has_pool var(txn.pool) -m found",
+        "over_limit var(txn.over) -m int gt 0",
+        "bearer req.fhdr(authorization) -i -m beg bearer",
+        "x_api_key req.fhdr(x-api-key) -m found",
+    ]
+
+
+def _guarded(action: str, cond: str, guard: str) -> str:
+    """``http-request <action> if <guard> <cond>``: the model rules run for inference
+    requests only (use_backend is decided after every http-request rule)."""
+    action = action.removeprefix("http-request ")
+    return f"  http-request {action} if {guard} {cond}".rstrip()
+
+
+Rule = tuple[str, str]  # (action, condition)
+
+
+def _request_rules(answer: Callable[..., str], http: bool) -> list[Rule]:
+    """The policy's ``request`` check: a model named, a well-formed deadline."""
+    rules: list[Rule] = [
+        ("set-var(txn.out) str(invalid)", "!named"),
+        (answer(errors.InvalidInput, model_name.NO_MODEL), "!named"),
+    ]
+    if not http:
+        # json(utf8) yields nothing for bytes that are not UTF-8
+        rules += [
+            ("set-var(txn.mu) var(txn.model),json(utf8)", ""),
+            ("set-var(txn.out) str(invalid)", "!{ var(txn.mu) -m found }"),
+            (answer(errors.InvalidInput, model_name.NOT_UTF8), "!{ var(txn.mu) -m found }"),
+        ]
+    if http:
+        header = deadline.HTTP_TIMEOUT_HEADER
+        value = f"%[req.fhdr({header}),bytes(0,64),json(utf8s)]"
+        rules += [
+            ("set-var(txn.out) str(invalid)", "has_timeout !good_timeout"),
+            (answer(errors.InvalidInput, deadline.BAD_HTTP_TIMEOUT.format(value=value)),
+             "has_timeout !good_timeout"),
+        ]
+    return rules
+
+
+def _model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> list[Rule]:
+    """The policy's checks after the request's own: auth, rate, route, readiness,
+    admission (``gateway.policy.ORDER``)."""
+    model_lf = "%[var(txn.model),json(utf8s)]" if http else "%[var(txn.model)]"
+    classes = snapshot.rate_classes()
+    if not classes and not snapshot.predict_gated:
+        return _pool_rules(snapshot, answer, model_lf)  # no one asks who calls
+    rules: list[Rule] = [
+        # who is calling: X-API-Key, else Authorization: Bearer (one precedence)
+        ("set-var(txn.key) req.fhdr(x-api-key)", "x_api_key"),
+        ("set-var(txn.key) req.fhdr(authorization),bytes(7)", "!has_key bearer"),
+    ]
+    if snapshot.predict_gated:
+        lacks = access.LACKS_SCOPE.format(name="%[var(txn.scopes),field(2,;)]",
+                                          scope="predict")
+        rules += [
+            ("set-var(txn.out) str(auth)", "!has_key"),
+            (answer(errors.Unauthorized, access.MISSING_TOKEN), "!has_key"),
+            (f"set-var(txn.kd) var(txn.key),{access.HAPROXY_DIGEST}", ""),
+            ("set-var(txn.scopes) var(txn.kd),map(MAPS/tokens.map)", ""),
+            ("set-var(txn.out) str(auth)", "!has_scopes"),
+            (answer(errors.Unauthorized, access.UNKNOWN_TOKEN), "!has_scopes"),
+            ("set-var(txn.out) str(auth)", "!may_predict"),
+            (answer(errors.Forbidden, lacks), "!may_predict"),
+        ]
+    rules += [
+        (f"set-var(txn.key) str({access.ANONYMOUS})", "!has_key"),
+        (f"set-var(txn.kd) var(txn.key),{access.HAPROXY_DIGEST}", ""),
+    ]
+    if classes:
+        default = str(classes.index(snapshot.rate_default)) if snapshot.rate_default else "none"
+        rules.append((f"set-var(txn.rc) var(txn.kd),map(MAPS/ratekeys.map,{default})", ""))
+        for i, limit in enumerate(classes):
+            cls = f"{{ var(txn.rc) -m str {i} }}"
+            over = f"{cls} {{ sc2_http_req_rate gt {limit.limit} }}"
+            rules += [
+                (f"track-sc2 var(txn.kd) table rate{i}", cls),
+                ("set-var(txn.out) str(rejected)", over),
+                (answer(errors.Overloaded, limit.message(), retry_after=limit.retry_after_s),
+                 over),
+            ]
+    return [*rules, *_pool_rules(snapshot, answer, model_lf)]
+
+
+def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -> list[Rule]:
+    """The pool (weighted split; none: unknown), readiness, then admission against the
+    model's limit."""
+    default_limit = snapshot.default_route.max_in_system if snapshot.default_route else 1
+    not_ready = readiness.not_ready_message(model_lf, "%[var(txn.nr)]")
+    overloaded = admission.OVERLOADED.format(model=model_lf, count="%[sc0_conn_cur]",
+                                             limit="%[var(txn.lim)]")
+    rules = _split_rules(snapshot)
+    rules += [
+        ("set-var(txn.out) str(unknown)", "!has_pool"),
+        (answer(errors.ModelNotFound, model_name.UNKNOWN_MODEL.format(model=model_lf)),
+         "!has_pool"),
+        # a model still loading or warming up
+        ("set-var(txn.nr) var(txn.model),map(MAPS/notready.map)", ""),
+        ("set-var(txn.out) str(not_ready)", "nr"),
+        (answer(errors.ModelNotReady, not_ready, retry_after=readiness.RETRY_AFTER_S), "nr"),
+        ("track-sc0 var(txn.model) table st_model", ""),
+        ("set-var(txn.mp) var(txn.model),concat(/,txn.pool,)", ""),
+        ("track-sc1 var(txn.mp) table st_route", ""),
+        (f"set-var(txn.lim) var(txn.model),map_str_int(MAPS/limits.map,{default_limit})", ""),
+        ("set-var(txn.over) sc0_conn_cur,sub(txn.lim)", ""),
+        ("set-var(txn.out) str(rejected)", "over_limit"),
+        (answer(errors.Overloaded, overloaded, retry_after=admission.RETRY_AFTER_S),
+         "over_limit"),
+    ]
+    return rules
+
+
+def _split_rules(snapshot: Snapshot) -> list[Rule]:
+    ranks = snapshot.split_ranks()
+    default_pools, default_cuts = (split(snapshot.default_route, ranks)
+                                   if snapshot.default_route else ([""] * ranks, [1000] * ranks))
+    first = f",{default_pools[0]}" if default_pools[0] else ""
+    rules: list[Rule] = [(f"set-var(txn.pool) var(txn.model),map(MAPS/route0.map{first})", "")]
+    if ranks > 1:
+        rules.append(("set-var(txn.r) rand(1000)", ""))
+    for k in range(1, ranks):
+        pool_default = f",{default_pools[k]}" if default_pools[k] else ""
+        rules += [
+            (f"set-var(txn.c) var(txn.model),map_str_int(MAPS/cut{k}.map,{default_cuts[k]})", ""),
+            ("set-var(txn.d) var(txn.r),sub(txn.c)", ""),
+            (f"set-var(txn.pool) var(txn.model),map(MAPS/route{k}.map{pool_default})",
+             "{ var(txn.d) -m int ge 0 }"),
+        ]
+    return rules
+
+
+def _tables(snapshot: Snapshot) -> str:
+    lines = [
+        "backend st_model",
+        "  stick-table type string len 128 size 20k expire 10m store conn_cur",
+        "backend st_route",
+        "  stick-table type string len 192 size 20k expire 10m store conn_cur",
+    ]
+    for i, limit in enumerate(snapshot.rate_classes()):
+        lines += [
+            f"backend rate{i}",
+            f"  stick-table type string len 64 size {rate.MAX_KEYS} "
+            f"expire {2 * limit.window_ms}ms store http_req_rate({limit.window_ms}ms)",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _control_backends(layout: Layout) -> str:
+    return "\n".join([
+        "backend control_http",
+        "  errorfiles http_errors",
+        "  http-reuse always",
+        # generate_stream's server-sent events: each chunk leaves when it arrives (else
+        # HAProxy holds small chunks back for more data, a whole stream's worth)
+        "  option http-no-delay",
+        f"  server control {layout.control_http}",
+        "backend control_grpc",
+        "  errorfiles grpc_errors",
+        "  option http-no-delay",
+        f"  timeout server {layout.stream_timeout_s}s",
+        f"  timeout client {layout.stream_timeout_s}s",
+        f"  server control {layout.control_grpc} proto h2",
+        "",
+    ])
+
+
+# gRPC to a member whose Triton lacks the fix for server#8034 (before 2.57.0): one
+# ModelInfer per connection, never two at once on one. Triton 2.51 answers a message it
+# cannot parse with its trailers-only status, then repeats that HEADERS frame on the
+# stream END_STREAM closed (6 in all, each followed by an RST_STREAM). HAProxy takes
+# that as a connection error (GOAWAY STREAM_CLOSED), which aborts every other request
+# multiplexed on that connection; Triton cancels them all at once, and its cancellation
+# race segfaults it. On a connection of its own, only the broken request's connection
+# ends, after its answer, and Triton has nothing to cancel. The price: a TCP and HTTP/2
+# handshake per request to the member (HAProxy resets the connection it is done with,
+# so no TIME_WAIT socket piles up on either side). Members with the fix share
+# connections (``gateway.upstream.triton_version.grpc_mode``; the layout's setting
+# overrides it either way).
+GRPC_SERVER_REUSE = "max-reuse 0"
+
+
+def grpc_shared(member: MemberState, layout: Layout) -> bool:
+    return grpc_mode(member.triton_version, layout.grpc_upstream_reuse).shared
+
+
+def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
+    http = proto == "http"
+    lines = [
+        f"backend {proto}_{pool.name}",
+        f"  errorfiles {proto}_errors",
+        "  balance leastconn",
+        "  option httpchk GET /v2/health/live",
+        "  http-check expect status 200",
+        "  http-reuse always",
+        f"  retries {RETRIES}",
+        "  option redispatch 1",
+        "  retry-on conn-failure empty-response",
+    ]
+    if http:
+        header = deadline.HTTP_TIMEOUT_HEADER
+        lines.append(f"  http-request set-timeout server req.fhdr({header}) "
+                     f"if {{ req.fhdr({header}) -m reg {deadline.HTTP_TIMEOUT_PATTERN} }}")
+    else:
+        lines += [
+            "  option http-no-delay",
+            "  http-request set-var(txn.gt) req.hdr(grpc-timeout),regsub([^0-9],,g) "
+            f"if {{ req.hdr(grpc-timeout) -m reg {deadline.GRPC_TIMEOUT_PATTERN} }}",
+        ]
+        lines += [
+            f"  http-request set-timeout server var(txn.gt){conv} "
+            f"if {{ var(txn.gt) -m found }} {{ req.hdr(grpc-timeout) -m end {unit} }}"
+            for unit, conv in deadline.GRPC_TIMEOUT_MS_CONVERTERS.items()
+        ]
+    lines += parse_error_rules(http)
+    check = (f"check inter {layout.health_interval_ms}ms fall {HEALTH_FALL} rise 1 "
+             f"observe layer4 error-limit {EJECT_AFTER_FAILURES} on-error mark-down")
+    for m in pool.members:
+        port = m.http_port if http else m.grpc_port
+        reuse = "" if grpc_shared(m, layout) else f" {GRPC_SERVER_REUSE}"
+        extra = "" if http else f" proto h2{reuse} port {m.http_port} check-proto h1"
+        lines.append(
+            f"  server {m.name} {m.host}:{port} {check} "
+            f"weight {m.weight}{extra}{'' if m.routable else ' disabled'}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse_error_rules(http: bool) -> list[str]:
+    """Triton's 500 / INTERNAL for a request it could not parse becomes 400 /
+    INVALID_ARGUMENT (``gateway/policy/parse_errors.py``: matched by message prefix).
+    Triton's HTTP error bodies are small, so waiting for one costs nothing; its gRPC
+    errors are trailers-only answers, whose ``grpc-status`` is a header here."""
+    if http:
+        starts = " ".join(f"'{parse_errors.HTTP_BODY_START.decode()}{p}'"
+                          for p in parse_errors.PREFIXES)
+        encoding = f"'{parse_errors.HTTP_BODY_START.decode()}{parse_errors.UNKNOWN_ENCODING}'"
+        return ["  http-response wait-for-body time 1s if { status 500 501 }",
+                "  http-response set-status 400 if { status 500 } "
+                f"{{ res.body -m beg {starts} }}",
+                "  http-response set-status 400 if { status 501 } "
+                f"{{ res.body -m beg {encoding} }}"]
+    starts = " ".join(f'"{p}"' for p in parse_errors.PREFIXES)
+    code = errors.grpc_code_number(errors.InvalidInput)
+    cut = parse_errors.MAX_MESSAGE_CHARS
+    # res.fhdr: the whole header (res.hdr would take the part after its last comma)
+    return [f"  http-response set-header grpc-status {code}"
+            " if { res.hdr(grpc-status) -m str 13 } "
+            f"{{ res.fhdr(grpc-message) -m beg {starts} }}",
+            # as parse_errors.bounded: a gRPC client refuses metadata above 8-16 KiB
+            f'  http-response set-header grpc-message "%[res.fhdr(grpc-message),bytes(0,{cut})]'
+            f'... (%[res.fhdr(grpc-message),length] characters, cut)"'
+            f" if {{ res.fhdr(grpc-message),length gt {cut} }}"]
+
+
+def with_map_paths(config: str, layout: Layout) -> str:
+    return config.replace("MAPS/", f"{layout.run_dir / 'maps'}/")

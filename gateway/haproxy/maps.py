@@ -1,0 +1,55 @@
+"""Snapshot -> the contents of HAProxy's map files (pure, no I/O).
+
+The frontend's rules (:mod:`gateway.haproxy.config`) look a request up in these; the
+control plane changes them live through the admin socket (:mod:`gateway.haproxy.changes`):
+- ``route<k>`` / ``cut<k>``: model -> the pool of split rank ``k`` and the permille at
+  which that rank takes over (:func:`split`);
+- ``limits``: model -> requests it may have in the gateway at once (admission);
+- ``notready``: model -> why it cannot take requests yet (503 + Retry-After);
+- ``tokens``: a token's digest -> its scopes (predict auth);
+- ``ratekeys``: an API key's digest -> its rate class (the index of its stick table).
+"""
+
+from __future__ import annotations
+
+from gateway.haproxy.snapshot import RouteState, Snapshot
+
+
+def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
+    ranks = snapshot.split_ranks()
+    maps: dict[str, dict[str, str]] = {f"route{k}": {} for k in range(ranks)}
+    maps.update({f"cut{k}": {} for k in range(1, ranks)})
+    maps["limits"], maps["notready"] = {}, {}
+    for route in snapshot.routes:
+        pools, cuts = split(route, ranks)
+        for k in range(ranks):
+            maps[f"route{k}"][route.model] = pools[k]
+            if k:
+                maps[f"cut{k}"][route.model] = str(cuts[k])
+        maps["limits"][route.model] = str(route.max_in_system)
+        if route.not_ready:
+            maps["notready"][route.model] = _one_line(route.not_ready)
+    maps["tokens"] = {digest: scopes for digest, scopes in snapshot.tokens}
+    classes = snapshot.rate_classes()
+    maps["ratekeys"] = {digest: str(classes.index(c)) for digest, c in snapshot.rate_keys}
+    return maps
+
+
+def split(route: RouteState, ranks: int) -> tuple[list[str], list[int]]:
+    """Pool per rank and the cumulative permille at which each rank takes over: rank k
+    serves a request when ``rand(1000) >= cut[k]`` and no higher rank does."""
+    pools = [p for p, _ in route.pools][:ranks]
+    weights = [w for _, w in route.pools][:ranks]
+    total = sum(weights) or 1.0
+    cuts, acc = [0], 0.0
+    for w in weights[:-1]:
+        acc += w
+        cuts.append(round(1000 * acc / total))
+    while len(pools) < ranks:
+        pools.append(pools[0] if pools else "")
+        cuts.append(1000)
+    return pools, cuts
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "-"

@@ -1,0 +1,195 @@
+"""What the gateway knows, with one owner: pools and their members, which pools serve a
+model, which models are not ready and why, whether start-up preloading is done, whether
+the gateway drains, when each model was last asked for.
+
+:class:`GatewayState` is changed through its methods only (a member's own state through
+:class:`~gateway.pools.PoolMember`'s). Both data planes follow it: the Python forwarder
+(``gateway/dataplane.py``) reads it on every request; the HAProxy controller
+(``gateway/haproxy/controller.py``) renders a snapshot of it once per probe round and
+whenever a lifecycle step awaits :meth:`GatewayState.settle`. Its writers are the control
+plane's parts: the probes (members' health, queue depth, version; DNS membership), the
+lifecycle (readiness, the pools serving a model) and the server (draining).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from gateway.errors import ModelNotFound, Unavailable
+from gateway.policy import admission
+from gateway.policy.model_name import UNKNOWN_MODEL
+from gateway.pools import GatewayConfig, MemberSpec, Pool, PoolMember, pools_for_model
+
+Follower = Callable[[], Awaitable[None]]
+RecoveryHook = Callable[[PoolMember], Awaitable[None]]
+
+
+class GatewayState:
+    def __init__(self, config: GatewayConfig, pools: list[Pool],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.pools = pools  # the list is this object's; change it through methods
+        self.clock = clock
+        self._not_ready: dict[str, str] = {}
+        self._assigned: dict[str, tuple[str, ...]] = {}
+        self._last_used: dict[str, float] = {}
+        self._preloaded = True
+        self._draining = False
+        self._followers: list[Follower] = []
+        self._watchers: list[Callable[[], None]] = []
+        self._recovery: list[RecoveryHook] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- reads -------------------------------------------------------------------------
+    def members(self) -> list[PoolMember]:
+        return [m for p in self.pools for m in p.members]
+
+    def pools_for(self, model: str) -> list[Pool]:
+        """The pools serving ``model``: the lifecycle's assignment, else the static lists."""
+        assigned = self._assigned.get(model)
+        if assigned is None:
+            return pools_for_model(self.pools, model)
+        return [p for p in self.pools if p.name in assigned]
+
+    def members_of(self, model: str, available: bool = True) -> list[PoolMember]:
+        """The members of ``model``'s pools (only those available now, by default);
+        ModelNotFound when no pool serves it."""
+        pools = self.pools_for(model)
+        if not pools:
+            raise ModelNotFound(UNKNOWN_MODEL.format(model=model))
+        now = self.clock()
+        return [m for p in pools for m in p.members if not available or m.available(now)]
+
+    def serves(self, model: str, member: PoolMember) -> bool:
+        return any(member in pool.members for pool in self.pools_for(model))
+
+    def admission_limits(self, model: str, pools: Sequence[Pool] | None = None
+                         ) -> admission.AdmissionLimits:
+        """The model's policy fields, else its pools' capacity (:mod:`gateway.policy.admission`)."""
+        policy = self.config.models.get(model)
+        capacity = sum(p.capacity for p in (self.pools_for(model) if pools is None else pools))
+        return admission.admission_limits(
+            capacity, self.config.queue_factor,
+            policy.max_concurrency if policy else None, policy.max_queue if policy else None)
+
+    def not_ready_reason(self, model: str) -> str | None:
+        return self._not_ready.get(model) if self._not_ready else None
+
+    def not_ready(self) -> Mapping[str, str]:
+        return dict(self._not_ready)
+
+    def assignments(self) -> Mapping[str, tuple[str, ...]]:
+        return dict(self._assigned)
+
+    def known_models(self) -> set[str]:
+        """Every model the gateway has a word about: named by a pool or a policy, assigned,
+        not ready, or asked for."""
+        named = {m for p in self.pools for m in p.spec.models if m != "*"}
+        return (named | set(self.config.models) | set(self._assigned) | set(self._not_ready)
+                | set(self._last_used))
+
+    def last_used(self) -> Mapping[str, float]:
+        """Model -> when a user request for it last arrived (keep-warm's idleness clock)."""
+        return dict(self._last_used)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def preloaded(self) -> bool:
+        return self._preloaded
+
+    def ready(self) -> bool:
+        """Ready when preloaded, not draining and every pool has an available member."""
+        now = self.clock()
+        return not self._draining and self._preloaded and all(
+            any(m.available(now) for m in p.members) for p in self.pools)
+
+    def any_member(self, pools: Sequence[Pool] | None = None) -> PoolMember:
+        now = self.clock()
+        for pool in pools or self.pools:
+            for member in sorted(pool.members, key=lambda m: m.in_flight):
+                if member.available(now):
+                    return member
+        raise Unavailable("no healthy Triton member")
+
+    # -- changes -----------------------------------------------------------------------
+    def serve(self, model: str, pool_names: Sequence[str]) -> None:
+        """Serve ``model`` from these pools from now on (the lifecycle's one call)."""
+        self._assigned[model] = tuple(pool_names)
+        self._changed()
+
+    def mark_not_ready(self, model: str, reason: str) -> None:
+        """``model`` answers 503 + Retry-After (first load, warm-up) until marked ready."""
+        self._not_ready[model] = reason
+        self._changed()
+
+    def mark_ready(self, model: str) -> None:
+        if self._not_ready.pop(model, None) is not None:
+            self._changed()
+
+    def set_preloaded(self, preloaded: bool) -> None:
+        self._preloaded = preloaded
+
+    def start_draining(self) -> None:
+        self._draining = True
+
+    def note_used(self, model: str, at: float | None = None) -> None:
+        """A user request for ``model`` arrived (either data plane)."""
+        self._last_used[model] = self.clock() if at is None else at
+
+    def resolved(self, pool: Pool, specs: Iterable[MemberSpec]) -> list[str]:
+        """A DNS pool's members are now ``specs`` (:meth:`Pool.resolved`); the keys that
+        joined."""
+        joined = pool.resolved(list(specs))
+        self._changed()
+        return joined
+
+    # -- who follows -------------------------------------------------------------------
+    def follow(self, follower: Follower) -> None:
+        """``follower`` is awaited by :meth:`settle` (HAProxy applies the state now)."""
+        self._followers.append(follower)
+
+    def watch(self, watcher: Callable[[], None]) -> None:
+        """``watcher`` is called after every change of routes, readiness or membership
+        (the Python forwarder refreshes what it caches)."""
+        self._watchers.append(watcher)
+
+    async def settle(self) -> None:
+        """Return once every follower routes by the state set so far: a lifecycle step
+        that changed routing awaits this before it reports success."""
+        for follower in self._followers:
+            await follower()
+
+    def _changed(self) -> None:
+        for watcher in self._watchers:
+            watcher()
+
+    # -- members back from the dead ------------------------------------------------------
+    def on_recovery(self, hook: RecoveryHook) -> None:
+        """``hook`` runs when a member comes back from the dead, before it is routable
+        again (the lifecycle reloads the serving versions there)."""
+        self._recovery.append(hook)
+
+    def recovered(self, member: PoolMember, on_error: Callable[[BaseException], None]) -> None:
+        """Run the recovery hooks for ``member`` in the background, held out of routing
+        until they are done."""
+        if not self._recovery or not member.restore_started():
+            return
+
+        async def restore() -> None:
+            try:
+                for hook in self._recovery:
+                    await hook(member)
+            except Exception as exc:  # noqa: BLE001 - reported; the member serves what it has
+                on_error(exc)
+            finally:
+                member.restore_done()
+
+        task = asyncio.create_task(restore())
+        self._tasks.add(task)  # a strong reference until it is done
+        task.add_done_callback(self._tasks.discard)

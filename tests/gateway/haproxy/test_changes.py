@@ -1,0 +1,77 @@
+"""Moving a running HAProxy to the next snapshot (``gateway/haproxy/changes.py``): the
+admin-socket commands when they can, ``None`` (a reload) when the change is structural."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+from pathlib import Path
+
+from gateway.haproxy.changes import runtime_commands
+from gateway.haproxy.snapshot import PoolState, RouteState, Snapshot, queue_weight
+from gateway.policy.rate import RateClass
+from gateway.upstream.triton_version import GrpcReuse
+from tests.gateway.haproxy.conftest import layout_in, member, snapshot
+
+
+def test_runtime_commands_change_weights_states_and_maps_when_structure_same(
+    tmp_path: Path,
+) -> None:
+    layout = layout_in(tmp_path)
+    old = snapshot()
+    main = old.pools[0]
+    new = replace(
+        old,
+        pools=(replace(main, members=(replace(main.members[0], weight=queue_weight(3)),
+                                      replace(main.members[1], routable=False))),
+               old.pools[1]),
+        routes=(*old.routes, RouteState("bert", (("canary", 1.0),), 12, not_ready="loading")),
+    )
+    commands = runtime_commands(old, new, layout)
+    assert commands is not None
+    first, second = main.members[0].name, main.members[1].name
+    assert f"set server http_main/{first} weight 64" in commands
+    assert f"set server grpc_main/{first} weight 64" in commands
+    assert f"set server http_main/{second} state maint" in commands
+    assert f"add map {layout.map_path('route0')} bert canary" in commands
+    assert f"add map {layout.map_path('notready')} bert loading" in commands
+    back = runtime_commands(new, old, layout)
+    assert back is not None  # and back again
+    assert f"del map {layout.map_path('notready')} bert" in back
+    assert f"set server grpc_main/{second} state ready" in back
+
+
+def test_runtime_commands_escape_spaces_and_semicolons_when_a_value_has_them(
+        tmp_path: Path) -> None:
+    layout = layout_in(tmp_path)
+    old = snapshot()
+    new = replace(old, routes=(*old.routes, RouteState("bert", (("main", 1.0),), 12,
+                                                       not_ready="loading; 2 of 3")))
+    assert runtime_commands(old, new, layout) == [
+        f"add map {layout.map_path(name)} bert {value}"
+        for name, value in (("route0", "main"), ("route1", "main"), ("cut1", "1000"),
+                            ("limits", "12"), ("notready", "loading\\;\\ 2\\ of\\ 3"))]
+
+
+def test_runtime_commands_ask_for_reload_when_member_added(tmp_path: Path) -> None:
+    old = snapshot()
+    grown = replace(old.pools[1], members=(*old.pools[1].members, member(9030)))
+    assert runtime_commands(old, replace(old, pools=(old.pools[0], grown)),
+                            layout_in(tmp_path)) is None
+    assert runtime_commands(old, replace(old, rate_default=RateClass(1, 1)),
+                            layout_in(tmp_path)) is None
+
+
+def test_member_restarted_on_another_version_needs_a_reload_when_moved(tmp_path: Path) -> None:
+    """max-reuse is no runtime-API setting: a mode change is structural (a seamless
+    reload); a new patch release of an already fixed Triton changes nothing."""
+    layout = layout_in(tmp_path)
+
+    def on(version: str | None) -> Snapshot:
+        return snapshot(pools=(PoolState("main", (replace(member(9000),
+                                                          triton_version=version),)),))
+    assert runtime_commands(on("2.51.0"), on("2.57.0"), layout) is None
+    assert runtime_commands(on("2.57.0"), on(None), layout) is None
+    assert runtime_commands(on("2.57.0"), on("2.58.0"), layout) == []
+    shared = dataclasses.replace(layout, grpc_upstream_reuse=GrpcReuse.SHARED)
+    assert runtime_commands(on("2.51.0"), on("2.57.0"), shared) == []
