@@ -31,6 +31,7 @@ import uvicorn
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 
+from gateway.embedded import EmbeddedServer
 from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.runtime import parse_csv_stats, parse_table
@@ -43,7 +44,6 @@ from gateway.haproxy.snapshot import (
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import GatewayMetrics, create_metrics
-from gateway.server import EmbeddedServer
 from gateway.upstream.triton_version import GrpcReuse, VersionWatch
 
 log = logging.getLogger(__name__)

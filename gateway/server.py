@@ -20,7 +20,6 @@ import logging
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,17 +28,18 @@ import httpx
 import uvicorn
 
 from gateway.auth import TokenTable
-from gateway.control import ModelControl
-from gateway.dataplane import DataPlane
-from gateway.grpc_api import create_grpc_server
+from gateway.control.model_control import ModelControl
+from gateway.control.probes import probe_forever
+from gateway.embedded import EmbeddedServer
 from gateway.haproxy.controller import HAProxyDataPlane, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
-from gateway.http_api import create_http_app
-from gateway.http_framing import GatewayHttpToolsProtocol
-from gateway.lifecycle.control_plane import build_control_plane
+from gateway.lifecycle.assembly import build_control_plane
 from gateway.pools import GatewayConfig, PoolMember
-from gateway.probes import probe_forever
+from gateway.python.dataplane import DataPlane
+from gateway.python.grpc_api import create_grpc_server
+from gateway.python.http_api import create_http_app
+from gateway.python.http_framing import GatewayHttpToolsProtocol
 from gateway.upstream.grpc import UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP
 from gateway.upstream.triton import MemberAdmin
@@ -192,15 +192,6 @@ async def serve(
         await upstream_http.aclose()
         await upstream_grpc.close()
         await admin_client.aclose()
-
-
-class EmbeddedServer(uvicorn.Server):
-    """uvicorn without its own signal handling: this loop owns SIGTERM/SIGINT, so that
-    draining (readiness false, in-flight finishing) happens before the listener closes."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def _haproxy(settings: GatewaySettings, dataplane: DataPlane, auth: TokenTable,

@@ -2,7 +2,7 @@
 (runtime API for weights, member states and maps; a seamless reload for structure),
 and read HAProxy's counters back into the gateway's gauges.
 
-The Python :class:`~gateway.dataplane.DataPlane` stays the owner of what the gateway
+The Python :class:`~gateway.python.dataplane.DataPlane` stays the owner of what the gateway
 knows (pools, members' health and queue depth, model assignments, readiness); this
 module only reads it, once per round, never per request.
 """
@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.auth import TokenTable
-from gateway.dataplane import DataPlane
 from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.runtime import RuntimeAPI, parse_csv_stats, parse_table
@@ -35,7 +34,8 @@ from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.policy.access import configured_digest
 from gateway.policy.rate import RateClass
 from gateway.pools import Pool
-from gateway.routing import RoutingPolicy
+from gateway.python.dataplane import DataPlane
+from gateway.python.routing import RoutingPolicy
 from gateway.state import GatewayState
 from gateway.upstream.triton_version import VersionWatch
 

@@ -18,10 +18,10 @@ from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
 
 from gateway.auth import Scope, TokenTable
-from gateway.dataplane import DataPlane
+from gateway.control.lifecycle_http import requires
 from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.snapshot import Snapshot, snapshot_to_dict, snapshot_version
-from gateway.lifecycle_http import requires
+from gateway.python.dataplane import DataPlane
 
 POLL_S = 0.1
 LIVE_AGENT_S = 10.0  # a replica that polled within this long counts as live

@@ -1,20 +1,22 @@
 """The model lifecycle: upload -> convert -> load -> warm -> serve, for model owners.
 
 - :mod:`.service`: :class:`~.service.ModelLifecycle`, the transport-free whole the HTTP
-  adapter (:mod:`gateway.lifecycle_http`) calls, and :func:`~.service.build_lifecycle`;
-- :mod:`.catalog`: the managed models, their versions and policies (reads, adoption);
-- :mod:`.runner`: uploads as jobs, start-up recovery of interrupted ones;
-- :mod:`.spec`: the upload spec (the converter's own tensor and budget types);
-- :mod:`.uploads`: multipart streamed to disk under limits; safe archive extraction;
-- :mod:`.jobs`: SQLite records of jobs (per-step progress), versions and models;
-- :mod:`.workers` (parent side), :mod:`.worker_main` (the child), :mod:`.worker_protocol`
-  (what both import), :mod:`.conversion` (the child's call into
-  :mod:`converters.pipeline`), :mod:`.sandbox` and :mod:`.pickles` (what a worker may do);
-- :mod:`.deploy`: load -> warm -> route on every member, rollback, retention;
-- :mod:`.versions`: the repository edits beyond publishing (pinning, removal, restore);
-- :mod:`.preload`: start-up preloading, the readiness gate;
-- :mod:`.keepwarm`: synthetic requests to every member of an idle model;
-- :mod:`.control_plane`: assembly for one gateway process.
+  view (:mod:`gateway.control.lifecycle_http`) calls; :mod:`.assembly` builds it (the one
+  assembler) with the preloader and keep-warm loop;
+- :mod:`.config`: the ``lifecycle:``, ``auth:`` and keep-warm sections of the YAML;
+- :mod:`.intake`: what comes in: the upload spec (:mod:`.intake.spec`), multipart
+  streamed to disk under limits and safe extraction (:mod:`.intake.uploads`), uploads as
+  jobs and their start-up recovery (:mod:`.intake.runner`);
+- :mod:`.conversion`: the sandboxed worker processes: parent side
+  (:mod:`.conversion.workers`), the child (:mod:`.conversion.worker_main`,
+  :mod:`.conversion.convert`), what both import (:mod:`.conversion.worker_protocol`),
+  what a worker may do (:mod:`.conversion.sandbox`, :mod:`.conversion.pickles`);
+- :mod:`.records`: SQLite records of jobs, versions and models (:mod:`.records.jobs`),
+  the managed models (:mod:`.records.catalog`), repository edits beyond publishing
+  (:mod:`.records.versions`);
+- :mod:`.warmup`: load -> warm -> route on every member, rollback, retention
+  (:mod:`.warmup.deploy`), start-up preloading, the readiness gate
+  (:mod:`.warmup.preload`), synthetic requests to idle models (:mod:`.warmup.keepwarm`).
 
 API tokens are :mod:`gateway.auth`; the Triton calls all of the above make on one member
 are :mod:`gateway.upstream.triton`.

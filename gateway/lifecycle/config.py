@@ -51,7 +51,7 @@ class UploadLimits(BaseModel):
 
 
 class SandboxSpec(BaseModel):
-    """What a conversion worker may use (see :mod:`gateway.lifecycle.sandbox`).
+    """What a conversion worker may use (see :mod:`gateway.lifecycle.conversion.sandbox`).
 
     A limit of ``null`` leaves the gateway's own in place. The address-space limit
     applies to CPU conversions: CUDA reserves far more virtual memory than it uses, so

@@ -1,12 +1,13 @@
 """The model lifecycle, transport-free: upload -> convert -> load -> warm -> serve.
 
-:class:`ModelLifecycle` is what the HTTP adapter (:mod:`gateway.lifecycle_http`) and the
-control plane's start-up (:mod:`.control_plane`) hold. It is made of
+:class:`ModelLifecycle` is what the HTTP adapter (:mod:`gateway.control.lifecycle_http`)
+and the control plane's start-up (:mod:`.assembly`, which builds it) hold. It is made of
 
-- :class:`~.catalog.ModelCatalog`: which models are managed, their versions, policies,
-  reports (reads, and adopting models found in the repository);
-- :class:`~.runner.JobRunner`: uploads as jobs, run in conversion workers and deployed;
-- :class:`~.deploy.Deployer`: load, warm, route, roll back, prune, on every member;
+- :class:`~.records.catalog.ModelCatalog`: which models are managed, their versions,
+  policies, reports (reads, and adopting models found in the repository);
+- :class:`~.intake.runner.JobRunner`: uploads as jobs, run in conversion workers and
+  deployed;
+- :class:`~.warmup.deploy.Deployer`: load, warm, route, roll back, prune, on every member;
 
 and adds what spans them: start-up recovery, rollback, deleting a version, preloading
 and restoring a member that came back empty.
@@ -17,18 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.dataplane import DataPlane
-from gateway.lifecycle import versions as repo_edits
-from gateway.lifecycle.catalog import ModelCatalog
-from gateway.lifecycle.config import LifecycleSpec
-from gateway.lifecycle.deploy import Deployer, load_as_configured
-from gateway.lifecycle.jobs import LifecycleStore
-from gateway.lifecycle.runner import RESTART_REASON, JobRunner
-from gateway.lifecycle.workers import ConversionWorkers
-from gateway.pools import GatewayConfig, PoolMember
+from gateway.lifecycle.intake.runner import RESTART_REASON, JobRunner
+from gateway.lifecycle.records import versions as repo_edits
+from gateway.lifecycle.records.catalog import ModelCatalog
+from gateway.lifecycle.warmup.deploy import Deployer, load_as_configured
+from gateway.pools import PoolMember
+from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
 
-__all__ = ["RESTART_REASON", "ModelLifecycle", "build_lifecycle"]
+__all__ = ["RESTART_REASON", "ModelLifecycle"]
 
 
 @dataclass(frozen=True)
@@ -90,17 +88,3 @@ class ModelLifecycle:
     async def close(self) -> None:
         await self.jobs.close()
         self.catalog.store.close()
-
-
-def build_lifecycle(spec: LifecycleSpec, config: GatewayConfig, dataplane: DataPlane,
-                    admin: MemberAdmin, on_version_changed: Callable[[str], None],
-                    workers: ConversionWorkers | None = None) -> ModelLifecycle:
-    """The lifecycle's parts over one state folder and repository. Call
-    :meth:`ModelLifecycle.recover` before serving requests."""
-    store = LifecycleStore(spec.state_dir / "lifecycle.db")
-    deployer = Deployer(dataplane, admin, store, spec.repository, spec.retention)
-    catalog = ModelCatalog(spec.repository, config, store, dataplane, admin, deployer)
-    workers = workers or ConversionWorkers(spec.worker_timeout_s, sandbox=spec.sandbox,
-                                           allow_pickled_code=spec.allow_pickled_code)
-    jobs = JobRunner(spec, store, catalog, deployer, workers, on_version_changed)
-    return ModelLifecycle(catalog, jobs, deployer, dataplane, admin, on_version_changed)

@@ -3,7 +3,7 @@
 - Health: a member is probed on ``/v2/health/live``; one that still answers is down
   after :data:`HEALTH_FALL` failed probes in a row (a refused connection: at once), and
   back after one passing probe. HAProxy's ``check ... fall`` / ``rise``; the Python
-  plane's probe loop (``gateway/probes.py``).
+  plane's probe loop (``gateway/control/probes.py``).
 - Retry: inference is idempotent, so a request whose member fails at the connection
   (refused, reset, no answer) is retried :data:`RETRIES` time on another member.
 - Ejection: a member that fails :data:`EJECT_AFTER_FAILURES` request in a row is out

@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from gateway import errors
-from gateway.control import ModelControl
-from gateway.dataplane import DataPlane
-from gateway.grpc_api import create_grpc_server
-from gateway.http_api import create_http_app
+from gateway.control.model_control import ModelControl
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
+from gateway.python.dataplane import DataPlane
+from gateway.python.grpc_api import create_grpc_server
+from gateway.python.http_api import create_http_app
 from gateway.upstream.grpc import SERVICE, UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP
 from gateway.upstream.triton import MemberAdmin

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from gateway.dataplane import DataPlane
 from gateway.errors import ModelNotFound
 from gateway.policy.upstream import HEALTH_FALL, EjectionPolicy
 from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec, build_pools
+from gateway.python.dataplane import DataPlane
 from gateway.state import GatewayState
 
 

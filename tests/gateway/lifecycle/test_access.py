@@ -20,15 +20,15 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.auth import TokenEntry, TokenTable
-from gateway.control import ModelControl
-from gateway.dataplane import DataPlane
-from gateway.grpc_api import create_grpc_server
-from gateway.http_api import create_http_app
-from gateway.lifecycle.catalog import ModelCatalog
-from gateway.lifecycle.jobs import JobRecord, ModelRecord
-from gateway.lifecycle.runner import JobRunner
+from gateway.control.model_control import ModelControl
+from gateway.lifecycle.intake.runner import JobRunner
+from gateway.lifecycle.records.catalog import ModelCatalog
+from gateway.lifecycle.records.jobs import JobRecord, ModelRecord
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
+from gateway.python.dataplane import DataPlane
+from gateway.python.grpc_api import create_grpc_server
+from gateway.python.http_api import create_http_app
 from gateway.upstream.grpc import UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 from gateway.upstream.triton import MemberAdmin

@@ -1,0 +1,127 @@
+"""The lifecycle's one assembler, for one gateway process (called from ``serve``):
+:func:`build_lifecycle`, the upload/version core over one state folder and repository
+when a ``lifecycle:`` section is configured, and :func:`build_control_plane`, which adds
+the start-up preloader (readiness gate) and the keep-warm loop (both also without it,
+for models marked ``preload`` / ``keep_warm`` in the configuration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.lifecycle.config import KeepWarmPolicy, LifecycleSpec
+from gateway.lifecycle.conversion.workers import ConversionWorkers
+from gateway.lifecycle.intake.runner import JobRunner
+from gateway.lifecycle.records.catalog import ModelCatalog
+from gateway.lifecycle.records.jobs import LifecycleStore
+from gateway.lifecycle.service import ModelLifecycle
+from gateway.lifecycle.warmup.deploy import Deployer, load_as_configured, restore_as_configured
+from gateway.lifecycle.warmup.keepwarm import KeepWarm
+from gateway.lifecycle.warmup.preload import Preloader
+from gateway.pools import GatewayConfig, PoolMember
+from gateway.python.dataplane import DataPlane
+from gateway.upstream.triton import MemberAdmin
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ControlPlane:
+    config: GatewayConfig
+    dataplane: DataPlane
+    admin: MemberAdmin
+    keepwarm: KeepWarm
+    lifecycle: ModelLifecycle | None = None
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    preloader: Preloader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.preloader = Preloader(self.dataplane, self.load_one)
+
+    def preload_models(self) -> list[str]:
+        if self.lifecycle is not None:
+            return self.lifecycle.catalog.preload_models()
+        return sorted(m for m, p in self.config.models.items() if p.preload)
+
+    async def load_one(self, model: str) -> None:
+        if self.lifecycle is not None:
+            await self.lifecycle.preload_one(model)
+            return
+        policy = self.config.models.get(model)
+        batches = policy.keep_warm.batch_sizes if policy and policy.keep_warm else (1,)
+        await load_as_configured(self.dataplane, self.admin, model, batches)
+
+    async def restore_member(self, member: PoolMember) -> None:
+        """Reload what a member that came back empty must serve (see probes.py)."""
+        if self.lifecycle is not None:
+            await self.lifecycle.restore_member(member)
+            return
+        for model in self.preload_models():
+            if self.dataplane.state.serves(model, member):
+                policy = self.config.models.get(model)
+                batches = policy.keep_warm.batch_sizes if policy and policy.keep_warm else (1,)
+                await restore_as_configured(self.dataplane, self.admin, member, model, batches)
+
+    def start(self) -> None:
+        """Start preloading (readiness turns true when it is done) and keep-warm, and
+        have members that come back from the dead restored before they take traffic."""
+        self.dataplane.state.on_recovery(self.restore_member)
+        models = self.preload_models()
+        if models:
+            self.dataplane.state.set_preloaded(False)  # before the first readiness probe
+        for job, name in ((self.preloader.run(models), "preload"),
+                          (self.keepwarm.run_forever(), "keep-warm")):
+            task = asyncio.create_task(job, name=name)
+            task.add_done_callback(_report_failure)
+            self.tasks.append(task)
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.lifecycle is not None:
+            await self.lifecycle.close()
+
+
+def _report_failure(task: asyncio.Task[Any]) -> None:
+    """A background task that died: say so (else it dies unseen, and a preload that
+    died keeps the gateway unready for good)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s failed", task.get_name(), exc_info=task.exception())
+
+
+def build_control_plane(config: GatewayConfig, dataplane: DataPlane,
+                        admin: MemberAdmin) -> ControlPlane:
+    lifecycle: ModelLifecycle | None = None
+
+    def policies() -> dict[str, KeepWarmPolicy]:  # asked once the keep-warm loop runs
+        if lifecycle is not None:
+            return lifecycle.catalog.keep_warm_policies()
+        return {m: p.keep_warm for m, p in config.models.items() if p.keep_warm}
+
+    keepwarm = KeepWarm(dataplane, admin, policies)
+    if config.lifecycle is not None:
+        lifecycle = build_lifecycle(config.lifecycle, config, dataplane, admin,
+                                    on_version_changed=keepwarm.forget)
+        lifecycle.recover()  # explicit, at start-up, before any request is served
+    return ControlPlane(config, dataplane, admin, keepwarm, lifecycle)
+
+
+def build_lifecycle(spec: LifecycleSpec, config: GatewayConfig, dataplane: DataPlane,
+                    admin: MemberAdmin, on_version_changed: Callable[[str], None],
+                    workers: ConversionWorkers | None = None) -> ModelLifecycle:
+    """The lifecycle's parts over one state folder and repository. Call
+    :meth:`ModelLifecycle.recover` before serving requests."""
+    store = LifecycleStore(spec.state_dir / "lifecycle.db")
+    deployer = Deployer(dataplane, admin, store, spec.repository, spec.retention)
+    catalog = ModelCatalog(spec.repository, config, store, dataplane, admin, deployer)
+    workers = workers or ConversionWorkers(spec.worker_timeout_s, sandbox=spec.sandbox,
+                                           allow_pickled_code=spec.allow_pickled_code)
+    jobs = JobRunner(spec, store, catalog, deployer, workers, on_version_changed)
+    return ModelLifecycle(catalog, jobs, deployer, dataplane, admin, on_version_changed)

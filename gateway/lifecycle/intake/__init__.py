@@ -1,0 +1,1 @@
+"""What comes in: the upload spec, the streamed upload, uploads as jobs."""

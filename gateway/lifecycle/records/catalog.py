@@ -1,0 +1,183 @@
+"""The lifecycle's catalog: the models the gateway manages, their versions and policies.
+
+Reads, plus adoption: a model found in the repository that the lifecycle never saw is
+recorded on first sight, its on-disk versions becoming rollback targets. Jobs
+(:mod:`.runner`) and deployments (:mod:`.deploy`) write the records; the HTTP adapter
+(:mod:`gateway.control.lifecycle_http`) shapes them for clients.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from converters.repository import InvalidModelName, validate_model_name
+from gateway.errors import GatewayError, InvalidInput, ModelNotFound
+from gateway.lifecycle.config import KeepWarmPolicy
+from gateway.lifecycle.intake.spec import UploadSpec
+from gateway.lifecycle.records import versions as repo_edits
+from gateway.lifecycle.records.jobs import JobRecord, LifecycleStore, ModelRecord, VersionRecord
+from gateway.lifecycle.warmup.deploy import Deployer
+from gateway.pools import GatewayConfig, pools_for_model
+from gateway.python.dataplane import DataPlane
+from gateway.upstream.triton import MemberAdmin
+
+POLICY_CACHE_S = 1.0  # the keep-warm loop asks several times a second
+
+
+def checked_name(name: str) -> str:
+    try:
+        return validate_model_name(name)
+    except InvalidModelName as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+@dataclass
+class ModelCatalog:
+    repository: Path
+    config: GatewayConfig
+    store: LifecycleStore
+    dataplane: DataPlane
+    admin: MemberAdmin
+    deployer: Deployer
+    _policies: tuple[float, dict[str, KeepWarmPolicy]] = field(
+        default=(float("-inf"), {}), init=False)
+
+    # -- records ---------------------------------------------------------------------------
+    def record(self, model: str) -> ModelRecord:
+        record = self.store.model(model)
+        if record is None:
+            raise ModelNotFound(f"model {model!r} is not managed by the gateway")
+        return record
+
+    def model_names(self) -> list[str]:
+        return [r.name for r in self.store.models()]
+
+    def versions(self, model: str) -> list[VersionRecord]:
+        return self.store.versions(model)
+
+    def recent_jobs(self, model: str, limit: int = 5) -> list[JobRecord]:
+        return self.store.jobs(model, limit=limit)
+
+    def loading(self, model: str) -> bool:
+        return self.dataplane.state.not_ready_reason(model) is not None
+
+    def report_path(self, name: str, version: int) -> Path:
+        model = checked_name(name)
+        record = self.store.version(model, version)
+        if record is None or not record.report:
+            raise ModelNotFound(f"model {model!r} version {version} has no report")
+        folder = (self.repository / model / str(version)).resolve()
+        path = (folder / record.report).resolve()
+        if not path.is_relative_to(folder) or not path.is_file():
+            raise ModelNotFound(f"report of {model!r} version {version} is missing")
+        return path
+
+    async def known(self, name: str) -> ModelRecord:
+        """The model's record; a model found only in the repository is adopted."""
+        model = checked_name(name)
+        record = self.store.model(model)
+        if record is not None:
+            self._record_disk_versions(model)
+            return record
+        if not repo_edits.existing_versions(self.repository, model):
+            raise ModelNotFound(f"model {model!r} is neither managed by the gateway nor in "
+                                "its repository")
+        return await self.adopt(model)
+
+    # -- adopting models the lifecycle did not create ---------------------------------------
+    async def adopt(self, model: str, pools: list[str] | None = None) -> ModelRecord:
+        """Record a model that exists in the repository (and maybe serves) but that the
+        lifecycle has never seen: its on-disk versions become rollback targets."""
+        record = self.store.model(model)
+        if record is not None:
+            return record
+        self._record_disk_versions(model)
+        serving = None
+        if self._routable(model):
+            loaded = await self.admin.loaded_versions(self.deployer.members(model)[0], model)
+            serving = max(loaded) if loaded else None
+        if serving is not None and self.store.version(model, serving) is not None:
+            self.store.set_version_state(model, serving, "serving")
+        else:
+            serving = None
+        return self.store.put_model(ModelRecord(
+            model, "serving" if serving else "unloaded", time.time(), serving_version=serving,
+            pools=tuple(pools or ()),
+        ))
+
+    def _record_disk_versions(self, model: str) -> None:
+        """Versions that reached the repository without an upload (``infergate
+        convert``, a copy) are recorded with the model's current config.pbtxt, the best
+        knowledge of how they were published."""
+        text_path = self.repository / model / "config.pbtxt"
+        if not text_path.is_file():
+            return
+        text = None
+        for version in repo_edits.existing_versions(self.repository, model):
+            if self.store.version(model, version) is None:
+                text = text or text_path.read_text()
+                self.store.put_version(VersionRecord(model, version, "available", text,
+                                                     time.time(), metadata={"adopted": True}))
+
+    def _routable(self, model: str) -> bool:
+        try:
+            self.dataplane.route(model)
+            self.deployer.members(model)
+        except GatewayError:
+            return False
+        return True
+
+    # -- pools -----------------------------------------------------------------------------
+    def target_pools(self, model: str, spec: UploadSpec) -> list[str]:
+        """Where an upload of ``model`` goes: the spec's pools, else where the model lives
+        now, else the pools that serve it by configuration."""
+        names = [p.name for p in self.dataplane.state.pools]
+        if spec.pools:
+            unknown = [p for p in spec.pools if p not in names]
+            if unknown:
+                raise InvalidInput(f"unknown pools {unknown}: this gateway has {names}")
+            return list(spec.pools)
+        record = self.store.model(model)
+        if record is not None and record.pools:
+            return list(record.pools)
+        serving = [p.name for p in pools_for_model(self.dataplane.state.pools, model)]
+        if not serving:
+            raise InvalidInput(f"no pool serves {model!r} by configuration: name the target "
+                               f"pools in the spec ('pools': one or more of {names})")
+        return serving
+
+    def reassign_pools(self) -> None:
+        """At start-up: every managed model goes back to the pools it was deployed to."""
+        for record in self.store.models():
+            if record.pools:
+                self.dataplane.state.serve(record.name, record.pools)
+
+    # -- policies --------------------------------------------------------------------------
+    def keep_warm_policies(self) -> dict[str, KeepWarmPolicy]:
+        """Configuration first; else what the model's upload spec asked for (read from the
+        store at most once per POLICY_CACHE_S)."""
+        now = time.monotonic()
+        if now - self._policies[0] < POLICY_CACHE_S:
+            return self._policies[1]
+        policies = {r.name: KeepWarmPolicy.model_validate(r.keep_warm)
+                    for r in self.store.models() if r.keep_warm and r.serving_version}
+        for model, policy in self.config.models.items():
+            if policy.keep_warm is not None:
+                policies[model] = policy.keep_warm
+        self._policies = (now, policies)
+        return policies
+
+    def policies_changed(self) -> None:
+        """A record's keep-warm policy changed: the next read goes to the store."""
+        self._policies = (float("-inf"), {})
+
+    def warm_batches(self, model: str) -> tuple[int, ...]:
+        policy = self.keep_warm_policies().get(model)
+        return policy.batch_sizes if policy else (1,)
+
+    def preload_models(self) -> list[str]:
+        managed = [r.name for r in self.store.models() if r.serving_version is not None]
+        configured = [m for m, p in self.config.models.items() if p.preload]
+        return sorted(set(managed) | set(configured))

@@ -1,0 +1,1 @@
+"""Making a version serve: load, warm, route; start-up preloading; keep-warm."""

@@ -1,0 +1,284 @@
+"""The transport-free core of the gateway.
+
+``DataPlane.forward`` is what both the HTTP and the gRPC adapters call for every model
+request. It applies the request policy (``gateway/policy``) in its order, as HAProxy's
+rules do: the API key's rate limit, the model's route, its readiness, its admission
+limit (requests in the gateway, refused at once beyond it); then the routing policy's
+choice of member, the upstream call supplied by the adapter (bytes in, bytes out), one
+retry on another member when the first fails with :class:`Unavailable`, passive
+ejection of the failed member, and metrics.
+
+This module imports neither ``fastapi`` nor ``grpc``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gateway.errors import (
+    DeadlineExceeded,
+    GatewayError,
+    ModelNotFound,
+    ModelNotReady,
+    Overloaded,
+    Unavailable,
+    outcome_name,
+)
+from gateway.metrics import GatewayMetrics, create_metrics
+from gateway.policy import admission, readiness
+from gateway.policy.model_name import UNKNOWN_MODEL
+from gateway.policy.rate import RateClass, RateLimiter
+from gateway.policy.upstream import RETRIES, EjectionPolicy
+from gateway.pools import GatewayConfig, Pool, PoolMember, build_pools
+from gateway.python.routing import RoutingPolicy
+from gateway.state import GatewayState
+
+T = TypeVar("T")
+
+UpstreamCall = Callable[[PoolMember], Awaitable[T]]
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What the transports extract from a request besides its bytes."""
+
+    deadline_s: float | None = None  # seconds left for the client, None = no deadline
+    api_key: str | None = None
+    traffic: str = "user"  # "warmup" for synthetic keep-warm requests
+
+
+NO_OPTIONS = RequestOptions()
+
+
+@dataclass
+class ModelRoute:
+    """Per-model state the forwarder caches on first use: its pools and admission limit
+    (refreshed when the gateway's state changes), the count in the gateway, metric
+    children."""
+
+    model: str
+    pools: list[Pool]
+    limits: admission.AdmissionLimits
+    in_system: int = 0  # requests of this model in the gateway now
+    children: dict[tuple[str, ...], Any] = field(default_factory=dict)
+
+    def follow(self, state: GatewayState) -> None:
+        self.pools = state.pools_for(self.model)
+        self.limits = state.admission_limits(self.model, self.pools)
+
+
+@dataclass
+class DataPlane:
+    """The Python forwarder: reads what the gateway knows (``state``), owns only what it
+    counts itself (per-model routes, rate windows, metric children)."""
+
+    state: GatewayState
+    metrics: GatewayMetrics
+    policy: RoutingPolicy = field(default_factory=RoutingPolicy)
+    ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
+    rng: random.Random = field(default_factory=random.Random)
+    routes: dict[str, ModelRoute] = field(default_factory=dict)
+    # awaited before a scrape: HAProxy's live counts read now, not a round ago
+    gauge_sources: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    rate_limiter: RateLimiter = field(init=False)
+
+    def __post_init__(self) -> None:
+        limits = self.state.config.rate_limits
+        self.rate_limiter = RateLimiter(
+            RateClass(limits.default.rate_per_s, limits.default.burst) if limits.default else None,
+            {k: RateClass(v.rate_per_s, v.burst) for k, v in limits.keys.items()},
+            clock=self.clock,
+        )
+        self.state.watch(self._refresh_routes)
+
+    @classmethod
+    def for_config(cls, config: GatewayConfig, metrics: GatewayMetrics | None = None,
+                   clock: Callable[[], float] = time.monotonic) -> DataPlane:
+        """A forwarder over a new state of ``config``'s pools."""
+        return cls(GatewayState(config, build_pools(config.pools), clock),
+                   metrics or create_metrics())
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.state.clock
+
+    # -- lookups -----------------------------------------------------------------------
+    def route(self, model: str) -> ModelRoute:
+        route = self.routes.get(model)
+        if route is None:
+            pools = self.state.pools_for(model)
+            if not pools:
+                raise ModelNotFound(UNKNOWN_MODEL.format(model=model))
+            route = self.routes[model] = ModelRoute(
+                model, pools, self.state.admission_limits(model, pools))
+        return route
+
+    def _refresh_routes(self) -> None:
+        """The state changed (a model's pools, DNS membership): cached routes follow, in
+        place (requests in the gateway stay counted)."""
+        for route in self.routes.values():
+            route.follow(self.state)
+
+    # -- the request path --------------------------------------------------------------
+    async def forward(
+        self,
+        model: str,
+        call: UpstreamCall[T],
+        *,
+        protocol: str,
+        options: RequestOptions = NO_OPTIONS,
+        outcome: Callable[[T], str] | None = None,
+        metered: bool = True,
+    ) -> T:
+        """Admit, route and run ``call``; ``metered=False`` skips the request policy's
+        rate and admission checks and metrics (metadata and config calls)."""
+        if not metered:
+            return (await self._attempts(self.route(model), call, protocol, options))[0]
+        try:  # the policy's order: rate, route, readiness, admission
+            self.rate_limiter.check(options.api_key)
+        except Overloaded as err:
+            with contextlib.suppress(GatewayError):  # counted for a model it serves
+                self._refused(self.route(model), protocol, options, err)
+            raise
+        route = self.route(model)
+        started = self.clock()
+        if options.traffic == "user":
+            self.state.note_used(model, started)
+        try:
+            self._admit(route, options)
+        except GatewayError as err:
+            self._refused(route, protocol, options, err)
+            raise
+        try:
+            result, pool = await self._attempts(route, call, protocol, options)
+        finally:
+            self._count_in(route, -1)
+        self._count(route, pool, protocol, outcome(result) if outcome else "success",
+                    options.traffic)
+        self._child(route, ("latency", pool, protocol, options.traffic)).observe(
+            self.clock() - started
+        )
+        return result
+
+    def _admit(self, route: ModelRoute, options: RequestOptions) -> None:
+        """Readiness, then admission (:mod:`gateway.policy`); counts the request in."""
+        reason = self.state.not_ready_reason(route.model)
+        if reason is not None:
+            raise ModelNotReady(readiness.not_ready_message(route.model, reason),
+                                retry_after_s=readiness.RETRY_AFTER_S)
+        if options.deadline_s is not None and options.deadline_s <= 0:
+            raise DeadlineExceeded("deadline exceeded before the request was admitted")
+        limit = route.limits.in_system
+        if route.in_system >= limit:
+            raise Overloaded(admission.overloaded_message(route.model, route.in_system + 1,
+                                                          limit),
+                             retry_after_s=admission.RETRY_AFTER_S)
+        self._count_in(route, +1)
+
+    def _count_in(self, route: ModelRoute, delta: int) -> None:
+        route.in_system += delta
+        # beyond the concurrency the members are expected to run at once: waiting in
+        # their queues (HAProxy's plane estimates the same gauge)
+        self._child(route, ("queued",)).set(max(0, route.in_system - route.limits.concurrency))
+
+    def _refused(self, route: ModelRoute, protocol: str, options: RequestOptions,
+                 err: GatewayError) -> None:
+        self._count(route, "-", protocol, outcome_name(err), options.traffic)
+        self._child(route, ("rejected", outcome_name(err))).inc()
+
+    async def _attempts(self, route: ModelRoute, call: UpstreamCall[T], protocol: str,
+                        options: RequestOptions) -> tuple[T, str]:
+        tried: list[str] = []
+        for attempt in range(1 + RETRIES):  # inference is idempotent: retried elsewhere
+            member = self.policy.choose(route.pools, route.model, self.clock(), self.rng, tried)
+            if member is None:
+                if tried:
+                    break
+                self._count(route, "-", protocol, "unavailable", options.traffic)
+                raise Unavailable(f"no healthy Triton member serves model '{route.model}'")
+            tried.append(member.key)
+            gauge = self._child(route, ("in_flight", member.pool))
+            member.request_started()
+            gauge.inc()
+            try:
+                result = await call(member)
+            except Unavailable:
+                self._record_failure(member)
+                if attempt < RETRIES:
+                    continue
+                self._count(route, member.pool, protocol, "unavailable", options.traffic)
+                raise
+            finally:
+                member.request_ended()
+                gauge.dec()
+            member.answered()
+            return result, member.pool
+        self._count(route, "-", protocol, "unavailable", options.traffic)
+        raise Unavailable(f"all members serving '{route.model}' failed ({', '.join(tried)})")
+
+    async def send_to(self, model: str, member: PoolMember, call: UpstreamCall[T], *,
+                      protocol: str, traffic: str = "warmup",
+                      outcome: Callable[[T], str] | None = None) -> T:
+        """One request to a chosen member, outside admission control and routing: the
+        synthetic traffic (warm-up, keep-warm) that must reach every member. Counted
+        under ``traffic`` so that SLO figures can leave it out."""
+        route = self.route(model)
+        started = self.clock()
+        member.request_started()
+        try:
+            result = await call(member)
+        except GatewayError as err:
+            self._count(route, member.pool, protocol, outcome_name(err), traffic)
+            raise
+        finally:
+            member.request_ended()
+        self._count(route, member.pool, protocol, outcome(result) if outcome else "success",
+                    traffic)
+        self._child(route, ("latency", member.pool, protocol, traffic)).observe(
+            self.clock() - started
+        )
+        return result
+
+    def _record_failure(self, member: PoolMember) -> None:
+        self.metrics.upstream_errors.labels(member.pool, member.key).inc()
+        if member.failed(self.clock(), self.ejection):
+            self.metrics.member_healthy.labels(member.pool, member.key).set(0)
+
+    def _child(self, route: ModelRoute, key: tuple[str, ...]) -> Any:
+        """Metric children cached per model: ``labels()`` is too slow for the hot path."""
+        child = route.children.get(key)
+        if child is None:
+            kind, *rest = key
+            m = self.metrics
+            child = route.children[key] = {
+                "in_flight": lambda: m.in_flight.labels(route.model, *rest),
+                "latency": lambda: m.latency.labels(route.model, *rest),
+                "queued": lambda: m.queued.labels(route.model),
+                "rejected": lambda: m.rejected.labels(route.model, *rest),
+                "requests": lambda: m.requests.labels(route.model, *rest),
+            }[kind]()
+        return child
+
+    def _count(self, route: ModelRoute, pool: str, protocol: str, outcome: str,
+               traffic: str) -> None:
+        self._child(route, ("requests", pool, protocol, outcome, traffic)).inc()
+
+    # -- server-level calls ------------------------------------------------------------
+    async def refresh_gauges(self) -> None:
+        """What a ``/metrics`` scrape sees: every gauge source read now, then saturation."""
+        for source in self.gauge_sources:
+            with contextlib.suppress(OSError):  # one that cannot answer keeps its last
+                await source()
+        self.update_saturation()
+
+    def update_saturation(self) -> None:
+        for pool in self.state.pools:
+            load = sum(m.in_flight + m.external_in_flight + m.upstream_queue
+                       for m in pool.members)
+            self.metrics.saturation.labels(pool.name).set(load / pool.capacity)
+

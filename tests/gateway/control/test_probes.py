@@ -1,0 +1,178 @@
+"""Probes read each member's Triton version every healthy round, and the data plane's
+snapshot carries it to HAProxy's rendering: a member restarted on another release
+changes its gRPC connection mode within one round. The member here is a real HTTP
+server on loopback answering as Triton's HTTP frontend does (live, server metadata,
+metrics), so that versions no installable Triton reports can be served."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.auth import TokenTable
+from gateway.control.probes import pending_requests, probe_member, read_version
+from gateway.haproxy.changes import runtime_commands
+from gateway.haproxy.controller import snapshot_of
+from gateway.haproxy.render import render
+from gateway.haproxy.snapshot import Layout
+from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
+from gateway.python.dataplane import DataPlane
+from gateway.server import build_dataplane
+from infergate.triton.local import free_port
+
+
+@dataclass
+class Answers:
+    metadata: bytes | None = b'{"name": "triton", "version": "2.51.0"}'  # None: HTTP 500
+    live: int = 200
+
+
+class FakeTritonHTTP(BaseHTTPRequestHandler):
+    answers: Answers
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/v2/health/live":
+            self._send(self.answers.live, b"")
+        elif self.path == "/v2":
+            body = self.answers.metadata
+            self._send(500, b'{"error": "boom"}') if body is None else self._send(200, body)
+        elif self.path == "/metrics":
+            self._send(200, b'nv_inference_pending_request_count{model="m",version="1"} 3\n')
+        else:
+            self._send(404, b"")
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def member_server() -> Iterator[tuple[int, Answers]]:
+    answers = Answers()
+    handler = type("Handler", (FakeTritonHTTP,), {"answers": answers})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], answers
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def _one_member(port: int, tmp_path: Path) -> tuple[DataPlane, PoolMember, Layout]:
+    spec = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
+    dataplane = build_dataplane(GatewayConfig(pools=(PoolSpec(name="p", members=(spec,)),)))
+    layout = Layout("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", tmp_path,
+                    tmp_path / "log.sock")
+    return dataplane, dataplane.state.members()[0], layout
+
+
+def _grpc_server_line(config: str) -> str:
+    return next(line for line in config.splitlines()
+                if line.strip().startswith("server ") and " proto h2 " in line)
+
+
+@pytest.mark.parametrize(("metadata", "version", "shared"), [
+    (b'{"name": "triton", "version": "2.51.0"}', "2.51.0", False),
+    (b'{"name": "triton", "version": "2.57.0"}', "2.57.0", True),
+    (b'{"name": "triton", "version": "tip-of-main"}', "tip-of-main", False),
+    (b'{"name": "triton"}', None, False),
+    (b"<html>not json</html>", None, False),
+    (None, None, False),  # the metadata call fails (HTTP 500)
+])
+def test_probe_reads_the_version_and_the_render_follows_when_members_report(
+        member_server: tuple[int, Answers], tmp_path: Path, metadata: bytes | None,
+        version: str | None, shared: bool) -> None:
+    port, answers = member_server
+    answers.metadata = metadata
+    dataplane, member, layout = _one_member(port, tmp_path)
+
+    async def probe() -> None:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            await probe_member(client, dataplane, member)
+
+    asyncio.run(probe())
+    assert member.version_probed and member.triton_version == version
+    assert member.upstream_queue == 3  # the queue scrape still happens beside it
+    snapshot = snapshot_of(dataplane.state, TokenTable(), dataplane.clock())
+    line = _grpc_server_line(render(snapshot, layout).config)
+    assert ("max-reuse 0" not in line) is shared
+
+
+def test_member_restarted_on_a_fixed_release_shares_after_one_round(
+        member_server: tuple[int, Answers], tmp_path: Path) -> None:
+    port, answers = member_server
+    dataplane, member, layout = _one_member(port, tmp_path)
+
+    async def round_() -> str:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            await probe_member(client, dataplane, member)
+        return _grpc_server_line(render(snapshot_of(dataplane.state, TokenTable(), 0.0),
+                                        layout).config)
+
+    before = snapshot_of(dataplane.state, TokenTable(), 0.0)
+    assert "max-reuse 0" in asyncio.run(round_())
+    old = snapshot_of(dataplane.state, TokenTable(), 0.0)
+    answers.metadata = json.dumps({"name": "triton", "version": "2.58.0"}).encode()
+    assert "max-reuse 0" not in asyncio.run(round_())
+    new = snapshot_of(dataplane.state, TokenTable(), 0.0)
+    assert runtime_commands(old, new, layout) is None  # a reload moves HAProxy
+    assert before.pools[0].members[0].triton_version is None  # never probed: not assumed
+
+
+def test_read_version_is_none_when_nothing_listens() -> None:
+    async def read() -> str | None:
+        async with httpx.AsyncClient(timeout=2, trust_env=False) as client:
+            return await read_version(client, MemberSpec(host="127.0.0.1", http_port=1))
+    assert asyncio.run(read()) is None
+
+
+def test_pending_requests_sums_the_family_and_nothing_else_when_read_off_the_text() -> None:
+    text = (
+        "# HELP nv_inference_pending_request_count Instantaneous number of pending requests\n"
+        "# TYPE nv_inference_pending_request_count gauge\n"
+        'nv_inference_pending_request_count{model="a",version="1"} 2\n'
+        'nv_inference_pending_request_count{model="b }",version="1"} 3 1700000000000\n'
+        "nv_inference_pending_request_count 1\n"
+        'nv_inference_pending_request_count_extra{model="a"} 100\n'
+        'nv_inference_count{model="a",version="1"} 90\n'
+        'nv_inference_pending_request_count{model="c"} NaN-ish\n'
+    )
+    assert pending_requests(text) == 6
+    assert pending_requests("") == 0
+
+
+def test_member_is_down_after_two_failed_probes_but_at_once_when_refused(
+        member_server: tuple[int, Answers], tmp_path: Path) -> None:
+    """HEALTH_FALL, as HAProxy's ``fall``: one bad /live (a busy machine) keeps the
+    member; two in a row take it out; nothing listening takes it out at once."""
+    port, answers = member_server
+    dataplane, member, _ = _one_member(port, tmp_path)
+
+    async def probe(target: PoolMember) -> bool:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            await probe_member(client, dataplane, target)
+        return target.healthy
+
+    answers.live = 500
+    assert asyncio.run(probe(member)) is True
+    assert asyncio.run(probe(member)) is False
+    answers.live = 200
+    assert asyncio.run(probe(member)) is True and member.failed_probes == 0
+    gone, _, _ = _one_member(free_port(), tmp_path)
+    assert asyncio.run(probe(gone.state.members()[0])) is False
