@@ -40,7 +40,16 @@ from gateway import errors
 from gateway.haproxy.answers import LOCAL_ERRORS, grpc_return, http_return
 from gateway.haproxy.maps import split
 from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Snapshot
-from gateway.policy import access, admission, deadline, model_name, parse_errors, rate, readiness
+from gateway.policy import (
+    access,
+    admission,
+    deadline,
+    model_name,
+    parse_errors,
+    rate,
+    readiness,
+    shape,
+)
 from gateway.policy.upstream import EJECT_AFTER_FAILURES, HEALTH_FALL, RETRIES
 from gateway.upstream.triton_version import grpc_mode
 
@@ -210,7 +219,8 @@ Rule = tuple[str, str]  # (action, condition)
 
 
 def _request_rules(answer: Callable[..., str], http: bool) -> list[Rule]:
-    """The policy's ``request`` check: a model named, a well-formed deadline."""
+    """The policy's ``request`` check: a model named, a well-formed deadline, no shape
+    beyond any request (HTTP)."""
     rules: list[Rule] = [
         ("set-var(txn.out) str(invalid)", "!named"),
         (answer(errors.InvalidInput, model_name.NO_MODEL), "!named"),
@@ -229,6 +239,14 @@ def _request_rules(answer: Callable[..., str], http: bool) -> list[Rule]:
             ("set-var(txn.out) str(invalid)", "has_timeout !good_timeout"),
             (answer(errors.InvalidInput, deadline.BAD_HTTP_TIMEOUT.format(value=value)),
              "has_timeout !good_timeout"),
+        ]
+        # the start of the body, as gateway.policy.shape scans it (single quotes: PCRE
+        # gets the pattern as written)
+        huge = f"{{ req.body -m reg '{shape.HUGE_SHAPE_PATTERN}' }}"
+        rules += [
+            (f"wait-for-body time 1s at-least {shape.SCANNED_BYTES}", ""),
+            ("set-var(txn.out) str(invalid)", huge),
+            (answer(errors.InvalidInput, shape.HUGE_SHAPE), huge),
         ]
     return rules
 

@@ -14,7 +14,8 @@ check           refuses with                                module
 ==============  ==========================================  ===============================
 body_size       413 / RESOURCE_EXHAUSTED                    gateway limits (``--max-body``)
 request         400 / INVALID_ARGUMENT: no model named,     :mod:`.model_name`,
-                a malformed deadline                        :mod:`.deadline`
+                a malformed deadline, a shape no request    :mod:`.deadline`,
+                can back                                    :mod:`.shape`
 auth            401 / UNAUTHENTICATED, 403 / PERMISSION_     :mod:`.access`
                 DENIED (inference gated by tokens)
 rate            429 / RESOURCE_EXHAUSTED + Retry-After      :mod:`.rate`

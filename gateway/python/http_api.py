@@ -36,6 +36,7 @@ from gateway.errors import (
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.policy import parse_errors
 from gateway.policy.model_name import HTTP_INFER_PATTERN
+from gateway.policy.shape import check_shapes
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane
 from gateway.python.fast_path import (
@@ -93,6 +94,7 @@ class InferFastPath(FastPath):
                      ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         raw_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         body = await read_body(receive, self.max_body_bytes)
+        check_shapes(body)
         forwarded = {k: v for k, v in raw_headers.items() if k in FORWARDED_REQUEST_HEADERS}
         forwarded["accept-encoding"] = "identity"
         options = options_from_headers(raw_headers)

@@ -29,7 +29,7 @@ import yaml
 from tritonclient.grpc import service_pb2
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
-from gateway.policy import access, deadline, model_name
+from gateway.policy import access, deadline, model_name, shape
 from gateway.policy.rate import RateClass
 from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES
@@ -118,6 +118,15 @@ ROWS = [
     Row("wrong datatype", "http", Answer(400), body=http_body(datatype="FP64"), headers=AUTH),
     Row("wrong datatype", "grpc", Answer("INVALID_ARGUMENT"), body=grpc_body(datatype="INT8"),
         headers=AUTH),
+    Row("shape beyond any request", "http", Answer(400, re.escape(shape.HUGE_SHAPE)),
+        body=json.dumps({"inputs": [{"name": "x", "datatype": "INT16", "data": [True],
+                                     "shape": [933246, 1883129, 17592186044415, 9090]}]
+                         }).encode(), headers=AUTH),
+    Row("shape beyond any request, binary header", "http",
+        Answer(400, re.escape(shape.HUGE_SHAPE)),
+        body=b'{"inputs":[{"name":"x","datatype":"FP32","shape":[4294967296,4294967296,16],'
+             b'"parameters":{"binary_data_size":64}}]}' + b"\0" * 64,
+        headers={**AUTH, "inference-header-content-length": "115"}),
     Row("no model named", "grpc", Answer("INVALID_ARGUMENT", re.escape(model_name.NO_MODEL)),
         body=grpc_body(model=""), headers=AUTH),
     Row("model name cut short", "grpc",
