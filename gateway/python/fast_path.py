@@ -34,7 +34,7 @@ def error_answer(error: GatewayError) -> tuple[int, bytes, list[tuple[bytes, byt
 
 
 def options_from_headers(headers: Mapping[str, str]) -> RequestOptions:
-    """The deadline and API key (:mod:`gateway.policy.deadline`, :mod:`.access`)."""
+    """The deadline and API key (:mod:`gateway.policy.deadline`, :mod:`gateway.policy.access`)."""
     return RequestOptions(deadline_s=http_deadline_s(headers.get(HTTP_TIMEOUT_HEADER)),
                           api_key=presented_token(headers.get))
 

@@ -2,8 +2,8 @@
 
 Reads, plus adoption: a model found in the repository that the lifecycle never saw is
 recorded on first sight, its on-disk versions becoming rollback targets. Jobs
-(:mod:`.runner`) and deployments (:mod:`.deploy`) write the records; the HTTP adapter
-(:mod:`gateway.control.lifecycle_http`) shapes them for clients.
+(:mod:`..intake.runner`) and deployments (:mod:`..warmup.deploy`) write the records; the
+HTTP adapter (:mod:`gateway.control.lifecycle_http`) shapes them for clients.
 """
 
 from __future__ import annotations
