@@ -57,11 +57,16 @@ class GatewayState:
     def members_of(self, model: str, available: bool = True) -> list[PoolMember]:
         """The members of ``model``'s pools (only those available now, by default);
         ModelNotFound when no pool serves it."""
+        pools = self.serving_pools(model)
+        now = self.clock()
+        return [m for p in pools for m in p.members if not available or m.available(now)]
+
+    def serving_pools(self, model: str) -> list[Pool]:
+        """:meth:`pools_for`, ModelNotFound when no pool serves ``model``."""
         pools = self.pools_for(model)
         if not pools:
             raise ModelNotFound(UNKNOWN_MODEL.format(model=model))
-        now = self.clock()
-        return [m for p in pools for m in p.members if not available or m.available(now)]
+        return pools
 
     def serves(self, model: str, member: PoolMember) -> bool:
         return any(member in pool.members for pool in self.pools_for(model))

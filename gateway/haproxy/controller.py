@@ -32,7 +32,7 @@ from gateway.haproxy.snapshot import (
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.policy.access import configured_digest
-from gateway.policy.rate import RateClass
+from gateway.policy.rate import configured_classes
 from gateway.pools import Pool
 from gateway.python.dataplane import DataPlane
 from gateway.python.routing import RoutingPolicy
@@ -71,15 +71,13 @@ def snapshot_of(state: GatewayState, auth: TokenTable, now: float,
     )
     wildcard = [p for p in state.pools if "*" in p.spec.models]
     default = _route(state, "", wildcard, routable, weigh=False) if wildcard else None
-    limits = state.config.rate_limits
+    rate_default, rate_per_key = configured_classes(state.config.rate_limits)
     return Snapshot(
         pools=pools,
         routes=routes,
         default_route=default,
-        rate_default=(RateClass(limits.default.rate_per_s, limits.default.burst)
-                      if limits.default else None),
-        rate_keys=tuple(sorted((configured_digest(k), RateClass(v.rate_per_s, v.burst))
-                               for k, v in limits.keys.items())),
+        rate_default=rate_default,
+        rate_keys=tuple(sorted((configured_digest(k), c) for k, c in rate_per_key.items())),
         tokens=tuple(sorted(
             (digest.hex(), f"{','.join(sorted(p.scopes))};{p.name}")
             for digest, p in auth.digests()

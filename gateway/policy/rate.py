@@ -23,9 +23,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.errors import Overloaded
 from gateway.policy.access import ANONYMOUS, configured_digest, key_digest
+
+if TYPE_CHECKING:  # gateway.pools imports this package's siblings
+    from gateway.pools import RateLimits
 
 MAX_KEYS = 100_000  # per limit class: HAProxy's stick-table size, the Python LRU's bound
 EXCEEDED = "rate limit exceeded for this API key (at most {limit} requests per {window_ms} ms)"
@@ -53,6 +57,14 @@ class RateClass:
 
     def message(self) -> str:
         return EXCEEDED.format(limit=self.limit, window_ms=self.window_ms)
+
+
+def configured_classes(limits: RateLimits) -> tuple[RateClass | None, dict[str, RateClass]]:
+    """The configuration's ``rate_limits`` as classes: (the default, configured key ->
+    class), keys as configured (plain or ``sha256:<hex>``). Both planes start here."""
+    default = limits.default
+    return (RateClass(default.rate_per_s, default.burst) if default else None,
+            {k: RateClass(v.rate_per_s, v.burst) for k, v in limits.keys.items()})
 
 
 @dataclass

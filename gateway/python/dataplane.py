@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 from gateway.errors import (
     DeadlineExceeded,
     GatewayError,
-    ModelNotFound,
     ModelNotReady,
     Overloaded,
     Unavailable,
@@ -31,8 +30,7 @@ from gateway.errors import (
 )
 from gateway.metrics import GatewayMetrics, create_metrics
 from gateway.policy import admission, readiness
-from gateway.policy.model_name import UNKNOWN_MODEL
-from gateway.policy.rate import RateClass, RateLimiter
+from gateway.policy.rate import RateLimiter, configured_classes
 from gateway.policy.upstream import RETRIES, EjectionPolicy
 from gateway.pools import GatewayConfig, Pool, PoolMember, build_pools
 from gateway.python.routing import RoutingPolicy
@@ -88,12 +86,8 @@ class DataPlane:
     rate_limiter: RateLimiter = field(init=False)
 
     def __post_init__(self) -> None:
-        limits = self.state.config.rate_limits
-        self.rate_limiter = RateLimiter(
-            RateClass(limits.default.rate_per_s, limits.default.burst) if limits.default else None,
-            {k: RateClass(v.rate_per_s, v.burst) for k, v in limits.keys.items()},
-            clock=self.clock,
-        )
+        default, per_key = configured_classes(self.state.config.rate_limits)
+        self.rate_limiter = RateLimiter(default, per_key, clock=self.clock)
         self.state.watch(self._refresh_routes)
 
     @classmethod
@@ -111,9 +105,7 @@ class DataPlane:
     def route(self, model: str) -> ModelRoute:
         route = self.routes.get(model)
         if route is None:
-            pools = self.state.pools_for(model)
-            if not pools:
-                raise ModelNotFound(UNKNOWN_MODEL.format(model=model))
+            pools = self.state.serving_pools(model)
             route = self.routes[model] = ModelRoute(
                 model, pools, self.state.admission_limits(model, pools))
         return route
