@@ -13,7 +13,8 @@ import typer
 
 from gateway.auth import TOKENS_ENV, TokenConfigError, TokenTable, load_token_entries
 from gateway.haproxy.snapshot import parse_tune
-from gateway.pools import load_gateway_config
+from gateway.policy.tenancy import load_tenancy_file
+from gateway.pools import GatewayConfig, load_gateway_config
 from gateway.server import GatewaySettings, choose_data_plane, serve
 from gateway.upstream.triton_version import GrpcReuse
 
@@ -37,6 +38,19 @@ def _tune(values: list[str]) -> tuple[tuple[str, str], ...]:
         return tuple(parse_tune(v) for v in values)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--haproxy-tune") from exc
+
+
+TENANTS_HELP = ("Tenants and priority classes (YAML: default, tenants, refuse_at; README, "
+                "'Admission'); overrides the config's tenancy section. Changed live by "
+                "PUT /v1/tenants.")
+
+
+def with_tenants(config: GatewayConfig, path: Path) -> GatewayConfig:
+    """``config`` with the tenancy document of ``path``; BadParameter naming the field."""
+    try:
+        return config.model_copy(update={"tenancy": load_tenancy_file(path)})
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tenants") from exc
 
 
 @app.callback()
@@ -77,6 +91,8 @@ def serve_command(
         help=f"API tokens (YAML: name, scopes, sha256). Also read from ${TOKENS_ENV}; "
              "overrides auth.tokens_file of the config.",
     )] = None,
+    tenants: Annotated[Path | None, typer.Option(
+        exists=True, dir_okay=False, help=TENANTS_HELP)] = None,
 ) -> None:
     """Serve HTTP and gRPC until SIGTERM/SIGINT, then drain and exit."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -95,6 +111,8 @@ def serve_command(
         haproxy_tune=_tune(haproxy_tune),
     )
     config = load_gateway_config(pools)
+    if tenants is not None:
+        config = with_tenants(config, tenants)
     try:
         auth = TokenTable(load_token_entries(tokens or config.auth.tokens_file, os.environ),
                           predict_open=config.auth.predict == "open")

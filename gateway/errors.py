@@ -34,9 +34,10 @@ class ModelNotFound(GatewayError):
 class ModelNotReady(GatewayError):
     """The model exists but is still loading or warming up: try again shortly."""
 
-    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+    def __init__(self, message: str, retry_after_s: float = 1.0, reason: str = "") -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.reason = reason  # which limit (the per-tenant counts' label)
 
 
 class Unavailable(GatewayError):
@@ -50,9 +51,10 @@ class Unavailable(GatewayError):
 class Overloaded(GatewayError):
     """Admission control shed the request; the client should back off."""
 
-    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+    def __init__(self, message: str, retry_after_s: float = 1.0, reason: str = "") -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.reason = reason  # which limit refused it (the per-tenant counts' label)
 
 
 class DeadlineExceeded(GatewayError):

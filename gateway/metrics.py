@@ -32,6 +32,10 @@ class GatewayMetrics:
     member_info: Gauge
     saturation: Gauge
     first_response: Histogram
+    tenant_requests: Counter
+    tenant_refused: Counter
+    tenant_latency: Histogram
+    tenant_in_flight: Gauge
     responses_per_request: Histogram
 
     def render(self) -> bytes:
@@ -121,6 +125,33 @@ def create_metrics(registry: CollectorRegistry | None = None) -> GatewayMetrics:
             "infergate_pool_saturation",
             "(in flight + queued upstream) / capacity per pool: the HPA target.",
             ("pool",),
+            registry=registry,
+        ),
+        tenant_requests=Counter(
+            "infergate_tenant_requests",
+            "Inference requests per tenant and priority class, by outcome (as "
+            "infergate_requests_total; 'rejected' are the refused ones). Only with tenancy.",
+            ("tenant", "priority", "outcome"),
+            registry=registry,
+        ),
+        tenant_refused=Counter(
+            "infergate_tenant_refused_requests",
+            "Requests refused per tenant and class, by reason: rate, tenant_limit, "
+            "overloaded (the model's bound), saturated (the class ceiling), fair_share.",
+            ("tenant", "priority", "reason"),
+            registry=registry,
+        ),
+        tenant_latency=Histogram(
+            "infergate_tenant_request_duration_seconds",
+            "Latency of admitted requests per tenant and class, seconds.",
+            ("tenant", "priority"),
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        ),
+        tenant_in_flight=Gauge(
+            "infergate_tenant_in_flight_requests",
+            "Admitted requests of a tenant not yet answered.",
+            ("tenant", "priority"),
             registry=registry,
         ),
         first_response=Histogram(

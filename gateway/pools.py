@@ -7,6 +7,7 @@ live state the router reads (in-flight count, scraped queue depth, health).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.lifecycle.config import AuthSpec, KeepWarmPolicy, LifecycleSpec
+from gateway.policy.rate import RateLimitSpec
+from gateway.policy.tenancy import TenancySpec
 from gateway.policy.upstream import HEALTH_FALL, EjectionPolicy
+
+QUEUE_SAMPLES = 64  # per member: the 4 s window at probe intervals down to 1/16 s
 
 
 class MemberSpec(BaseModel):
@@ -84,13 +89,6 @@ class ModelPolicy(BaseModel):
     keep_warm: KeepWarmPolicy | None = None
 
 
-class RateLimitSpec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    rate_per_s: float = Field(gt=0)
-    burst: float = Field(ge=1)
-
-
 class RateLimits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -112,6 +110,9 @@ class GatewayConfig(BaseModel):
     # model lifecycle (uploads, versions, rollback); absent = no /v1/models uploads
     lifecycle: LifecycleSpec | None = None
     auth: AuthSpec = Field(default_factory=AuthSpec)
+    # tenants and priority classes (gateway/policy/tenancy.py); absent: admission per
+    # model only, as before tenants existed
+    tenancy: TenancySpec | None = None
 
     @field_validator("pools")
     @classmethod
@@ -164,6 +165,10 @@ class PoolMember:
     triton_version: str | None = None
     version_probed: bool = False
     failed_probes: int = 0  # health probes failed in a row (HEALTH_FALL)
+    # (when, Triton's pending count, the gateway's in-flight there) per probe, the last
+    # few seconds' (gateway.policy.tenancy.queued_elsewhere)
+    queue_samples: deque[tuple[float, int, int]] = field(
+        default_factory=lambda: deque(maxlen=QUEUE_SAMPLES))
 
     @property
     def key(self) -> str:
@@ -193,6 +198,7 @@ class PoolMember:
         self.triton_version, self.version_probed = version, True
         if queue is not None:
             self.upstream_queue, self.queue_scraped_at = queue, now
+            self.queue_samples.append((now, queue, self.in_flight + self.external_in_flight))
 
     def restore_started(self) -> bool:
         """Held out of routing while its models are reloaded; False if already so."""

@@ -21,6 +21,7 @@ from typing import Any
 from gateway.errors import ModelNotFound, Unavailable
 from gateway.policy import admission
 from gateway.policy.model_name import UNKNOWN_MODEL
+from gateway.policy.tenancy import Tenancy, TenancySpec, queued_elsewhere
 from gateway.pools import GatewayConfig, MemberSpec, Pool, PoolMember, pools_for_model
 
 Follower = Callable[[], Awaitable[None]]
@@ -42,6 +43,9 @@ class GatewayState:
         self._watchers: list[Callable[[], None]] = []
         self._recovery: list[RecoveryHook] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._tenancy: Tenancy | None = None
+        if config.tenancy is not None:
+            self._tenancy = Tenancy.from_spec(config.tenancy, config.queue_factor)
 
     # -- reads -------------------------------------------------------------------------
     def members(self) -> list[PoolMember]:
@@ -80,6 +84,12 @@ class GatewayState:
             capacity, self.config.queue_factor,
             policy.max_concurrency if policy else None, policy.max_queue if policy else None)
 
+    def queued_elsewhere(self, pool: Pool) -> int:
+        """Requests queued in ``pool``'s members that are not the gateway's (the tenancy
+        rule's load: :func:`gateway.policy.tenancy.queued_elsewhere`)."""
+        now = self.clock()
+        return sum(queued_elsewhere(m.queue_samples, now) for m in pool.members)
+
     def not_ready_reason(self, model: str) -> str | None:
         return self._not_ready.get(model) if self._not_ready else None
 
@@ -99,6 +109,11 @@ class GatewayState:
     def last_used(self) -> Mapping[str, float]:
         """Model -> when a user request for it last arrived (keep-warm's idleness clock)."""
         return dict(self._last_used)
+
+    @property
+    def tenancy(self) -> Tenancy | None:
+        """Tenants and priority classes (None: admission per model only)."""
+        return self._tenancy
 
     @property
     def draining(self) -> bool:
@@ -136,6 +151,14 @@ class GatewayState:
     def mark_ready(self, model: str) -> None:
         if self._not_ready.pop(model, None) is not None:
             self._changed()
+
+    def set_tenancy(self, spec: TenancySpec | None) -> Tenancy | None:
+        """Tenants from now on (``PUT /v1/tenants``); ValueError when ``spec`` cannot be
+        applied (nothing changes then). Requests in flight keep their counts."""
+        tenancy = None if spec is None else Tenancy.from_spec(spec, self.config.queue_factor)
+        self._tenancy = tenancy
+        self._changed()
+        return tenancy
 
     def set_preloaded(self, preloaded: bool) -> None:
         self._preloaded = preloaded

@@ -79,6 +79,10 @@ def up(
         "auto", help="Who carries inference: 'haproxy', 'python', or 'auto' (HAProxy when "
                      "installed, else Python, said at start-up)."),
     grpc_upstream_reuse: GrpcReuse = typer.Option(GrpcReuse.AUTO, help=GRPC_REUSE_HELP),
+    tenants: Path | None = typer.Option(
+        None, exists=True, dir_okay=False,
+        help="Tenants and priority classes (YAML: default, tenants, refuse_at; README, "
+             "'Admission'). Changed live by PUT /v1/tenants."),
 ) -> None:
     """Start Triton + gateway (HAProxy data plane + Python control plane) + scheduler
     locally and print where to point a client.
@@ -86,7 +90,13 @@ def up(
     Ctrl-C (or SIGTERM) stops everything; no Triton process is left behind.
     """
     from converters.repository import VersionConflict
+    from gateway.policy.tenancy import load_tenancy_file
     from infergate.stack import LocalStackSettings, run_local_stack
+
+    try:
+        tenancy = load_tenancy_file(tenants) if tenants is not None else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tenants") from exc
 
     try:
         run_local_stack(LocalStackSettings(
@@ -100,6 +110,7 @@ def up(
             log_dir=log_dir,
             data_plane=data_plane,
             grpc_upstream_reuse=grpc_upstream_reuse,
+            tenants=tenancy,
         ))
     except VersionConflict as exc:  # another `infergate up` exported other files meanwhile
         typer.echo(f"[infergate] {exc}", err=True)

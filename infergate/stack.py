@@ -24,6 +24,7 @@ import uvicorn
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
 from gateway.auth import TokenTable, load_token_entries
 from gateway.lifecycle.config import LifecycleSpec
+from gateway.policy.tenancy import TenancySpec
 from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.server import EmbeddedServer, GatewaySettings, choose_data_plane, serve
 from gateway.upstream.triton_version import (
@@ -56,6 +57,7 @@ class LocalStackSettings:
     log_dir: Path = Path(".run")
     data_plane: str = "auto"
     grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO
+    tenants: TenancySpec | None = None  # --tenants FILE, read in main()
 
 
 def repository_models(repo: Path) -> tuple[str, ...]:
@@ -143,7 +145,7 @@ def _local_config(settings: LocalStackSettings, pool: PoolSpec) -> GatewayConfig
         # confined by Landlock where the kernel has it; said in the log where not
         "sandbox": {"filesystem": "if_available"},
     })
-    return GatewayConfig(pools=(pool,), lifecycle=lifecycle)
+    return GatewayConfig(pools=(pool,), lifecycle=lifecycle, tenancy=settings.tenants)
 
 
 def _print_owner_welcome(settings: LocalStackSettings, tokens: LocalTokens,

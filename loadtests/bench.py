@@ -38,6 +38,8 @@ BENCHMARKS = (
     ("bench_converter", "converter: INT8 vs FP32"),
     ("bench_coldstart", "cold start: first request with vs without model_warmup"),
     ("bench_streams", "streams: time to first response and inter-response gap, gateway vs direct"),
+    ("bench_tenants", "tenants and priorities at ~2x a pool's capacity: noisy neighbour, "
+                      "priority classes, fairness, cost; h2load per tenant"),
     ("bench_scheduler", "scheduler: optimality and plan time"),
 )
 

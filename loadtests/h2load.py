@@ -98,21 +98,30 @@ def write_workload(folder: Path, model: str, x: np.ndarray, input_name: str,
     return Workload(model, grpc_file, http_file, len(header))
 
 
+def grpc_connections(in_flight: int, most: int = 4) -> int:
+    """HTTP/2 connections for ``in_flight`` streams: the largest count up to ``most`` that
+    divides them evenly, so that connections x streams is exactly ``in_flight``."""
+    return max(c for c in range(1, min(most, in_flight) + 1) if in_flight % c == 0)
+
+
 def h2load_command(work: Workload, protocol: str, target: Any,
-                   in_flight: int, duration: str, log_file: Path | None) -> list[str]:
+                   in_flight: int, duration: str, log_file: Path | None,
+                   headers: Sequence[str] = ()) -> list[str]:
     """gRPC: HTTP/2, up to 4 connections with streams multiplexed; HTTP: one HTTP/1.1
-    connection per request in flight (as Triton's HTTP clients do)."""
+    connection per request in flight (as Triton's HTTP clients do). ``headers``: extra
+    'name: value' request headers (gRPC metadata too), e.g. an API key."""
     cmd = ["h2load", "-D", duration]
     if log_file is not None:
         cmd += ["--log-file", str(log_file)]
+    extra = [arg for header in headers for arg in ("-H", header)]
     if protocol == "grpc":
-        clients = min(4, in_flight)
+        clients = grpc_connections(in_flight)
         cmd += ["-c", str(clients), "-m", str(in_flight // clients), "-d", str(work.grpc_file),
-                "-H", "content-type: application/grpc", "-H", "te: trailers",
+                "-H", "content-type: application/grpc", "-H", "te: trailers", *extra,
                 f"http://{target.grpc_url}{INFER}"]
     else:
         cmd += ["--h1", "-c", str(in_flight), "-d", str(work.http_file),
                 "-H", f"Inference-Header-Content-Length: {work.http_header_length}",
-                "-H", "Content-Type: application/octet-stream",
+                "-H", "Content-Type: application/octet-stream", *extra,
                 f"http://{target.http_url}/v2/models/{work.model}/infer"]
     return cmd

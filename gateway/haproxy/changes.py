@@ -5,7 +5,7 @@ from one snapshot (:mod:`gateway.haproxy.render`) to the next: map entries
 (:mod:`gateway.haproxy.maps`), member weights and states. It gives ``None`` when the
 change is structural (:func:`structure`: pools, members, a member's gRPC connection
 mode, rate classes, the default route, predict auth turned on or off, the number of
-split ranks) and needs a seamless reload.
+split ranks, tenancy turned on or off) and needs a seamless reload.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def structure(snapshot: Snapshot, layout: Layout) -> tuple[object, ...]:
         snapshot.rate_default,
         snapshot.predict_gated,
         snapshot.split_ranks(),
+        snapshot.tenancy is not None,
     )
 
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from gateway import errors
 from gateway.haproxy.answers import LOCAL_ERRORS, grpc_return, http_return
-from gateway.haproxy.maps import split
+from gateway.haproxy.maps import NO_RATE, split
 from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Snapshot
 from gateway.policy import (
     access,
@@ -49,6 +49,7 @@ from gateway.policy import (
     rate,
     readiness,
     shape,
+    tenancy,
 )
 from gateway.policy.upstream import EJECT_AFTER_FAILURES, HEALTH_FALL, RETRIES
 from gateway.upstream.triton_version import grpc_mode
@@ -56,7 +57,8 @@ from gateway.upstream.triton_version import grpc_mode
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # one line per inference request, to the control plane's datagram socket (telemetry.py)
 LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
-              "%[var(txn.gs)] %Tt %[var(txn.out)] %ts")
+              "%[var(txn.gs)] %Tt %[var(txn.out)] %ts "
+              "%[var(txn.tn)] %[var(txn.tc)] %[var(txn.why)]")
 
 
 def render_config(snapshot: Snapshot, layout: Layout) -> str:
@@ -202,6 +204,7 @@ def _acls() -> list[str]:
         "has_scopes var(txn.scopes) -m found",
         "may_predict var(txn.scopes) -m reg (^|,)(predict|admin)(,|;)",
         "has_pool var(txn.pool) -m found",
+        "has_class var(txn.tc) -m found",
         "over_limit var(txn.over) -m int gt 0",
         "bearer req.fhdr(authorization) -i -m beg bearer",
         "x_api_key req.fhdr(x-api-key) -m found",
@@ -256,7 +259,7 @@ def _model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> 
     admission (``gateway.policy.ORDER``)."""
     model_lf = "%[var(txn.model),json(utf8s)]" if http else "%[var(txn.model)]"
     classes = snapshot.rate_classes()
-    if not classes and not snapshot.predict_gated:
+    if not classes and not snapshot.predict_gated and snapshot.tenancy is None:
         return _pool_rules(snapshot, answer, model_lf)  # no one asks who calls
     rules: list[Rule] = [
         # who is calling: X-API-Key, else Authorization: Bearer (one precedence)
@@ -280,28 +283,62 @@ def _model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> 
         (f"set-var(txn.key) str({access.ANONYMOUS})", "!has_key"),
         (f"set-var(txn.kd) var(txn.key),{access.HAPROXY_DIGEST}", ""),
     ]
-    if classes:
-        default = str(classes.index(snapshot.rate_default)) if snapshot.rate_default else "none"
-        rules.append((f"set-var(txn.rc) var(txn.kd),map(MAPS/ratekeys.map,{default})", ""))
-        for i, limit in enumerate(classes):
-            cls = f"{{ var(txn.rc) -m str {i} }}"
-            over = f"{cls} {{ sc2_http_req_rate gt {limit.limit} }}"
-            rules += [
-                (f"track-sc2 var(txn.kd) table rate{i}", cls),
-                ("set-var(txn.out) str(rejected)", over),
-                (answer(errors.Overloaded, limit.message(), retry_after=limit.retry_after_s),
-                 over),
-            ]
+    if snapshot.tenancy is not None:
+        rules += [
+            (f"set-var(txn.tn) var(txn.kd),map(MAPS/tenants.map,{tenancy.DEFAULT_TENANT})", ""),
+            # no class: tenancy turned off (TenancyState.enabled), the rules admit
+            ("set-var(txn.tc) var(txn.tn),map(MAPS/tclass.map)", ""),
+        ]
+    if classes or snapshot.tenancy is not None:
+        rules += _rate_rules(snapshot, answer)
     return [*rules, *_pool_rules(snapshot, answer, model_lf)]
+
+
+def _rate_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
+    """Rate limits: per API key digest in the table of its class; a tenant with limits of
+    its own is counted as one key, ``t:<tenant>`` (its in-flight count is the same
+    entry's ``conn_cur``: table ``tenant_flight`` when it has no rate)."""
+    classes = snapshot.rate_classes()
+    default = str(classes.index(snapshot.rate_default)) if snapshot.rate_default else "none"
+    rules: list[Rule] = [
+        (f"set-var(txn.rc) var(txn.kd),map(MAPS/ratekeys.map,{default})", ""),
+    ]
+    key, own = "var(txn.kd)", "{ var(txn.tl) -m found }"
+    if snapshot.tenancy is not None:
+        key = "var(txn.rk)"
+        rules += [
+            ("set-var(txn.rk) var(txn.kd)", ""),
+            ("set-var(txn.tl) var(txn.tn),map(MAPS/tlimit.map)", ""),
+            ("set-var(txn.rk) str(t:),concat(,txn.tn,)", own),
+            ("set-var(txn.rc) var(txn.tl)", own),
+            (f"track-sc2 {key} table tenant_flight", f"{{ var(txn.rc) -m str {NO_RATE} }}"),
+        ]
+    for i, limit in enumerate(classes):
+        cls = f"{{ var(txn.rc) -m str {i} }}"
+        over = f"{cls} {{ sc2_http_req_rate gt {limit.limit} }}"
+        rules += [
+            (f"track-sc2 {key} table rate{i}", cls),
+            ("set-var(txn.out) str(rejected)", over),
+            ("set-var(txn.why) str(rate)", over),
+        ]
+        if snapshot.tenancy is not None:  # the tenant's own limit says so
+            who = tenancy.RATE_WHO.format(tenant="%[var(txn.tn)]")
+            rules.append((answer(errors.Overloaded, limit.message(who),
+                                 retry_after=limit.retry_after_s), f"{over} {own}"))
+        rules.append((answer(errors.Overloaded, limit.message(),
+                             retry_after=limit.retry_after_s), over))
+    return rules
 
 
 def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -> list[Rule]:
     """The pool (weighted split; none: unknown), readiness, then admission against the
-    model's limit."""
+    model's limit, then with tenants the tenancy rule (:func:`_tenancy_rules`)."""
     default_limit = snapshot.default_route.max_in_system if snapshot.default_route else 1
     not_ready = readiness.not_ready_message(model_lf, "%[var(txn.nr)]")
     overloaded = admission.OVERLOADED.format(model=model_lf, count="%[sc0_conn_cur]",
                                              limit="%[var(txn.lim)]")
+    route_key = ("var(txn.model),concat(/,txn.pool,)" if snapshot.tenancy is None
+                 else "var(txn.model),concat(/,txn.pool,/),concat(,txn.tn,)")
     rules = _split_rules(snapshot)
     rules += [
         ("set-var(txn.out) str(unknown)", "!has_pool"),
@@ -312,15 +349,66 @@ def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -
         ("set-var(txn.out) str(not_ready)", "nr"),
         (answer(errors.ModelNotReady, not_ready, retry_after=readiness.RETRY_AFTER_S), "nr"),
         ("track-sc0 var(txn.model) table st_model", ""),
-        ("set-var(txn.mp) var(txn.model),concat(/,txn.pool,)", ""),
+        (f"set-var(txn.mp) {route_key}", ""),
         ("track-sc1 var(txn.mp) table st_route", ""),
         (f"set-var(txn.lim) var(txn.model),map_str_int(MAPS/limits.map,{default_limit})", ""),
         ("set-var(txn.over) sc0_conn_cur,sub(txn.lim)", ""),
         ("set-var(txn.out) str(rejected)", "over_limit"),
+        ("set-var(txn.why) str(overloaded)", "over_limit"),
         (answer(errors.Overloaded, overloaded, retry_after=admission.RETRY_AFTER_S),
          "over_limit"),
     ]
+    if snapshot.tenancy is not None:
+        rules += _tenancy_rules(snapshot, answer)
     return rules
+
+
+def _tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
+    """``gateway.policy.tenancy.decide``: the tenant's in-flight limit (``sc2``, its own
+    entry), the class ceiling on the pool's load (``be_conn`` of the pool's backends plus
+    the requests queued elsewhere), the tenant's share once the pool is saturated
+    (``sc1``: the tenant's requests for this model in this pool)."""
+    rules: list[Rule] = [
+        ("set-var(txn.tm) var(txn.tn),map_str_int(MAPS/tmax.map,0)", ""),
+        ("set-var(txn.to) sc2_conn_cur,sub(txn.tm)", ""),
+    ]
+    limit = "{ var(txn.tm) -m int gt 0 } { var(txn.to) -m int gt 0 }"
+    rules += _refuse(answer, "tenant_limit", tenancy.TENANT_LIMIT.format(
+        tenant="%[var(txn.tn)]", count="%[sc2_conn_cur]", limit="%[var(txn.tm)]"), limit)
+    rules.append(("set-var(txn.pl) int(0)", ""))
+    for pool in snapshot.pools:
+        this = f"{{ var(txn.pool) -m str {pool.name} }}"
+        rules += [(f"set-var(txn.pl) be_conn(http_{pool.name})", this),
+                  (f"set-var(txn.pl) be_conn(grpc_{pool.name}),add(txn.pl)", this)]
+    rules += [
+        ("set-var(txn.eq) var(txn.pool),map_str_int(MAPS/elsewhere.map,0)", ""),
+        ("set-var(txn.pl) var(txn.pl),add(txn.eq)", ""),
+        ("set-var(txn.cap) var(txn.pool),map_str_int(MAPS/capacity.map,1)", ""),
+        ("set-var(txn.ck) var(txn.pool),concat(/,txn.tc,)", ""),
+        ("set-var(txn.ceil) var(txn.ck),map_str_int(MAPS/ceiling.map,1)", ""),
+        ("set-var(txn.sat) var(txn.pl),sub(txn.ceil)", ""),
+    ]
+    lf = {"pool": "%[var(txn.pool)]", "load": "%[var(txn.pl)]", "capacity": "%[var(txn.cap)]",
+          "tenant": "%[var(txn.tn)]"}
+    rules += _refuse(answer, "saturated", tenancy.SATURATED.format(
+        **lf, priority="%[var(txn.tc)]", ceiling="%[var(txn.ceil)]"),
+        "has_class { var(txn.sat) -m int ge 0 }")
+    rules += [
+        ("set-var(txn.co) var(txn.pl),sub(txn.cap)", ""),
+        ("set-var(txn.sk) var(txn.pool),concat(/,txn.tn,)", ""),
+        ("set-var(txn.sh) var(txn.sk),map_str_int(MAPS/share.map,1)", ""),
+        ("set-var(txn.fo) sc1_conn_cur,sub(txn.sh)", ""),
+    ]
+    rules += _refuse(answer, "fair_share", tenancy.FAIR_SHARE.format(
+        **lf, share="%[var(txn.sh)]"),
+        "has_class { var(txn.co) -m int ge 0 } { var(txn.fo) -m int gt 0 }")
+    return rules
+
+
+def _refuse(answer: Callable[..., str], reason: str, message: str, cond: str) -> list[Rule]:
+    return [("set-var(txn.out) str(rejected)", cond),
+            (f"set-var(txn.why) str({reason})", cond),
+            (answer(errors.Overloaded, message, retry_after=tenancy.RETRY_AFTER_S), cond)]
 
 
 def _split_rules(snapshot: Snapshot) -> list[Rule]:
@@ -349,12 +437,17 @@ def _tables(snapshot: Snapshot) -> str:
         "backend st_route",
         "  stick-table type string len 192 size 20k expire 10m store conn_cur",
     ]
+    # with tenants, a limited tenant's entry counts its requests in flight too
+    flight = ",conn_cur" if snapshot.tenancy is not None else ""
     for i, limit in enumerate(snapshot.rate_classes()):
         lines += [
             f"backend rate{i}",
             f"  stick-table type string len 64 size {rate.MAX_KEYS} "
-            f"expire {2 * limit.window_ms}ms store http_req_rate({limit.window_ms}ms)",
+            f"expire {2 * limit.window_ms}ms store http_req_rate({limit.window_ms}ms){flight}",
         ]
+    if snapshot.tenancy is not None:
+        lines += ["backend tenant_flight",
+                  "  stick-table type string len 64 size 10k expire 10m store conn_cur"]
     return "\n".join(lines) + "\n"
 
 

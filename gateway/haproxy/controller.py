@@ -26,6 +26,8 @@ from gateway.haproxy.snapshot import (
     PoolState,
     RouteState,
     Snapshot,
+    TenancyState,
+    TenantState,
     queue_weight,
     server_name,
     top_pools,
@@ -43,8 +45,9 @@ log = logging.getLogger(__name__)
 
 
 def snapshot_of(state: GatewayState, auth: TokenTable, now: float,
-                policy: RoutingPolicy | None = None) -> Snapshot:
-    """What HAProxy must know, read off the gateway's state at ``now``."""
+                policy: RoutingPolicy | None = None, tenancy_rules: bool = False) -> Snapshot:
+    """What HAProxy must know, read off the gateway's state at ``now``;
+    ``tenancy_rules``: the process has the tenancy rules (kept when tenancy is off)."""
     policy = policy or RoutingPolicy()
     pools = tuple(
         PoolState(
@@ -83,6 +86,27 @@ def snapshot_of(state: GatewayState, auth: TokenTable, now: float,
             for digest, p in auth.digests()
         )),
         predict_gated=auth.predict_gated,
+        tenancy=_tenancy(state, policy, tenancy_rules),
+    )
+
+
+def _tenancy(state: GatewayState, policy: RoutingPolicy,
+             keep_rules: bool) -> TenancyState | None:
+    tenancy = state.tenancy
+    if tenancy is None:
+        return TenancyState(tenants=(), enabled=False) if keep_rules else None
+    caps = [(p.name, p.capacity) for p in state.pools]
+    return TenancyState(
+        tenants=tuple(TenantState(t.name, t.priority.value, t.max_in_flight, t.rate)
+                      for t in tenancy.tenants),
+        keys=tenancy.keys,
+        capacities=tuple(caps),
+        ceilings=tuple((pool, p.value, tenancy.ceiling(p, cap))
+                       for pool, cap in caps for p, _ in tenancy.refuse_at),
+        shares=tuple((pool, name, share) for pool, cap in caps
+                     for name, share in tenancy.shares(cap).items()),
+        elsewhere=tuple((p.name, state.queued_elsewhere(p))
+                        for p in state.pools),
     )
 
 
@@ -110,6 +134,9 @@ class HAProxyDataPlane:
     process: HAProxyProcess
     _receiver: LogReceiver | None = None
     _errors_seen: dict[tuple[str, str], int] = field(default_factory=dict)
+    # HAProxy has the tenancy rules: once rendered they stay, so that turning tenancy
+    # off and on again is a change of maps, not a reload
+    _tenancy_rules: bool = False
     proxy: SnapshotProxy = field(init=False)
     versions: VersionWatch = field(init=False)
     # set once HAProxy runs: a lifecycle step that settles meanwhile (a fast preload)
@@ -162,7 +189,9 @@ class HAProxyDataPlane:
 
     def snapshot(self) -> Snapshot:
         dataplane = self.dataplane
-        return snapshot_of(dataplane.state, self.auth, dataplane.clock(), dataplane.policy)
+        self._tenancy_rules = self._tenancy_rules or dataplane.state.tenancy is not None
+        return snapshot_of(dataplane.state, self.auth, dataplane.clock(), dataplane.policy,
+                           self._tenancy_rules)
 
     async def observe(self) -> None:
         """HAProxy's live counts -> gauges: in flight per model and pool, queued per
@@ -188,18 +217,30 @@ class HAProxyDataPlane:
                 if failures > seen:
                     metrics.upstream_errors.labels(pool.name, member.key).inc(failures - seen)
                 self._errors_seen[(pool.name, member.key)] = failures
-        in_pool: dict[str, int] = defaultdict(int)
+        tenancy = self.dataplane.state.tenancy
+        # st_route's keys: model/pool, with tenants model/pool/tenant
+        routes: dict[tuple[str, str], int] = defaultdict(int)
+        tenants: dict[str, int] = defaultdict(int)
         for key, values in per_route.items():
-            in_pool[key.rpartition("/")[2]] += values.get("conn_cur", 0)
-        queued: dict[str, float] = defaultdict(float)
-        for key, values in per_route.items():
-            model, _, pool_name = key.rpartition("/")
             current = values.get("conn_cur", 0)
+            if self._tenancy_rules:
+                key, _, tenant = key.rpartition("/")
+                tenants[tenant] += current
+            model, _, pool_name = key.rpartition("/")
+            routes[model, pool_name] += current
+        in_pool: dict[str, int] = defaultdict(int)
+        for (_, pool_name), current in routes.items():
+            in_pool[pool_name] += current
+        queued: dict[str, float] = defaultdict(float)
+        for (model, pool_name), current in routes.items():
             metrics.in_flight.labels(model, pool_name).set(current)
             if in_pool[pool_name]:
                 queued[model] += pool_queue[pool_name] * current / in_pool[pool_name]
         for model, value in queued.items():
             metrics.queued.labels(model).set(round(value))
+        if tenancy is not None:
+            for t in tenancy.tenants:
+                metrics.tenant_in_flight.labels(t.name, t.priority.value).set(tenants[t.name])
 
     async def in_flight(self) -> int:
         """Inference requests HAProxy holds now (at members or in its queues)."""

@@ -7,12 +7,19 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
 - ``limits``: model -> requests it may have in the gateway at once (admission);
 - ``notready``: model -> why it cannot take requests yet (503 + Retry-After);
 - ``tokens``: a token's digest -> its scopes (predict auth);
-- ``ratekeys``: an API key's digest -> its rate class (the index of its stick table).
+- ``ratekeys``: an API key's digest -> its rate class (the index of its stick table);
+- with tenants (``gateway/policy/tenancy.py``): ``tenants`` (key digest -> tenant),
+  ``tclass`` (tenant -> priority class), ``tlimit`` (a tenant with limits of its own ->
+  its rate class, or ``n`` for an in-flight limit only), ``tmax`` (tenant -> its
+  in-flight limit), ``capacity`` (pool -> capacity), ``ceiling`` (``pool/class`` -> the
+  load from which that class is refused), ``share`` (``pool/tenant`` -> its share),
+  ``elsewhere`` (pool -> requests queued in its members that are not the gateway's).
 """
 
 from __future__ import annotations
 
-from gateway.haproxy.snapshot import RouteState, Snapshot
+from gateway.haproxy.snapshot import RouteState, Snapshot, TenancyState
+from gateway.policy.rate import RateClass
 
 
 def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
@@ -32,7 +39,30 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
     maps["tokens"] = {digest: scopes for digest, scopes in snapshot.tokens}
     classes = snapshot.rate_classes()
     maps["ratekeys"] = {digest: str(classes.index(c)) for digest, c in snapshot.rate_keys}
+    if snapshot.tenancy is not None:
+        maps.update(tenancy_maps(snapshot.tenancy, classes))
     return maps
+
+
+NO_RATE = "n"  # tlimit: a tenant limited in flight only (its own counter, no window)
+
+
+def tenancy_maps(t: TenancyState, classes: tuple[RateClass, ...]) -> dict[str, dict[str, str]]:
+    if not t.enabled:  # the rules stay and find nothing: everyone admitted, no tenant
+        return {name: {} for name in ("tenants", "tclass", "tlimit", "tmax", "capacity",
+                                      "ceiling", "share", "elsewhere")}
+    return {
+        "tenants": dict(t.keys),
+        "tclass": {x.name: x.priority for x in t.tenants},
+        "tlimit": {x.name: str(classes.index(x.rate)) if x.rate is not None else NO_RATE
+                   for x in t.tenants if x.rate is not None or x.max_in_flight is not None},
+        "tmax": {x.name: str(x.max_in_flight) for x in t.tenants
+                 if x.max_in_flight is not None},
+        "capacity": {p: str(c) for p, c in t.capacities},
+        "ceiling": {f"{p}/{k}": str(c) for p, k, c in t.ceilings},
+        "share": {f"{p}/{n}": str(c) for p, n, c in t.shares},
+        "elsewhere": {p: str(c) for p, c in t.elsewhere},
+    }
 
 
 def split(route: RouteState, ranks: int) -> tuple[list[str], list[int]]:

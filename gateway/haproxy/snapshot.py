@@ -60,6 +60,32 @@ class RouteState:
 
 
 @dataclass(frozen=True)
+class TenantState:
+    name: str
+    priority: str  # gateway.policy.tenancy.Priority's value
+    max_in_flight: int | None = None
+    rate: RateClass | None = None
+
+
+@dataclass(frozen=True)
+class TenancyState:
+    """The tenancy rule's inputs for HAProxy (``gateway/policy/tenancy.py``): tenants
+    (the default first), key digests, and per pool its capacity, class ceilings, every
+    tenant's share and the requests queued in its members that are not the gateway's."""
+
+    tenants: tuple[TenantState, ...]
+    keys: tuple[tuple[str, str], ...] = ()  # (key digest, tenant)
+    capacities: tuple[tuple[str, int], ...] = ()  # (pool, capacity)
+    ceilings: tuple[tuple[str, str, int], ...] = ()  # (pool, priority, load)
+    shares: tuple[tuple[str, str, int], ...] = ()  # (pool, tenant, requests)
+    elsewhere: tuple[tuple[str, int], ...] = ()  # (pool, requests queued not ours)
+    enabled: bool = True
+
+    def rate_classes(self) -> tuple[RateClass, ...]:
+        return tuple(t.rate for t in self.tenants if t.rate is not None)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything routing depends on. ``default_route`` serves models no pool names
     explicitly (pools that serve ``*``); ``None`` means unknown models are answered 404."""
@@ -72,11 +98,14 @@ class Snapshot:
     rate_keys: tuple[tuple[str, RateClass], ...] = ()
     tokens: tuple[tuple[str, str], ...] = ()  # (sha256 hex, comma-separated scopes)
     predict_gated: bool = False
+    tenancy: TenancyState | None = None
 
     def rate_classes(self) -> tuple[RateClass, ...]:
-        """Distinct limits, default first: one stick table each."""
+        """Distinct limits, default first, then per key, then tenants': one stick table
+        each."""
         classes: list[RateClass] = []
-        for rate in (self.rate_default, *(c for _, c in self.rate_keys)):
+        tenants = self.tenancy.rate_classes() if self.tenancy else ()
+        for rate in (self.rate_default, *(c for _, c in self.rate_keys), *tenants):
             if rate is not None and rate not in classes:
                 classes.append(rate)
         return tuple(classes)
@@ -184,6 +213,22 @@ def snapshot_from_dict(data: Any) -> Snapshot:
     def rate(r: Any) -> RateClass | None:
         return None if r is None else RateClass(float(r["rate_per_s"]), float(r["burst"]))
 
+    def tenancy(t: Any) -> TenancyState | None:
+        if t is None:
+            return None
+        return TenancyState(
+            tenants=tuple(TenantState(str(x["name"]), str(x["priority"]),
+                                      None if x["max_in_flight"] is None
+                                      else int(x["max_in_flight"]), rate(x["rate"]))
+                          for x in t["tenants"]),
+            keys=tuple((str(d), str(n)) for d, n in t["keys"]),
+            capacities=tuple((str(p), int(c)) for p, c in t["capacities"]),
+            ceilings=tuple((str(p), str(k), int(c)) for p, k, c in t["ceilings"]),
+            shares=tuple((str(p), str(n), int(c)) for p, n, c in t["shares"]),
+            elsewhere=tuple((str(p), int(c)) for p, c in t["elsewhere"]),
+            enabled=bool(t.get("enabled", True)),
+        )
+
     try:
         return Snapshot(
             pools=tuple(PoolState(str(p["name"]), tuple(MemberState(**m) for m in p["members"]),
@@ -196,6 +241,7 @@ def snapshot_from_dict(data: Any) -> Snapshot:
                             if (c := rate(raw)) is not None),
             tokens=tuple((str(d), str(scopes)) for d, scopes in data["tokens"]),
             predict_gated=bool(data["predict_gated"]),
+            tenancy=tenancy(data.get("tenancy")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"malformed data-plane snapshot: {exc!r}") from exc

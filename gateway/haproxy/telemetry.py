@@ -3,7 +3,8 @@ from HAProxy's ring buffer to a unix socket this process reads, counted into the
 gateway's ``infergate_*`` metrics (same names, labels and meaning as the Python data plane's).
 
 The line (``config.LOG_FORMAT``): ``model pool proto status grpc_status Tt outcome
-termination server``. This runs beside the hot path, in a thread, after HAProxy has
+termination tenant class reason`` (the last three ``-`` without tenants; ``reason``:
+which limit refused it). This runs beside the hot path, in a thread, after HAProxy has
 answered: a few microseconds of Python per request, never in the request's way.
 Latency has HAProxy's resolution, milliseconds.
 """
@@ -66,8 +67,10 @@ class RequestLog:
         child = self._children.get(key)
         if child is None:
             kind, *labels = key
-            family = {"requests": self.metrics.requests, "latency": self.metrics.latency,
-                      "rejected": self.metrics.rejected}[kind]
+            m = self.metrics
+            family = {"requests": m.requests, "latency": m.latency, "rejected": m.rejected,
+                      "t_requests": m.tenant_requests, "t_refused": m.tenant_refused,
+                      "t_latency": m.tenant_latency}[kind]
             child = self._children[key] = family.labels(*labels)
         return child
 
@@ -83,12 +86,20 @@ class RequestLog:
         outcome = classify(proto, int(status_text), gs, local, termination)
         if outcome is None:
             return None
+        tenant, priority, reason = (fields + ["-", "-", "-"])[8:11]
+        tenant_known = tenant != "-" and priority != "-"
         self._child(("requests", model, pool, proto, outcome, "user")).inc(count)
+        if tenant_known:
+            self._child(("t_requests", tenant, priority, outcome)).inc(count)
         if outcome in ("rejected", "not_ready"):
             self._child(("rejected", model, outcome)).inc(count)
+            if tenant_known and reason != "-":
+                self._child(("t_refused", tenant, priority, reason)).inc(count)
         elif pool != "-" and total_ms.lstrip("-").isdigit():
-            observe_many(self._child(("latency", model, pool, proto, "user")),
-                         max(0, int(total_ms)) / 1e3, count)
+            seconds = max(0, int(total_ms)) / 1e3
+            observe_many(self._child(("latency", model, pool, proto, "user")), seconds, count)
+            if tenant_known:
+                observe_many(self._child(("t_latency", tenant, priority)), seconds, count)
         return outcome
 
     def record_chunk(self, lines: list[bytes]) -> None:

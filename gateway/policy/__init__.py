@@ -18,10 +18,14 @@ request         400 / INVALID_ARGUMENT: no model named,     :mod:`.model_name`,
                 can back                                    :mod:`.shape`
 auth            401 / UNAUTHENTICATED, 403 / PERMISSION_     :mod:`.access`
                 DENIED (inference gated by tokens)
-rate            429 / RESOURCE_EXHAUSTED + Retry-After      :mod:`.rate`
+rate            429 / RESOURCE_EXHAUSTED + Retry-After      :mod:`.rate` (a tenant's own
+                                                            rate: :mod:`.tenancy`)
 route           404 / NOT_FOUND (no pool serves the model)  ``gateway/pools.py``
 readiness       503 / UNAVAILABLE + Retry-After             :mod:`.readiness`
-admission       429 / RESOURCE_EXHAUSTED + Retry-After      :mod:`.admission`
+admission       429 / RESOURCE_EXHAUSTED + Retry-After:     :mod:`.admission`,
+                the model's bound, then with tenants the    :mod:`.tenancy`
+                tenant's limit, its class ceiling, its
+                share
 ==============  ==========================================  ===============================
 
 Then the member: least loaded by Triton's queue depth, one retry on another member for

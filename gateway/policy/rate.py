@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from gateway.errors import Overloaded
 from gateway.policy.access import ANONYMOUS, configured_digest, key_digest
 
@@ -32,7 +34,20 @@ if TYPE_CHECKING:  # gateway.pools imports this package's siblings
     from gateway.pools import RateLimits
 
 MAX_KEYS = 100_000  # per limit class: HAProxy's stick-table size, the Python LRU's bound
-EXCEEDED = "rate limit exceeded for this API key (at most {limit} requests per {window_ms} ms)"
+EXCEEDED = "rate limit exceeded for {who} (at most {limit} requests per {window_ms} ms)"
+THIS_KEY = "this API key"
+
+
+class RateLimitSpec(BaseModel):
+    """A limit as configuration writes it (``rate_limits``, a tenant's ``rate``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rate_per_s: float = Field(gt=0)
+    burst: float = Field(ge=1)
+
+    def rate_class(self) -> RateClass:
+        return RateClass(self.rate_per_s, self.burst)
 
 
 @dataclass(frozen=True)
@@ -55,8 +70,8 @@ class RateClass:
         """Retry-After of a refusal: the time one request's share of the window takes."""
         return max(1, math.ceil(self.window_ms / self.limit / 1000))
 
-    def message(self) -> str:
-        return EXCEEDED.format(limit=self.limit, window_ms=self.window_ms)
+    def message(self, who: str = THIS_KEY) -> str:
+        return EXCEEDED.format(who=who, limit=self.limit, window_ms=self.window_ms)
 
 
 def configured_classes(limits: RateLimits) -> tuple[RateClass | None, dict[str, RateClass]]:
@@ -108,6 +123,8 @@ class RateLimiter:
     classes: dict[str, RateClass] = field(init=False)
     _configured: dict[str, SlidingWindow] = field(init=False, default_factory=dict)
     _windows: OrderedDict[str, SlidingWindow] = field(init=False, default_factory=OrderedDict)
+    # (tenant, its window): a tenant's limit counts all its keys together
+    _tenants: dict[tuple[str, int], SlidingWindow] = field(init=False, default_factory=dict)
 
     def __post_init__(self, per_key: Mapping[str, RateClass]) -> None:
         if self.max_keys < 1:
@@ -131,10 +148,22 @@ class RateLimiter:
             window = self._lru_window(digest, rate)
         else:
             return
+        self._count(window, rate, rate.message())
+
+    def check_tenant(self, tenant: str, rate: RateClass, message: str) -> None:
+        """Count this request against a tenant's own limit (HAProxy: the same tables,
+        keyed ``t:<tenant>``); Overloaded beyond it."""
+        key = (tenant, rate.window_ms)
+        window = self._tenants.get(key)
+        if window is None:
+            window = self._tenants[key] = SlidingWindow(rate.window_ms)
+        self._count(window, rate, message)
+
+    def _count(self, window: SlidingWindow, rate: RateClass, message: str) -> None:
         now_ms = int(self.clock() * 1000)
         window.add(now_ms)
         if window.read(now_ms) > rate.limit:
-            raise Overloaded(rate.message(), retry_after_s=rate.retry_after_s)
+            raise Overloaded(message, retry_after_s=rate.retry_after_s, reason="rate")
 
     def _lru_window(self, digest: str, rate: RateClass) -> SlidingWindow:
         window = self._windows.get(digest)

@@ -29,11 +29,13 @@ from gateway.errors import (
     outcome_name,
 )
 from gateway.metrics import GatewayMetrics, create_metrics
-from gateway.policy import admission, readiness
+from gateway.policy import admission, readiness, tenancy
 from gateway.policy.rate import RateLimiter, configured_classes
+from gateway.policy.tenancy import Tenant, TenantDirectory
 from gateway.policy.upstream import RETRIES, EjectionPolicy
 from gateway.pools import GatewayConfig, Pool, PoolMember, build_pools
 from gateway.python.routing import RoutingPolicy
+from gateway.python.tenants import TenantLedger
 from gateway.state import GatewayState
 
 T = TypeVar("T")
@@ -84,11 +86,15 @@ class DataPlane:
     # awaited before a scrape: HAProxy's live counts read now, not a round ago
     gauge_sources: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     rate_limiter: RateLimiter = field(init=False)
+    tenants: TenantDirectory | None = field(init=False, default=None)
+    ledger: TenantLedger = field(init=False, default_factory=TenantLedger)
+    _tenant_children: dict[tuple[str, ...], Any] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         default, per_key = configured_classes(self.state.config.rate_limits)
         self.rate_limiter = RateLimiter(default, per_key, clock=self.clock)
         self.state.watch(self._refresh_routes)
+        self._refresh_routes()
 
     @classmethod
     def for_config(cls, config: GatewayConfig, metrics: GatewayMetrics | None = None,
@@ -115,6 +121,11 @@ class DataPlane:
         place (requests in the gateway stay counted)."""
         for route in self.routes.values():
             route.follow(self.state)
+        tenancy_now = self.state.tenancy
+        if tenancy_now is None:
+            self.tenants = None
+        elif self.tenants is None or self.tenants.tenancy is not tenancy_now:
+            self.tenants = TenantDirectory(tenancy_now)
 
     # -- the request path --------------------------------------------------------------
     async def forward(
@@ -131,34 +142,43 @@ class DataPlane:
         rate and admission checks and metrics (metadata and config calls)."""
         if not metered:
             return (await self._attempts(self.route(model), call, protocol, options))[0]
+        tenant = self.tenants.tenant_of(options.api_key) if self.tenants else None
         try:  # the policy's order: rate, route, readiness, admission
-            self.rate_limiter.check(options.api_key)
+            if tenant is not None and tenant.rate is not None:
+                self.rate_limiter.check_tenant(tenant.name, tenant.rate, tenant.rate_message())
+            else:
+                self.rate_limiter.check(options.api_key)
         except Overloaded as err:
             with contextlib.suppress(GatewayError):  # counted for a model it serves
-                self._refused(self.route(model), protocol, options, err)
+                self._refused(self.route(model), protocol, options, err, tenant, "rate")
             raise
         route = self.route(model)
         started = self.clock()
         if options.traffic == "user":
             self.state.note_used(model, started)
         try:
-            self._admit(route, options)
+            pool = self._admit(route, options, tenant)
         except GatewayError as err:
-            self._refused(route, protocol, options, err)
+            self._refused(route, protocol, options, err, tenant,
+                          err.reason if isinstance(err, Overloaded) else "")
             raise
         try:
-            result, pool = await self._attempts(route, call, protocol, options)
+            result, served_by = await self._attempts(route, call, protocol, options, pool)
         finally:
-            self._count_in(route, -1)
-        self._count(route, pool, protocol, outcome(result) if outcome else "success",
-                    options.traffic)
-        self._child(route, ("latency", pool, protocol, options.traffic)).observe(
-            self.clock() - started
-        )
+            self._count_in(route, -1, pool, tenant)
+        outcome_label = outcome(result) if outcome else "success"
+        self._count(route, served_by, protocol, outcome_label, options.traffic)
+        elapsed = self.clock() - started
+        self._child(route, ("latency", served_by, protocol, options.traffic)).observe(elapsed)
+        if tenant is not None:
+            self._tenant_child("requests", tenant, outcome_label).inc()
+            self._tenant_child("latency", tenant).observe(elapsed)
         return result
 
-    def _admit(self, route: ModelRoute, options: RequestOptions) -> None:
-        """Readiness, then admission (:mod:`gateway.policy`); counts the request in."""
+    def _admit(self, route: ModelRoute, options: RequestOptions,
+               tenant: Tenant | None) -> Pool | None:
+        """Readiness, admission, then with tenants the tenancy rule on the pool chosen
+        now (:mod:`gateway.policy`); counts the request in. The pool, with tenants."""
         reason = self.state.not_ready_reason(route.model)
         if reason is not None:
             raise ModelNotReady(readiness.not_ready_message(route.model, reason),
@@ -169,25 +189,59 @@ class DataPlane:
         if route.in_system >= limit:
             raise Overloaded(admission.overloaded_message(route.model, route.in_system + 1,
                                                           limit),
-                             retry_after_s=admission.RETRY_AFTER_S)
-        self._count_in(route, +1)
+                             retry_after_s=admission.RETRY_AFTER_S, reason="overloaded")
+        pool = None
+        if tenant is not None and self.tenants is not None:
+            pool = self.policy.choose_pool(route.pools, route.model, self.clock(), self.rng)
+            if pool is not None:
+                standing = self.ledger.standing(
+                    self.tenants.tenancy, tenant, route.model, pool.name, pool.capacity,
+                    self.state.queued_elsewhere(pool))
+                refusal = tenancy.decide(tenant, standing)
+                if refusal is not None:
+                    raise Overloaded(refusal.message, retry_after_s=tenancy.RETRY_AFTER_S,
+                                     reason=refusal.reason)
+        self._count_in(route, +1, pool, tenant)
+        return pool
 
-    def _count_in(self, route: ModelRoute, delta: int) -> None:
+    def _count_in(self, route: ModelRoute, delta: int, pool: Pool | None = None,
+                  tenant: Tenant | None = None) -> None:
         route.in_system += delta
         # beyond the concurrency the members are expected to run at once: waiting in
         # their queues (HAProxy's plane estimates the same gauge)
         self._child(route, ("queued",)).set(max(0, route.in_system - route.limits.concurrency))
+        if tenant is not None:
+            if pool is not None:
+                self.ledger.add(route.model, pool.name, tenant.name, delta)
+            self._tenant_child("in_flight", tenant).inc(delta)
 
     def _refused(self, route: ModelRoute, protocol: str, options: RequestOptions,
-                 err: GatewayError) -> None:
+                 err: GatewayError, tenant: Tenant | None = None, reason: str = "") -> None:
         self._count(route, "-", protocol, outcome_name(err), options.traffic)
         self._child(route, ("rejected", outcome_name(err))).inc()
+        if tenant is not None:
+            self._tenant_child("requests", tenant, outcome_name(err)).inc()
+            if reason:
+                self._tenant_child("refused", tenant, reason).inc()
+
+    def _tenant_child(self, kind: str, tenant: Tenant, *labels: str) -> Any:
+        key = (kind, tenant.name, tenant.priority.value, *labels)
+        child = self._tenant_children.get(key)
+        if child is None:
+            m = self.metrics
+            family = {"requests": m.tenant_requests, "refused": m.tenant_refused,
+                      "latency": m.tenant_latency, "in_flight": m.tenant_in_flight}[kind]
+            child = self._tenant_children[key] = family.labels(*key[1:])
+        return child
 
     async def _attempts(self, route: ModelRoute, call: UpstreamCall[T], protocol: str,
-                        options: RequestOptions) -> tuple[T, str]:
+                        options: RequestOptions, pool: Pool | None = None) -> tuple[T, str]:
+        """The call on a member (of ``pool`` first, when admission chose one), one retry
+        on another member (any pool) when it fails with Unavailable."""
         tried: list[str] = []
         for attempt in range(1 + RETRIES):  # inference is idempotent: retried elsewhere
-            member = self.policy.choose(route.pools, route.model, self.clock(), self.rng, tried)
+            pools = [pool] if pool is not None and not tried else route.pools
+            member = self.policy.choose(pools, route.model, self.clock(), self.rng, tried)
             if member is None:
                 if tried:
                     break
@@ -273,4 +327,5 @@ class DataPlane:
             load = sum(m.in_flight + m.external_in_flight + m.upstream_queue
                        for m in pool.members)
             self.metrics.saturation.labels(pool.name).set(load / pool.capacity)
+
 

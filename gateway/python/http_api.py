@@ -27,6 +27,7 @@ from gateway.auth import Scope, TokenTable
 from gateway.control.lifecycle_http import api_key, create_lifecycle_router, requires
 from gateway.control.model_control import ModelControl
 from gateway.control.settings_http import create_settings_router
+from gateway.control.tenants_http import create_tenants_router
 from gateway.errors import (
     GatewayError,
     InvalidInput,
@@ -145,6 +146,7 @@ def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: Upstr
     admin = Depends(requires(auth, Scope.ADMIN))
     app.include_router(create_lifecycle_router(lifecycle, auth))
     app.include_router(create_settings_router(control, upstream, auth))
+    app.include_router(create_tenants_router(dataplane.state, auth))
     for router in routers:  # more control-plane surfaces (the data-plane snapshot feed)
         app.include_router(router)
 

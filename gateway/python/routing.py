@@ -26,6 +26,15 @@ class RoutingPolicy:
         fresh = (now - member.queue_scraped_at) <= self.stale_after_s
         return member.in_flight + (member.upstream_queue if fresh else 0)
 
+    def choose_pool(self, pools: Sequence[Pool], model: str, now: float,
+                    rng: random.Random, exclude: Collection[str] = ()) -> Pool | None:
+        """Step 1: a pool with an available member, by weight."""
+        candidates = [pool for pool in pools
+                      if pool.spec.weight(model) > 0 and self._members(pool, now, exclude)]
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        return rng.choices(candidates, weights=[p.spec.weight(model) for p in candidates])[0]
+
     def choose(
         self,
         pools: Sequence[Pool],
@@ -34,18 +43,15 @@ class RoutingPolicy:
         rng: random.Random,
         exclude: Collection[str] = (),
     ) -> PoolMember | None:
-        candidates = []
-        for pool in pools:
-            members = [m for m in pool.members if m.available(now) and m.key not in exclude]
-            if members and pool.spec.weight(model) > 0:
-                candidates.append((pool, members))
-        if not candidates:
+        pool = self.choose_pool(pools, model, now, rng, exclude)
+        if pool is None:
             return None
-        weights = [pool.spec.weight(model) for pool, _ in candidates]
-        _, members = rng.choices(candidates, weights=weights)[0] if len(candidates) > 1 else (
-            candidates[0]
-        )
+        members = self._members(pool, now, exclude)
         if len(members) == 1:
             return members[0]
         first, second = rng.sample(members, 2)
         return first if self.load(first, now) <= self.load(second, now) else second
+
+    @staticmethod
+    def _members(pool: Pool, now: float, exclude: Collection[str]) -> list[PoolMember]:
+        return [m for m in pool.members if m.available(now) and m.key not in exclude]

@@ -6,8 +6,9 @@ differently fails the row with both answers side by side.
 
 The gateways are configured so that every check of the request policy
 (``gateway/policy``, in its order) can refuse: inference gated by tokens, a rate limit
-on two keys, a model that never finishes preloading (not ready), no wildcard pool
-(unknown models are unknown), a small body limit. Rows also pin the order of the
+on three keys and one on a tenant's two keys (tenancy on), a model that never finishes
+preloading (not ready), no wildcard pool (unknown models are unknown), a small body
+limit. Rows also pin the order of the
 checks where two would refuse the same request. Differences that remain are rows of
 :data:`KEPT`, each with its reason (and the README's "Request policy" section).
 """
@@ -31,6 +32,7 @@ from tritonclient.grpc import service_pb2
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from gateway.policy import access, deadline, model_name, shape
 from gateway.policy.rate import RateClass
+from gateway.policy.tenancy import RATE_WHO
 from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES
 from tests.fuzz.test_grpc import MUTATORS
@@ -45,6 +47,9 @@ UPLOAD_ONLY = "upload-only-token-0123456789"
 # keys with a rate limit of their own (burst 2), one per row that reaches it
 LIMITED = {"http": "limited-http-key-01234567", "grpc": "limited-grpc-key-01234567",
            "route": "limited-route-key-0123456"}
+# a sheddable tenant with a rate of its own over two keys (gateway/policy/tenancy.py): the
+# gateways have tenancy on, so every row passes through its rules
+METERED = {"http": "metered-http-key-0123456", "grpc": "metered-grpc-key-0123456"}
 MAX_BODY = 64 * 1024
 RATE = RateClass(rate_per_s=0.01, burst=2)  # 2 per 200 s: Retry-After 100
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -206,6 +211,12 @@ ROWS = [
         body=grpc_body(), headers=_token(LIMITED["grpc"]), repeat=3),
     Row("rate limit counts before the route", "grpc", Answer("RESOURCE_EXHAUSTED"),
         body=grpc_body(model="nope"), headers=_token(LIMITED["route"]), repeat=3),
+    # a tenant's rate counts all its keys together
+    Row("tenant rate: the burst passes", "http", OK_HTTP, body=http_body(),
+        headers=_token(METERED["http"]), repeat=2),
+    Row("tenant rate: one over, by its other key", "grpc",
+        Answer("RESOURCE_EXHAUSTED", re.escape(RATE.message(RATE_WHO.format(tenant="metered")))),
+        body=grpc_body(), headers=_token(METERED["grpc"])),
 ]
 
 # Differences between the planes that remain, each with its reason: none today.
@@ -222,6 +233,9 @@ def gateway_config(path: Path, triton: LocalTriton, tokens: Path) -> Path:
     data["rate_limits"] = {"keys": {key: {"rate_per_s": RATE.rate_per_s, "burst": RATE.burst}
                                     for key in LIMITED.values()}}
     data["auth"] = {"tokens_file": str(tokens), "predict": "token"}
+    data["tenancy"] = {"tenants": [{
+        "name": "metered", "priority": "sheddable", "keys": list(METERED.values()),
+        "rate": {"rate_per_s": RATE.rate_per_s, "burst": RATE.burst}}]}
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -236,6 +250,8 @@ def planes(triton: LocalTriton, tmp_path_factory: pytest.TempPathFactory,
         {"name": "owner", "scopes": ["upload"], "token": UPLOAD_ONLY},
         *({"name": f"limited-{p}", "scopes": ["predict"], "token": k}
           for p, k in LIMITED.items()),
+        *({"name": f"metered-{p}", "scopes": ["predict"], "token": k}
+          for p, k in METERED.items()),
     ]}))
     config = gateway_config(tmp / "gateway.yaml", triton, tokens)
     body_limit = ("--max-request-bytes", str(MAX_BODY))

@@ -1,7 +1,8 @@
-"""Golden files: the whole rendered ``haproxy.cfg`` and map files of three representative
+"""Golden files: the whole rendered ``haproxy.cfg`` and map files of four representative
 snapshots, compared byte for byte, and each configuration accepted by ``haproxy -c``.
 
-The cases: ``open`` (no auth, no rate limits, one pool, one member), ``gated`` (predict
+The cases: ``open`` (no auth, no rate limits, one pool, one member), ``tenants``
+(tenants and priority classes, one with a rate and one with an in-flight limit), ``gated`` (predict
 auth with two token digests, a default rate class and a per-key one, a canary split of
 one model over two pools, a model not ready, a default route, a pool without members)
 and ``versions`` (members on Triton 2.51.0 and 2.57.0 under ``GrpcReuse.AUTO``, the
@@ -35,6 +36,8 @@ from gateway.haproxy.snapshot import (
     PoolState,
     RouteState,
     Snapshot,
+    TenancyState,
+    TenantState,
     queue_weight,
     server_name,
 )
@@ -92,7 +95,29 @@ def _versions() -> tuple[Snapshot, dict[str, object]]:
         "tune": (("tune.bufsize", "65536"), ("tune.h2.initial-window-size", "1048576"))}
 
 
-CASES = {"open": _open, "gated": _gated, "versions": _versions}
+def _tenants() -> tuple[Snapshot, dict[str, object]]:
+    """Tenants (gateway/policy/tenancy.py): a sheddable one with a rate of its own, a
+    critical one with an in-flight limit only, the default; a per-key rate class."""
+    tenants = (TenantState("default", "standard"),
+               TenantState("batch", "sheddable", None, RateClass(50, 100)),
+               TenantState("app", "critical", 64))
+    return Snapshot(
+        pools=(PoolState("main", (_member("10.0.0.11"),), capacity=8),),
+        routes=(RouteState("resnet50", (("main", 1.0),), 24),),
+        rate_keys=((key_digest("batch-jobs-key"), RateClass(20, 20)),),
+        tenancy=TenancyState(
+            tenants=tenants,
+            keys=((key_digest("app-key-0123456789"), "app"),
+                  (key_digest("batch-key-0123456789"), "batch")),
+            capacities=(("main", 8),),
+            ceilings=(("main", "sheddable", 8), ("main", "standard", 16),
+                      ("main", "critical", 24)),
+            shares=(("main", "default", 16), ("main", "batch", 8), ("main", "app", 12)),
+            elsewhere=(("main", 2),)),
+    ), {}
+
+
+CASES = {"open": _open, "gated": _gated, "versions": _versions, "tenants": _tenants}
 
 
 def _rendered(case: str, run_dir: Path) -> Rendered:

@@ -1,0 +1,356 @@
+"""Tenants and priorities: who is refused first when a pool fills up.
+
+Every API key belongs to a tenant (keys no tenant names, and requests without a key,
+belong to the ``default`` tenant). A tenant has a priority class (``critical``,
+``standard``, ``sheddable``), a weight, and optional limits of its own (requests in
+flight, a rate). Configuration: the gateway file's ``tenancy:`` section, ``infergate up
+--tenants FILE``, or ``PUT /v1/tenants`` live (:class:`TenancySpec`).
+
+The signals, the same on both data planes:
+
+- **load** of a pool: the requests the gateway has in flight to it now (the Python
+  forwarder's count; HAProxy's ``be_conn`` of the pool's two backends), plus the
+  requests queued in its Triton servers that are not the gateway's own (Triton's
+  ``nv_inference_pending_request_count``, scraped once per probe round, beyond the
+  gateway's in-flight to each member, the least over the last 4 s: load that lasts from
+  other replicas and other clients, not the echo of the gateway's own requests in a
+  gauge Triton refreshes every 2 s, :func:`queued_elsewhere`);
+- **capacity** of a pool: ``capacity_per_member`` times members, the unit of
+  ``infergate_pool_saturation`` (saturation = load / capacity);
+- a tenant's requests in flight for the model in that pool, and in the whole gateway.
+
+The rule (:func:`decide`), for a request of tenant *t* (class *k*) to a pool, checked
+after the model's own admission bound (:mod:`.admission`):
+
+1. *t*'s ``max_in_flight`` reached: refused (``tenant_limit``);
+2. load >= the ceiling of class *k* (:meth:`Tenancy.ceiling`: ``refuse_at[k]`` times
+   capacity; by default sheddable 1, standard 1 + queue_factor / 2, critical
+   1 + queue_factor): refused (``saturated``). As the pool fills, sheddable goes first,
+   then standard; critical keeps the room between the standard ceiling and its own, and
+   is refused only at the hard bound;
+3. load >= capacity (the pool is saturated) and *t* already has its share in flight:
+   refused (``fair_share``). The share (:meth:`Tenancy.shares`) is the class ceiling
+   split by weight among the tenants of that class: room each keeps once the pool is
+   saturated, so a light tenant still gets in while a heavy one is held to its share.
+   Below capacity nobody is held to a share: capacity nobody uses is anyone's, and a
+   lone tenant can use the whole pool.
+
+Shares are fixed by the configuration (not by who happens to be active), so both planes
+hold them as the same table and a tenant's room does not depend on a probe round.
+
+Refusals are 429 / RESOURCE_EXHAUSTED with ``Retry-After`` and a message naming the
+reason. Nothing waits in the gateway: admitted requests queue in Triton.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.policy.access import configured_digest, key_digest
+from gateway.policy.rate import RateClass, RateLimitSpec
+
+DEFAULT_TENANT = "default"
+# tenants are HAProxy map keys and stick-table keys ("t:<name>", at most 64 bytes)
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9_-]{0,46}[a-z0-9])?$"
+RETRY_AFTER_S = 1
+
+TENANT_LIMIT = "tenant '{tenant}' has {count} requests in flight (its limit {limit})"
+SATURATED = ("pool '{pool}' is saturated: load {load} for capacity {capacity}; "
+             "{priority} requests are refused from load {ceiling}")
+FAIR_SHARE = ("pool '{pool}' is saturated (load {load} for capacity {capacity}) and "
+              "tenant '{tenant}' has its share in flight ({share})")
+RATE_WHO = "tenant '{tenant}'"
+
+
+class Priority(StrEnum):
+    """Refused in this order as a pool fills: sheddable, then standard, then critical."""
+
+    CRITICAL = "critical"
+    STANDARD = "standard"
+    SHEDDABLE = "sheddable"
+
+
+REASONS = ("tenant_limit", "saturated", "fair_share")  # refusal reasons of decide()
+
+
+class _Limits(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    priority: Priority = Priority.STANDARD
+    weight: float = Field(1.0, gt=0, le=1000)
+    max_in_flight: int | None = Field(None, ge=1)
+    rate: RateLimitSpec | None = None
+
+
+class DefaultTenantSpec(_Limits):
+    """Requests without a key, or with a key no tenant names."""
+
+
+class TenantSpec(_Limits):
+    name: str = Field(pattern=NAME_PATTERN)
+    # plain keys or sha256:<64 hex digits> (a file need not hold the key)
+    keys: tuple[str, ...] = ()
+
+    @field_validator("keys")
+    @classmethod
+    def _keys_well_formed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for key in keys:
+            if not key:
+                raise ValueError("an empty key is no key (requests without one are the "
+                                 "default tenant's)")
+            configured_digest(key)  # ValueError names the malformed one
+        return keys
+
+
+class RefuseAt(BaseModel):
+    """Class ceilings as multiples of a pool's capacity (None: from queue_factor)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sheddable: float = Field(1.0, gt=0)
+    standard: float | None = Field(None, gt=0)
+    critical: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RefuseAt:
+        given = [(p, v) for p, v in (("sheddable", self.sheddable), ("standard", self.standard),
+                                     ("critical", self.critical)) if v is not None]
+        for (low, a), (high, b) in zip(given, given[1:], strict=False):
+            if a > b:
+                raise ValueError(f"refuse_at.{low} ({a}) is above refuse_at.{high} ({b}): "
+                                 "sheddable is refused first, critical last")
+        return self
+
+
+class TenancySpec(BaseModel):
+    """The ``tenancy:`` section (and the document ``--tenants`` / ``PUT /v1/tenants``
+    take). A malformed one is refused whole."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    default: DefaultTenantSpec = Field(default_factory=DefaultTenantSpec)
+    tenants: tuple[TenantSpec, ...] = ()
+    refuse_at: RefuseAt = Field(default_factory=RefuseAt)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TenancySpec:
+        names = [t.name for t in self.tenants]
+        if DEFAULT_TENANT in names:
+            raise ValueError(f"tenants: '{DEFAULT_TENANT}' is the tenant of requests no "
+                             "tenant's key names; configure it under 'default'")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tenants: names declared twice: {twice}")
+        owner: dict[str, str] = {}
+        for tenant in self.tenants:
+            for key in tenant.keys:
+                digest = configured_digest(key)
+                if digest in owner:
+                    raise ValueError(f"tenants.{tenant.name}.keys: a key is named twice "
+                                     f"(also by tenant '{owner[digest]}')")
+                owner[digest] = tenant.name
+        return self
+
+
+def parse_tenancy(data: object, source: str = "tenancy") -> TenancySpec:
+    """Validate a tenancy document whole; ValueError naming each bad field (a tenant by
+    its name where it has one), nothing applied."""
+    try:
+        return TenancySpec.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"{source}: " + "; ".join(
+            f"{_field(data, err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors())) from None
+
+
+def _field(data: object, loc: tuple[int | str, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if len(loc) >= 2 and loc[0] == "tenants" and isinstance(loc[1], int) \
+            and isinstance(data, dict) and isinstance(data.get("tenants"), list):
+        entry = data["tenants"][loc[1]] if loc[1] < len(data["tenants"]) else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if isinstance(name, str) and re.fullmatch(NAME_PATTERN, name):
+            parts[1] = name
+    return ".".join(parts) or "tenancy"
+
+
+def load_tenancy_file(path: Path) -> TenancySpec:
+    """A YAML (or JSON) tenancy document from a file (``--tenants``); ValueError naming
+    the file and the field."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if isinstance(data, dict) and set(data) == {"tenancy"}:  # a gateway file's section
+        data = data["tenancy"]
+    return parse_tenancy(data or {}, str(path))
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    priority: Priority
+    weight: float
+    max_in_flight: int | None = None
+    rate: RateClass | None = None
+
+    def rate_message(self) -> str:
+        assert self.rate is not None
+        return self.rate.message(RATE_WHO.format(tenant=self.name))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str  # one of REASONS
+    message: str
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What :func:`decide` weighs, every count without the request being decided."""
+
+    pool: str
+    load: int  # the pool's load (module docstring)
+    capacity: int
+    ceiling: int  # of the tenant's class in this pool
+    here: int  # the tenant's requests in flight for this model in this pool
+    share: int  # the tenant's share in this pool
+    total: int = 0  # the tenant's requests in flight in the gateway
+
+
+def decide(tenant: Tenant, s: Standing) -> Refusal | None:
+    """Admit (None) or refuse, by the module's rule."""
+    if tenant.max_in_flight is not None and s.total >= tenant.max_in_flight:
+        return Refusal("tenant_limit", TENANT_LIMIT.format(
+            tenant=tenant.name, count=s.total + 1, limit=tenant.max_in_flight))
+    if s.load >= s.ceiling:
+        return Refusal("saturated", SATURATED.format(
+            pool=s.pool, load=s.load, capacity=s.capacity, priority=tenant.priority.value,
+            ceiling=s.ceiling))
+    if s.load >= s.capacity and s.here >= s.share:
+        return Refusal("fair_share", FAIR_SHARE.format(
+            pool=s.pool, load=s.load, capacity=s.capacity, tenant=tenant.name, share=s.share))
+    return None
+
+
+ELSEWHERE_WINDOW_S = 4.0  # twice Triton's default metrics interval (2 s)
+
+
+def queued_elsewhere(samples: Iterable[tuple[float, int, int]], now: float) -> int:
+    """Requests queued in a member that are not the gateway's, from its probes' samples
+    ``(when, pending, ours)``: Triton's pending count beyond the gateway's in-flight to
+    it (ours may be queued too: not counted twice), the least over the last
+    :data:`ELSEWHERE_WINDOW_S`. Triton refreshes the pending gauge every 2 s, so right
+    after a burst of the gateway's own it still shows the burst while the gateway's
+    count is back to zero; the least over the window keeps that from counting as load,
+    and counts load that lasts (another gateway replica's, another client's)."""
+    recent = [max(0, pending - ours) for when, pending, ours in samples
+              if now - when <= ELSEWHERE_WINDOW_S]
+    return min(recent, default=0)
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """A :class:`TenancySpec` made ready for lookups: tenants by name and key digest,
+    class ceilings resolved against the gateway's ``queue_factor``."""
+
+    tenants: tuple[Tenant, ...]  # the default first
+    keys: tuple[tuple[str, str], ...]  # (key digest, tenant name), sorted
+    refuse_at: tuple[tuple[Priority, float], ...]
+
+    @classmethod
+    def from_spec(cls, spec: TenancySpec, queue_factor: float) -> Tenancy:
+        def tenant(name: str, t: _Limits) -> Tenant:
+            return Tenant(name, t.priority, t.weight, t.max_in_flight,
+                          t.rate.rate_class() if t.rate else None)
+
+        given = spec.refuse_at
+        standard = given.standard if given.standard is not None else 1 + queue_factor / 2
+        critical = given.critical if given.critical is not None else 1 + queue_factor
+        standard = max(standard, given.sheddable)  # a derived one follows given ones
+        critical = max(critical, standard)
+        return cls(
+            tenants=(tenant(DEFAULT_TENANT, spec.default),
+                     *(tenant(t.name, t) for t in spec.tenants)),
+            keys=tuple(sorted((configured_digest(k), t.name)
+                              for t in spec.tenants for k in t.keys)),
+            refuse_at=((Priority.SHEDDABLE, given.sheddable), (Priority.STANDARD, standard),
+                       (Priority.CRITICAL, critical)),
+        )
+
+    @property
+    def default(self) -> Tenant:
+        return self.tenants[0]
+
+    def by_name(self) -> dict[str, Tenant]:
+        return {t.name: t for t in self.tenants}
+
+    def by_digest(self) -> dict[str, Tenant]:
+        names = self.by_name()
+        return {digest: names[name] for digest, name in self.keys}
+
+    def ceiling(self, priority: Priority, capacity: int) -> int:
+        """The load from which ``priority`` is refused in a pool of ``capacity``."""
+        factor = dict(self.refuse_at)[priority]
+        return max(1, math.floor(factor * capacity + 1e-9))
+
+    def shares(self, capacity: int) -> dict[str, int]:
+        """Every tenant's share of a pool of ``capacity``: its class ceiling times its
+        weight over the weights of the tenants of its class (the default tenant among
+        them); at least 1. It is room a tenant keeps once the pool is saturated; below
+        capacity the pool is anyone's."""
+        weight_of: dict[Priority, float] = {}
+        for t in self.tenants:
+            weight_of[t.priority] = weight_of.get(t.priority, 0.0) + t.weight
+        return {t.name: max(1, math.floor(self.ceiling(t.priority, capacity) * t.weight
+                                          / weight_of[t.priority] + 1e-9))
+                for t in self.tenants}
+
+
+class TenantDirectory:
+    """Who a presented key belongs to, for the Python forwarder (HAProxy looks the same
+    digest up in its ``tenants`` map)."""
+
+    def __init__(self, tenancy: Tenancy) -> None:
+        self.tenancy = tenancy
+        self._by_digest = tenancy.by_digest()
+
+    def tenant_of(self, api_key: str | None) -> Tenant:
+        if not api_key:  # an empty key is no key
+            return self.tenancy.default
+        return self._by_digest.get(key_digest(api_key), self.tenancy.default)
+
+
+def describe(tenancy: Tenancy, capacities: Mapping[str, int]) -> dict[str, object]:
+    """What ``GET /v1/tenants`` shows: tenants (key digests, never keys) and, per pool,
+    its capacity, class ceilings and every tenant's share."""
+    keys: dict[str, list[str]] = {}
+    for digest, name in tenancy.keys:
+        keys.setdefault(name, []).append(f"sha256:{digest}")
+    return {
+        "tenants": [{
+            "name": t.name, "priority": t.priority.value, "weight": t.weight,
+            "max_in_flight": t.max_in_flight,
+            "rate": None if t.rate is None else {"rate_per_s": t.rate.rate_per_s,
+                                                 "burst": t.rate.burst},
+            "keys": keys.get(t.name, []),
+        } for t in tenancy.tenants],
+        "refuse_at": {p.value: f for p, f in tenancy.refuse_at},
+        "pools": {pool: {"capacity": cap,
+                         "ceilings": {p.value: tenancy.ceiling(p, cap)
+                                      for p, _ in tenancy.refuse_at},
+                         "shares": tenancy.shares(cap)}
+                  for pool, cap in sorted(capacities.items())},
+    }
+
+
+__all__ = ["DEFAULT_TENANT", "Priority", "Refusal", "Standing", "Tenancy",
+           "TenancySpec", "TenantDirectory", "decide", "parse_tenancy", "queued_elsewhere"]

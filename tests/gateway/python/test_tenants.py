@@ -1,0 +1,126 @@
+"""The Python forwarder applies the tenancy rule (gateway/policy/tenancy.py) with its own
+counts: requests held at a fake member until released, no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from gateway.errors import Overloaded
+from gateway.policy.tenancy import parse_tenancy
+from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
+from gateway.python.dataplane import DataPlane, RequestOptions
+
+CAPACITY = 4  # one member: standard refused from 8, critical from 12, sheddable from 4
+
+
+def _dataplane() -> DataPlane:
+    config = GatewayConfig(
+        pools=(PoolSpec(name="p", members=(MemberSpec(grpc_port=1),),
+                        capacity_per_member=CAPACITY),),
+        queue_factor=2.0,
+        tenancy=parse_tenancy({
+            "default": {"priority": "sheddable"},
+            "tenants": [{"name": "heavy", "keys": ["heavy-key"]},
+                        {"name": "light", "keys": ["light-key"]},
+                        {"name": "batch", "priority": "sheddable", "keys": ["batch-key"]},
+                        {"name": "pay", "priority": "critical", "keys": ["pay-key"],
+                         "max_in_flight": 5}]}))
+    return DataPlane.for_config(config, clock=lambda: 100.0)
+
+
+class Held:
+    """Upstream calls that wait until released."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def __call__(self, member: PoolMember) -> str:
+        await self.release.wait()
+        return "ok"
+
+
+async def _offer(dp: DataPlane, held: Held, key: str, n: int) -> list[asyncio.Task[str]]:
+    tasks = [asyncio.create_task(dp.forward("m", held, protocol="http",
+                                            options=RequestOptions(api_key=key)))
+             for _ in range(n)]
+    await asyncio.sleep(0)  # each runs up to its upstream call, or is refused
+    return tasks
+
+
+def _admitted(tasks: list[asyncio.Task[str]]) -> list[asyncio.Task[str]]:
+    return [t for t in tasks if not t.done() or t.exception() is None]
+
+
+def _outcomes(tasks: list[asyncio.Task[str]]) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for t in tasks:
+        if t.done() and isinstance(t.exception(), Overloaded):
+            err = t.exception()
+            assert isinstance(err, Overloaded)
+            out[err.reason] += 1
+        else:
+            out["admitted"] += 1
+    return out
+
+
+async def test_a_heavy_tenant_is_held_to_its_share_and_a_light_one_still_gets_in() -> None:
+    dp, held = _dataplane(), Held()
+    heavy = await _offer(dp, held, "heavy-key", 20)
+    # the pool is anyone's below capacity (4), then heavy keeps its share of the standard
+    # ceiling (8 split between heavy and light: 4)
+    assert _outcomes(heavy) == {"admitted": 4, "fair_share": 16}
+    light = await _offer(dp, held, "light-key", 3)
+    assert _outcomes(light) == {"admitted": 3}
+    held.release.set()
+    assert set(await asyncio.gather(*_admitted(heavy + light))) == {"ok"}
+    assert dp.ledger.pools["p"] == 0 and sum(dp.ledger.totals.values()) == 0
+
+
+async def test_sheddable_goes_first_critical_keeps_room_to_the_hard_bound() -> None:
+    dp, held = _dataplane(), Held()
+    batch = await _offer(dp, held, "batch-key", 6)
+    assert _outcomes(batch) == {"admitted": 4, "saturated": 2}  # refused from capacity
+    keyless = await _offer(dp, held, "", 1)  # the default tenant: sheddable here
+    assert _outcomes(keyless) == {"saturated": 1}
+    err = keyless[0].exception()
+    assert isinstance(err, Overloaded) and err.message == (
+        "pool 'p' is saturated: load 4 for capacity 4; sheddable requests are refused "
+        "from load 4") and err.retry_after_s == 1
+    pay = await _offer(dp, held, "pay-key", 7)
+    # critical gets in above capacity, until its own in-flight limit (5)
+    assert _outcomes(pay) == {"admitted": 5, "tenant_limit": 2}
+    held.release.set()
+    assert set(await asyncio.gather(*_admitted(batch + pay))) == {"ok"}
+
+
+async def test_a_class_ceiling_counts_every_class_and_metrics_are_per_tenant() -> None:
+    dp, held = _dataplane(), Held()
+    pay = await _offer(dp, held, "pay-key", 5)
+    light = await _offer(dp, held, "light-key", 9)
+    # critical's 5 count toward the load: standard gets in up to load 8, its ceiling
+    assert _outcomes(pay) == {"admitted": 5}
+    assert _outcomes(light) == {"admitted": 3, "saturated": 6}
+    text = dp.metrics.render().decode()
+    assert 'infergate_tenant_refused_requests_total{priority="standard",reason="saturated",' \
+           'tenant="light"} 6.0' in text
+    assert 'infergate_tenant_in_flight_requests{priority="critical",tenant="pay"} 5.0' in text
+    held.release.set()
+    assert set(await asyncio.gather(*_admitted(pay + light))) == {"ok"}
+    assert 'infergate_tenant_in_flight_requests{priority="critical",tenant="pay"} 0.0' \
+        in dp.metrics.render().decode()
+
+
+async def test_a_tenancy_change_applies_at_once_and_keeps_counts_in_flight() -> None:
+    dp, held = _dataplane(), Held()
+    batch = await _offer(dp, held, "batch-key", 4)
+    assert _outcomes(batch) == {"admitted": 4}
+    dp.state.set_tenancy(parse_tenancy({"tenants": [
+        {"name": "batch", "priority": "critical", "keys": ["batch-key"]}]}))
+    more = await _offer(dp, held, "batch-key", 2)  # critical now: above capacity is fine
+    assert _outcomes(more) == {"admitted": 2}
+    dp.state.set_tenancy(None)  # tenancy off: the model's bound only
+    assert dp.tenants is None
+    held.release.set()
+    assert set(await asyncio.gather(*batch, *more)) == {"ok"}
+    assert dp.ledger.pools["p"] == 0

@@ -1,0 +1,354 @@
+"""The tenants benchmark's own arithmetic: Jain's index, percentiles with refusals that
+h2load cannot tell apart, the gateway's per-tenant counts, each run's figures, the rows,
+the table and the plot (h2load's output itself: test_h2load.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from loadtests import bench_tenants as bt
+from loadtests import h2load
+from loadtests.benchkit import percentile
+
+METRICS_BEFORE = """\
+# HELP infergate_tenant_requests_total Requests by tenant, priority and outcome.
+# TYPE infergate_tenant_requests_total counter
+infergate_tenant_requests_total{tenant="light",priority="standard",outcome="success"} 10.0
+infergate_tenant_requests_total{tenant="heavy",priority="standard",outcome="success"} 100.0
+infergate_tenant_requests_total{tenant="heavy",priority="standard",outcome="rejected"} 5.0
+# HELP infergate_tenant_refused_requests_total Refusals by tenant, priority and reason.
+# TYPE infergate_tenant_refused_requests_total counter
+infergate_tenant_refused_requests_total{tenant="heavy",priority="standard",reason="fair_share"} 5.0
+# HELP infergate_requests_total Inference requests by outcome.
+# TYPE infergate_requests_total counter
+infergate_requests_total{model="tiny",pool="p",protocol="grpc",outcome="success",traffic="user"} 7.0
+"""  # noqa: E501 - Prometheus lines as the gateway writes them
+
+METRICS_AFTER = METRICS_BEFORE.replace(
+    'outcome="success"} 10.0', 'outcome="success"} 1010.0').replace(
+    'outcome="success"} 100.0', 'outcome="success"} 4100.0').replace(
+    'outcome="rejected"} 5.0', 'outcome="rejected"} 3005.0').replace(
+    'reason="fair_share"} 5.0', 'reason="fair_share"} 2005.0'
+) + ('infergate_tenant_refused_requests_total{tenant="heavy",priority="standard",'
+     'reason="saturated"} 1000.0\n'
+     'infergate_tenant_requests_total{tenant="heavy",priority="standard",outcome="deadline"}'
+     ' 2.0\n')
+
+
+# -- Jain's index ---------------------------------------------------------------------
+
+def test_jain_index_is_one_when_every_tenant_gets_the_same() -> None:
+    assert bt.jain_index([300.0, 300.0, 300.0]) == pytest.approx(1.0)
+
+
+def test_jain_index_is_one_over_n_when_one_tenant_gets_everything() -> None:
+    assert bt.jain_index([900.0, 0.0, 0.0]) == pytest.approx(1 / 3)
+
+
+def test_jain_index_matches_the_formula_when_shares_differ() -> None:
+    # (1 + 2 + 3)^2 / (3 * (1 + 4 + 9)) = 36 / 42
+    assert bt.jain_index([1.0, 2.0, 3.0]) == pytest.approx(36 / 42)
+    assert bt.jain_index([5.0]) == pytest.approx(1.0)
+
+
+def test_jain_index_is_nan_when_nobody_got_anything_and_refuses_nonsense() -> None:
+    assert math.isnan(bt.jain_index([0.0, 0.0]))
+    with pytest.raises(ValueError, match="nothing"):
+        bt.jain_index([])
+    with pytest.raises(ValueError, match=">= 0"):
+        bt.jain_index([1.0, -1.0])
+
+
+# -- percentiles with hidden refusals -------------------------------------------------
+
+def test_percentile_bounds_are_the_percentile_itself_when_nothing_is_hidden() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert bt.percentile_bounds(values, 99, 0) == (99.0, 99.0)
+    assert bt.percentile_bounds(values, 50, 0) == (50.0, 50.0) == (percentile(values, 50),) * 2
+
+
+def test_percentile_bounds_take_hidden_values_from_either_end() -> None:
+    # 10 answers, 2 of them refusals nobody can tell apart: the successes are 8 of them
+    values = [10.0, 1.0, 9.0, 2.0, 8.0, 3.0, 7.0, 4.0, 6.0, 5.0]
+    low, high = bt.percentile_bounds(values, 50, 2)
+    assert (low, high) == (4.0, 6.0)  # successes 1..8 / 3..10
+    low, high = bt.percentile_bounds(values, 99, 2)
+    assert (low, high) == (8.0, 10.0)
+
+
+def test_percentile_bounds_are_nan_when_everything_was_hidden() -> None:
+    assert all(math.isnan(v) for v in bt.percentile_bounds([1.0, 2.0], 99, 2))
+    assert all(math.isnan(v) for v in bt.percentile_bounds([], 99, 0))
+
+
+def test_percentile_of_an_h2load_log_keeps_only_the_200s() -> None:
+    log = h2load.parse_log("".join(f"1796117577{i:06d}\t{200 if i % 5 else 429}\t{i * 100}\n"
+                                   for i in range(1, 101)))
+    ok = [us for status, us in log if status == 200]
+    assert len(ok) == 80 and h2load.status_counts(log) == {200: 80, 429: 20}
+    assert bt.percentile_bounds(ok, 99, 0)[1] == 9900.0  # the 79th of 80, nearest rank
+
+
+# -- the gateway's counts -------------------------------------------------------------
+
+def test_tenant_counts_sum_outcomes_and_reasons_per_tenant() -> None:
+    counts = bt.tenant_counts(METRICS_AFTER)
+    assert counts.families == {bt.TENANT_REQUESTS, bt.TENANT_REFUSED[0], bt.GATEWAY_REQUESTS}
+    assert counts.by_tenant["heavy"] == {"success": 4100.0, "rejected": 3005.0,
+                                         "deadline": 2.0, "refused:fair_share": 2005.0,
+                                         "refused:saturated": 1000.0}
+    assert "?" not in counts.by_tenant  # other families are not tenants'
+    assert counts.by_tenant[bt.WHOLE_GATEWAY] == {"success": 7.0}  # user traffic only
+    assert counts.in_flight is None  # no gauge in this exposition
+    gauge = ("# TYPE infergate_in_flight_requests gauge\n"
+             'infergate_in_flight_requests{model="tiny",pool="p"} 3.0\n'
+             'infergate_in_flight_requests{model="big",pool="p"} 1.0\n')
+    assert bt.tenant_counts(METRICS_AFTER + gauge).in_flight == 4.0
+
+
+def test_tenant_counts_read_the_refusals_under_the_name_the_issue_gave_too() -> None:
+    text = ('# TYPE infergate_tenant_refused_total counter\n'
+            'infergate_tenant_refused_total{tenant="a",priority="sheddable",'
+            'reason="saturated"} 3\n')
+    assert bt.tenant_counts(text).by_tenant == {"a": {"refused:saturated": 3.0}}
+
+
+def test_outcomes_over_a_run_are_after_minus_before() -> None:
+    delta = bt.tenant_counts(METRICS_AFTER).minus(bt.tenant_counts(METRICS_BEFORE))
+    heavy = bt.outcomes(delta, "heavy")
+    assert heavy == bt.Outcomes(succeeded=4000, refused=3000, failed=3002,
+                                reasons={"fair_share": 2000, "saturated": 1000})
+    assert bt.outcomes(delta, "light") == bt.Outcomes(1000, 0, 0, {})
+    assert bt.outcomes(delta, "nobody") == bt.Outcomes(0, 0, 0, {})
+    assert bt.outcomes(delta, "light", alone=True) == bt.Outcomes(1000, 0, 0, {})  # its own
+
+
+def test_outcomes_are_unknown_when_the_gateway_has_no_tenant_counts() -> None:
+    counts = bt.tenant_counts("# TYPE x_total counter\nx_total 1.0\n")
+    assert counts.families == frozenset() and bt.outcomes(counts, "light") is None
+    assert bt.outcomes(counts, "light", alone=True) is None
+
+
+def test_outcomes_of_the_only_client_are_the_whole_gateways_without_tenancy() -> None:
+    line = ('infergate_requests_total{{model="tiny",pool="p",protocol="grpc",'
+            'outcome="{}",traffic="{}"}} {}\n')
+    text = ("# TYPE infergate_requests_total counter\n" + line.format("success", "user", 90)
+            + line.format("rejected", "user", 10) + line.format("success", "warmup", 5))
+    counts = bt.tenant_counts(text)
+    assert bt.outcomes(counts, "solo") is None  # several clients: not theirs to split
+    solo = bt.outcomes(counts, "solo", alone=True)
+    assert solo == bt.Outcomes(90, 10, 10, {}, bt.GATEWAY_REQUESTS)
+    f = bt.figures(measured("grpc", {200: 100}, [float(v) for v in range(100)], solo))
+    assert f.success_pct == 90.0 and "whole gateway" in f.note
+
+
+def test_counts_families_seen_before_a_tenant_first_sent_still_count() -> None:
+    empty_before = bt.tenant_counts("")
+    delta = bt.tenant_counts(METRICS_AFTER).minus(empty_before)
+    assert bt.outcomes(delta, "light") == bt.Outcomes(1010, 0, 0, {})
+
+
+# -- one run's figures ----------------------------------------------------------------
+
+def measured(protocol: str, statuses: dict[int, int], latencies: list[float],
+             counted: bt.Outcomes | None, seconds: float = 2.0) -> bt.Measured:
+    return bt.Measured("light", protocol, 1, seconds, statuses, tuple(latencies), counted)
+
+
+def test_http_figures_come_from_the_log_with_429s_as_refusals() -> None:
+    latencies = [float(v) for v in range(1000, 1100)]  # us
+    m = measured("http", {200: 100, 429: 1}, latencies, None)
+    f = bt.figures(dataclasses.replace(m, refusal_latencies_us=(250.0,)))
+    assert f.admitted_per_s == 50.0 and f.refused == 1 and f.refusal_p50_ms == 0.25
+    assert f.success_pct == pytest.approx(100 * 100 / 101)
+    assert f.p99_ms == f.p99_low_ms == pytest.approx(1.098) and f.latency == bt.EXACT
+
+
+def test_grpc_figures_take_counts_from_the_gateway_and_bound_the_latency() -> None:
+    latencies = [float(v) for v in range(1, 101)]  # 100 HTTP-200 answers, 10 refusals
+    f = bt.figures(measured("grpc", {200: 100}, latencies, bt.Outcomes(90, 10, 10, {})))
+    assert f.admitted_per_s == 45.0 and f.refused == 10 and f.success_pct == 90.0
+    assert f.latency == bt.UPPER_BOUND and (f.p99_low_ms, f.p99_ms) == (0.09, 0.1)
+    exact = bt.figures(measured("grpc", {200: 100}, latencies, bt.Outcomes(100, 0, 0, {})))
+    assert exact.latency == bt.EXACT and exact.p99_ms == exact.p99_low_ms == 0.099
+
+
+def test_grpc_figures_say_so_when_refusals_cannot_be_counted() -> None:
+    f = bt.figures(measured("grpc", {200: 3}, [1.0, 2.0, 3.0], None))
+    assert f.admitted_per_s is None and f.refused is None and f.success_pct is None
+    assert "refusals unknown" in f.note and f.latency == bt.ALL_ANSWERS
+    assert f.p99_ms == 0.003  # over every answer, refusals included: said so
+
+
+# -- scenarios and configuration ------------------------------------------------------
+
+def test_scenarios_overload_the_pool_about_twice_with_heavy_ten_times_light() -> None:
+    phases = {(p.scenario, p.name): p for p in bt.scenario_phases(5)}
+    noisy = {t.tenant: t for t in phases[("noisy", "mixed")].loads}
+    assert noisy["heavy"].in_flight == 10 * noisy["light"].in_flight
+    for name in ("noisy", "priority", "fairness"):
+        offered = sum(t.in_flight for t in phases[(name, "mixed")].loads) / 5
+        assert 2.0 <= offered <= 2.4, (name, offered)
+    priorities = {t.priority for t in phases[("priority", "mixed")].loads}
+    assert priorities == {"critical", "sheddable"}
+    assert [t.tenant for t in phases[("priority", "alone")].loads] == ["critical"]
+
+
+def test_tenancy_section_names_every_tenant_once_with_its_own_key() -> None:
+    loads = [load for p in bt.scenario_phases(5) for load in p.loads]
+    section = bt.tenancy_section(loads)
+    names = [t["name"] for t in section["tenants"]]
+    assert len(names) == len(set(names)) == 7
+    keys = [k for t in section["tenants"] for k in t["keys"]]
+    assert len(set(keys)) == 7
+    assert section["refuse_at"] == {"sheddable": 1.0, "standard": 2.0, "critical": 3.0}
+    assert bt.TenantLoad("light", "standard", 1).headers == (
+        "x-api-key: light-key-0123456789abcdef",)
+
+
+def test_written_config_is_one_pool_with_capacity_and_tenancy(tmp_path: Path) -> None:
+    member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
+    loads = bt.gateway_specs(4)["tenants"]
+    path = bt.write_config(tmp_path / "gw.yaml", member, 4, loads)
+    data = yaml.safe_load(path.read_text())
+    assert data["pools"][0]["capacity_per_member"] == 4
+    assert data["pools"][0]["members"][0]["host"] == "127.0.0.1"
+    assert data["queue_factor"] == 2.0 and len(data["tenancy"]["tenants"]) == 7
+    plain = yaml.safe_load(bt.write_config(tmp_path / "none.yaml", member, 4, None).read_text())
+    assert "tenancy" not in plain
+
+
+def test_written_config_is_one_the_gateway_accepts_when_it_knows_tenancy(
+    tmp_path: Path,
+) -> None:
+    from gateway.pools import GatewayConfig
+
+    if "tenancy" not in GatewayConfig.model_fields:
+        pytest.skip("this gateway has no tenancy: section yet")
+    member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
+    for name, tenants in bt.gateway_specs(5).items():
+        path = bt.write_config(tmp_path / f"{name}.yaml", member, 5, tenants)
+        config = GatewayConfig.model_validate(yaml.safe_load(path.read_text()))
+        assert (config.tenancy is None) == (tenants is None)
+
+
+# -- h2load command lines (the key header, exact concurrency) -------------------------
+
+@pytest.mark.parametrize(("in_flight", "connections"),
+                         [(1, 1), (4, 4), (5, 1), (10, 2), (11, 1), (12, 4), (16, 4), (6, 3)])
+def test_grpc_connections_divide_the_streams_evenly(in_flight: int, connections: int) -> None:
+    assert h2load.grpc_connections(in_flight) == connections
+
+
+def test_h2load_command_carries_the_key_header_on_both_protocols(tmp_path: Path) -> None:
+    work = h2load.Workload("tiny", tmp_path / "t.grpc", tmp_path / "t.bin", 12)
+    endpoints = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
+    for protocol in ("grpc", "http"):
+        cmd = h2load.h2load_command(work, protocol, endpoints, 10, "2000ms", None,
+                                    ("x-api-key: k",))
+        assert cmd[cmd.index("x-api-key: k") - 1] == "-H" and cmd[-1].startswith("http://")
+    grpc = h2load.h2load_command(work, "grpc", endpoints, 10, "2000ms", None)
+    assert (grpc[grpc.index("-c") + 1], grpc[grpc.index("-m") + 1]) == ("2", "5")
+
+
+# -- rows, verdicts, table, plot ------------------------------------------------------
+
+def fake_samples() -> bt.Samples:
+    ms = [float(v) for v in range(1000, 1100)]  # 1.0..1.099 ms
+
+    def run(tenant: str, protocol: str, statuses: dict[int, int], scale: float = 1.0,
+            counted: bt.Outcomes | None = None, in_flight: int = 1) -> bt.Measured:
+        answers = statuses.get(200, 0)  # one latency per HTTP 200 in the log
+        return bt.Measured(tenant, protocol, in_flight, 2.0, statuses,
+                           tuple(ms[i % len(ms)] * scale for i in range(answers)), counted)
+
+    samples: bt.Samples = {}
+    for protocol in ("http", "grpc"):
+        grpc = protocol == "grpc"
+        ok = bt.Outcomes(100, 0, 0, {})
+
+        def put(scenario: str, phase: str, *runs: bt.Measured, p: str = protocol) -> None:
+            samples.setdefault((scenario, phase, "tiny", p), []).append(
+                {m.tenant: m for m in runs})
+
+        put("noisy", "alone", run("light", protocol, {200: 100}, counted=ok if grpc else None))
+        put("noisy", "mixed",
+            run("heavy", protocol, {200: 500} if grpc else {200: 100, 429: 400},
+                counted=bt.Outcomes(100, 400, 400, {"fair_share": 400}) if grpc else None,
+                in_flight=10),
+            run("light", protocol, {200: 100}, scale=1.1, counted=ok if grpc else None))
+        put("priority", "alone",
+            run("critical", protocol, {200: 100}, counted=ok if grpc else None, in_flight=5))
+        put("priority", "mixed",
+            run("critical", protocol, {200: 100}, scale=1.5, counted=ok if grpc else None,
+                in_flight=5),
+            run("sheddable", protocol, {200: 100}, counted=None, in_flight=5))
+        put("fairness", "mixed", *(run(f"fair-{c}", protocol, {200: 100}, counted=ok,
+                                       in_flight=4) for c in "abc"))
+        put("cost", "none", run("solo", protocol, {200: 100}, counted=ok, in_flight=5))
+        put("cost", "tenancy", run("solo", protocol, {200: 95}, counted=bt.Outcomes(95, 0, 0, {}),
+                                   in_flight=5))
+    return samples
+
+
+def rows_by(rows: list[dict], **match: str) -> dict:
+    found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    assert len(found) == 1, (match, found)
+    return found[0]
+
+
+def test_summary_judges_each_goal_against_the_alone_run() -> None:
+    rows = bt.summarise(fake_samples(), 2.0)
+    light = rows_by(rows, scenario="noisy", phase="mixed", tenant="light", protocol="http")
+    assert light["p99_vs_alone_ratio"] == pytest.approx(1.1)
+    assert light["success_pct"] == 100.0 and light["met"] == "yes"
+    heavy = rows_by(rows, scenario="noisy", tenant="heavy", protocol="http")
+    assert heavy["refused"] == 400 and heavy["met"] == "" and "p99_vs_alone_ratio" not in heavy
+    critical = rows_by(rows, scenario="priority", phase="mixed", tenant="critical",
+                       protocol="grpc")
+    assert critical["p99_vs_alone_ratio"] == pytest.approx(1.5) and critical["met"] == "NO (p99)"
+    shed = rows_by(rows, scenario="priority", tenant="sheddable", protocol="grpc")
+    assert shed["refused"] is None and shed["notes"]  # said why, never made up
+    fair = rows_by(rows, scenario="fairness", tenant="all", protocol="http")
+    assert fair["jain_index"] == pytest.approx(1.0) and fair["met"] == "yes"
+    cost = rows_by(rows, scenario="cost", phase="tenancy", protocol="grpc")
+    assert cost["throughput_ratio"] == pytest.approx(0.95)
+
+
+def test_verdict_says_not_measured_rather_than_guessing() -> None:
+    row = {"success_pct": None, "p99_vs_alone_ratio": 1.0}
+    assert bt.verdict("noisy", "light", row) == "n/a (success not measured)"
+    assert bt.verdict("noisy", "light", {"success_pct": 98.0, "p99_vs_alone_ratio": 2.0}) == (
+        "NO (success, p99)")
+    assert bt.verdict("priority", "critical", {"refused": 0, "p99_vs_alone_ratio": 1.1}) == "yes"
+    assert bt.verdict("noisy", "heavy", {}) == ""
+
+
+def test_markdown_and_plot_show_every_row(tmp_path: Path) -> None:
+    rows = bt.summarise(fake_samples(), 2.0)
+    table = bt.markdown(rows)
+    assert table.count("\n| ") >= len(rows)
+    assert "Jain 1.000" in table and "0.950x throughput" in table
+    light = [line for line in table.splitlines() if "| light |" in line]
+    assert len(light) == 4 and not any("<=" in line.split("|")[9] for line in light)
+    alone = [line for line in table.splitlines() if "(alone)" in line]
+    assert len(alone) == 4 and all(line.endswith("|  |  |") for line in alone)
+    assert "refusals unknown" in table  # the sheddable gRPC note
+    grpc_heavy = rows_by(rows, scenario="noisy", tenant="heavy", protocol="grpc")
+    assert grpc_heavy["latency"] == bt.UPPER_BOUND and "| <=" in bt.markdown([grpc_heavy])
+    shed = rows_by(rows, scenario="priority", tenant="sheddable", protocol="grpc")
+    assert shed["latency"] == bt.ALL_ANSWERS and "| ~" in bt.markdown([shed])
+    assert bt.markdown([]) == "(nothing measured)"
+    [png] = bt.plot(rows, tmp_path)
+    cells = [("tiny", "http"), ("tiny", "grpc")]
+    cost = bt.plotted(rows, "throughput_ratio", "cost", "solo", cells)
+    assert cost == [pytest.approx(0.95)] * 2  # the tenancy row's, not the baseline's
+    light_ratios = bt.plotted(rows, "p99_vs_alone_ratio", "noisy", "light", cells)
+    assert light_ratios == [pytest.approx(1.1)] * 2
+    assert math.isnan(bt.plotted(rows, "jain_index", "fairness", "all", [("x", "http")])[0])
+    assert png.name == "bench_tenants.png" and png.stat().st_size > 1000
