@@ -78,8 +78,8 @@ def configured_classes(limits: RateLimits) -> tuple[RateClass | None, dict[str, 
     """The configuration's ``rate_limits`` as classes: (the default, configured key ->
     class), keys as configured (plain or ``sha256:<hex>``). Both planes start here."""
     default = limits.default
-    return (RateClass(default.rate_per_s, default.burst) if default else None,
-            {k: RateClass(v.rate_per_s, v.burst) for k, v in limits.keys.items()})
+    return (default.rate_class() if default else None,
+            {k: v.rate_class() for k, v in limits.keys.items()})
 
 
 @dataclass
