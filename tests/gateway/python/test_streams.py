@@ -293,9 +293,10 @@ def test_stream_ends_with_unavailable_when_member_dies_after_client_half_closed(
 def test_stream_ends_when_member_dies_while_client_stream_open(
     own_triton: LocalTriton, data_plane: str, tmp_path: Path,
 ) -> None:
-    """With the client's request side still open, HAProxy 2.6 turns the control plane's
-    end of the stream into RST_STREAM(CANCEL) (haproxy/haproxy#1219): the client sees
-    CANCELLED there, UNAVAILABLE on the Python data plane."""
+    """With the client's request side still open, HAProxy 2.6 may turn the control plane's
+    end of the stream into RST_STREAM(CANCEL) (haproxy/haproxy#1219): whether the client
+    reads the trailers' UNAVAILABLE or the reset's CANCELLED first is a race there (CI saw
+    both), so HAProxy may answer either; the Python data plane always says UNAVAILABLE."""
     assert own_triton.endpoints is not None and own_triton.pid is not None
     pools = pools_yaml(tmp_path / "pools.yaml", {"only": [own_triton.endpoints]})
     with run_gateway(pools, tmp_path, data_plane=data_plane) as gw:
@@ -315,6 +316,7 @@ def test_stream_ends_when_member_dies_while_client_stream_open(
         finally:
             client.stop_stream(cancel_requests=True)
             client.close()
-    expected_code = "StatusCode.CANCELLED" if data_plane == "haproxy" else "StatusCode.UNAVAILABLE"
-    assert seen[-1][1] == expected_code
+    expected = ({"StatusCode.CANCELLED", "StatusCode.UNAVAILABLE"} if data_plane == "haproxy"
+                else {"StatusCode.UNAVAILABLE"})
+    assert seen[-1][1] in expected
     assert len(seen) < 200
