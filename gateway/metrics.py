@@ -37,6 +37,8 @@ class GatewayMetrics:
     tenant_latency: Histogram
     tenant_in_flight: Gauge
     responses_per_request: Histogram
+    rollout_percent: Gauge
+    rollout_decisions: Counter
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -160,6 +162,19 @@ def create_metrics(registry: CollectorRegistry | None = None) -> GatewayMetrics:
             "the request reaching the member to its first response, seconds.",
             ("model", "protocol"),
             buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        ),
+        rollout_percent=Gauge(
+            "infergate_rollout_candidate_percent",
+            "During a rollout: the candidate version's percent of the model's unversioned "
+            "requests (0 once it ends).",
+            ("model", "stable", "candidate"),
+            registry=registry,
+        ),
+        rollout_decisions=Counter(
+            "infergate_rollout_decisions",
+            "Rollout verdicts per model: promote, hold, rollback (and abort, interrupted).",
+            ("model", "decision"),
             registry=registry,
         ),
         responses_per_request=Histogram(

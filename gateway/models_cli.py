@@ -4,6 +4,7 @@
         [--calibration calib.npz] [--evaluation eval.npz]     # then follows the job
     infergate models job JOB_ID                               # follow (or re-attach to) a job
     infergate models list | show NAME | rollback NAME [--version V] | delete NAME VERSION
+    infergate models rollout status|pause|resume|abort NAME   # a progressive rollout
     infergate models hash-token                               # sha256 for a tokens file
 
 The gateway is ``--url`` (``$INFERGATE_URL``, default http://127.0.0.1:8000); the token
@@ -12,6 +13,7 @@ is ``--token`` (``$INFERGATE_TOKEN``), sent as ``Authorization: Bearer``.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import sys
 import time
@@ -202,6 +204,47 @@ def rollback(name: str,
         return
     console.print(f"[green]{name} serves version {answer['serving_version']}[/] "
                   f"(previous {answer['previous_version']})")
+
+
+class RolloutCommand(enum.StrEnum):
+    status = "status"
+    pause = "pause"
+    resume = "resume"
+    abort = "abort"
+
+
+@app.command()
+def rollout(action: RolloutCommand, name: str, url: Url = "http://127.0.0.1:8000",
+            token: Token = None, as_json: AsJson = False) -> None:
+    """A model's progressive rollout: status (its steps and every verdict), pause, resume
+    or abort (stable takes all traffic again). pause, resume and abort need admin scope."""
+    with _client(url, token) as client:
+        if action is RolloutCommand.status:
+            answer = _answer(client.get(f"/v1/models/{name}/rollout"))
+        else:
+            answer = _answer(client.post(f"/v1/models/{name}/rollout/{action.value}"))
+    if as_json:
+        console.print_json(data=answer)
+        return
+    steps = answer["spec"]["steps"]
+    console.print(f"[bold]{answer['model']}[/]  {answer['state']}  version "
+                  f"{answer['candidate']} beside {answer['stable']}: step "
+                  f"{answer['step'] + 1} of {len(steps)} {steps}, {answer['percent']}% to the "
+                  f"candidate")
+    if answer.get("detail"):
+        console.print(answer["detail"])
+    table = Table("step", "%", "decision", "candidate (n, err, p99 ms)", "stable", "agreement",
+                  "reason")
+
+    def window(w: dict[str, Any] | None) -> str:
+        return "-" if not w else f"{w['requests']}, {w['error_rate']:.3f}, {w['p99_ms']}"
+
+    for d in answer["decisions"]:
+        agreement = d.get("agreement")
+        table.add_row(str(d.get("step", "-")), str(d.get("percent", "-")), d["decision"],
+                      window(d.get("candidate")), window(d.get("stable")),
+                      "-" if agreement is None else f"{agreement:.3f}", d["reason"][:80])
+    console.print(table)
 
 
 @app.command()

@@ -11,12 +11,21 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from gateway.lifecycle.config import AuthSpec, KeepWarmPolicy, LifecycleSpec
 from gateway.policy.rate import RateLimitSpec
+from gateway.policy.rollout import Rollout, parse_rollout
 from gateway.policy.tenancy import TenancySpec
 from gateway.policy.upstream import HEALTH_FALL, EjectionPolicy
 
@@ -87,6 +96,8 @@ class ModelPolicy(BaseModel):
     # loaded into its pools at start-up, before the gateway reports ready
     preload: bool = False
     keep_warm: KeepWarmPolicy | None = None
+    # how a new uploaded version goes live: a progressive rollout, or "none" (at once)
+    rollout: Annotated[Rollout, BeforeValidator(parse_rollout)] = None
 
 
 class RateLimits(BaseModel):

@@ -8,7 +8,8 @@ the gateway drains, when each model was last asked for.
 (``gateway/haproxy/controller.py``) renders a snapshot of it once per probe round and
 whenever a lifecycle step awaits :meth:`GatewayState.settle`. Its writers are the control
 plane's parts: the probes (members' health, queue depth, version; DNS membership), the
-lifecycle (readiness, the pools serving a model) and the server (draining).
+lifecycle (readiness, the pools serving a model, a rollout's split) and the server
+(draining).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from gateway.errors import ModelNotFound, Unavailable
 from gateway.policy import admission
 from gateway.policy.model_name import UNKNOWN_MODEL
+from gateway.policy.rollout import Split, VersionTally
 from gateway.policy.tenancy import Tenancy, TenancySpec, queued_elsewhere
 from gateway.pools import GatewayConfig, MemberSpec, Pool, PoolMember, pools_for_model
 
@@ -44,6 +46,9 @@ class GatewayState:
         self._recovery: list[RecoveryHook] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tenancy: Tenancy | None = None
+        self._splits: dict[str, Split] = {}
+        # answers per version of the models under rollout (both data planes record)
+        self.tally = VersionTally()
         if config.tenancy is not None:
             self._tenancy = Tenancy.from_spec(config.tenancy, config.queue_factor)
 
@@ -110,6 +115,14 @@ class GatewayState:
         """Model -> when a user request for it last arrived (keep-warm's idleness clock)."""
         return dict(self._last_used)
 
+    def split_of(self, model: str) -> Split | None:
+        """The model's stable/candidate split while it is rolled out (None: none)."""
+        return self._splits.get(model)
+
+    @property
+    def splits(self) -> Mapping[str, Split]:
+        return self._splits
+
     @property
     def tenancy(self) -> Tenancy | None:
         """Tenants and priority classes (None: admission per model only)."""
@@ -151,6 +164,15 @@ class GatewayState:
     def mark_ready(self, model: str) -> None:
         if self._not_ready.pop(model, None) is not None:
             self._changed()
+
+    def set_split(self, model: str, split: Split | None) -> None:
+        """Unversioned requests of ``model`` split between two versions from now on
+        (the rollout's one call; None: no split, Triton's own choice)."""
+        if split is None:
+            self._splits.pop(model, None)
+        else:
+            self._splits[model] = split
+        self._changed()
 
     def set_tenancy(self, spec: TenancySpec | None) -> Tenancy | None:
         """Tenants from now on (``PUT /v1/tenants``); ValueError when ``spec`` cannot be

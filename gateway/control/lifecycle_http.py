@@ -9,13 +9,15 @@ and models live here. Errors are the gateway's own (one table, see :mod:`gateway
 |---|---|
 | ``POST /v1/models/{name}/versions`` (multipart upload) | upload |
 | ``GET /v1/jobs/{id}``, ``GET /v1/models``, ``GET /v1/models/{name}``, report | upload |
+| ``GET /v1/models/{name}/rollout`` | upload |
 | ``POST /v1/models/{name}/rollback``, ``DELETE /v1/models/{name}/versions/{v}`` | admin |
+| ``POST /v1/models/{name}/rollout/{pause,resume,abort}`` | admin |
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
@@ -40,6 +42,9 @@ def requires(auth: TokenTable, scope: Scope) -> Callable[[Request], Principal]:
         return auth.require(api_key(request), scope)
 
     return check
+
+
+RolloutAction = Literal["pause", "resume", "abort"]
 
 
 class RollbackRequest(BaseModel):
@@ -75,7 +80,11 @@ def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) 
 
     @router.get("/jobs/{job_id}")
     async def get_job(job_id: str, who: Principal = upload) -> JSONResponse:
-        return JSONResponse(job_json(core().jobs.job(job_id)))
+        lifecycle = core()
+        job = lifecycle.jobs.job(job_id)
+        rollout = lifecycle.rollouts.store.rollout(job.model)
+        extra = {"rollout": rollout.to_json()} if rollout and rollout.job_id == job.id else {}
+        return JSONResponse({**job_json(job), **extra})
 
     @router.get("/models")
     async def list_models(who: Principal = upload) -> JSONResponse:
@@ -98,6 +107,19 @@ def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) 
         model = await lifecycle.rollback(name, body.version if body else None)
         return JSONResponse(model_json(lifecycle.catalog, model))
 
+    @router.get("/models/{name}/rollout")
+    async def rollout_status(name: str, who: Principal = upload) -> JSONResponse:
+        """The model's latest rollout: state, step, split, every verdict with its figures
+        and, while it runs, the current step's windows."""
+        return JSONResponse(await core().rollout(name, "status", who.name))
+
+    @router.post("/models/{name}/rollout/{action}")
+    async def rollout_control(name: str, action: RolloutAction,
+                              who: Principal = admin) -> JSONResponse:
+        """``pause`` (the split stays, no verdicts), ``resume`` (the step starts over),
+        ``abort`` (stable takes 100 % again, the candidate is removed)."""
+        return JSONResponse(await core().rollout(name, action, who.name))
+
     @router.delete("/models/{name}/versions/{version}")
     async def delete_version(name: str, version: int, who: Principal = admin) -> JSONResponse:
         lifecycle = core()
@@ -119,8 +141,13 @@ def model_json(catalog: ModelCatalog, model: str) -> dict[str, Any]:
     jobs = [{"id": j.id, "state": j.state, "version": j.version}
             for j in catalog.recent_jobs(model)]
     keep_warm = catalog.keep_warm_policies().get(model)
+    rollout = catalog.store.rollout(model)
     return {"name": model, "state": record.state, "detail": record.detail,
             "serving_version": record.serving_version,
             "previous_version": record.previous_version, "pools": list(record.pools),
             "keep_warm": keep_warm.model_dump(mode="json") if keep_warm else None,
-            "loading": catalog.loading(model), "versions": versions, "recent_jobs": jobs}
+            "loading": catalog.loading(model), "versions": versions, "recent_jobs": jobs,
+            "rollout": None if rollout is None else {
+                "state": rollout.state, "stable": rollout.stable,
+                "candidate": rollout.candidate, "percent": rollout.percent,
+                "detail": rollout.detail, "link": f"/v1/models/{model}/rollout"}}

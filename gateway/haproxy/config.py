@@ -22,7 +22,9 @@ The hot path, per request, inside HAProxy, in the request policy's order
 6. a model still loading -> 503 + Retry-After (map ``notready``);
 7. admission: requests of the model in the gateway (stick table ``st_model``,
    ``conn_cur``) bounded by map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once;
-8. the pool's backend: least connections over members weighted by their Triton queue
+8. a model under rollout: an unversioned request pinned to its stable or candidate
+   version (:func:`_rollout_rules`);
+9. the pool's backend: least connections over members weighted by their Triton queue
    depth (no per-member connection cap: a request HAProxy held back in its queue would
    hold back the HTTP/2 connection window of the requests sharing its client connection;
    Triton queues and batches), active health checks on
@@ -58,7 +60,7 @@ GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # one line per inference request, to the control plane's datagram socket (telemetry.py)
 LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
               "%[var(txn.gs)] %Tt %[var(txn.out)] %ts "
-              "%[var(txn.tn)] %[var(txn.tc)] %[var(txn.why)]")
+              "%[var(txn.tn)] %[var(txn.tc)] %[var(txn.why)] %[var(txn.ver)]")
 
 
 def render_config(snapshot: Snapshot, layout: Layout) -> str:
@@ -177,7 +179,8 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
         first += [("set-var(txn.glen) req.body,bytes(1,4),be2dec(:,4)", ""),
                   ("set-var(txn.out) str(too_large)",
                    f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
-    rules = [*first, *_request_rules(answer, http), *_model_rules(snapshot, answer, http)]
+    rules = [*first, *_request_rules(answer, http), *_model_rules(snapshot, answer, http),
+             *_rollout_rules(http)]
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
         *(_guarded(action, cond, guard) for action, cond in rules),
@@ -189,6 +192,7 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
                      "if { var(txn.model) -m found } !{ res.hdr(content-type) -m found }")
     if not http:
         lines.append("  use_backend control_grpc if { var(txn.out) -m str too_large }")
+        lines.append("  use_backend control_grpc if { var(txn.detour) -m found }")
     lines.append(f"  use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}")
     return "\n".join(lines) + "\n"
 
@@ -403,6 +407,33 @@ def _tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]
         **lf, share="%[var(txn.sh)]"),
         "has_class { var(txn.co) -m int ge 0 } { var(txn.fo) -m int gt 0 }")
     return rules
+
+
+def _rollout_rules(http: bool) -> list[Rule]:
+    """A model under rollout (maps ``rstable`` / ``rcand`` / ``rollout``,
+    ``gateway.policy.rollout.Split``): an unversioned request is pinned to the candidate
+    when ``rand(100)`` is below its percent, else to stable. HTTP: the path gets the
+    version. gRPC: HAProxy cannot change the body, so the request goes to the control
+    plane's gRPC server, which pins it (and counts it: not logged here)."""
+    under = "{ var(txn.rs) -m found }"
+    if not http:
+        return [
+            ("set-var(txn.rs) var(txn.model),map(MAPS/rstable.map)", ""),
+            (f"set-var(txn.mv) req.body,bytes(5),protobuf({model_name.GRPC_VERSION_FIELD})",
+             under),
+            ("set-var(txn.detour) int(1)", f"{under} !{{ var(txn.mv) -m len 1: }}"),
+            ("set-log-level silent", "{ var(txn.detour) -m found }"),
+        ]
+    unversioned = f"{{ path_reg {model_name.HTTP_UNVERSIONED_INFER_PATTERN} }}"
+    return [
+        ("set-var(txn.rs) var(txn.model),map(MAPS/rstable.map)", unversioned),
+        ("set-var(txn.rp) var(txn.model),map_str_int(MAPS/rollout.map,0)", under),
+        ("set-var(txn.rd) rand(100),sub(txn.rp)", under),
+        ("set-var(txn.ver) var(txn.rs)", under),
+        ("set-var(txn.ver) var(txn.model),map(MAPS/rcand.map)",
+         f"{under} {{ var(txn.rd) -m int lt 0 }}"),
+        ("set-path %[path,regsub(/infer,/versions/)]%[var(txn.ver)]/infer", under),
+    ]
 
 
 def _refuse(answer: Callable[..., str], reason: str, message: str, cond: str) -> list[Rule]:

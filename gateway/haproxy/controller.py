@@ -120,8 +120,11 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
     if not chosen:
         return None
     limits = state.admission_limits(model, pools)
+    split = state.split_of(model)
     return RouteState(model=model, pools=chosen, max_in_system=limits.in_system,
-                      not_ready=state.not_ready_reason(model))
+                      not_ready=state.not_ready_reason(model),
+                      split=None if split is None else (split.stable, split.candidate,
+                                                        split.percent))
 
 
 @dataclass
@@ -166,7 +169,8 @@ class HAProxyDataPlane:
             loop.call_soon_threadsafe(self._note_user_requests, models)
 
         self._receiver = LogReceiver(self.layout.log_socket,
-                                     RequestLog(self.dataplane.metrics, on_served=served))
+                                     RequestLog(self.dataplane.metrics, on_served=served,
+                                                tally=self.dataplane.state.tally))
         self._receiver.start()
         self.dataplane.state.follow(self.apply)
         self.dataplane.gauge_sources.append(self.observe)

@@ -6,6 +6,8 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
   which that rank takes over (:func:`split`);
 - ``limits``: model -> requests it may have in the gateway at once (admission);
 - ``notready``: model -> why it cannot take requests yet (503 + Retry-After);
+- during a rollout (``gateway/policy/rollout.py``): ``rstable`` / ``rcand`` (model -> its
+  stable / candidate version) and ``rollout`` (model -> the candidate's percent);
 - ``tokens``: a token's digest -> its scopes (predict auth);
 - ``ratekeys``: an API key's digest -> its rate class (the index of its stick table);
 - with tenants (``gateway/policy/tenancy.py``): ``tenants`` (key digest -> tenant),
@@ -27,6 +29,7 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
     maps: dict[str, dict[str, str]] = {f"route{k}": {} for k in range(ranks)}
     maps.update({f"cut{k}": {} for k in range(1, ranks)})
     maps["limits"], maps["notready"] = {}, {}
+    maps["rstable"], maps["rcand"], maps["rollout"] = {}, {}, {}
     for route in snapshot.routes:
         pools, cuts = split(route, ranks)
         for k in range(ranks):
@@ -36,6 +39,11 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
         maps["limits"][route.model] = str(route.max_in_system)
         if route.not_ready:
             maps["notready"][route.model] = _one_line(route.not_ready)
+        if route.split is not None:
+            stable, candidate, percent = route.split
+            maps["rstable"][route.model] = str(stable)
+            maps["rcand"][route.model] = str(candidate)
+            maps["rollout"][route.model] = str(percent)
     maps["tokens"] = {digest: scopes for digest, scopes in snapshot.tokens}
     classes = snapshot.rate_classes()
     maps["ratekeys"] = {digest: str(classes.index(c)) for digest, c in snapshot.rate_keys}

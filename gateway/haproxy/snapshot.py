@@ -57,6 +57,8 @@ class RouteState:
     pools: tuple[tuple[str, float], ...]  # (pool, weight), heaviest first
     max_in_system: int  # in flight + queued; beyond that: 429 / RESOURCE_EXHAUSTED
     not_ready: str | None = None  # why it cannot take requests yet (503 + Retry-After)
+    # during a rollout: (stable, candidate, candidate's percent of unversioned requests)
+    split: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -206,9 +208,11 @@ def snapshot_from_dict(data: Any) -> Snapshot:
     def route(r: Any) -> RouteState | None:
         if r is None:
             return None
-        reason = r.get("not_ready")
+        reason, split = r.get("not_ready"), r.get("split")
         return RouteState(str(r["model"]), tuple((str(p), float(w)) for p, w in r["pools"]),
-                          int(r["max_in_system"]), None if reason is None else str(reason))
+                          int(r["max_in_system"]), None if reason is None else str(reason),
+                          None if split is None else (int(split[0]), int(split[1]),
+                                                      int(split[2])))
 
     def rate(r: Any) -> RateClass | None:
         return None if r is None else RateClass(float(r["rate_per_s"]), float(r["burst"]))

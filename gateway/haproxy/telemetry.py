@@ -3,8 +3,9 @@ from HAProxy's ring buffer to a unix socket this process reads, counted into the
 gateway's ``infergate_*`` metrics (same names, labels and meaning as the Python data plane's).
 
 The line (``config.LOG_FORMAT``): ``model pool proto status grpc_status Tt outcome
-termination tenant class reason`` (the last three ``-`` without tenants; ``reason``:
-which limit refused it). This runs beside the hot path, in a thread, after HAProxy has
+termination tenant class reason version`` (tenant, class and reason ``-`` without
+tenants; ``reason``: which limit refused it; ``version``: the one a rollout pinned the
+request to, else ``-``). This runs beside the hot path, in a thread, after HAProxy has
 answered: a few microseconds of Python per request, never in the request's way.
 Latency has HAProxy's resolution, milliseconds.
 """
@@ -24,6 +25,7 @@ from typing import Any
 
 from gateway.errors import outcome_of_answer
 from gateway.metrics import GatewayMetrics, observe_many
+from gateway.policy.rollout import VersionTally
 
 log = logging.getLogger(__name__)
 # outcomes HAProxy decided itself (``txn.out``); auth failures and unknown models are not
@@ -56,8 +58,10 @@ class RequestLog:
     """Counts parsed lines into the metrics; children cached per label set."""
 
     def __init__(self, metrics: GatewayMetrics,
-                 on_served: Callable[[set[str]], None] | None = None) -> None:
+                 on_served: Callable[[set[str]], None] | None = None,
+                 tally: VersionTally | None = None) -> None:
         self.metrics = metrics
+        self.tally = tally  # a rollout's answers per version (pinned requests only)
         self.on_served = on_served  # models that served user requests, per chunk
         self._noted: dict[str, float] = {}  # model -> when on_served last told about it
         self._children: dict[tuple[str, ...], Any] = {}
@@ -86,7 +90,7 @@ class RequestLog:
         outcome = classify(proto, int(status_text), gs, local, termination)
         if outcome is None:
             return None
-        tenant, priority, reason = (fields + ["-", "-", "-"])[8:11]
+        tenant, priority, reason, version = (fields + ["-", "-", "-", "-"])[8:12]
         tenant_known = tenant != "-" and priority != "-"
         self._child(("requests", model, pool, proto, outcome, "user")).inc(count)
         if tenant_known:
@@ -100,6 +104,9 @@ class RequestLog:
             observe_many(self._child(("latency", model, pool, proto, "user")), seconds, count)
             if tenant_known:
                 observe_many(self._child(("t_latency", tenant, priority)), seconds, count)
+            if version.isdigit() and self.tally is not None:
+                self.tally.record(model, int(version), outcome == "success", seconds,
+                                  time.monotonic(), count)
         return outcome
 
     def record_chunk(self, lines: list[bytes]) -> None:

@@ -23,6 +23,7 @@ from gateway.lifecycle.service import ModelLifecycle
 from gateway.lifecycle.warmup.deploy import Deployer, load_as_configured, restore_as_configured
 from gateway.lifecycle.warmup.keepwarm import KeepWarm
 from gateway.lifecycle.warmup.preload import Preloader
+from gateway.lifecycle.warmup.rollout import Rollouts
 from gateway.pools import GatewayConfig, PoolMember
 from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
@@ -123,5 +124,7 @@ def build_lifecycle(spec: LifecycleSpec, config: GatewayConfig, dataplane: DataP
     catalog = ModelCatalog(spec.repository, config, store, dataplane, admin, deployer)
     workers = workers or ConversionWorkers(spec.worker_timeout_s, sandbox=spec.sandbox,
                                            allow_pickled_code=spec.allow_pickled_code)
-    jobs = JobRunner(spec, store, catalog, deployer, workers, on_version_changed)
-    return ModelLifecycle(catalog, jobs, deployer, dataplane, admin, on_version_changed)
+    rollouts = Rollouts(deployer, store, spec.state_dir / "rollouts")
+    jobs = JobRunner(spec, store, catalog, deployer, workers, rollouts, on_version_changed)
+    return ModelLifecycle(catalog, jobs, deployer, rollouts, dataplane, admin,
+                          on_version_changed)

@@ -8,6 +8,8 @@ and the control plane's start-up (:mod:`.assembly`, which builds it) hold. It is
 - :class:`~.intake.runner.JobRunner`: uploads as jobs, run in conversion workers and
   deployed;
 - :class:`~.warmup.deploy.Deployer`: load, warm, route, roll back, prune, on every member;
+- :class:`~.warmup.rollout.Rollouts`: progressive rollouts, step by step, and their
+  control (status, pause, resume, abort);
 
 and adds what spans them: start-up recovery, rollback, deleting a version, preloading
 and restoring a member that came back empty.
@@ -17,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from gateway.errors import Conflict
 from gateway.lifecycle.intake.runner import RESTART_REASON, JobRunner
 from gateway.lifecycle.records import versions as repo_edits
 from gateway.lifecycle.records.catalog import ModelCatalog
 from gateway.lifecycle.warmup.deploy import Deployer, load_as_configured
+from gateway.lifecycle.warmup.rollout import Rollouts
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
@@ -34,6 +39,7 @@ class ModelLifecycle:
     catalog: ModelCatalog
     jobs: JobRunner
     deployer: Deployer
+    rollouts: Rollouts
     dataplane: DataPlane
     admin: MemberAdmin
     # called with a model's name when its serving version changed (keep-warm forgets it)
@@ -42,12 +48,14 @@ class ModelLifecycle:
     def recover(self) -> None:
         """At start-up, before any request: jobs a previous process left running are
         reported failed and their traces removed; models go back to their pools."""
+        self.rollouts.recover()  # pinned to stable until preloading serves it alone
         self.jobs.recover()
         self.catalog.reassign_pools()
 
     # -- admin -----------------------------------------------------------------------------
     async def rollback(self, name: str, version: int | None) -> str:
         model = (await self.catalog.known(name)).name
+        self._no_rollout(model, "roll back")
         async with self.deployer.lock(model):
             await self.deployer.rollback(model, version, self.catalog.warm_batches(model))
         self.on_version_changed(model)
@@ -55,9 +63,27 @@ class ModelLifecycle:
 
     async def delete_version(self, name: str, version: int) -> str:
         model = (await self.catalog.known(name)).name
+        self._no_rollout(model, "delete a version")
         async with self.deployer.lock(model):
             self.deployer.delete_version(model, version)
         return model
+
+    def _no_rollout(self, model: str, what: str) -> None:
+        running = self.rollouts.active(model)
+        if running is not None:
+            raise Conflict(f"model {model!r} is rolling out version {running.candidate}: "
+                           f"abort the rollout before you {what}")
+
+    async def rollout(self, name: str, action: str, who: str) -> dict[str, Any]:
+        """``status``, ``pause``, ``resume`` or ``abort`` the model's rollout."""
+        model = (await self.catalog.known(name)).name
+        if action == "pause":
+            self.rollouts.pause(model)
+        elif action == "resume":
+            self.rollouts.resume(model)
+        elif action == "abort":
+            self.rollouts.abort(model, who)
+        return self.rollouts.status(model)
 
     # -- start-up and members back from the dead ---------------------------------------------
     async def preload_one(self, model: str) -> None:
@@ -66,6 +92,7 @@ class ModelLifecycle:
             async with self.deployer.lock(model):
                 await self.deployer.activate(model, record.serving_version,
                                              self.catalog.warm_batches(model))
+            self.rollouts.settled(model)  # an interrupted rollout's split, if any, ends
             return
         await load_as_configured(self.dataplane, self.admin, model,
                                  self.catalog.warm_batches(model))

@@ -15,7 +15,9 @@ from __future__ import annotations
 from gateway.errors import InvalidInput
 
 HTTP_INFER_PATTERN = r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$"
+HTTP_UNVERSIONED_INFER_PATTERN = r"^/v2/models/[^/]+/infer$"
 GRPC_MODEL_FIELD = 1
+GRPC_VERSION_FIELD = 2
 UNKNOWN_MODEL = "Request for unknown model: '{model}' is not found"  # Triton's words
 NO_MODEL = ("the request names no model: field 1 (model_name) of the ModelInferRequest "
             "is missing, empty or malformed")
@@ -31,6 +33,11 @@ def grpc_model_name(message: bytes) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidInput(NOT_UTF8) from None
+
+
+def grpc_names_version(message: bytes) -> bool:
+    """Whether a ``ModelInferRequest``'s wire bytes name a version (field 2, non-empty)."""
+    return bool(_first_length_delimited(message, GRPC_VERSION_FIELD))
 
 
 def _first_length_delimited(message: bytes, field_number: int) -> bytes | None:

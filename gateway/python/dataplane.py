@@ -137,9 +137,11 @@ class DataPlane:
         options: RequestOptions = NO_OPTIONS,
         outcome: Callable[[T], str] | None = None,
         metered: bool = True,
+        version: int | None = None,
     ) -> T:
         """Admit, route and run ``call``; ``metered=False`` skips the request policy's
-        rate and admission checks and metrics (metadata and config calls)."""
+        rate and admission checks and metrics (metadata and config calls). ``version``:
+        the version :meth:`pin` chose for it (its answer is tallied for the rollout)."""
         if not metered:
             return (await self._attempts(self.route(model), call, protocol, options))[0]
         tenant = self.tenants.tenant_of(options.api_key) if self.tenants else None
@@ -164,16 +166,30 @@ class DataPlane:
             raise
         try:
             result, served_by = await self._attempts(route, call, protocol, options, pool)
+        except GatewayError:
+            if version is not None:
+                self.state.tally.record(model, version, False, self.clock() - started,
+                                        self.clock())
+            raise
         finally:
             self._count_in(route, -1, pool, tenant)
         outcome_label = outcome(result) if outcome else "success"
         self._count(route, served_by, protocol, outcome_label, options.traffic)
         elapsed = self.clock() - started
+        if version is not None:
+            self.state.tally.record(model, version, outcome_label == "success", elapsed,
+                                    started + elapsed)
         self._child(route, ("latency", served_by, protocol, options.traffic)).observe(elapsed)
         if tenant is not None:
             self._tenant_child("requests", tenant, outcome_label).inc()
             self._tenant_child("latency", tenant).observe(elapsed)
         return result
+
+    def pin(self, model: str) -> int | None:
+        """The version an unversioned request of ``model`` goes to while it is rolled
+        out (:class:`gateway.policy.rollout.Split`); None: no rollout, no pin."""
+        split = self.state.split_of(model)
+        return None if split is None else split.pick(self.rng.randrange(100))
 
     def _admit(self, route: ModelRoute, options: RequestOptions,
                tenant: Tenant | None) -> Pool | None:

@@ -25,6 +25,7 @@ import aiohttp
 from gateway.auth import Scope
 from gateway.errors import DeadlineExceeded, GatewayError, Unavailable, outcome_of_answer
 from gateway.policy import parse_errors
+from gateway.policy.rollout import http_pinned_path
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane, RequestOptions
 from gateway.python.fast_path import FastPath, error_answer, options_from_headers, read_body
@@ -74,7 +75,11 @@ class GenerateFastPath(FastPath):
                 self.auth.require(options.api_key, Scope.PREDICT)
             body = await read_body(receive, self.max_body_bytes)
             forwarded = {k: v for k, v in headers.items() if k in FORWARDED}
-            relay = _Relay(self.upstream, self.dataplane, match.group(1), scope["path"], body,
+            path, version = scope["path"], None
+            if match.group(2) is None:
+                version = self.dataplane.pin(match.group(1))  # a rollout's split
+                path = path if version is None else http_pinned_path(path, version)
+            relay = _Relay(self.upstream, self.dataplane, match.group(1), path, body,
                            forwarded, options, stream)
             async for message in relay.run(receive):
                 started = True

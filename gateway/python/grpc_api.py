@@ -4,7 +4,8 @@ The servicer base class, the method table and the messages come from
 ``tritonclient.grpc``. One thing is changed on the hot path: ``ModelInfer`` requests and
 responses travel as raw bytes. The gateway reads only the model name (field 1) from the
 request with a tiny wire-format scan (``gateway/policy/model_name.py``) and forwards the
-bytes untouched: decoding and
+bytes untouched but for fields appended at the end (the deadline as Triton's ``timeout``
+parameter; during a rollout, the version it is pinned to): decoding and
 re-encoding a request with megabytes of ``raw_input_contents`` costs more than the
 rest of the proxy.
 
@@ -34,7 +35,8 @@ from gateway.errors import (
 )
 from gateway.policy import parse_errors
 from gateway.policy.access import presented_token
-from gateway.policy.model_name import grpc_model_name
+from gateway.policy.model_name import grpc_model_name, grpc_names_version
+from gateway.policy.rollout import pin_grpc_version
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane, RequestOptions
 from gateway.python.streams import StreamEnd, StreamRelay
@@ -120,6 +122,12 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             options = self._require(context, Scope.PREDICT)
             if options.deadline_s is not None:
                 request = with_timeout_parameter(request, options.deadline_s)
+            version = self.dataplane.pin(model)
+            if version is not None:  # a rollout (gateway.policy.rollout)
+                if grpc_names_version(request):
+                    version = None
+                else:
+                    request = pin_grpc_version(request, version)
 
             async def call(member: PoolMember) -> bytes | RelayedError:
                 try:
@@ -129,7 +137,8 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     return relayed  # Triton's answer: counted by its code, then relayed
 
             result = await self.dataplane.forward(model, call, protocol="grpc",
-                                                  options=options, outcome=_outcome)
+                                                  options=options, outcome=_outcome,
+                                                  version=version)
             if isinstance(result, RelayedError):
                 raise result
             return result

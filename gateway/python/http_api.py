@@ -37,6 +37,7 @@ from gateway.errors import (
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.policy import parse_errors
 from gateway.policy.model_name import HTTP_INFER_PATTERN
+from gateway.policy.rollout import http_pinned_path
 from gateway.policy.shape import check_shapes
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane
@@ -84,15 +85,16 @@ class InferFastPath(FastPath):
             await self.app(scope, receive, send)
             return
         try:
-            status, body, headers = await self._infer(match.group(1), scope, receive)
+            status, body, headers = await self._infer(match.group(1), match.group(2) is None,
+                                                      scope, receive)
         except GatewayError as error:
             status, body, headers = error_answer(error)
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _infer(self, model: str, scope: ASGIScope, receive: ASGIReceive
-                     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    async def _infer(self, model: str, unversioned: bool, scope: ASGIScope,
+                     receive: ASGIReceive) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         raw_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         body = await read_body(receive, self.max_body_bytes)
         check_shapes(body)
@@ -102,6 +104,9 @@ class InferFastPath(FastPath):
         if self.auth.predict_gated:
             self.auth.require(options.api_key, Scope.PREDICT)
         path = scope["path"]
+        version = self.dataplane.pin(model) if unversioned else None
+        if version is not None:  # a rollout: stable or candidate, by its split
+            path = http_pinned_path(path, version)
         if scope.get("query_string"):
             path = f"{path}?{scope['query_string'].decode('latin-1')}"
 
@@ -110,7 +115,7 @@ class InferFastPath(FastPath):
                 member, "POST", path, body, forwarded, options.deadline_s))
 
         resp = await self.dataplane.forward(model, call, protocol="http", options=options,
-                                            outcome=_outcome)
+                                            outcome=_outcome, version=version)
         return resp.status, resp.body, list(resp.headers)
 
 

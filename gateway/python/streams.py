@@ -37,6 +37,8 @@ from tritonclient.grpc import service_pb2
 from gateway.errors import Unavailable, outcome_of_answer
 from gateway.metrics import GatewayMetrics
 from gateway.policy import parse_errors
+from gateway.policy.model_name import grpc_names_version
+from gateway.policy.rollout import pin_grpc_version
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane, RequestOptions
 
@@ -144,8 +146,10 @@ class StreamSession:
     chosen for this attempt, and puts the member's responses on ``out``."""
 
     def __init__(self, upstream: Any, metrics: GatewayMetrics, requests: AsyncIterator[bytes],
-                 first: bytes, options: RequestOptions, protocol: str = "grpc_stream") -> None:
+                 first: bytes, options: RequestOptions, protocol: str = "grpc_stream",
+                 pin: Callable[[str, bytes], bytes] = lambda model, raw: raw) -> None:
         self.upstream = upstream
+        self.pin = pin  # a request pinned to a version by a rollout's split
         self.options = options
         self.tally = StreamTally(metrics, protocol)
         self.out: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
@@ -217,6 +221,7 @@ class StreamSession:
                 await call.done_writing()
                 return
             model, request_id, wants_final = inspected
+            raw = self.pin(model, raw)
             self.tally.sent(request_id, model, wants_final)
             if not wants_final:
                 raw += FORCE_EMPTY_FINAL
@@ -232,13 +237,19 @@ class StreamRelay:
         self.dataplane = dataplane
         self.upstream = upstream
 
+    def _pin(self, model: str, raw: bytes) -> bytes:
+        version = self.dataplane.pin(model)
+        if version is None or grpc_names_version(raw):
+            return raw
+        return pin_grpc_version(raw, version)
+
     async def relay(self, model: str, first: bytes, requests: AsyncIterator[bytes],
                     options: RequestOptions) -> AsyncGenerator[bytes | StreamEnd, None]:
         """The member's responses as raw bytes, then how the stream ended. Gateway
         errors before the stream is established (unknown model, overload, no member)
         are raised."""
         session = StreamSession(self.upstream, self.dataplane.metrics, requests, first,
-                                options)
+                                options, pin=self._pin)
         reader = asyncio.create_task(session.read_client())
 
         async def forward() -> StreamEnd:

@@ -13,7 +13,7 @@ version in place). A change of ``version_policy`` alone reloads nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -139,15 +139,17 @@ def _message(resp: httpx.Response) -> str:
 
 
 def override_for_version(config: mc.ModelConfig, version: int | None,
-                         warm_batches: tuple[int, ...] = (1,)) -> dict[str, Any]:
-    """The JSON load override: ``config`` pinned to ``version`` (``None``: as it is),
-    with zero-data ``model_warmup`` at ``warm_batches`` when it declares none, so no
-    version ever reaches traffic cold."""
+                         warm_batches: tuple[int, ...] = (1,),
+                         also: Sequence[int] = ()) -> dict[str, Any]:
+    """The JSON load override: ``config`` pinned to ``version`` (``None``: as it is;
+    ``also``: more versions loaded beside it, a rollout's stable), with zero-data
+    ``model_warmup`` at ``warm_batches`` when it declares none, so no version ever
+    reaches traffic cold."""
     pinned = mc.ModelConfig()
     pinned.CopyFrom(config)
     if version is not None:
         pinned.version_policy.Clear()
-        pinned.version_policy.specific.versions.append(version)
+        pinned.version_policy.specific.versions.extend(sorted({version, *also}))
     if not pinned.model_warmup and pinned.max_batch_size > 0:
         for batch in warm_batches:
             if batch > pinned.max_batch_size:

@@ -56,8 +56,9 @@ def convert_upload(task: WorkerTask, calibration: Path | None, evaluation: Path 
         step(event.step, STEP_STATES.get(event.state, event.state), event.detail,
              event.fraction)
 
+    request = conversion_request(task, calibration, evaluation)
     try:
-        result = convert(conversion_request(task, calibration, evaluation), progress)
+        result = convert(request, progress)
     except Refused as exc:
         # the job folder is the gateway's business: name the uploaded part instead
         message = str(exc).replace(f"{task.work_dir}/", "")
@@ -74,7 +75,25 @@ def convert_upload(task: WorkerTask, calibration: Path | None, evaluation: Path 
         precision=result.precision,
         report=str(report.relative_to(version_dir)) if report else None,
         metadata=_summary(version_dir, result.chosen, result.target, task.model_format),
+        agreement=_keep_samples(task, request),
     )
+
+
+def _keep_samples(task: WorkerTask, request: Any) -> str | None:
+    """Up to ``task.agreement_samples`` evaluation samples spread over the set, stacked
+    per input into ``agreement.npz``: what a rollout replays to both versions."""
+    if task.agreement_samples <= 0 or request.evaluation is None:
+        return None
+    import numpy as np
+
+    from converters.datasets import load_samples
+
+    samples = load_samples(request.evaluation, request.input_spec, "evaluation",
+                           request.preprocessing).strided(task.agreement_samples)
+    batch = next(samples.batches(task.agreement_samples))  # those of the first's shapes
+    path = Path(task.work_dir) / "agreement.npz"
+    np.savez(path, **batch)  # type: ignore[arg-type]
+    return str(path)
 
 
 def _summary(version_dir: Path, chosen: str, target: str, source_format: str) -> dict[str, Any]:

@@ -30,6 +30,8 @@ class WorkerTask:
     limits: dict[str, Any] = field(default_factory=dict)
     nice: int = 10
     sandbox: dict[str, Any] = field(default_factory=dict)  # a SandboxPlan; set by run()
+    # a rollout follows: keep this many evaluation samples to replay (agreement.npz)
+    agreement_samples: int = 0
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self)))
@@ -49,6 +51,7 @@ class ConversionOutcome:
     precision: str | None = None
     report: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    agreement: str | None = None  # the kept evaluation samples (.npz), in the work folder
 
 
 @dataclass(frozen=True)

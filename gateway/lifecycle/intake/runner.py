@@ -2,7 +2,10 @@
 
 The body is streamed into the job's folder, the spec checked and the job queued; a
 worker process converts (at most ``workers`` at once); the deployer loads, warms and
-routes the new version; retention prunes. Every state change is written to the job store.
+routes the new version, or, with a rollout policy and a version serving already, the
+rollout serves it beside that one and promotes or rolls it back step by step
+(:mod:`gateway.lifecycle.warmup.rollout`); retention prunes. Every state change is
+written to the job store.
 
 A job that fails after the converter published its version takes the version back out:
 the repository is left as it was before the upload (``config.pbtxt`` included), and the
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gateway.auth import Principal
-from gateway.errors import GatewayError, InvalidInput
+from gateway.errors import DeployFailed, GatewayError, InvalidInput
 from gateway.lifecycle.config import LifecycleSpec
 from gateway.lifecycle.conversion.pickles import PickledCode, refuse_pickled_code
 from gateway.lifecycle.conversion.worker_protocol import ConversionFailed, StepEvent, WorkerTask
@@ -40,6 +43,8 @@ from gateway.lifecycle.records.jobs import (
     with_step,
 )
 from gateway.lifecycle.warmup.deploy import Deployer
+from gateway.lifecycle.warmup.rollout import Rollouts
+from gateway.policy.rollout import RolloutSpec, effective
 
 log = logging.getLogger(__name__)
 RESTART_REASON = "the gateway stopped while this job was running (its worker died with it)"
@@ -52,6 +57,7 @@ class JobRunner:
     catalog: ModelCatalog
     deployer: Deployer
     workers: ConversionWorkers
+    rollouts: Rollouts
     # called with the model's name when a job changed its serving version (keep-warm
     # forgets the model's idle clock)
     on_version_changed: Callable[[str], None] = lambda model: None
@@ -178,12 +184,18 @@ class JobRunner:
             self._tasks.pop(job.id, None)
             shutil.rmtree(folder, ignore_errors=True)
 
+    def rollout_for(self, model: str, spec: UploadSpec) -> RolloutSpec | None:
+        """The upload's rollout, else the model's configured one (None: all at once)."""
+        policy = self.catalog.config.models.get(model)
+        return effective(spec.rollout, policy.rollout if policy else None)
+
     async def _convert_and_deploy(self, job: JobRecord, upload: ReceivedUpload,
                                   spec: UploadSpec, pools: list[str], folder: Path
                                   ) -> JobRecord:
         model = job.model
         self.store.update_job(job.id, state="converting")
         await self.catalog.adopt(model, pools)
+        rollout = self.rollout_for(model, spec)
         task = WorkerTask(
             job_id=job.id, model=model, repository=str(self.repository.resolve()),
             model_file=str(upload.model.path), model_format=spec.format or upload.model_format,
@@ -191,6 +203,7 @@ class JobRunner:
             calibration=str(upload.calibration.path) if upload.calibration else None,
             evaluation=str(upload.evaluation.path) if upload.evaluation else None,
             limits=self.spec.limits.model_dump(mode="json"), nice=self.spec.worker_nice,
+            agreement_samples=rollout.agreement_samples if rollout else 0,
         )
 
         def on_step(event: StepEvent) -> None:
@@ -211,17 +224,41 @@ class JobRunner:
         self.store.put_model(replace(record, pools=tuple(pools),
                                      keep_warm=keep_warm or record.keep_warm))
         self.catalog.policies_changed()  # the spec may bring a keep-warm policy
-        self.store.update_job(job.id, state="deploying", version=outcome.version)
-        async with self.deployer.lock(model):
-            await self.deployer.activate(
-                model, outcome.version, self.catalog.warm_batches(model),
-                on_step=lambda n, s, d: self._step(self.store.job(job.id), n, s, d),
-            )
-            removed = self.deployer.prune(model)
+        def on_deploy_step(name: str, state: str, detail: str) -> None:
+            self._step(self.store.job(job.id), name, state, detail)
+
+        stable = record.serving_version
+        if rollout is not None and stable is not None and stable != outcome.version:
+            self.store.update_job(job.id, state="rolling_out", version=outcome.version)
+            samples = self._keep_samples(job.id, outcome.agreement)
+            result = await self.rollouts.run(job.id, model, stable, outcome.version, rollout,
+                                             samples, self.catalog.warm_batches(model),
+                                             on_deploy_step)
+            if not result.promoted:
+                raise DeployFailed(f"version {outcome.version} of {model!r}: {result.reason}")
+            async with self.deployer.lock(model):
+                removed = self.deployer.prune(model)
+        else:
+            self.store.update_job(job.id, state="deploying", version=outcome.version)
+            async with self.deployer.lock(model):
+                await self.deployer.activate(model, outcome.version,
+                                             self.catalog.warm_batches(model),
+                                             on_step=on_deploy_step)
+                removed = self.deployer.prune(model)
         self.on_version_changed(model)
         detail = f"version {outcome.version} serving" + (
             f"; retention removed versions {removed}" if removed else "")
         return self._finish(self.store.job(job.id), "succeeded", None, detail=detail)
+
+    def _keep_samples(self, job_id: str, path: str | None) -> Path | None:
+        """The worker's evaluation sample, moved out of the job's folder (removed when the
+        job ends) for the rollout to replay; it removes the file when it ends."""
+        if path is None:
+            return None
+        target = self.rollouts.samples_dir / f"{job_id}.npz"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(path, target)
+        return target
 
     def _restore(self, model: str, before: repo_edits.RepositorySnapshot) -> None:
         """Take out whatever a failed job added: new versions, its config, staging."""

@@ -11,11 +11,14 @@ Example::
       "target": "cpu",
       "pools": ["cpu-a"],
       "max_batch_size": 32,
-      "keep_warm": {"interval_s": 10, "idle_after_s": 30, "batch_sizes": [1, 8]}
+      "keep_warm": {"interval_s": 10, "idle_after_s": 30, "batch_sizes": [1, 8]},
+      "rollout": {"steps": [5, 25, 50, 100], "step_seconds": 60, "min_requests": 200}
     }
 
 Optional: ``preprocessing`` (for folders of images), ``instance_count``,
-``intra_op_threads``, ``profile_iterations``, ``repair`` (INT8 accuracy repair, on).
+``intra_op_threads``, ``profile_iterations``, ``repair`` (INT8 accuracy repair, on),
+``rollout`` (a progressive rollout, :class:`gateway.policy.rollout.RolloutSpec`, or
+``"none"``; absent: the model's configured one, else all at once).
 
 Shapes include the batch axis; a string (or -1) is a dynamic dimension.
 """
@@ -28,6 +31,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainSerializer,
@@ -42,6 +46,7 @@ from converters.metrics import AccuracyBudget
 from converters.spec import TensorDecl
 from gateway.errors import InvalidInput
 from gateway.lifecycle.config import KeepWarmPolicy
+from gateway.policy.rollout import Rollout, parse_rollout
 
 Precision = Literal["fp32", "fp16", "int8"]
 ModelFormat = Literal["onnx", "pt2", "torchscript"]
@@ -89,6 +94,7 @@ class UploadSpec(BaseModel):
     profile_iterations: int = Field(20, ge=1, le=1000)  # per batch size when profiling
     # INT8 that misses the budget: keep its most sensitive layers in float and retry
     repair: bool = True
+    rollout: Annotated[Rollout, BeforeValidator(parse_rollout)] = None
 
     @field_validator("inputs")
     @classmethod

@@ -1,6 +1,6 @@
 """The lifecycle's records, persisted in SQLite: conversion jobs with per-step progress,
 model versions (state, precision, the config each was published with), and per model
-the serving and previous version.
+the serving and previous version, and progressive rollouts with every verdict.
 
 A restarted gateway reads them back: finished and failed jobs are reported as they
 ended; a job that was still running when the gateway died is marked failed with that
@@ -23,7 +23,8 @@ from typing import Any, cast
 
 from gateway.errors import Conflict, JobNotFound
 
-ACTIVE_JOB_STATES = ("receiving", "queued", "converting", "deploying")
+ACTIVE_JOB_STATES = ("receiving", "queued", "converting", "deploying", "rolling_out")
+ACTIVE_ROLLOUT_STATES = ("running", "paused")
 TERMINAL_JOB_STATES = ("succeeded", "failed")
 
 SCHEMA = """
@@ -54,6 +55,21 @@ CREATE TABLE IF NOT EXISTS versions (
     created_at REAL NOT NULL,
     PRIMARY KEY (model, version)
 );
+CREATE TABLE IF NOT EXISTS rollouts (
+    job_id TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    stable INTEGER NOT NULL,
+    candidate INTEGER NOT NULL,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    step INTEGER NOT NULL DEFAULT 0,
+    percent INTEGER NOT NULL DEFAULT 0,
+    decisions TEXT NOT NULL DEFAULT '[]',
+    detail TEXT NOT NULL DEFAULT '',
+    started_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rollouts_by_model ON rollouts (model, started_at);
 CREATE TABLE IF NOT EXISTS models (
     name TEXT PRIMARY KEY,
     serving_version INTEGER,
@@ -127,6 +143,33 @@ class ModelRecord:
     pools: tuple[str, ...] = ()
     keep_warm: dict[str, Any] | None = None
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """A progressive rollout of ``candidate`` against ``stable`` (the upload job's).
+    ``state``: running, paused, promoted, rolled_back, aborted, interrupted (the gateway
+    stopped during it: stable serves). ``decisions``: every verdict with its figures."""
+
+    job_id: str
+    model: str
+    stable: int
+    candidate: int
+    spec: dict[str, Any]
+    state: str
+    started_at: float
+    updated_at: float
+    step: int = 0  # index into spec["steps"]
+    percent: int = 0  # the candidate's share of unversioned requests now
+    decisions: tuple[dict[str, Any], ...] = ()
+    detail: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_ROLLOUT_STATES
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "decisions": list(self.decisions)}
 
 
 def with_step(steps: tuple[Step, ...], name: str, state: str, detail: str = "",
@@ -256,6 +299,32 @@ class LifecycleStore:
         self._db.execute("DELETE FROM versions WHERE model = ? AND version = ?",
                          (model, version))
 
+    # -- rollouts --------------------------------------------------------------------------
+    def put_rollout(self, record: RolloutRecord) -> RolloutRecord:
+        record = replace(record, updated_at=time.time())
+        self._db.execute(
+            "INSERT OR REPLACE INTO rollouts (job_id, model, stable, candidate, spec, state, "
+            "step, percent, decisions, detail, started_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (record.job_id, record.model, record.stable, record.candidate,
+             json.dumps(record.spec), record.state, record.step, record.percent,
+             json.dumps(list(record.decisions)), record.detail, record.started_at,
+             record.updated_at),
+        )
+        return record
+
+    def rollout(self, model: str) -> RolloutRecord | None:
+        """The model's latest rollout (running or ended), None if it never had one."""
+        row = self._db.execute("SELECT * FROM rollouts WHERE model = ? ORDER BY started_at "
+                               "DESC LIMIT 1", (model,)).fetchone()
+        return _rollout(row) if row else None
+
+    def active_rollouts(self) -> list[RolloutRecord]:
+        rows = self._db.execute(
+            f"SELECT * FROM rollouts WHERE state IN "
+            f"({','.join('?' * len(ACTIVE_ROLLOUT_STATES))})", ACTIVE_ROLLOUT_STATES)
+        return [_rollout(r) for r in rows]
+
     # -- models ----------------------------------------------------------------------------
     def put_model(self, record: ModelRecord) -> ModelRecord:
         record = replace(record, updated_at=time.time())
@@ -305,4 +374,14 @@ def _model(row: sqlite3.Row) -> ModelRecord:
         previous_version=row["previous_version"], pools=tuple(json.loads(row["pools"])),
         keep_warm=json.loads(row["keep_warm"]) if row["keep_warm"] else None,
         detail=row["detail"], updated_at=row["updated_at"],
+    )
+
+
+def _rollout(row: sqlite3.Row) -> RolloutRecord:
+    return RolloutRecord(
+        job_id=row["job_id"], model=row["model"], stable=row["stable"],
+        candidate=row["candidate"], spec=json.loads(row["spec"]), state=row["state"],
+        step=row["step"], percent=row["percent"],
+        decisions=tuple(json.loads(row["decisions"])), detail=row["detail"],
+        started_at=row["started_at"], updated_at=row["updated_at"],
     )

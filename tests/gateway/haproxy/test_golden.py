@@ -117,7 +117,16 @@ def _tenants() -> tuple[Snapshot, dict[str, object]]:
     ), {}
 
 
-CASES = {"open": _open, "gated": _gated, "versions": _versions, "tenants": _tenants}
+def _rollout() -> tuple[Snapshot, dict[str, object]]:
+    """A rollout (gateway/policy/rollout.py): version 4 takes 25 % of resnet50's
+    unversioned requests beside version 3."""
+    return Snapshot(pools=(PoolState("main", (_member("10.0.0.11"),)),),
+                    routes=(RouteState("resnet50", (("main", 1.0),), 24, split=(3, 4, 25)),
+                            RouteState("bert", (("main", 1.0),), 12))), {}
+
+
+CASES = {"open": _open, "gated": _gated, "versions": _versions, "tenants": _tenants,
+         "rollout": _rollout}
 
 
 def _rendered(case: str, run_dir: Path) -> Rendered:

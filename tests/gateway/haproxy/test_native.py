@@ -36,6 +36,7 @@ from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import create_metrics
 from gateway.policy.access import key_digest
 from gateway.policy.rate import RateClass
+from gateway.policy.rollout import VersionTally
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.procs import wait_until
@@ -54,7 +55,9 @@ class Native:
         self.layout, self.snapshot = layout, snapshot
         self.process = HAProxyProcess(layout)
         self.metrics = create_metrics()
-        self.receiver = LogReceiver(layout.log_socket, RequestLog(self.metrics))
+        self.tally = VersionTally()
+        self.receiver = LogReceiver(layout.log_socket, RequestLog(self.metrics,
+                                                                  tally=self.tally))
 
     def start(self) -> None:
         self.receiver.start()
@@ -283,6 +286,28 @@ def test_haproxy_routes_new_model_live_when_map_entry_added(native: Native) -> N
 
         assert wait_until(lambda: routed() == 1, 5)
     finally:
+        native.move(base)
+
+
+def test_haproxy_pins_unversioned_http_to_split_version_when_rolled_out(
+    native: Native
+) -> None:
+    """A rollout's split, moved in live: unversioned HTTP requests get a version in
+    their path (version 9 does not exist: Triton says so, which shows the rewrite),
+    named ones keep theirs, and each pinned answer is tallied under its version."""
+    base = native.snapshot
+    route = replace(base.routes[0], split=(1, 9, 100))
+    assert native.move(replace(base, routes=(route,))) == "runtime"
+    native.tally.watch(TINY_MODEL_NAME)
+    try:
+        status, message = _infer(native, "http")
+        assert status == "404" and "version 9 is not found" in message, (status, message)
+        native.move(replace(base, routes=(replace(route, split=(1, 9, 0)),)))
+        assert _infer(native, "http") == ("OK", "")  # pinned to version 1, which exists
+        assert wait_until(lambda: native.tally.window(TINY_MODEL_NAME, 1, 0).requests == 1
+                          and native.tally.window(TINY_MODEL_NAME, 9, 0).errors == 1, 5)
+    finally:
+        native.tally.forget(TINY_MODEL_NAME)
         native.move(base)
 
 

@@ -1,0 +1,374 @@
+"""Progressive delivery: a new version earns its traffic step by step, and a bad one
+rolls itself back (the policy and verdict: :mod:`gateway.policy.rollout`).
+
+:meth:`Rollouts.run` is what an upload's job calls instead of the all-at-once
+activation when its model has a rollout policy and a serving version:
+
+1. **Side by side.** The split is set first, 0 % to the candidate (so unversioned
+   requests stay pinned to stable, which Triton would not do by itself: it answers an
+   unversioned request with the highest version loaded). Then every member loads the
+   model with ``version_policy { specific { versions: [stable, candidate] } }`` (the
+   candidate's config), and the candidate is warmed explicitly by version.
+2. **Steps.** For each step the split gives the candidate its percent of unversioned
+   requests. Every ``TICK_S`` the tally's windows (:class:`VersionTally`, both data
+   planes record the answers of the requests they pinned) are judged; at the step's end
+   a replayed sample of the owner's evaluation set gives the outputs' agreement. Promote
+   moves on, hold keeps the step running (too few requests), rollback ends it.
+3. **The end.** Promoted: the candidate is recorded serving (its pinned config written,
+   so a restarted Triton loads it alone) and the members load it alone. Rolled back or
+   aborted: the split pins everything to stable, the members load stable alone, and the
+   job fails with the verdict (the job runner then removes the candidate version).
+
+Every verdict is recorded on the rollout (SQLite, with its figures), on the job as a
+step detail, in the log and as ``infergate_rollout_decisions_total``. A gateway that
+stops during a rollout ends it on the next start (:meth:`Rollouts.recover`): the split
+pins everything to stable until the start-up preload has the members serve stable
+alone; the job runner's recovery removes the candidate. Never a half state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import tritonclient.http as triton_http
+from tritonclient.grpc import model_config_pb2 as mc
+
+from converters.spec import TRITON_TO_NUMPY
+from converters.triton_config import parse_model_config
+from gateway.errors import Conflict, DeployFailed, GatewayError, ModelNotFound
+from gateway.lifecycle.records.jobs import LifecycleStore, RolloutRecord
+from gateway.lifecycle.warmup.deploy import Deployer, StepCallback, load_on, warm_on
+from gateway.policy.rollout import (
+    RolloutSpec,
+    Split,
+    Verdict,
+    agreement_of,
+    judge,
+)
+from gateway.pools import PoolMember
+from gateway.upstream.triton import override_for_version
+
+log = logging.getLogger(__name__)
+TICK_S = 0.25
+INTERRUPTED = ("the gateway stopped during the rollout: stable version {stable} serves, "
+               "candidate {candidate} was removed")
+
+
+@dataclass
+class _Control:
+    """What an operator asked of a running rollout."""
+
+    paused: bool = False
+    abort: str | None = None  # why, when asked to stop
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class Outcome:
+    promoted: bool
+    reason: str
+
+
+@dataclass
+class Rollouts:
+    deployer: Deployer
+    store: LifecycleStore
+    samples_dir: Path  # <state>/rollouts: each rollout's replay sample, while it runs
+    _control: dict[str, _Control] = field(default_factory=dict)
+    _step_started: dict[str, float] = field(default_factory=dict)  # model -> its window's start
+
+    @property
+    def state(self) -> Any:
+        return self.deployer.dataplane.state
+
+    # -- operators ---------------------------------------------------------------------
+    def status(self, model: str) -> dict[str, Any]:
+        record = self.store.rollout(model)
+        if record is None:
+            raise ModelNotFound(f"model {model!r} has had no rollout")
+        data = record.to_json()
+        if record.active:  # the running step's windows so far
+            since = self._step_started.get(model, time.monotonic())
+            data["window"] = {
+                "stable": self.state.tally.window(model, record.stable, since).figures(),
+                "candidate": self.state.tally.window(model, record.candidate,
+                                                     since).figures()}
+        return data
+
+    def active(self, model: str) -> RolloutRecord | None:
+        record = self.store.rollout(model)
+        return record if record is not None and record.active else None
+
+    def pause(self, model: str) -> RolloutRecord:
+        return self._ask(model, lambda c: setattr(c, "paused", True), "paused")
+
+    def resume(self, model: str) -> RolloutRecord:
+        return self._ask(model, lambda c: setattr(c, "paused", False), "running")
+
+    def abort(self, model: str, who: str) -> RolloutRecord:
+        return self._ask(model, lambda c: setattr(c, "abort", f"aborted by {who}"), None)
+
+    def _ask(self, model: str, change: Callable[[_Control], None],
+             state: str | None) -> RolloutRecord:
+        control, record = self._control.get(model), self.active(model)
+        if control is None or record is None:
+            raise Conflict(f"model {model!r} has no rollout in progress")
+        change(control)
+        control.changed.set()
+        if state is not None and record.state != state:
+            record = self.store.put_rollout(replace(record, state=state))
+        return record
+
+    # -- start-up ----------------------------------------------------------------------
+    def recover(self) -> list[RolloutRecord]:
+        """Rollouts a previous process left running end: recorded ``interrupted``, and
+        the split pins the model to stable until :meth:`settled` (the members serve
+        stable alone once preloading has loaded it pinned)."""
+        ended = []
+        for record in self.store.active_rollouts():
+            reason = INTERRUPTED.format(stable=record.stable, candidate=record.candidate)
+            ended.append(self._record(replace(record, state="interrupted", percent=0,
+                                              detail=reason),
+                                      "interrupted", reason, {}))
+            self.state.set_split(record.model, Split(record.stable, record.candidate, 0))
+            log.warning("rollout of %s: %s", record.model, reason)
+        return ended
+
+    def settled(self, model: str) -> None:
+        """The members serve one version of ``model`` again: no split needed."""
+        if self.state.split_of(model) is not None and model not in self._control:
+            self.state.set_split(model, None)
+
+    # -- a rollout -----------------------------------------------------------------------
+    async def run(self, job_id: str, model: str, stable: int, candidate: int,
+                  spec: RolloutSpec, samples: Path | None, warm_batches: Sequence[int],
+                  on_step: StepCallback) -> Outcome:
+        """Roll ``candidate`` out against ``stable`` (both recorded in the store);
+        returns whether it was promoted. A failure on the way (a member refusing to
+        load) ends it with stable serving alone; cancelled (the gateway stops), it is
+        left for :meth:`recover` at the next start."""
+        if self.active(model) is not None:
+            raise Conflict(f"model {model!r} already has a rollout in progress")
+        now = time.time()
+        record = self.store.put_rollout(RolloutRecord(
+            job_id, model, stable, candidate, spec.model_dump(mode="json"), "running",
+            now, now))
+        control = self._control[model] = _Control()
+        self.state.tally.watch(model)
+        gauge = self.deployer.dataplane.metrics.rollout_percent.labels(
+            model, str(stable), str(candidate))
+        try:
+            on_step("rollout", "running", f"version {candidate} beside {stable}: loading")
+            await self._side_by_side(model, stable, candidate, warm_batches)
+            outcome = await self._steps(record, spec, control, samples, gauge, on_step)
+            if outcome.promoted:
+                await self._promote(model, stable, candidate, warm_batches)
+            else:
+                await self._back_to_stable(model, stable, candidate, warm_batches)
+            on_step("rollout", "done" if outcome.promoted else "failed", outcome.reason)
+            return outcome
+        except asyncio.CancelledError:
+            raise  # the gateway stops: the record stays active, recover() ends it
+        except Exception as exc:
+            why = exc.message if isinstance(exc, GatewayError) else repr(exc)
+            self._record(self.store.rollout(model) or record, "abort",
+                         f"the rollout failed: {why}", {})
+            await self._back_to_stable(model, stable, candidate, warm_batches)
+            raise
+        finally:
+            gauge.set(0)
+            self._control.pop(model, None)
+            self._step_started.pop(model, None)
+            self.state.tally.forget(model)
+            if samples is not None:
+                samples.unlink(missing_ok=True)
+
+    async def _side_by_side(self, model: str, stable: int, candidate: int,
+                            warm_batches: Sequence[int]) -> None:
+        self.state.set_split(model, Split(stable, candidate, 0))
+        await self.state.settle()
+        target = self.store.version(model, candidate)
+        if target is None:
+            raise ModelNotFound(f"model {model!r} has no version {candidate}")
+        config = parse_model_config(target.config)
+        batches = tuple(b for b in warm_batches if b <= max(1, config.max_batch_size)) or (1,)
+        members = self.deployer.members(model)
+        async with self.deployer.lock(model):
+            await load_on(self.deployer.admin, model,
+                          override_for_version(config, candidate, batches, also=(stable,)),
+                          members, [])
+            await asyncio.gather(*(warm_on(self.deployer.dataplane, self.deployer.admin, model,
+                                           candidate, config, batches, m) for m in members))
+
+    async def _steps(self, record: RolloutRecord, spec: RolloutSpec, control: _Control,
+                     samples: Path | None, gauge: Any, on_step: StepCallback) -> Outcome:
+        model, stable, candidate = record.model, record.stable, record.candidate
+        tally, baseline = self.state.tally, None
+        for index, percent in enumerate(spec.steps):
+            record = self._set_percent(record, index, percent, gauge)
+            on_step("rollout", "running", f"step {index + 1} of {len(spec.steps)}: "
+                    f"{percent}% to version {candidate}")
+            started = time.monotonic()
+            self._step_started[model] = started
+            while True:
+                if control.abort is not None:
+                    self._record(record, "abort", control.abort, {})
+                    return Outcome(False, control.abort)
+                if control.paused:
+                    await self._wait(control)
+                    started = self._step_started[model] = time.monotonic()  # a fresh window
+                    record = self.store.rollout(model) or record
+                    continue
+                elapsed = time.monotonic() - started
+                candidate_w = tally.window(model, candidate, started)
+                stable_w = tally.window(model, stable, started)
+                if stable_w.requests >= max(1, spec.min_requests // 2):
+                    baseline = stable_w  # enough to compare with; else the last step's
+                step_over = elapsed >= spec.step_seconds
+                agreement = None
+                if step_over and samples is not None:
+                    agreement = await self.agreement(model, stable, candidate, samples, spec)
+                decision = judge(spec, baseline, candidate_w, agreement, step_over)
+                if decision is not None:
+                    decision.figures.update(step=index + 1, percent=percent,
+                                            seconds=round(elapsed, 1))
+                    record = self._record(record, decision.verdict.value, decision.reason,
+                                          decision.figures)
+                    on_step("rollout", "running", f"step {index + 1}: "
+                            f"{decision.verdict.value}: {decision.reason}")
+                    if decision.verdict is Verdict.ROLLBACK:
+                        return Outcome(False, f"rolled back at step {index + 1} ({percent}%):"
+                                       f" {decision.reason}")
+                    if decision.verdict is Verdict.PROMOTE:
+                        break
+                    started = self._step_started[model] = time.monotonic()  # hold: again
+                await self._wait(control, TICK_S)
+        return Outcome(True, f"version {candidate} promoted through steps "
+                       f"{list(spec.steps)}")
+
+    async def _wait(self, control: _Control, timeout_s: float | None = None) -> None:
+        control.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(control.changed.wait(), timeout_s)
+
+    def _set_percent(self, record: RolloutRecord, index: int, percent: int,
+                     gauge: Any) -> RolloutRecord:
+        self.state.set_split(record.model, Split(record.stable, record.candidate, percent))
+        gauge.set(percent)
+        return self.store.put_rollout(replace(record, step=index, percent=percent))
+
+    def _record(self, record: RolloutRecord, decision: str, reason: str,
+                figures: dict[str, Any]) -> RolloutRecord:
+        """A verdict (or an operator's stop) on the rollout, in the log and as a metric."""
+        entry = {"at": time.time(), "decision": decision, "reason": reason, **figures}
+        log.info("rollout of %s (%d -> %d): %s: %s %s", record.model, record.stable,
+                 record.candidate, decision, reason, figures)
+        self.deployer.dataplane.metrics.rollout_decisions.labels(record.model, decision).inc()
+        state = {"rollback": "rolled_back", "abort": "aborted"}.get(decision, record.state)
+        return self.store.put_rollout(replace(record, decisions=(*record.decisions, entry),
+                                              state=state, detail=reason))
+
+    # -- the end -------------------------------------------------------------------------
+    async def _promote(self, model: str, stable: int, candidate: int,
+                       warm_batches: Sequence[int]) -> None:
+        self.state.set_split(model, Split(stable, candidate, 100))
+        await self.state.settle()
+        async with self.deployer.lock(model):
+            await self.deployer.activate(model, candidate, warm_batches)
+        self.state.set_split(model, None)
+        await self.state.settle()
+        record = self.store.rollout(model)
+        if record is not None:
+            self.store.put_rollout(replace(record, state="promoted", percent=100))
+
+    async def _back_to_stable(self, model: str, stable: int, candidate: int,
+                              warm_batches: Sequence[int]) -> None:
+        """Everything pinned to stable, then the members serve stable alone."""
+        self.state.set_split(model, Split(stable, candidate, 0))
+        await self.state.settle()
+        try:
+            async with self.deployer.lock(model):
+                await self.deployer.activate(model, stable, warm_batches)
+        except GatewayError as exc:  # the split keeps stable serving meanwhile
+            log.error("rollout of %s: members could not go back to version %d alone: %s",
+                      model, stable, exc.message)
+            return
+        self.state.set_split(model, None)
+        await self.state.settle()
+
+    # -- agreement -------------------------------------------------------------------------
+    async def agreement(self, model: str, stable: int, candidate: int, samples: Path,
+                        spec: RolloutSpec) -> float:
+        """The evaluation sample replayed to both versions as deployed (a member of the
+        model's pools, by version): the share of equal top-1 classes when the owner's
+        budget speaks of top-1, else the mean cosine of the first output."""
+        target = self.store.version(model, candidate)
+        if target is None:
+            raise ModelNotFound(f"model {model!r} has no version {candidate}")
+        config = parse_model_config(target.config)
+        with np.load(samples) as data:
+            arrays = {name: data[name] for name in data.files}
+        metric = _metric(self.store, model)
+        member = self.deployer.members(model)[0]
+        outputs = [await self._replay(model, version, config, arrays, member)
+                   for version in (stable, candidate)]
+        return agreement_of(outputs[0], outputs[1], metric)
+
+    async def _replay(self, model: str, version: int, config: mc.ModelConfig,
+                      arrays: dict[str, np.ndarray], member: PoolMember) -> list[np.ndarray]:
+        count = len(next(iter(arrays.values())))
+        step = max(1, config.max_batch_size)
+        per_sample: list[np.ndarray] = []
+        admin = self.deployer.admin
+        for start in range(0, count, step):
+            inputs = []
+            for tensor in config.input:
+                batch = arrays[tensor.name][start:start + step]
+                datatype = mc.DataType.Name(tensor.data_type).removeprefix("TYPE_")
+                item = triton_http.InferInput(tensor.name, list(batch.shape), datatype)
+                item.set_data_from_numpy(batch.astype(TRITON_TO_NUMPY[datatype]),
+                                         binary_data=True)
+                inputs.append(item)
+            # outputs as JSON: the answer is one JSON object, no binary part to frame
+            wanted = [triton_http.InferRequestedOutput(config.output[0].name, binary_data=False)]
+            body, json_size = triton_http.InferenceServerClient.generate_request_body(
+                inputs, outputs=wanted)
+            headers = {"Content-Type": "application/octet-stream"}
+            if json_size is not None:
+                headers["Inference-Header-Content-Length"] = str(json_size)
+
+            async def call(m: PoolMember, body: bytes = body,
+                           headers: dict[str, str] = headers) -> tuple[int, bytes]:
+                return await admin.infer(m, model, version, body, headers)
+
+            status, answer = await self.deployer.dataplane.send_to(
+                model, member, call, protocol="http", traffic="rollout",
+                outcome=lambda r: "success" if r[0] == 200 else "upstream_error")
+            if status != 200:
+                raise DeployFailed(f"replaying the evaluation sample to version {version} "
+                                   f"answered {status}: {answer[:2000].decode(errors='replace')}")
+            output = triton_http.InferenceServerClient.parse_response_body(answer).as_numpy(
+                config.output[0].name)
+            per_sample.extend(np.asarray(output).reshape(len(output), -1))
+        return per_sample
+
+
+def _metric(store: LifecycleStore, model: str) -> Literal["top1", "cosine"]:
+    """top-1 when the model's latest upload budgeted top-1, else cosine."""
+    for job in store.jobs(model, limit=5):
+        budget = (job.spec or {}).get("accuracy_budget") or {}
+        if budget.get("max_top1_drop") is not None:
+            return "top1"
+        if job.spec:
+            break
+    return "cosine"
+
+

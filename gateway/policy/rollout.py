@@ -1,0 +1,253 @@
+"""Progressive delivery: the rollout policy, the traffic split both data planes apply,
+and the verdict at every step. Pure: no I/O, no clock (windows are passed in).
+
+A rollout serves a model's ``stable`` and ``candidate`` versions side by side (both
+loaded on every member, Triton's ``version_policy``). Requests that name a version get
+it; an *unversioned* request is pinned to the candidate with probability
+``percent / 100``, else to stable (:func:`pick`; HAProxy: ``rand(100)`` against the
+same percent, maps ``rollout``/``rstable``/``rcand``). Pinning means:
+
+- HTTP: the path becomes ``/v2/models/<m>/versions/<v>/infer`` (both planes; the Python
+  plane pins ``generate`` and ``generate_stream`` the same way);
+- gRPC: field 2 (``model_version``) is appended to the ``ModelInferRequest`` wire bytes
+  (a later occurrence of a singular field wins), see :func:`pin_grpc_version`; each
+  request of a ``ModelStreamInfer`` stream is pinned on its own. HAProxy
+  cannot change a gRPC body, so during a rollout it hands a model's unversioned gRPC
+  requests to the control plane's gRPC server, which pins them (the README measures
+  what that costs).
+
+At the end of each step of ``step_seconds`` :func:`judge` compares the candidate's
+window of answers with stable's over the same window, and the agreement of their
+outputs on a replayed sample of the owner's evaluation set: promote, hold (too few
+requests) or roll back. A rollback does not wait for the step's end once the candidate
+has ``min_requests`` answers that already condemn it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_STEPS = (5, 25, 50, 100)
+
+
+class RolloutSpec(BaseModel):
+    """``rollout:`` in an upload's spec or a model's configuration (README, "Progressive
+    delivery"). ``"none"`` instead of the mapping keeps the all-at-once switch."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: tuple[int, ...] = DEFAULT_STEPS  # the candidate's percent of unversioned traffic
+    step_seconds: float = Field(60.0, gt=0, le=86400)
+    min_requests: int = Field(200, ge=0)  # candidate answers a verdict needs
+    max_error_rate_delta: float = Field(0.01, ge=0, le=1)
+    max_p99_ratio: float = Field(1.3, ge=1)
+    # a p99 worse by less than this is timer noise (HAProxy logs milliseconds)
+    p99_tolerance_ms: float = Field(5.0, ge=0)
+    min_agreement: float = Field(0.99, ge=0, le=1)
+    agreement_samples: int = Field(32, ge=0, le=256)  # 0: no replay, no agreement check
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, steps: tuple[int, ...]) -> tuple[int, ...]:
+        if not steps:
+            raise ValueError("at least one step (a percent of traffic, 1..100)")
+        for i, step in enumerate(steps):
+            if not 1 <= step <= 100:
+                raise ValueError(f"step {i} is {step}: each step is a percent, 1..100")
+            if i and step <= steps[i - 1]:
+                raise ValueError(f"steps must increase: step {i} ({step}) is not above "
+                                 f"step {i - 1} ({steps[i - 1]})")
+        return steps
+
+
+Rollout = RolloutSpec | Literal["none"] | None  # None: the model's configured default
+
+
+def parse_rollout(value: Any) -> RolloutSpec | Literal["none"] | None:
+    """``"none"``, a mapping of :class:`RolloutSpec` fields, or None; ValueError naming
+    the field otherwise."""
+    if value is None or isinstance(value, RolloutSpec):
+        return value
+    if value == "none":
+        return "none"
+    if not isinstance(value, dict):
+        raise ValueError("expected 'none' or a mapping (steps, step_seconds, min_requests, "
+                         "max_error_rate_delta, max_p99_ratio, min_agreement, ...)")
+    try:
+        return RolloutSpec.model_validate(value)
+    except ValidationError as exc:
+        raise ValueError("; ".join(
+            f"{'.'.join(str(p) for p in err['loc'] if not isinstance(p, int)) or 'rollout'}: "
+            f"{err['msg'].removeprefix('Value error, ')}" for err in exc.errors()
+        )) from None
+
+
+def effective(upload: RolloutSpec | Literal["none"] | None,
+              configured: RolloutSpec | Literal["none"] | None) -> RolloutSpec | None:
+    """The rollout an upload gets: its own, else the model's configured one; ``none``
+    (either way) or nothing: the all-at-once switch."""
+    chosen = upload if upload is not None else configured
+    return chosen if isinstance(chosen, RolloutSpec) else None
+
+
+# -- the split ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Split:
+    """Unversioned requests of a model during a rollout: ``percent`` to the candidate."""
+
+    stable: int
+    candidate: int
+    percent: int  # 0..100
+
+    def pick(self, draw: int) -> int:
+        """The version for one request, ``draw`` uniform in 0..99 (HAProxy: rand(100))."""
+        return self.candidate if draw < self.percent else self.stable
+
+
+def pin_grpc_version(message: bytes, version: int) -> bytes:
+    """A ``ModelInferRequest``'s wire bytes with ``model_version`` set to ``version``:
+    field 2 appended (for a singular field the last occurrence wins), nothing decoded."""
+    text = str(version).encode()
+    return message + bytes((0x12, len(text))) + text  # field 2, wire type 2; len < 128
+
+
+def http_pinned_path(path: str, version: int) -> str:
+    """``/v2/models/<m>/infer`` -> ``/v2/models/<m>/versions/<v>/infer`` (``generate``,
+    ``generate_stream`` alike)."""
+    head, _, verb = path.rpartition("/")
+    return f"{head}/versions/{version}/{verb}"
+
+
+# -- the verdict --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """One version's answers to pinned requests over a step's window."""
+
+    requests: int = 0
+    errors: int = 0
+    p99_s: float | None = None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    @classmethod
+    def of(cls, answers: Sequence[tuple[bool, float]]) -> Window:
+        """From (ok, seconds) pairs; p99 over the successful answers."""
+        times = sorted(s for ok, s in answers if ok)
+        p99 = times[max(0, math.ceil(0.99 * len(times)) - 1)] if times else None
+        return cls(len(answers), sum(1 for ok, _ in answers if not ok), p99)
+
+    def figures(self) -> dict[str, Any]:
+        return {"requests": self.requests, "errors": self.errors,
+                "error_rate": round(self.error_rate, 4),
+                "p99_ms": None if self.p99_s is None else round(self.p99_s * 1e3, 2)}
+
+
+class Verdict(enum.Enum):
+    PROMOTE = "promote"
+    HOLD = "hold"
+    ROLLBACK = "rollback"
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str
+    figures: dict[str, Any]
+
+
+def judge(spec: RolloutSpec, stable: Window | None, candidate: Window,
+          agreement: float | None, step_over: bool) -> Decision | None:
+    """The verdict on a step: ``stable`` is stable's window (None: it had too few
+    answers to compare with, e.g. at 100 %); ``agreement`` the replay's (None: not
+    measured). None while the step runs and nothing condemns the candidate yet."""
+    figures: dict[str, Any] = {"candidate": candidate.figures(),
+                               "stable": stable.figures() if stable else None,
+                               "agreement": agreement}
+    if agreement is not None and agreement < spec.min_agreement:
+        return Decision(Verdict.ROLLBACK, f"output agreement with stable {agreement:.3f} is "
+                        f"below {spec.min_agreement}", figures)
+    if candidate.requests >= max(1, spec.min_requests):
+        baseline = stable.error_rate if stable else 0.0
+        delta = candidate.error_rate - baseline
+        if delta > spec.max_error_rate_delta:
+            return Decision(Verdict.ROLLBACK, f"error rate {candidate.error_rate:.3f} against "
+                            f"stable's {baseline:.3f} (more than +{spec.max_error_rate_delta})",
+                            figures)
+        if stable is not None and stable.p99_s and candidate.p99_s is not None:
+            ratio = candidate.p99_s / stable.p99_s
+            worse_ms = (candidate.p99_s - stable.p99_s) * 1e3
+            figures["p99_ratio"] = round(ratio, 3)
+            if ratio > spec.max_p99_ratio and worse_ms > spec.p99_tolerance_ms:
+                return Decision(Verdict.ROLLBACK, f"p99 {candidate.p99_s * 1e3:.1f} ms is "
+                                f"{ratio:.2f}x stable's {stable.p99_s * 1e3:.1f} ms (more "
+                                f"than {spec.max_p99_ratio}x)", figures)
+    if not step_over:
+        return None
+    if candidate.requests < spec.min_requests:
+        return Decision(Verdict.HOLD, f"{candidate.requests} of {spec.min_requests} candidate "
+                        "answers: the step goes on", figures)
+    return Decision(Verdict.PROMOTE, "error rate, p99 and agreement within bounds", figures)
+
+
+def agreement_of(stable: Sequence[np.ndarray], candidate: Sequence[np.ndarray],
+                 metric: Literal["top1", "cosine"]) -> float:
+    """Per-sample outputs (first output, flattened per sample) of both versions: the
+    share of equal top-1 classes, or the mean cosine similarity."""
+    if not stable:
+        return 1.0
+    if metric == "top1":
+        same = [int(np.argmax(a)) == int(np.argmax(b)) for a, b in zip(stable, candidate,
+                                                                        strict=True)]
+        return sum(same) / len(same)
+    cosines = []
+    for a, b in zip(stable, candidate, strict=True):
+        a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+        norm = float(np.linalg.norm(a64) * np.linalg.norm(b64))
+        cosines.append(1.0 if norm == 0 and not a64.any() and not b64.any()
+                       else float(a64 @ b64) / norm if norm else 0.0)
+    return float(np.mean(cosines))
+
+
+class VersionTally:
+    """Answers to pinned requests of the models a rollout watches, per version: both
+    data planes record here (the Python forwarder as it answers; HAProxy's telemetry
+    thread from its log lines), the rollout reads a window per step. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._answers: dict[str, dict[int, list[tuple[float, bool, float]]]] = {}
+        self._lock = threading.Lock()
+
+    def watch(self, model: str) -> None:
+        with self._lock:
+            self._answers.setdefault(model, {})
+
+    def forget(self, model: str) -> None:
+        with self._lock:
+            self._answers.pop(model, None)
+
+    def record(self, model: str, version: int, ok: bool, seconds: float, at: float,
+               count: int = 1) -> None:
+        versions = self._answers.get(model)
+        if versions is None:
+            return  # no rollout watches it
+        with self._lock:
+            versions.setdefault(version, []).extend([(at, ok, seconds)] * count)
+
+    def window(self, model: str, version: int, since: float) -> Window:
+        """Answers of ``version`` recorded at or after ``since`` (older ones dropped)."""
+        with self._lock:
+            answers = self._answers.get(model, {}).get(version, [])
+            kept = [a for a in answers if a[0] >= since]
+            if model in self._answers:
+                self._answers[model][version] = kept
+        return Window.of([(ok, s) for _, ok, s in kept])
