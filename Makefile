@@ -5,7 +5,7 @@ RUNTIME := .venv-triton
 PY := $(VENV)/bin/python
 PIP_FLAGS := --disable-pip-version-check --quiet --progress-bar off
 
-.PHONY: run test test-fast lint bench loadtest venv runtime sample clean
+.PHONY: run test test-fast lint bench bench-rollout loadtest venv runtime sample clean
 
 # The services' environment (numpy 2, torch CPU, test tools), pinned by
 # pyproject.toml + constraints.txt.
@@ -50,8 +50,15 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy gateway scheduler converters infergate loadtests
 
+## bench: every benchmark once into results/BENCHMARKS.md (loadtests/bench.py runs its
+## list, then every other loadtests/bench_*.py: bench_rollout among them)
 bench: venv runtime system-deps
 	$(PY) -m loadtests.bench --out results
+
+## bench-rollout: progressive delivery alone (four candidates rolled out, the gRPC
+## detour's cost), table + PNG in results/rollout
+bench-rollout: venv runtime system-deps
+	$(PY) -m loadtests.bench_rollout --out results/rollout
 
 ## system-deps: Debian packages the tests need (haproxy: the native data plane;
 ## prometheus: the HPA adapter-rule test; nghttp2-client: h2load, make bench)

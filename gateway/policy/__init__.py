@@ -29,11 +29,11 @@ admission       429 / RESOURCE_EXHAUSTED + Retry-After:     :mod:`.admission`,
 ==============  ==========================================  ===============================
 
 An admitted request of a model under rollout is pinned to its stable or candidate
-version (:mod:`.rollout`, the same draw on both planes). Then the member: least loaded by Triton's queue depth, one retry on another member for
-a connection failure, the member ejected after it (:mod:`.upstream`), and Triton's own
-500 / INTERNAL for a request it could not parse turned into 400 / INVALID_ARGUMENT
-(:mod:`.parse_errors`). Status codes and gRPC codes come from ``gateway/errors.py``'s
-one table.
+version (:mod:`.rollout`, the same draw on both planes). Then the member: least loaded
+by Triton's queue depth, one retry on another member for a connection failure, the
+member ejected after it (:mod:`.upstream`), and Triton's own 500 / INTERNAL for a
+request it could not parse turned into 400 / INVALID_ARGUMENT (:mod:`.parse_errors`).
+Status codes and gRPC codes come from ``gateway/errors.py``'s one table.
 """
 
 from __future__ import annotations

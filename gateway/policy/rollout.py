@@ -36,6 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 DEFAULT_STEPS = (5, 25, 50, 100)
+MAX_TALLIED = 200_000  # answers kept per version between two reads of a window
 
 
 class RolloutSpec(BaseModel):
@@ -134,6 +135,7 @@ class Window:
     requests: int = 0
     errors: int = 0
     p99_s: float | None = None
+    p50_s: float | None = None
 
     @property
     def error_rate(self) -> float:
@@ -141,15 +143,22 @@ class Window:
 
     @classmethod
     def of(cls, answers: Sequence[tuple[bool, float]]) -> Window:
-        """From (ok, seconds) pairs; p99 over the successful answers."""
+        """From (ok, seconds) pairs; p99 and p50 over the successful answers."""
         times = sorted(s for ok, s in answers if ok)
-        p99 = times[max(0, math.ceil(0.99 * len(times)) - 1)] if times else None
-        return cls(len(answers), sum(1 for ok, _ in answers if not ok), p99)
+
+        def quantile(q: float) -> float | None:
+            return times[max(0, math.ceil(q * len(times)) - 1)] if times else None
+
+        return cls(len(answers), sum(1 for ok, _ in answers if not ok), quantile(0.99),
+                   quantile(0.5))
 
     def figures(self) -> dict[str, Any]:
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else round(seconds * 1e3, 2)
+
         return {"requests": self.requests, "errors": self.errors,
-                "error_rate": round(self.error_rate, 4),
-                "p99_ms": None if self.p99_s is None else round(self.p99_s * 1e3, 2)}
+                "error_rate": round(self.error_rate, 4), "p99_ms": ms(self.p99_s),
+                "p50_ms": ms(self.p50_s)}
 
 
 class Verdict(enum.Enum):
@@ -187,7 +196,8 @@ def judge(spec: RolloutSpec, stable: Window | None, candidate: Window,
             ratio = candidate.p99_s / stable.p99_s
             worse_ms = (candidate.p99_s - stable.p99_s) * 1e3
             figures["p99_ratio"] = round(ratio, 3)
-            if ratio > spec.max_p99_ratio and worse_ms > spec.p99_tolerance_ms:
+            if ratio > spec.max_p99_ratio and worse_ms > spec.p99_tolerance_ms and \
+                    _median_moved(spec, stable, candidate):
                 return Decision(Verdict.ROLLBACK, f"p99 {candidate.p99_s * 1e3:.1f} ms is "
                                 f"{ratio:.2f}x stable's {stable.p99_s * 1e3:.1f} ms (more "
                                 f"than {spec.max_p99_ratio}x)", figures)
@@ -197,6 +207,15 @@ def judge(spec: RolloutSpec, stable: Window | None, candidate: Window,
         return Decision(Verdict.HOLD, f"{candidate.requests} of {spec.min_requests} candidate "
                         "answers: the step goes on", figures)
     return Decision(Verdict.PROMOTE, "error rate, p99 and agreement within bounds", figures)
+
+
+def _median_moved(spec: RolloutSpec, stable: Window, candidate: Window) -> bool:
+    """A slower version is slower at its median too; a p99 over a few hundred answers
+    moves alone on a shared machine's hiccups. The median must be worse by half the
+    p99 bound's margin (1.15x for 1.3x)."""
+    if not stable.p50_s or candidate.p50_s is None:
+        return True
+    return candidate.p50_s / stable.p50_s > 1 + (spec.max_p99_ratio - 1) / 2
 
 
 def agreement_of(stable: Sequence[np.ndarray], candidate: Sequence[np.ndarray],
@@ -241,7 +260,10 @@ class VersionTally:
         if versions is None:
             return  # no rollout watches it
         with self._lock:
-            versions.setdefault(version, []).extend([(at, ok, seconds)] * count)
+            answers = versions.setdefault(version, [])
+            answers.extend([(at, ok, seconds)] * count)
+            if len(answers) > MAX_TALLIED:  # unread for long: keep the newest half
+                del answers[: len(answers) // 2]
 
     def window(self, model: str, version: int, since: float) -> Window:
         """Answers of ``version`` recorded at or after ``since`` (older ones dropped)."""

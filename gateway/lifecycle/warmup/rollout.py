@@ -7,8 +7,8 @@ activation when its model has a rollout policy and a serving version:
 1. **Side by side.** The split is set first, 0 % to the candidate (so unversioned
    requests stay pinned to stable, which Triton would not do by itself: it answers an
    unversioned request with the highest version loaded). Then every member loads the
-   model with ``version_policy { specific { versions: [stable, candidate] } }`` (the
-   candidate's config), and the candidate is warmed explicitly by version.
+   model with ``version_policy { specific { versions: [stable, candidate] } }``
+   (:func:`side_by_side_config`), and the candidate is warmed explicitly by version.
 2. **Steps.** For each step the split gives the candidate its percent of unversioned
    requests. Every ``TICK_S`` the tally's windows (:class:`VersionTally`, both data
    planes record the answers of the requests they pinned) are judged; at the step's end
@@ -108,9 +108,12 @@ class Rollouts:
         return record if record is not None and record.active else None
 
     def pause(self, model: str) -> RolloutRecord:
-        return self._ask(model, lambda c: setattr(c, "paused", True), "paused")
+        record = self._ask(model, lambda c: setattr(c, "paused", True), "paused")
+        self.state.tally.forget(model)  # no verdict while paused: nothing to tally
+        return record
 
     def resume(self, model: str) -> RolloutRecord:
+        self.state.tally.watch(model)
         return self._ask(model, lambda c: setattr(c, "paused", False), "running")
 
     def abort(self, model: str, who: str) -> RolloutRecord:
@@ -195,10 +198,8 @@ class Rollouts:
                             warm_batches: Sequence[int]) -> None:
         self.state.set_split(model, Split(stable, candidate, 0))
         await self.state.settle()
-        target = self.store.version(model, candidate)
-        if target is None:
-            raise ModelNotFound(f"model {model!r} has no version {candidate}")
-        config = parse_model_config(target.config)
+        config = side_by_side_config(self._config(model, stable),
+                                     self._config(model, candidate))
         batches = tuple(b for b in warm_batches if b <= max(1, config.max_batch_size)) or (1,)
         members = self.deployer.members(model)
         async with self.deployer.lock(model):
@@ -207,6 +208,12 @@ class Rollouts:
                           members, [])
             await asyncio.gather(*(warm_on(self.deployer.dataplane, self.deployer.admin, model,
                                            candidate, config, batches, m) for m in members))
+
+    def _config(self, model: str, version: int) -> mc.ModelConfig:
+        target = self.store.version(model, version)
+        if target is None:
+            raise ModelNotFound(f"model {model!r} has no version {version}")
+        return parse_model_config(target.config)
 
     async def _steps(self, record: RolloutRecord, spec: RolloutSpec, control: _Control,
                      samples: Path | None, gauge: Any, on_step: StepCallback) -> Outcome:
@@ -310,10 +317,7 @@ class Rollouts:
         """The evaluation sample replayed to both versions as deployed (a member of the
         model's pools, by version): the share of equal top-1 classes when the owner's
         budget speaks of top-1, else the mean cosine of the first output."""
-        target = self.store.version(model, candidate)
-        if target is None:
-            raise ModelNotFound(f"model {model!r} has no version {candidate}")
-        config = parse_model_config(target.config)
+        config = self._config(model, candidate)
         with np.load(samples) as data:
             arrays = {name: data[name] for name in data.files}
         metric = _metric(self.store, model)
@@ -359,6 +363,20 @@ class Rollouts:
                 config.output[0].name)
             per_sample.extend(np.asarray(output).reshape(len(output), -1))
         return per_sample
+
+
+def side_by_side_config(stable: mc.ModelConfig, candidate: mc.ModelConfig) -> mc.ModelConfig:
+    """Triton keeps one config per model, so both versions run under one: stable's
+    scheduling (dynamic batching, instance groups, warm-up), which the traffic's majority
+    keeps, with the candidate's backend parameters (runtime settings its variant may need,
+    e.g. the optimizers an FP16 variant must run without). A candidate for another
+    backend or with other tensors fails to load: the rollout ends, stable serving."""
+    config = mc.ModelConfig()
+    config.CopyFrom(stable)
+    config.parameters.clear()
+    for key, value in candidate.parameters.items():
+        config.parameters[key].CopyFrom(value)
+    return config
 
 
 def _metric(store: LifecycleStore, model: str) -> Literal["top1", "cosine"]:

@@ -94,6 +94,7 @@ def test_window_p99_and_error_rate_when_built() -> None:
     window = Window.of(answers)
     assert (window.requests, window.errors) == (110, 10)
     assert window.p99_s == pytest.approx(0.099)  # over the successful answers only
+    assert window.p50_s == pytest.approx(0.050)
     assert window.figures()["error_rate"] == pytest.approx(10 / 110, abs=1e-4)
     assert Window.of([]).p99_s is None and Window.of([]).error_rate == 0.0
 
@@ -103,8 +104,10 @@ SPEC = RolloutSpec(steps=(10, 100), step_seconds=10, min_requests=100,
                    min_agreement=0.99)
 
 
-def _w(requests: int, errors: int = 0, p99_ms: float | None = 10.0) -> Window:
-    return Window(requests, errors, None if p99_ms is None else p99_ms / 1e3)
+def _w(requests: int, errors: int = 0, p99_ms: float | None = 10.0,
+       p50_ms: float | None = None) -> Window:
+    return Window(requests, errors, None if p99_ms is None else p99_ms / 1e3,
+                  None if p50_ms is None else p50_ms / 1e3)
 
 
 @pytest.mark.parametrize(("stable", "candidate", "agreement", "over", "verdict", "why"), [
@@ -117,6 +120,11 @@ def _w(requests: int, errors: int = 0, p99_ms: float | None = 10.0) -> Window:
     (_w(900), _w(99, errors=50), None, False, None, ""),  # too few to condemn it yet
     (_w(900, p99_ms=10), _w(100, p99_ms=30), None, False, Verdict.ROLLBACK, "3.00x"),
     (_w(900, p99_ms=10), _w(100, p99_ms=13), None, True, Verdict.PROMOTE, ""),  # 1.3x
+    # a tail alone (the median did not move): a hiccup, not a slower version
+    (_w(900, p99_ms=10, p50_ms=4), _w(100, p99_ms=30, p50_ms=4.4), None, True,
+     Verdict.PROMOTE, ""),
+    (_w(900, p99_ms=10, p50_ms=4), _w(100, p99_ms=30, p50_ms=4.8), None, False,
+     Verdict.ROLLBACK, "p99 30.0 ms is 3.00x"),
     (_w(900, p99_ms=2), _w(100, p99_ms=3.5), None, True, Verdict.PROMOTE, ""),  # noise
     (None, _w(100, p99_ms=99), None, True, Verdict.PROMOTE, ""),  # no stable to compare
     (None, _w(100, errors=5), None, True, Verdict.ROLLBACK, "stable's 0.000"),

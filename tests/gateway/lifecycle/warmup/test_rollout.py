@@ -1,8 +1,8 @@
 """Progressive delivery against a real Triton through a real gateway, with clients
 sending traffic throughout (HTTP and gRPC): a good version promoted through every step,
 an erroring one rolled back at the first step, a slow one on p99, a differing one on
-agreement; the split itself on both data planes with pause, abort and the 409s; a
-gateway restarted in the middle of a rollout."""
+agreement; the split itself on both data planes with pause and the 409s, ended by an
+abort or by a gateway restarted in the middle of the rollout."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ class Load:
 
 
 MODELS = ("roll_good", "roll_err", "roll_slow", "roll_flip", "roll_split_haproxy",
-          "roll_split_python", "roll_restart")
+          "roll_split_python")
 
 
 @pytest.fixture(scope="module")
@@ -174,10 +174,12 @@ def test_good_version_promoted_through_every_step_when_rolled_out(
     model = "roll_good"
     with _serve(tmp_path, shared_triton, model, "haproxy") as gw:
         url = f"http://{gw.http_url}"
-        loads = [Load(url, model, "http").start(), Load(gw.grpc_url, model, "grpc").start()]
         rollout = {"steps": [25, 50, 100], "step_seconds": 2, "min_requests": 10,
                    "p99_tolerance_ms": 100}  # the slow version's test judges p99
         answer = _roll(url, model, affine_onnx(tmp_path / "v2.onnx", 2.1), rollout)
+        # the clients start before the candidate is loaded beside stable
+        assert wait_until(lambda: job(url, answer["id"])["state"] == "rolling_out", 120, 0.05)
+        loads = [Load(url, model, "http").start(), Load(gw.grpc_url, model, "grpc").start()]
         done = finished(url, answer["id"])
         for load in loads:
             load.stop()
@@ -290,15 +292,30 @@ def _cli(url: str, *args: str) -> str:
     return result.output
 
 
-@pytest.mark.parametrize("data_plane", ["haproxy", "python"])
-def test_split_serves_both_versions_until_aborted_when_paused(
-    shared_triton: tuple[Path, Any], tmp_path: Path, data_plane: str
+def _stable_alone(url: str, grpc_url: str, model: str, shared: tuple[Path, Any]) -> None:
+    """Version 1 serves every request, alone in Triton; version 2 is gone."""
+    repo, endpoints = shared
+    shown = show(url, model)
+    assert shown["serving_version"] == 1 and [v["version"] for v in shown["versions"]] == [1]
+    assert not (repo / model / "2").exists()
+    loaded = httpx.get(f"http://{endpoints.host}:{endpoints.http_port}/v2/models/{model}")
+    assert loaded.json()["versions"] == ["1"]
+    http, grpc = _versions_seen(url, grpc_url, model, 20)
+    assert set(http) == set(grpc) == {2.0}
+
+
+@pytest.mark.parametrize(("data_plane", "ending"), [("haproxy", "restart"),
+                                                    ("python", "abort")])
+def test_split_serves_both_versions_until_rollout_ends_on_stable(
+    shared_triton: tuple[Path, Any], tmp_path: Path, data_plane: str, ending: str
 ) -> None:
     """At a 50 % step, unversioned requests get either version on both protocols,
-    versioned ones their own; pause holds it, a second upload and a rollback are 409,
-    abort gives stable 100 % and removes the candidate."""
+    versioned ones their own; pause holds it, a second upload and a rollback are 409.
+    Then the rollout ends with stable alone: by abort, or by a gateway restarted in the
+    middle of it (recorded interrupted, the candidate removed)."""
     model = f"roll_split_{data_plane}"
-    with _serve(tmp_path, shared_triton, model, data_plane) as gw:
+    config = _gateway(tmp_path, shared_triton, model)
+    with run_gateway(config, tmp_path, data_plane=data_plane) as gw:
         url = f"http://{gw.http_url}"
         rollout = {"steps": [50, 100], "step_seconds": 3600, "min_requests": 10}
         answer = _roll(url, model, affine_onnx(tmp_path / "v2.onnx", 2.1), rollout)
@@ -321,39 +338,19 @@ def test_split_serves_both_versions_until_aborted_when_paused(
                                headers=bearer("upload"))
         assert forbidden.status_code == 403
         status = " ".join(_cli(url, "rollout", "status", model).split())  # unwrapped
-        assert "step 1 of 2 [50, 100], 50% to the candidate" in status
-        _cli(url, "rollout", "abort", model)
-        done = finished(url, answer["id"])
-        assert done["state"] == "failed" and "aborted by admin" in done["error"]
-        assert done["rollout"]["state"] == "aborted"
-        http, grpc = _versions_seen(url, gw.grpc_url, model, 20)
-        assert set(http) == set(grpc) == {2.0}
-        assert [v["version"] for v in show(url, model)["versions"]] == [1]
-
-
-def test_gateway_restarted_mid_rollout_ends_with_stable_serving_alone(
-    shared_triton: tuple[Path, Any], tmp_path: Path
-) -> None:
-    repo, endpoints = shared_triton
-    model = "roll_restart"
-    config = _gateway(tmp_path, shared_triton, model)
-    with run_gateway(config, tmp_path, data_plane="haproxy") as gw:
-        url = f"http://{gw.http_url}"
-        rollout = {"steps": [50, 100], "step_seconds": 3600, "min_requests": 10}
-        answer = _roll(url, model, affine_onnx(tmp_path / "v2.onnx", 2.1), rollout)
-        assert wait_until(lambda: _percent(url, model) == 50, 120, 0.1)
-        http, _ = _versions_seen(url, gw.grpc_url, model, 30)
-        assert 2.1 in http  # the candidate serves
-    with run_gateway(config, tmp_path, data_plane="haproxy") as gw:
+        assert "paused version 2 beside 1: step 1 of 2 [50, 100], 50% to the candidate" \
+            in status
+        if ending == "abort":
+            _cli(url, "rollout", "abort", model)
+            done = finished(url, answer["id"])
+            assert done["state"] == "failed" and "aborted by admin" in done["error"]
+            assert done["rollout"]["state"] == "aborted"
+            _stable_alone(url, gw.grpc_url, model, shared_triton)
+            return
+    with run_gateway(config, tmp_path, data_plane=data_plane) as gw:  # restarted
         url = f"http://{gw.http_url}"
         record = _rollout(url, model)
         assert record["state"] == "interrupted" and "stable version 1 serves" in \
             record["detail"]
         assert job(url, answer["id"])["state"] == "failed"
-        shown = show(url, model)
-        assert shown["serving_version"] == 1 and [v["version"] for v in shown["versions"]] == [1]
-        assert not (repo / model / "2").exists()
-        loaded = httpx.get(f"http://{endpoints.host}:{endpoints.http_port}/v2/models/{model}")
-        assert loaded.json()["versions"] == ["1"]  # Triton serves stable alone again
-        http, grpc = _versions_seen(url, gw.grpc_url, model, 20)
-        assert set(http) == set(grpc) == {2.0}
+        _stable_alone(url, gw.grpc_url, model, shared_triton)
