@@ -37,6 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 DEFAULT_STEPS = (5, 25, 50, 100)
 MAX_TALLIED = 200_000  # answers kept per version between two reads of a window
+# the p99s are compared once both versions have this many answers: over fewer, a "p99"
+# is the maximum, biased high against a version with many more answers (stable)
+P99_MIN_ANSWERS = 100
 
 
 class RolloutSpec(BaseModel):
@@ -138,6 +141,10 @@ class Window:
     p50_s: float | None = None
 
     @property
+    def answered(self) -> int:
+        return self.requests - self.errors
+
+    @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
 
@@ -192,7 +199,8 @@ def judge(spec: RolloutSpec, stable: Window | None, candidate: Window,
             return Decision(Verdict.ROLLBACK, f"error rate {candidate.error_rate:.3f} against "
                             f"stable's {baseline:.3f} (more than +{spec.max_error_rate_delta})",
                             figures)
-        if stable is not None and stable.p99_s and candidate.p99_s is not None:
+        if stable is not None and stable.p99_s and candidate.p99_s is not None and \
+                min(stable.answered, candidate.answered) >= P99_MIN_ANSWERS:
             ratio = candidate.p99_s / stable.p99_s
             worse_ms = (candidate.p99_s - stable.p99_s) * 1e3
             figures["p99_ratio"] = round(ratio, 3)

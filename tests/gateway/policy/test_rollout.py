@@ -126,6 +126,10 @@ def _w(requests: int, errors: int = 0, p99_ms: float | None = 10.0,
     (_w(900, p99_ms=10, p50_ms=4), _w(100, p99_ms=30, p50_ms=4.8), None, False,
      Verdict.ROLLBACK, "p99 30.0 ms is 3.00x"),
     (_w(900, p99_ms=2), _w(100, p99_ms=3.5), None, True, Verdict.PROMOTE, ""),  # noise
+    # 99 answers: the candidate's "p99" is its maximum, not compared
+    (_w(900, p99_ms=10), _w(120, errors=21, p99_ms=30), None, True, Verdict.ROLLBACK,
+     "error rate"),
+    (_w(900, p99_ms=10), _w(99, p99_ms=30), None, True, Verdict.HOLD, "99 of 100"),
     (None, _w(100, p99_ms=99), None, True, Verdict.PROMOTE, ""),  # no stable to compare
     (None, _w(100, errors=5), None, True, Verdict.ROLLBACK, "stable's 0.000"),
     (_w(900), _w(3), 0.5, False, Verdict.ROLLBACK, "agreement with stable 0.500"),
