@@ -214,6 +214,10 @@ def judge(spec: RolloutSpec, stable: Window | None, candidate: Window,
     if candidate.requests < spec.min_requests:
         return Decision(Verdict.HOLD, f"{candidate.requests} of {spec.min_requests} candidate "
                         "answers: the step goes on", figures)
+    if stable is not None and stable.answered >= P99_MIN_ANSWERS and \
+            candidate.answered < P99_MIN_ANSWERS:
+        return Decision(Verdict.HOLD, f"{candidate.answered} of {P99_MIN_ANSWERS} candidate "
+                        "answers to judge its p99: the step goes on", figures)
     return Decision(Verdict.PROMOTE, "error rate, p99 and agreement within bounds", figures)
 
 

@@ -168,8 +168,8 @@ class DataPlane:
             result, served_by = await self._attempts(route, call, protocol, options, pool)
         except GatewayError:
             if version is not None:
-                self.state.tally.record(model, version, False, self.clock() - started,
-                                        self.clock())
+                now = self.clock()
+                self.state.tally.record(model, version, False, now - started, now)
             raise
         finally:
             self._count_in(route, -1, pool, tenant)

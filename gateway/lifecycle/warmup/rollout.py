@@ -54,6 +54,7 @@ from gateway.policy.rollout import (
     judge,
 )
 from gateway.pools import PoolMember
+from gateway.state import GatewayState
 from gateway.upstream.triton import override_for_version
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class Rollouts:
     _step_started: dict[str, float] = field(default_factory=dict)  # model -> its window's start
 
     @property
-    def state(self) -> Any:
+    def state(self) -> GatewayState:
         return self.deployer.dataplane.state
 
     # -- operators ---------------------------------------------------------------------

@@ -115,7 +115,7 @@ def _w(requests: int, errors: int = 0, p99_ms: float | None = 10.0,
     (_w(900), _w(100), None, False, None, ""),  # the step goes on
     (_w(900), _w(99), None, True, Verdict.HOLD, "99 of 100 candidate answers"),
     (_w(900), _w(100, errors=20), None, False, Verdict.ROLLBACK, "error rate 0.200"),
-    (_w(900, errors=90), _w(100, errors=10), None, True, Verdict.PROMOTE, ""),  # same rate
+    (_w(900, errors=90), _w(200, errors=20), None, True, Verdict.PROMOTE, ""),  # same rate
     (_w(900, errors=90), _w(100, errors=12), None, True, Verdict.ROLLBACK, "error rate"),
     (_w(900), _w(99, errors=50), None, False, None, ""),  # too few to condemn it yet
     (_w(900, p99_ms=10), _w(100, p99_ms=30), None, False, Verdict.ROLLBACK, "3.00x"),
@@ -130,6 +130,10 @@ def _w(requests: int, errors: int = 0, p99_ms: float | None = 10.0,
     (_w(900, p99_ms=10), _w(120, errors=21, p99_ms=30), None, True, Verdict.ROLLBACK,
      "error rate"),
     (_w(900, p99_ms=10), _w(99, p99_ms=30), None, True, Verdict.HOLD, "99 of 100"),
+    # enough answers for min_requests, too few to judge a p99: no promotion unjudged
+    (_w(900, errors=9), _w(100, errors=1), None, True, Verdict.HOLD,
+     "99 of 100 candidate answers to judge its p99"),
+    (_w(60), _w(100, errors=1), None, True, Verdict.PROMOTE, ""),  # no stable p99 to judge
     (None, _w(100, p99_ms=99), None, True, Verdict.PROMOTE, ""),  # no stable to compare
     (None, _w(100, errors=5), None, True, Verdict.ROLLBACK, "stable's 0.000"),
     (_w(900), _w(3), 0.5, False, Verdict.ROLLBACK, "agreement with stable 0.500"),
