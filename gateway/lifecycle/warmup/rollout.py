@@ -226,6 +226,7 @@ class Rollouts:
                     f"{percent}% to version {candidate}")
             started = time.monotonic()
             self._step_started[model] = started
+            verdict_at = spec.step_seconds  # a hold moves it on by one more step's length
             while True:
                 if control.abort is not None:
                     self._record(record, "abort", control.abort, {})
@@ -233,6 +234,7 @@ class Rollouts:
                 if control.paused:
                     await self._wait(control)
                     started = self._step_started[model] = time.monotonic()  # a fresh window
+                    verdict_at = spec.step_seconds
                     record = self.store.rollout(model) or record
                     continue
                 elapsed = time.monotonic() - started
@@ -240,7 +242,7 @@ class Rollouts:
                 stable_w = tally.window(model, stable, started)
                 if stable_w.requests >= max(1, spec.min_requests // 2):
                     baseline = stable_w  # enough to compare with; else the last step's
-                step_over = elapsed >= spec.step_seconds
+                step_over = elapsed >= verdict_at
                 agreement = None
                 if step_over and samples is not None:
                     agreement = await self.agreement(model, stable, candidate, samples, spec)
@@ -257,7 +259,7 @@ class Rollouts:
                                        f" {decision.reason}")
                     if decision.verdict is Verdict.PROMOTE:
                         break
-                    started = self._step_started[model] = time.monotonic()  # hold: again
+                    verdict_at = elapsed + spec.step_seconds  # hold: the window keeps going
                 await self._wait(control, TICK_S)
         return Outcome(True, f"version {candidate} promoted through steps "
                        f"{list(spec.steps)}")

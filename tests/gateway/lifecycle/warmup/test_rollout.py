@@ -174,7 +174,8 @@ def test_good_version_promoted_through_every_step_when_rolled_out(
     model = "roll_good"
     with _serve(tmp_path, shared_triton, model, "haproxy") as gw:
         url = f"http://{gw.http_url}"
-        rollout = {"steps": [25, 50, 100], "step_seconds": 2, "min_requests": 10,
+        # a step needs 100 candidate answers to judge a p99: large shares keep it short
+        rollout = {"steps": [50, 75, 100], "step_seconds": 2, "min_requests": 10,
                    "p99_tolerance_ms": 100}  # the slow version's test judges p99
         answer = _roll(url, model, affine_onnx(tmp_path / "v2.onnx", 2.1), rollout)
         # the clients start before the candidate is loaded beside stable
@@ -187,7 +188,7 @@ def test_good_version_promoted_through_every_step_when_rolled_out(
         record = done["rollout"]
         assert record["state"] == "promoted" and record["percent"] == 100
         promotions = [d for d in record["decisions"] if d["decision"] == "promote"]
-        assert [d["percent"] for d in promotions] == [25, 50, 100]
+        assert [d["percent"] for d in promotions] == [50, 75, 100]
         took = record["decisions"][-1]["at"] - record["started_at"]
         assert 6 <= took <= 6 + 60, took  # 3 steps x 2 s, plus loading and any hold
         assert all(d["agreement"] is not None and d["agreement"] > 0.99 for d in promotions)
