@@ -30,7 +30,9 @@ from gateway.errors import (
 )
 from gateway.metrics import GatewayMetrics, create_metrics
 from gateway.policy import admission, readiness, tenancy
+from gateway.policy.model_name import grpc_names_version
 from gateway.policy.rate import RateLimiter, configured_classes
+from gateway.policy.rollout import pin_grpc_version
 from gateway.policy.tenancy import Tenant, TenantDirectory
 from gateway.policy.upstream import RETRIES, EjectionPolicy
 from gateway.pools import GatewayConfig, Pool, PoolMember, build_pools
@@ -190,6 +192,14 @@ class DataPlane:
         out (:class:`gateway.policy.rollout.Split`); None: no rollout, no pin."""
         split = self.state.split_of(model)
         return None if split is None else split.pick(self.rng.randrange(100))
+
+    def pin_grpc(self, model: str, message: bytes) -> tuple[bytes, int | None]:
+        """A ``ModelInferRequest``'s wire bytes pinned by :meth:`pin` (``model_version``
+        appended), and the version; unchanged (None) when it names a version itself."""
+        version = self.pin(model)
+        if version is None or grpc_names_version(message):
+            return message, None
+        return pin_grpc_version(message, version), version
 
     def _admit(self, route: ModelRoute, options: RequestOptions,
                tenant: Tenant | None) -> Pool | None:

@@ -35,8 +35,7 @@ from gateway.errors import (
 )
 from gateway.policy import parse_errors
 from gateway.policy.access import presented_token
-from gateway.policy.model_name import grpc_model_name, grpc_names_version
-from gateway.policy.rollout import pin_grpc_version
+from gateway.policy.model_name import grpc_model_name
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane, RequestOptions
 from gateway.python.streams import StreamEnd, StreamRelay
@@ -122,12 +121,7 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             options = self._require(context, Scope.PREDICT)
             if options.deadline_s is not None:
                 request = with_timeout_parameter(request, options.deadline_s)
-            version = self.dataplane.pin(model)
-            if version is not None:  # a rollout (gateway.policy.rollout)
-                if grpc_names_version(request):
-                    version = None
-                else:
-                    request = pin_grpc_version(request, version)
+            request, version = self.dataplane.pin_grpc(model, request)  # during a rollout
 
             async def call(member: PoolMember) -> bytes | RelayedError:
                 try:

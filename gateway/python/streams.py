@@ -37,8 +37,6 @@ from tritonclient.grpc import service_pb2
 from gateway.errors import Unavailable, outcome_of_answer
 from gateway.metrics import GatewayMetrics
 from gateway.policy import parse_errors
-from gateway.policy.model_name import grpc_names_version
-from gateway.policy.rollout import pin_grpc_version
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane, RequestOptions
 
@@ -238,10 +236,7 @@ class StreamRelay:
         self.upstream = upstream
 
     def _pin(self, model: str, raw: bytes) -> bytes:
-        version = self.dataplane.pin(model)
-        if version is None or grpc_names_version(raw):
-            return raw
-        return pin_grpc_version(raw, version)
+        return self.dataplane.pin_grpc(model, raw)[0]
 
     async def relay(self, model: str, first: bytes, requests: AsyncIterator[bytes],
                     options: RequestOptions) -> AsyncGenerator[bytes | StreamEnd, None]:
