@@ -23,6 +23,7 @@ from converters.errors import ConversionError, InvalidRequest, wrap_message
 from converters.images import preprocessing_from_text
 from converters.metrics import AccuracyBudget
 from converters.pipeline import ConversionFailed, ConversionRequest, ConversionResult, convert
+from converters.report import synthetic_warning
 from converters.spec import parse_input_spec
 from converters.steps.base import ProgressEvent
 from converters.variants import PRECISIONS, Precision
@@ -37,9 +38,11 @@ def convert_command(
     precisions: Annotated[str, typer.Option(
         "--precisions", help="Comma-separated: fp32, fp16, int8.")] = "fp32,fp16,int8",
     calib: Annotated[Path | None, typer.Option(
-        "--calib", help="Calibration set: .npy/.npz file or folder, or an image folder.")] = None,
+        "--calib", help="Calibration set: .npy/.npz file or folder, or an image folder "
+                        "(INT8 needs it).")] = None,
     eval_set: Annotated[Path | None, typer.Option(
-        "--eval", help="Evaluation set, separate from the calibration set.")] = None,
+        "--eval", help="Evaluation set, separate from the calibration set (INT8 needs it). "
+                       "Without it FP32/FP16 are verified on synthetic inputs.")] = None,
     max_top1_drop: Annotated[float | None, typer.Option(
         "--max-top1-drop",
         help="Classifiers: allowed top-1 drop (disagreement without labels).")] = 0.01,
@@ -76,7 +79,12 @@ def convert_command(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Convert a model into verified FP32/FP16/INT8 variants, choose one within the
-    accuracy budget, and publish it as the next version of a Triton model."""
+    accuracy budget, and publish it as the next version of a Triton model.
+
+    INT8 needs a calibration set (--calib) and an evaluation set (--eval). FP32 and FP16
+    convert without either: the variants are then verified against the source model on
+    synthetic inputs (seed 0), which shows they compute the same function, not how
+    accurate they are on real data."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     err = Console(stderr=True)
@@ -119,6 +127,9 @@ def convert_command(
         typer.echo(json.dumps(result.to_dict(), default=str))
     else:
         Console().print(summary_table(result))
+        warning = synthetic_warning(result.report["evaluation"])
+        if warning:
+            Console().print(warning, style="yellow", markup=False, highlight=False)
         Console().print(f"published [bold]{result.name}[/] version {result.version} "
                         f"({result.precision}) at {result.path / str(result.version)}; "
                         f"report {result.report_files.get('report.md')}")

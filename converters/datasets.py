@@ -8,14 +8,19 @@
 
 Samples are kept without their batch axis; consecutive samples of equal shapes are
 batched together, so files with different sequence lengths exercise dynamic axes.
+
+Without an evaluation set, FP32/FP16 are verified on a synthetic one
+(:mod:`converters.synthetic`): a :class:`SampleSet` like the others, whose ``synthetic``
+says how it was drawn (seed, each input's range and why).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -28,18 +33,48 @@ LABELS_KEY = "labels"
 
 
 @dataclass(frozen=True)
+class ValueRange:
+    """How one input's synthetic values were drawn, and why those."""
+
+    name: str
+    distribution: Literal["uniform", "normal", "ones"]
+    low: float | None  # uniform: the bounds, both included; normal: mean 0, std 1
+    high: float | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "distribution": self.distribution,
+                "range": [self.low, self.high] if self.low is not None else None,
+                "reason": self.reason}
+
+    def describe(self) -> str:
+        if self.distribution == "normal":
+            return f"{self.name}: standard normal ({self.reason})"
+        if self.distribution == "ones":
+            return f"{self.name}: ones ({self.reason})"
+        return f"{self.name}: uniform in [{self.low:.4g}, {self.high:.4g}] ({self.reason})"
+
+
+@dataclass(frozen=True)
+class SyntheticOrigin:
+    seed: int
+    ranges: tuple[ValueRange, ...]
+
+
+@dataclass(frozen=True)
 class SampleSet:
     role: str  # "calibration" / "evaluation"
     source: str
     samples: tuple[Sample, ...]
     labels: tuple[int, ...] | None = None
+    synthetic: SyntheticOrigin | None = None  # drawn, not the owner's data
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def head(self, count: int) -> SampleSet:
         labels = self.labels[:count] if self.labels is not None else None
-        return SampleSet(self.role, self.source, self.samples[:count], labels)
+        return replace(self, samples=self.samples[:count], labels=labels)
 
     def strided(self, count: int) -> SampleSet:
         """``count`` samples spread over the whole set (not just its first file)."""
@@ -47,7 +82,7 @@ class SampleSet:
             return self
         index = np.linspace(0, len(self) - 1, count).round().astype(int)
         labels = tuple(self.labels[i] for i in index) if self.labels is not None else None
-        return SampleSet(self.role, self.source, tuple(self.samples[i] for i in index), labels)
+        return replace(self, samples=tuple(self.samples[i] for i in index), labels=labels)
 
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         """Stacked batches of up to ``batch_size`` consecutive samples of equal shapes."""

@@ -21,10 +21,11 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from converters.datasets import SampleSet
 from converters.errors import ConversionError, StepSkipped
 from converters.steps.base import (
     ConversionRequest,
@@ -44,6 +45,7 @@ from converters.steps.prepare import (
     ExportOnnx,
     LoadSamples,
     LoadSource,
+    SynthesizeEvaluation,
     ValidateRequest,
 )
 from converters.steps.publish import BuildReport, Publish
@@ -83,6 +85,8 @@ class ConversionResult:
     report: dict[str, Any]
     report_files: dict[str, Path]  # inside the published version folder
     steps: tuple[StepRecord, ...]
+    # what the variants were verified on (synthetic without an evaluation set)
+    evaluation: SampleSet = field(repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +111,7 @@ def build_pipeline(request: ConversionRequest) -> list[Step[Any, Any]]:
     plans = plans_for(request)
     steps: list[Step[Any, Any]] = [
         ValidateRequest(), LoadSource(), LoadSamples(), ExportOnnx(), CheckModel(),
+        *([SynthesizeEvaluation()] if request.evaluation is None else []),
         ComputeReference(), PrepareQuantization(),
     ]
     steps += [BuildVariant(p) for p in plans]
@@ -213,5 +218,5 @@ def convert(request: ConversionRequest, progress: ProgressCallback | None = None
         target=request.target, chosen=selection.chosen,
         precision=state.variants[selection.chosen].precision, report=report,
         report_files={k: version_dir / "report" / k for k in state.report_files},
-        steps=state.records,
+        steps=state.records, evaluation=state.require(state.evaluation, "evaluation set"),
     )

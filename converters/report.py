@@ -43,17 +43,32 @@ def accuracy_loss(variant: Mapping[str, Any]) -> float | None:
     return 1.0 - float(accuracy["cosine"])
 
 
+def synthetic_warning(evaluation: Mapping[str, Any]) -> str | None:
+    """The sentence every summary of a conversion verified on synthetic inputs carries."""
+    if not evaluation.get("synthetic"):
+        return None
+    return (f"The variants were verified on {evaluation['samples']} synthetic inputs "
+            f"(seed {evaluation['seed']}), not on real data: the accuracy figures say only "
+            "that each variant computes the same function as the source model, not how "
+            "accurate it is on real data.")
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     lines = [f"# Conversion report: {report['model']}", ""]
     chosen = report.get("chosen")
+    evaluation = report["evaluation"]
+    warning = synthetic_warning(evaluation)
+    if warning:
+        lines += [f"> **Synthetic evaluation.** {warning}", ""]
     lines += [
         f"- source: `{report['source']['location']}` ({report['source']['kind']}, "
         f"sha256 `{report['source']['sha256'][:16]}…`)",
         f"- target: **{report['target']}**; served variant: **{chosen}**",
-        f"- budget: {_budget(report['budget'])}; evaluation: {report['evaluation']['samples']} "
-        f"samples from `{report['evaluation']['source']}`"
+        f"- budget: {_budget(report['budget'])}; evaluation: {_evaluation(evaluation)}"
         + (f"; calibration: {report['calibration']['samples']} samples from "
            f"`{report['calibration']['source']}`" if report.get("calibration") else ""),
+        *(["- synthetic inputs:"] if evaluation.get("ranges") else []),
+        *(f"  - `{r['name']}`: {_value_range(r)}" for r in evaluation.get("ranges") or ()),
         f"- serving: {report['serving']['reason']}" if report.get("serving") else "",
         "",
         "## Variants",
@@ -103,6 +118,22 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if report.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _evaluation(evaluation: Mapping[str, Any]) -> str:
+    if evaluation.get("synthetic"):
+        return f"{evaluation['samples']} synthetic samples (seed {evaluation['seed']})"
+    return f"{evaluation['samples']} samples from `{evaluation['source']}`"
+
+
+def _value_range(value_range: Mapping[str, Any]) -> str:
+    bounds = value_range.get("range")
+    if value_range["distribution"] == "uniform" and bounds:
+        drawn = f"uniform in [{bounds[0]:.4g}, {bounds[1]:.4g}]"
+    else:
+        drawn = {"normal": "standard normal", "ones": "ones"}.get(
+            value_range["distribution"], value_range["distribution"])
+    return f"{drawn} ({value_range['reason']})"
 
 
 def _ci(accuracy: Mapping[str, Any]) -> str:

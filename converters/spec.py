@@ -4,6 +4,9 @@ Shapes include the batch axis. A dimension is an ``int`` (fixed) or a name / ``-
 (dynamic): ``input:float32[batch,3,224,224]``, ``input_ids:int64[batch,sequence]``.
 Datatypes are numpy names (``float32``) or Triton names (``FP32``); both are accepted.
 The first axis is the batch axis when it is dynamic; its name is kept for the export.
+The JSON form may give an input's value ``range`` (``[low, high]``, both ends included:
+``[0, 30521]`` for token ids of a 30,522-word vocabulary); synthetic evaluation inputs
+(:mod:`converters.synthetic`) are drawn within it.
 """
 
 from __future__ import annotations
@@ -61,12 +64,14 @@ class TensorDecl:
     """One input: the converter's, the upload spec's and the CLI's one type.
 
     Its JSON form (:meth:`from_mapping`, :meth:`to_wire`) is Triton's:
-    ``{"name": "input", "datatype": "FP32", "shape": ["batch", 3, 224, 224]}``.
+    ``{"name": "input", "datatype": "FP32", "shape": ["batch", 3, 224, 224]}``, with an
+    optional ``"range": [low, high]`` (the values the input takes, both ends included).
     """
 
     name: str
     dtype: str  # numpy name
     shape: tuple[Dim, ...]  # includes the batch axis
+    value_range: tuple[float, float] | None = None  # JSON "range"
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -83,6 +88,20 @@ class TensorDecl:
                                      "or a name")
             if isinstance(dim, str) and not dim.strip():
                 raise InvalidRequest(f"input {self.name!r}: empty dimension name")
+        if self.value_range is not None:
+            self._check_range(self.value_range)
+
+    def _check_range(self, bounds: tuple[float, float]) -> None:
+        numbers = isinstance(bounds, tuple) and len(bounds) == 2 and all(
+            isinstance(b, int | float) and not isinstance(b, bool) and np.isfinite(b)
+            for b in bounds)
+        if not numbers or bounds[0] > bounds[1]:
+            raise InvalidRequest(f"input {self.name!r}: range {list(bounds)} must be two "
+                                 "numbers [low, high] with low <= high")
+        if np.dtype(self.dtype).kind in "biu" and not all(float(b).is_integer()
+                                                          for b in bounds):
+            raise InvalidRequest(f"input {self.name!r}: range {list(bounds)} of a "
+                                 f"{self.dtype} input must be whole numbers")
 
     @classmethod
     def from_mapping(cls, item: Mapping[str, Any]) -> TensorDecl:
@@ -90,10 +109,10 @@ class TensorDecl:
         if not isinstance(item, Mapping):
             raise InvalidRequest(f"an input is an object with name, datatype and shape, "
                                  f"not {item!r}")
-        unknown = sorted(set(item) - {"name", "datatype", "dtype", "shape"})
+        unknown = sorted(set(item) - {"name", "datatype", "dtype", "shape", "range"})
         if unknown:
             raise InvalidRequest(f"input entry has unknown fields {unknown} (it takes name, "
-                                 "datatype and shape)")
+                                 "datatype, shape and range)")
         dtype = item.get("datatype", item.get("dtype"))
         missing = [k for k, v in (("name", item.get("name")), ("datatype", dtype),
                                   ("shape", item.get("shape"))) if v is None]
@@ -105,11 +124,18 @@ class TensorDecl:
                                  "characters")
         if isinstance(shape, str | bytes) or not isinstance(shape, Iterable):
             raise InvalidRequest(f"input {name!r}: shape must be a list, not {shape!r}")
-        return cls(name, numpy_dtype_name(str(dtype)), _dims(shape))
+        bounds = item.get("range")
+        if bounds is not None:
+            if isinstance(bounds, str | bytes | Mapping) or not isinstance(bounds, Iterable):
+                raise InvalidRequest(f"input {name!r}: range must be a list [low, high], "
+                                     f"not {bounds!r}")
+            bounds = tuple(bounds)
+        return cls(name, numpy_dtype_name(str(dtype)), _dims(shape), bounds)
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON form :meth:`from_mapping` reads (Triton's datatype names)."""
-        return {"name": self.name, "datatype": self.triton_datatype, "shape": list(self.shape)}
+        wire = {"name": self.name, "datatype": self.triton_datatype, "shape": list(self.shape)}
+        return {**wire, "range": list(self.value_range)} if self.value_range else wire
 
     @property
     def triton_datatype(self) -> str:
@@ -133,7 +159,8 @@ class TensorDecl:
         return tuple(-1 if is_dynamic(d) else int(d) for d in dims)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        plain = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        return {**plain, "range": list(self.value_range)} if self.value_range else plain
 
 
 @dataclass(frozen=True)
@@ -273,22 +300,6 @@ def check_spec_matches(declared: InputSpec, model_spec: InputSpec) -> None:
                     f"input {decl.name!r} axis {axis}: spec says dynamic ({want}), the model "
                     f"fixes it to {have}; re-export with a dynamic axis"
                 )
-
-
-def example_feeds(spec: InputSpec, batch: int = 2, dynamic: int = 16) -> dict[str, np.ndarray]:
-    """Deterministic inputs of the right dtype/shape when no real sample is at hand."""
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for tensor in spec.inputs:
-        shape = [
-            (batch if axis == 0 else dynamic) if is_dynamic(d) else int(d)
-            for axis, d in enumerate(tensor.shape)
-        ]
-        if np.issubdtype(np.dtype(tensor.dtype), np.floating):
-            feeds[tensor.name] = rng.standard_normal(shape).astype(tensor.dtype)
-        else:
-            feeds[tensor.name] = np.ones(shape, dtype=tensor.dtype)
-    return feeds
 
 
 def describe(spec: InputSpec) -> str:

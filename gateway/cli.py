@@ -93,8 +93,12 @@ def serve_command(
     )] = None,
     tenants: Annotated[Path | None, typer.Option(
         exists=True, dir_okay=False, help=TENANTS_HELP)] = None,
+    scheduler_url: Annotated[str | None, typer.Option(
+        help="The placement scheduler's HTTP address (http://host:port): the console's "
+             "'Pools and placement' page pictures its newest MIG plan.")] = None,
 ) -> None:
-    """Serve HTTP and gRPC until SIGTERM/SIGINT, then drain and exit."""
+    """Serve HTTP and gRPC until SIGTERM/SIGINT, then drain and exit. The web console is
+    at /ui on the HTTP port (sign in with an upload or admin token)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     settings = GatewaySettings(
         host=host,
@@ -109,6 +113,7 @@ def serve_command(
         haproxy_external=haproxy_external,
         grpc_upstream_reuse=grpc_upstream_reuse,
         haproxy_tune=_tune(haproxy_tune),
+        scheduler_url=scheduler_url,
     )
     config = load_gateway_config(pools)
     if tenants is not None:

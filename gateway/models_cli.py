@@ -81,10 +81,12 @@ def upload(
                                         help="ONNX (.onnx), torch.export (.pt2) or "
                                              "TorchScript (.pt).")],
     spec: Annotated[Path, typer.Option(exists=True, dir_okay=False, help="JSON spec.")],
-    calibration: Annotated[Path | None, typer.Option(exists=True, dir_okay=False,
-                                                     help=".npz/.npy or archive.")] = None,
-    evaluation: Annotated[Path | None, typer.Option(exists=True, dir_okay=False,
-                                                    help=".npz/.npy or archive.")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        exists=True, dir_okay=False, help=".npz/.npy or archive (INT8 needs it).")] = None,
+    evaluation: Annotated[Path | None, typer.Option(
+        exists=True, dir_okay=False,
+        help=".npz/.npy or archive (INT8 needs it; without it FP32/FP16 are verified on "
+             "synthetic inputs).")] = None,
     follow: Annotated[bool, typer.Option(help="Follow the job until it ends.")] = True,
     url: Url = "http://127.0.0.1:8000",
     token: Token = None,

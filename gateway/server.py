@@ -28,6 +28,10 @@ import httpx
 import uvicorn
 
 from gateway.auth import TokenTable
+from gateway.console.pages import Console, create_console_router
+from gateway.console.placement import SchedulerPlans
+from gateway.console.session import Sessions
+from gateway.console.traffic import TrafficHistory
 from gateway.control.model_control import ModelControl
 from gateway.control.probes import probe_forever
 from gateway.embedded import EmbeddedServer
@@ -66,6 +70,8 @@ class GatewaySettings:
     haproxy_external: bool = False
     grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO  # Layout.grpc_upstream_reuse
     haproxy_tune: tuple[tuple[str, str], ...] = ()  # Layout.tune
+    # the placement scheduler whose newest plan the console's placement page pictures
+    scheduler_url: str | None = None
 
 
 def choose_data_plane(requested: str) -> str:
@@ -121,9 +127,13 @@ async def serve(
     control_plane = build_control_plane(config, dataplane, admin)
     feed = SnapshotFeed(dataplane, auth)  # for data-plane replicas elsewhere (agents)
     dataplane.state.follow(feed.settle)
+    history = TrafficHistory(dataplane.metrics.registry)
+    console = Console(dataplane, auth, history, Sessions(), control_plane.lifecycle,
+                      SchedulerPlans(settings.scheduler_url, admin_client)
+                      if settings.scheduler_url else None)
     app = create_http_app(dataplane, control, upstream_http, auth, control_plane.lifecycle,
                           max_body_bytes=settings.max_request_bytes,
-                          routers=(feed_router(feed, auth),))
+                          routers=(feed_router(feed, auth), create_console_router(console)))
     native = settings.data_plane == "haproxy"
     # with HAProxy in front, this process serves on private loopback ports
     own_host = "127.0.0.1" if native else settings.host
@@ -154,6 +164,7 @@ async def serve(
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(http_server.serve(), name="http"),
         asyncio.create_task(probe_forever(dataplane, settings.probe_interval_s), name="probes"),
+        asyncio.create_task(history.run_forever(), name="traffic-history"),
     ]
     while not http_server.started:
         if tasks[0].done():

@@ -111,6 +111,8 @@ async def _serve_all(settings: LocalStackSettings, pool: PoolSpec) -> None:
         host=settings.host, http_port=settings.http_port, grpc_port=settings.grpc_port,
         data_plane=data_plane, haproxy_run_dir=(settings.log_dir / "haproxy").resolve(),
         grpc_upstream_reuse=settings.grpc_upstream_reuse,
+        scheduler_url=(f"http://{settings.host}:{settings.scheduler_port}"
+                       if settings.scheduler_port else None),
     )
     gateway = asyncio.create_task(
         serve(gateway_settings, _local_config(settings, pool), stop, started,
@@ -125,8 +127,9 @@ async def _serve_all(settings: LocalStackSettings, pool: PoolSpec) -> None:
                        return_when=asyncio.FIRST_COMPLETED)
     if gateway.done():
         await gateway  # start-up failed: raise its error
+    plan = await asyncio.to_thread(_example_plan, settings) if scheduler is not None else None
     await asyncio.to_thread(_print_welcome, settings, scheduler is not None, data_plane)
-    await asyncio.to_thread(_print_owner_welcome, settings, tokens, example)
+    await asyncio.to_thread(_print_owner_welcome, settings, tokens, example, plan)
     try:
         await gateway
     finally:
@@ -148,10 +151,35 @@ def _local_config(settings: LocalStackSettings, pool: PoolSpec) -> GatewayConfig
     return GatewayConfig(pools=(pool,), lifecycle=lifecycle, tenancy=settings.tenants)
 
 
+def _example_plan(settings: LocalStackSettings) -> str | None:
+    """Plan the scheduler's example fleet once (scheduler/examples: A100, H100 and T4
+    nodes, none of them this machine's), so the console's placement page has a picture."""
+    from scheduler.request import load_request
+
+    examples = Path(__file__).resolve().parent.parent / "scheduler" / "examples"
+    url = f"http://{settings.host}:{settings.scheduler_port}/v1/plans"
+    try:
+        request = load_request(examples / "fleet.yaml", examples / "pools.yaml")
+        answer = httpx.post(url, content=request.model_dump_json(), timeout=120,
+                            headers={"content-type": "application/json"})
+        answer.raise_for_status()
+        return str(answer.json()["id"])
+    except (OSError, ValueError, KeyError, httpx.HTTPError) as exc:
+        log.warning("the example placement plan could not be made: %s", exc)
+        return None
+
+
 def _print_owner_welcome(settings: LocalStackSettings, tokens: LocalTokens,
-                         example: ExampleUpload) -> None:
+                         example: ExampleUpload, plan: str | None = None) -> None:
     http = f"{settings.host}:{settings.http_port}"
-    lines = ["Model owners: uploads are on (predict stays open)."]
+    lines = [f"Web console: http://{http}/ui",
+             f"  sign in with the admin token (cat {tokens.file('admin')}) or the upload "
+             "one; it is checked once and kept as a session cookie, never in the URL.",
+             "  Pages: models (versions, traffic), a model's reports and rollback, upload, "
+             "pools and placement" + (f" (example MIG plan {plan} from scheduler/examples: "
+                                      "this machine has no GPU)." if plan else "."),
+             "",
+             "Model owners: uploads are on (predict stays open)."]
     if tokens.created:
         lines += [f"  API tokens, made now and shown this once (kept, readable by you only, "
                   f"in {tokens.folder}/*.token):",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -56,6 +56,11 @@ class PlanStore:
             self._records.move_to_end(record.plan.id)
             while len(self._records) > self._capacity:
                 self._records.popitem(last=False)
+
+    def newest(self, limit: int) -> list[PlanRecord]:
+        """The ``limit`` plans made (or asked for again) last, newest first."""
+        with self._lock:
+            return list(reversed(self._records.values()))[:limit]
 
     def get(self, plan_id: str) -> PlanRecord:
         with self._lock:
@@ -121,6 +126,16 @@ def create_app(
         )
         store.put(PlanRecord(request=body, plan=plan))
         return _summary(plan)
+
+    @app.get("/v1/plans")
+    async def list_plans(limit: int = Query(20, ge=1, le=256)) -> dict[str, Any]:
+        """The plans kept, newest first (a plan asked for again counts as new): id,
+        when it was made, its figures and links; the newest is the fleet's latest."""
+        return {"plans": [
+            {"id": r.plan.id, "created_at": r.plan.created_at.isoformat(),
+             "metrics": r.plan.metrics.model_dump(mode="json"),
+             "links": _summary(r.plan)["links"]}
+            for r in store.newest(limit)]}
 
     @app.get("/v1/plans/{plan_id}")
     async def get_plan(plan_id: str) -> dict[str, Any]:

@@ -2,6 +2,11 @@
 
 Cheap checks first: a bad name, a missing calibration set or a corrupt model is refused
 before any export or calibration runs, and before the repository is touched.
+
+Without an evaluation set (FP32/FP16 only), :class:`SynthesizeEvaluation` draws one once
+the graph is checked (:mod:`converters.synthetic`: the graph tells which inputs index an
+embedding table); export and check trace and compare on two synthetic samples drawn from
+the spec alone.
 """
 
 from __future__ import annotations
@@ -16,7 +21,13 @@ import onnx
 from converters import graph
 from converters.compat import RuntimeLimits, limits_for, make_compatible
 from converters.datasets import SampleSet, load_samples
-from converters.errors import InputSpecMismatch, InvalidDataset, InvalidRequest, TargetUnavailable
+from converters.errors import (
+    InputSpecMismatch,
+    InvalidDataset,
+    InvalidRequest,
+    StepSkipped,
+    TargetUnavailable,
+)
 from converters.images import ImagePreprocessing
 from converters.metrics import looks_like_classifier
 from converters.repository import validate_model_name
@@ -25,6 +36,7 @@ from converters.sources import LoadedSource, load_source
 from converters.sources.export import export_to_onnx
 from converters.spec import InputSpec, check_spec_matches, describe, spec_from_onnx
 from converters.steps.base import ConversionRequest, ConversionState, Step, StepContext, Task
+from converters.synthetic import embedding_rows, synthetic_set
 from converters.tensorrt import tensorrt_available
 from converters.variants import PRECISIONS, is_transformer_encoder
 
@@ -51,11 +63,15 @@ class ValidateRequest(Step[ConversionRequest, None]):
                 "target tensorrt needs TensorRT engines built on the GPU that serves them, "
                 "and TensorRT is not installed here: convert on a GPU host, or use --target "
                 "onnxruntime (Triton's TensorRT accelerator builds engines at load)")
-        if "int8" in r.precisions and r.calibration is None:
-            raise InvalidRequest("INT8 needs a calibration set (--calib)")
-        if r.evaluation is None:
-            raise InvalidRequest("an evaluation set is needed to verify the variants (--eval)")
-        if r.calibration is not None and r.calibration.resolve() == r.evaluation.resolve():
+        missing = [flag for flag, given in (("--calib", r.calibration), ("--eval", r.evaluation))
+                   if given is None]
+        if "int8" in r.precisions and missing:
+            raise InvalidRequest(
+                "INT8 needs a calibration set (--calib) and an evaluation set (--eval); "
+                f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing "
+                "(fp32 and fp16 convert without them, verified on synthetic inputs)")
+        if r.calibration is not None and r.evaluation is not None \
+                and r.calibration.resolve() == r.evaluation.resolve():
             raise InvalidRequest(
                 f"evaluation set {r.evaluation} is the calibration set: verifying on the "
                 "data INT8 was calibrated on hides its errors; give two separate sets")
@@ -121,7 +137,7 @@ class LoadSource(Step[SourceInputs, SourceOutput]):
 class SamplesInputs:
     spec: InputSpec
     calibration: Path | None
-    evaluation: Path
+    evaluation: Path | None  # None: synthetic, drawn after the check
     preprocessing: ImagePreprocessing | None
     max_calibration: int | None
     max_evaluation: int | None
@@ -130,7 +146,7 @@ class SamplesInputs:
 @dataclass(frozen=True)
 class SamplesOutput:
     calibration: SampleSet | None
-    evaluation: SampleSet
+    evaluation: SampleSet | None
     note: str | None
 
 
@@ -139,19 +155,22 @@ class LoadSamples(Step[SamplesInputs, SamplesOutput]):
 
     def inputs(self, state: ConversionState) -> SamplesInputs:
         r = state.request
-        assert r.evaluation is not None  # ValidateRequest
+        if r.calibration is None and r.evaluation is None:
+            raise StepSkipped("no calibration or evaluation set: verified on synthetic inputs")
         return SamplesInputs(state.require(state.spec, "input spec"), r.calibration,
                              r.evaluation, r.preprocessing, r.max_calibration_samples,
                              r.max_evaluation_samples)
 
     def run(self, inputs: SamplesInputs, ctx: StepContext) -> SamplesOutput:
-        evaluation = load_samples(inputs.evaluation, inputs.spec, "evaluation",
-                                  inputs.preprocessing, inputs.max_evaluation)
+        evaluation = None if inputs.evaluation is None else load_samples(
+            inputs.evaluation, inputs.spec, "evaluation", inputs.preprocessing,
+            inputs.max_evaluation)
         calibration = None
         note = None
         if inputs.calibration is not None:
             calibration = load_samples(inputs.calibration, inputs.spec, "calibration",
                                        inputs.preprocessing, inputs.max_calibration)
+        if calibration is not None and evaluation is not None:
             shared = len(evaluation.fingerprints() & calibration.fingerprints())
             if shared == len(evaluation):
                 raise InvalidDataset(
@@ -168,7 +187,18 @@ class LoadSamples(Step[SamplesInputs, SamplesOutput]):
 
     def summary(self, output: SamplesOutput) -> str:
         calib = len(output.calibration) if output.calibration else 0
+        if output.evaluation is None:
+            return f"{calib} calibration samples; evaluation: synthetic inputs"
         return f"{calib} calibration, {len(output.evaluation)} evaluation samples"
+
+
+def example_batch(state: ConversionState) -> dict[str, np.ndarray]:
+    """Two samples to export and check with: the evaluation set's, else synthetic ones
+    drawn from the spec alone (the graph is not checked yet)."""
+    if state.evaluation is not None:
+        return state.evaluation.first_batch(2)
+    spec = state.require(state.spec, "input spec")
+    return synthetic_set(spec, state.request.preprocessing, limit=2).first_batch(2)
 
 
 @dataclass(frozen=True)
@@ -190,10 +220,9 @@ class ExportOnnx(Step[ExportInputs, ExportOutput]):
     name, title = "export", "Export to ONNX"
 
     def inputs(self, state: ConversionState) -> ExportInputs:
-        evaluation: SampleSet = state.require(state.evaluation, "evaluation set")
         return ExportInputs(state.require(state.source, "source"),
                             state.require(state.spec, "input spec"),
-                            evaluation.first_batch(2), state.request.opset,
+                            example_batch(state), state.request.opset,
                             state.workdir / "exported.onnx")
 
     def run(self, inputs: ExportInputs, ctx: StepContext) -> ExportOutput:
@@ -244,10 +273,9 @@ class CheckModel(Step[CheckInputs, CheckOutput]):
     name, title = "check", "Check and optimise the graph"
 
     def inputs(self, state: ConversionState) -> CheckInputs:
-        evaluation: SampleSet = state.require(state.evaluation, "evaluation set")
         return CheckInputs(state.require(state.exported, "exported model"),
                            state.require(state.spec, "input spec"),
-                           evaluation.first_batch(2), state.workdir,
+                           example_batch(state), state.workdir,
                            limits_for(state.request.target),
                            Path(state.request.source).name)
 
@@ -281,6 +309,38 @@ class CheckModel(Step[CheckInputs, CheckOutput]):
         f = output.facts
         return f"opsets {dict(f.opsets)}, {f.parameters:,} parameters, " \
             f"{f.size_bytes / 1e6:.1f} MB, {f.nodes} nodes"
+
+
+@dataclass(frozen=True)
+class SyntheticInputs:
+    model: Path  # the checked graph: which inputs index an embedding table
+    spec: InputSpec
+    preprocessing: ImagePreprocessing | None
+    limit: int | None
+
+
+class SynthesizeEvaluation(Step[SyntheticInputs, SampleSet]):
+    """In the pipeline only when no evaluation set was given (FP32/FP16)."""
+
+    name, title = "synthetic", "Draw synthetic evaluation inputs"
+
+    def inputs(self, state: ConversionState) -> SyntheticInputs:
+        r = state.request
+        return SyntheticInputs(state.require(state.model, "checked model"),
+                               state.require(state.spec, "input spec"), r.preprocessing,
+                               r.max_evaluation_samples)
+
+    def run(self, inputs: SyntheticInputs, ctx: StepContext) -> SampleSet:
+        rows = embedding_rows(onnx.load(str(inputs.model), load_external_data=False))
+        return synthetic_set(inputs.spec, inputs.preprocessing, rows, inputs.limit)
+
+    def apply(self, state: ConversionState, output: SampleSet) -> ConversionState:
+        return replace(state, evaluation=output)
+
+    def summary(self, output: SampleSet) -> str:
+        assert output.synthetic is not None
+        return f"{len(output)} samples, seed {output.synthetic.seed}: " + "; ".join(
+            r.describe() for r in output.synthetic.ranges)
 
 
 @dataclass(frozen=True)

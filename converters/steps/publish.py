@@ -163,8 +163,12 @@ def source_sha256(state: ConversionState) -> str:
 def _set_info(samples: SampleSet | None) -> dict[str, Any] | None:
     if samples is None:
         return None
-    return {"source": samples.source, "samples": len(samples),
-            "labelled": samples.labels is not None}
+    info = {"source": samples.source, "samples": len(samples),
+            "labelled": samples.labels is not None, "synthetic": samples.synthetic is not None}
+    if samples.synthetic is not None:
+        info.update(seed=samples.synthetic.seed,
+                    ranges=[r.to_dict() for r in samples.synthetic.ranges])
+    return info
 
 
 def _repair_dict(outcome: Any) -> dict[str, Any]:

@@ -107,11 +107,29 @@ def test_convert_refuses_when_evaluation_set_is_the_calibration_set(
              "is the calibration set")
 
 
-def test_convert_refuses_int8_when_no_calibration_set(
-        repo: Path, cnn_files: Callable[[], Files]) -> None:
-    model, _, evaluation = cnn_files()
-    _refused(repo, lambda: _convert(repo, model, evaluation=evaluation),
-             "INT8 needs a calibration set (--calib)")
+@pytest.mark.parametrize("given, missing", [
+    ("eval", "--calib is missing"), ("calib", "--eval is missing"),
+    ("", "--calib and --eval are missing"),
+])
+def test_convert_refuses_int8_in_one_line_when_calibration_or_evaluation_set_missing(
+        repo: Path, cnn_files: Callable[[], Files], given: str, missing: str) -> None:
+    """FP32/FP16 convert without data (synthetic inputs); INT8 does not, and one line
+    names both options before any work starts."""
+    import json
+
+    model, calib, evaluation = cnn_files()
+    def run(*extra: str) -> tuple[int, str]:
+        return _convert(repo, model, *extra, calib=calib if given == "calib" else None,
+                        evaluation=evaluation if given == "eval" else None,
+                        precisions="fp32,int8")
+
+    line = (f"INT8 needs a calibration set (--calib) and an evaluation set (--eval); {missing} "
+            "(fp32 and fp16 convert without them, verified on synthetic inputs)")
+    _refused(repo, run, line)
+    code, output = run("--json")
+    error = json.loads(output)
+    assert code == 2 and error["reason"] == line
+    assert error["step"] == "validate"  # before the model is even opened
 
 
 def test_convert_reports_error_as_json_when_json_requested(

@@ -107,13 +107,22 @@ def test_run_steps_propagates_bugs_when_fatal_step_crashes(tmp_path: Path) -> No
 
 def test_build_pipeline_adds_per_variant_steps_when_int8_requested(tmp_path: Path) -> None:
     labels = [s.label for s in build_pipeline(
-        ConversionRequest("m.onnx", "m", tmp_path, precisions=("fp16", "int8")))]
+        ConversionRequest("m.onnx", "m", tmp_path, precisions=("fp16", "int8"),
+                          calibration=tmp_path / "c", evaluation=tmp_path / "e"))]
     assert labels[:7] == ["validate", "source", "samples", "export", "check", "reference",
                           "prepare-int8"]
     assert labels[7:11] == ["build-fp32", "build-fp16", "build-int8", "build-int8-dynamic"]
     assert labels[11:] == ["verify", "repair-int8-dynamic", "repair-int8", "profile", "select",
                            "tensorrt", "report", "publish"]
     assert labels[-1] == "publish"  # the repository is written last, or not at all
+
+
+def test_build_pipeline_draws_synthetic_inputs_after_the_check_when_no_evaluation_set(
+        tmp_path: Path) -> None:
+    labels = [s.label for s in build_pipeline(
+        ConversionRequest("m.onnx", "m", tmp_path, precisions=("fp32", "fp16")))]
+    assert labels[:7] == ["validate", "source", "samples", "export", "check", "synthetic",
+                          "reference"]
 
 
 def test_every_step_takes_a_frozen_dataclass_when_pipeline_is_built(tmp_path: Path) -> None:

@@ -79,8 +79,20 @@ def test_tensor_decl_json_form_round_trips_when_triton_or_numpy_names() -> None:
                                     "shape": ["batch", "seq", "4"]}) == decl
 
 
+def test_tensor_decl_json_form_keeps_the_declared_range_when_given() -> None:
+    wire = {"name": "ids", "datatype": "INT64", "shape": ["batch", "seq"], "range": [0, 30521]}
+    decl = TensorDecl.from_mapping(wire)
+    assert decl.value_range == (0, 30521)
+    assert decl.to_wire() == wire and decl.to_dict()["range"] == [0, 30521]
+    assert parse_input_spec(json.dumps([wire])).inputs == (decl,)
+
+
 @pytest.mark.parametrize("item, problem", [
     ({"name": "x", "datatype": "FP32", "shape": ["b"], "extra": 1}, r"unknown fields \['extra'\]"),
+    ({"name": "x", "datatype": "FP32", "shape": ["b"], "range": [2, 1]}, "low <= high"),
+    ({"name": "x", "datatype": "FP32", "shape": ["b"], "range": [0]}, r"range \[0\] must be"),
+    ({"name": "x", "datatype": "FP32", "shape": ["b"], "range": "0,1"}, "must be a list"),
+    ({"name": "x", "datatype": "INT64", "shape": ["b"], "range": [0, 2.5]}, "whole numbers"),
     ({"name": "x", "shape": ["b"]}, "lacks datatype"),
     ({"name": "", "datatype": "FP32", "shape": ["b"]}, "1 to 128 characters"),
     ({"name": 7, "datatype": "FP32", "shape": ["b"]}, "must be a string"),

@@ -36,3 +36,24 @@ def tiny_with_spec() -> EntryPointModel:
 
 def not_a_model() -> Any:
     return {"weights": [1, 2, 3]}
+
+
+class TokenNet(torch.nn.Module):
+    """``ids`` int64 [batch, sequence] over a vocabulary of TOKEN_VOCAB -> [batch, 10]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(TOKEN_VOCAB, 8)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.embed(ids).mean(dim=1))
+
+
+TOKEN_VOCAB = 40
+
+
+def token_with_spec() -> EntryPointModel:
+    return EntryPointModel(TokenNet().eval(), parse_input_spec("ids:int64[batch,sequence]"),
+                           ("scores",))

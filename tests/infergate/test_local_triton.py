@@ -133,6 +133,7 @@ def test_infergate_up_stops_everything_when_signalled(
         first = text.split("bundled cat photo): ")[1].split(" ")[0]
         assert int(first) in range(281, 286)
         _upload_as_printed(text, tmp_path, http_port)
+        _console_as_printed(text, tmp_path, http_port)
         proc.send_signal(sig)
         rest, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, rest
@@ -142,6 +143,18 @@ def test_infergate_up_stops_everything_when_signalled(
     finally:
         proc.kill()
         proc.wait()
+
+
+def _console_as_printed(welcome: str, log_dir: Path, http_port: int) -> None:
+    """The console's address and sign-in step as printed: the admin token's file
+    signs in, and the model just uploaded is on the models page."""
+    url = f"http://127.0.0.1:{http_port}/ui"
+    admin = log_dir / "state" / "admin.token"
+    assert f"Web console: {url}" in welcome and f"cat {admin}" in welcome
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        signed = client.post(f"{url}/signin", data={"token": admin.read_text().strip()})
+        assert signed.status_code == 303 and "infergate_console" in signed.headers["set-cookie"]
+        assert "my_model" in client.get(f"{url}/models").text
 
 
 def _upload_as_printed(welcome: str, log_dir: Path, http_port: int) -> None:

@@ -28,6 +28,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from converters.samples import INPUT_NAME, SAMPLE_MODEL_NAME, cat_input
+from infergate.processes import stop_process
 from infergate.triton.local import free_port
 from tests.k8s.conftest import K8S
 from tests.procs import GatewayProcess, wait_until
@@ -128,12 +129,7 @@ def prometheus(
         yield prom
     finally:
         prom.client.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc)
         log.close()
 
 

@@ -129,3 +129,23 @@ async def test_post_plan_answers_422_naming_field_when_pool_is_malformed(
     response = await client.post("/v1/plans", json=data)
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", "pools", 2, "target_rps"]
+
+
+async def test_list_plans_answers_newest_first_and_counts_a_repeated_request_as_new(
+    client: httpx.AsyncClient, example_request: PlanningRequest
+) -> None:
+    assert (await client.get("/v1/plans")).json() == {"plans": []}
+    first = body(example_request)
+    second = json.loads(json.dumps(first))
+    second["options"]["seed"] = first["options"]["seed"] + 1  # another request, another id
+    a = (await client.post("/v1/plans", json=first)).json()["id"]
+    b = (await client.post("/v1/plans", json=second)).json()["id"]
+    assert a != b
+    listed = (await client.get("/v1/plans")).json()["plans"]
+    assert [p["id"] for p in listed] == [b, a]
+    assert listed[0]["links"]["layout_svg"] == f"/v1/plans/{b}/layout.svg"
+    assert listed[0]["metrics"]["pools_unplaced"] == 0
+    await client.post("/v1/plans", json=first)  # asked again: the newest
+    assert [p["id"] for p in (await client.get("/v1/plans", params={"limit": 1}))
+            .json()["plans"]] == [a]
+    assert (await client.get("/v1/plans", params={"limit": 0})).status_code == 422

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.lifecycle.conversion.worker_protocol import ConversionOutcome, WorkerTask
+
+if TYPE_CHECKING:
+    from converters.datasets import SampleSet
 
 StepReporter = Callable[..., None]
 STEP_STATES = {"started": "running", "running": "running", "done": "done",
@@ -75,21 +78,19 @@ def convert_upload(task: WorkerTask, calibration: Path | None, evaluation: Path 
         precision=result.precision,
         report=str(report.relative_to(version_dir)) if report else None,
         metadata=_summary(version_dir, result.chosen, result.target, task.model_format),
-        agreement=_keep_samples(task, request),
+        agreement=_keep_samples(task, result.evaluation),
     )
 
 
-def _keep_samples(task: WorkerTask, request: Any) -> str | None:
-    """Up to ``task.agreement_samples`` evaluation samples spread over the set, stacked
-    per input into ``agreement.npz``: what a rollout replays to both versions."""
-    if task.agreement_samples <= 0 or request.evaluation is None:
+def _keep_samples(task: WorkerTask, evaluation: SampleSet) -> str | None:
+    """Up to ``task.agreement_samples`` of the samples the variants were verified on (the
+    owner's evaluation set, else the synthetic one), spread over the set and stacked per
+    input into ``agreement.npz``: what a rollout replays to both versions."""
+    if task.agreement_samples <= 0:
         return None
     import numpy as np
 
-    from converters.datasets import load_samples
-
-    samples = load_samples(request.evaluation, request.input_spec, "evaluation",
-                           request.preprocessing).strided(task.agreement_samples)
+    samples = evaluation.strided(task.agreement_samples)
     batch = next(samples.batches(task.agreement_samples))  # those of the first's shapes
     path = Path(task.work_dir) / "agreement.npz"
     np.savez(path, **batch)  # type: ignore[arg-type]
@@ -107,5 +108,8 @@ def _summary(version_dir: Path, chosen: str, target: str, source_format: str) ->
             speedup_vs_fp32=meta.get("speedup_vs_fp32"),
             accuracy={k: accuracy.get(k) for k in ("samples", "cosine", "top1_drop",
                                                    "max_abs_err") if k in accuracy},
+            # "synthetic": verified against the source on drawn inputs, not real data
+            evaluation="synthetic" if (meta.get("evaluation") or {}).get("synthetic")
+            else "uploaded",
         )
     return summary

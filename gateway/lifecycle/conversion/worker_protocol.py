@@ -30,7 +30,8 @@ class WorkerTask:
     limits: dict[str, Any] = field(default_factory=dict)
     nice: int = 10
     sandbox: dict[str, Any] = field(default_factory=dict)  # a SandboxPlan; set by run()
-    # a rollout follows: keep this many evaluation samples to replay (agreement.npz)
+    # a rollout follows: keep this many evaluation samples (the synthetic ones when no
+    # evaluation part was uploaded) to replay (agreement.npz)
     agreement_samples: int = 0
 
     def write(self, path: Path) -> Path:

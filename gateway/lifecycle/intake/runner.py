@@ -47,6 +47,8 @@ from gateway.lifecycle.warmup.rollout import Rollouts
 from gateway.policy.rollout import RolloutSpec, effective
 
 log = logging.getLogger(__name__)
+
+INCOMING = "incoming-"  # a form upload's folder until its model is known
 RESTART_REASON = "the gateway stopped while this job was running (its worker died with it)"
 
 
@@ -82,6 +84,8 @@ class JobRunner:
         removed."""
         for job_id in self.store.fail_interrupted(RESTART_REASON):
             self._recover(self.store.job(job_id))
+        for incoming in (self.spec.state_dir / "jobs").glob(f"{INCOMING}*"):
+            shutil.rmtree(incoming, ignore_errors=True)  # a form body cut by the stop
 
     def _recover(self, job: JobRecord) -> None:
         log.warning("job %s (%s) was running when the gateway stopped: marked failed",
@@ -120,14 +124,44 @@ class JobRunner:
             job = self._step(job, "upload", "running")
             upload = await receive_upload(chunks, content_type, content_length, folder,
                                           self.spec.limits)
+        except BaseException as exc:
+            self._reject(job, folder, exc)
+            raise
+        return await self._accept(job, upload, folder)
+
+    async def submit_form(self, chunks: AsyncIterator[bytes], content_type: str | None,
+                          content_length: int | None, principal: Principal,
+                          fields: tuple[str, ...], check: Callable[[dict[str, str]], str]
+                          ) -> JobRecord:
+        """An upload whose model name comes in the body (the console's form): the body is
+        received first, with the text ``fields`` beside the usual parts; ``check`` reads
+        them and answers the model's name (or raises). Then as :meth:`submit`. Nothing
+        of a refused body is kept, and no job is recorded for it."""
+        incoming = self.spec.state_dir / "jobs" / f"{INCOMING}{secrets.token_hex(8)}"
+        try:
+            incoming.mkdir(parents=True)
+            upload = await receive_upload(chunks, content_type, content_length, incoming,
+                                          self.spec.limits, fields)
+            model = checked_name(check(dict(upload.fields)))
+            job = self.store.create_job(f"job-{secrets.token_hex(8)}", model,
+                                        principal.name)  # Conflict if busy
+        except BaseException:
+            shutil.rmtree(incoming, ignore_errors=True)
+            raise
+        folder = self.spec.state_dir / "jobs" / job.id
+        incoming.rename(folder)
+        job = self._step(job, "upload", "running")
+        return await self._accept(job, upload.moved_to(folder), folder)
+
+    async def _accept(self, job: JobRecord, upload: ReceivedUpload, folder: Path) -> JobRecord:
+        """A received upload: its spec and samples checked, its conversion queued."""
+        try:
             spec = parse_spec(upload.spec_text)
-            pools = self.catalog.target_pools(model, spec)
+            pools = self.catalog.target_pools(job.model, spec)
             self._check_samples(spec, upload)
             await self._check_pickles(spec, upload)
         except BaseException as exc:
-            shutil.rmtree(folder, ignore_errors=True)
-            message = exc.message if isinstance(exc, GatewayError) else repr(exc)
-            self._finish(job, "failed", f"upload rejected: {message}", "upload")
+            self._reject(job, folder, exc)
             raise
         job = self._step(job, "upload", "done", f"{upload.model.size} bytes, sha256 "
                                                 f"{upload.model.sha256[:12]}")
@@ -137,14 +171,22 @@ class JobRunner:
                                                   name=job.id)
         return job
 
+    def _reject(self, job: JobRecord, folder: Path, exc: BaseException) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        message = exc.message if isinstance(exc, GatewayError) else repr(exc)
+        self._finish(job, "failed", f"upload rejected: {message}", "upload")
+
     @staticmethod
     def _check_samples(spec: UploadSpec, upload: ReceivedUpload) -> None:
-        if spec.needs_calibration and upload.calibration is None:
-            raise InvalidInput("precision int8 needs calibration samples (a 'calibration' "
-                               "part: .npz, .npy or an archive)")
-        if spec.needs_evaluation and upload.evaluation is None:
-            raise InvalidInput("evaluation samples are needed (an 'evaluation' part: .npz, "
-                               ".npy or an archive): every variant is verified on them")
+        missing = [f"'{part}'" for part, needed, given in (
+            ("calibration", spec.needs_calibration, upload.calibration),
+            ("evaluation", spec.needs_evaluation, upload.evaluation)) if needed and not given]
+        if missing:
+            raise InvalidInput(
+                "precision int8 needs a 'calibration' and an 'evaluation' part (.npz, .npy or "
+                f"an archive each); {' and '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} missing (fp32 and fp16 uploads may "
+                "omit both: they are verified on synthetic inputs)")
         if spec.format is not None and spec.format != upload.model_format:
             raise InvalidInput(f"spec says format {spec.format!r} but the model file "
                                f"{upload.model.filename!r} is {upload.model_format!r}")

@@ -15,6 +15,11 @@ Example::
       "rollout": {"steps": [5, 25, 50, 100], "step_seconds": 60, "min_requests": 200}
     }
 
+An input may declare its values' ``range`` (``[low, high]``, both included), which
+synthetic evaluation inputs respect. Samples, as on the command line: INT8 needs a
+``calibration`` and an ``evaluation`` part; FP32/FP16 may omit both, and are then verified
+against the source model on synthetic inputs (the report says so).
+
 Optional: ``preprocessing`` (for folders of images), ``instance_count``,
 ``intra_op_threads``, ``profile_iterations``, ``repair`` (INT8 accuracy repair, on),
 ``rollout`` (a progressive rollout, :class:`gateway.policy.rollout.RolloutSpec`, or
@@ -133,7 +138,9 @@ class UploadSpec(BaseModel):
 
     @property
     def needs_evaluation(self) -> bool:
-        return True  # every variant, FP32 included, is verified on the evaluation set
+        """INT8 only, as on the command line: FP32/FP16 without evaluation samples are
+        verified against the source model on synthetic inputs (converters/synthetic.py)."""
+        return "int8" in self.precisions
 
 
 def parse_spec(text: str) -> UploadSpec:

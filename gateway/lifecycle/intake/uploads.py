@@ -26,7 +26,7 @@ import stat
 import tarfile
 import zipfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -41,6 +41,7 @@ SAMPLE_SUFFIXES = (".npz", ".npy", ".zip", ".tar", ".tar.gz", ".tgz")
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 FILE_PARTS = ("model", "calibration", "evaluation")
 PARTS = (*FILE_PARTS, "spec")
+MAX_FIELD_BYTES = 1024  # a text field a caller declares beside the parts (a form's)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,17 @@ class ReceivedUpload:
     spec_text: str
     calibration: UploadedFile | None = None
     evaluation: UploadedFile | None = None
+    fields: tuple[tuple[str, str], ...] = ()  # the declared text fields received
+
+    def moved_to(self, folder: Path) -> ReceivedUpload:
+        """The same upload once its folder was renamed to ``folder``."""
+        def move(file: UploadedFile | None) -> UploadedFile | None:
+            return None if file is None else replace(file, path=folder / file.path.name)
+
+        model = move(self.model)
+        assert model is not None
+        return replace(self, model=model, calibration=move(self.calibration),
+                       evaluation=move(self.evaluation))
 
     @property
     def model_format(self) -> str:
@@ -82,15 +94,19 @@ class _Part:
     limit: int = 0
     digest: Any = None
     text: bytearray = field(default_factory=bytearray)
+    empty_input: bool = False  # a browser's file input with no file chosen
 
 
 class MultipartReceiver:
     """Feed body chunks in; files land in ``folder``. Raises InvalidInput/PayloadTooLarge."""
 
-    def __init__(self, boundary: bytes, folder: Path, limits: UploadLimits) -> None:
+    def __init__(self, boundary: bytes, folder: Path, limits: UploadLimits,
+                 fields: tuple[str, ...] = ()) -> None:
         self.folder, self.limits = folder, limits
         self.done: dict[str, UploadedFile] = {}
         self.spec_text: str | None = None
+        self.declared_fields = fields
+        self.fields: dict[str, str] = {}
         self.total = 0
         self._part = _Part()
         self._header_name = bytearray()
@@ -131,7 +147,8 @@ class MultipartReceiver:
         if self.spec_text is None:
             raise InvalidInput("the upload has no 'spec' part (JSON)")
         return ReceivedUpload(self.done["model"], self.spec_text,
-                              self.done.get("calibration"), self.done.get("evaluation"))
+                              self.done.get("calibration"), self.done.get("evaluation"),
+                              tuple(self.fields.items()))
 
     def close(self) -> None:
         if self._part.handle is not None:
@@ -154,12 +171,22 @@ class MultipartReceiver:
         filename = options.get(b"filename")
         part = self._part
         part.name, part.filename = name, filename.decode("utf-8", "replace") if filename else None
-        if name not in PARTS:
-            raise InvalidInput(f"unexpected part {name!r}: parts are {', '.join(PARTS)}")
-        if name in self.done or (name == "spec" and self.spec_text is not None):
+        if name not in PARTS and name not in self.declared_fields:
+            raise InvalidInput(f"unexpected part {name!r}: parts are "
+                               f"{', '.join((*PARTS, *self.declared_fields))}")
+        if name in self.done or name in self.fields or (
+                name == "spec" and self.spec_text is not None):
             raise InvalidInput(f"part {name!r} appears twice")
+        if name in self.declared_fields:
+            if part.filename is not None:
+                raise InvalidInput(f"part {name!r} must be a text field, not a file")
+            part.limit = MAX_FIELD_BYTES
+            return
         if name == "spec":
             part.limit = self.limits.max_spec_bytes
+            return
+        if filename == b"" and name != "model":  # a form's optional file left unchosen
+            part.empty_input = True
             return
         if not part.filename:
             raise InvalidInput(f"part {name!r} must be a file (with a filename)")
@@ -177,6 +204,10 @@ class MultipartReceiver:
     def _on_part_data(self, data: bytes, start: int, end: int) -> None:
         part = self._part
         part.size += end - start
+        if part.empty_input:
+            if end > start:
+                raise InvalidInput(f"part {part.name!r} has data but no filename")
+            return
         if part.size > part.limit:
             raise PayloadTooLarge(f"part {part.name!r} exceeds its limit of {part.limit} bytes")
         if part.handle is None:
@@ -190,6 +221,11 @@ class MultipartReceiver:
         part = self._part
         if part.name == "spec":
             self.spec_text = part.text.decode("utf-8", "replace")
+            return
+        if part.name in self.declared_fields:
+            self.fields[part.name] = part.text.decode("utf-8", "replace")
+            return
+        if part.empty_input:
             return
         assert part.handle is not None and part.path is not None
         part.handle.close()
@@ -216,12 +252,13 @@ def multipart_boundary(content_type: str | None) -> bytes:
 
 async def receive_upload(chunks: AsyncIterator[bytes], content_type: str | None,
                          content_length: int | None, folder: Path,
-                         limits: UploadLimits) -> ReceivedUpload:
-    """Stream the body into ``folder``; on any error nothing of it is kept."""
+                         limits: UploadLimits, fields: tuple[str, ...] = ()) -> ReceivedUpload:
+    """Stream the body into ``folder``; on any error nothing of it is kept. ``fields``:
+    text fields accepted beside the parts (at most 1 KiB each), in ``.fields``."""
     if content_length is not None and content_length > limits.max_request_bytes:
         raise PayloadTooLarge(f"upload of {content_length} bytes exceeds the limit of "
                               f"{limits.max_request_bytes} bytes")
-    receiver = MultipartReceiver(multipart_boundary(content_type), folder, limits)
+    receiver = MultipartReceiver(multipart_boundary(content_type), folder, limits, fields)
     try:
         async for chunk in chunks:
             receiver.feed(chunk)

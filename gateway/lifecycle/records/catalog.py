@@ -54,6 +54,13 @@ class ModelCatalog:
     def model_names(self) -> list[str]:
         return [r.name for r in self.store.models()]
 
+    def repository_models(self) -> list[str]:
+        """Models with at least one version folder in the repository (managed or not)."""
+        if not self.repository.is_dir():
+            return []
+        return sorted(p.name for p in self.repository.iterdir()
+                      if p.is_dir() and repo_edits.existing_versions(self.repository, p.name))
+
     def versions(self, model: str) -> list[VersionRecord]:
         return self.store.versions(model)
 

@@ -12,7 +12,8 @@ activation when its model has a rollout policy and a serving version:
 2. **Steps.** For each step the split gives the candidate its percent of unversioned
    requests. Every ``TICK_S`` the tally's windows (:class:`VersionTally`, both data
    planes record the answers of the requests they pinned) are judged; at the step's end
-   a replayed sample of the owner's evaluation set gives the outputs' agreement. Promote
+   a replayed sample of the owner's evaluation set (of the synthetic inputs the
+   converter verified on, when the upload had none) gives the outputs' agreement. Promote
    moves on, hold keeps the step running (too few requests), rollback ends it.
 3. **The end.** Promoted: the candidate is recorded serving (its pinned config written,
    so a restarted Triton loads it alone) and the members load it alone. Rolled back or

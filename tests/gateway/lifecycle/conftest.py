@@ -283,11 +283,14 @@ def tree(repo: Path) -> dict[str, str]:
             for p in sorted(repo.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
 
 
-def upload(url: str, name: str, model: Path | bytes, spec: dict[str, Any], evaluation: bytes,
-           calibration: bytes | None = None) -> dict[str, Any]:
+def upload(url: str, name: str, model: Path | bytes, spec: dict[str, Any],
+           evaluation: bytes | None, calibration: bytes | None = None) -> dict[str, Any]:
+    """``evaluation`` None: no evaluation part (FP32/FP16 are verified on synthetic inputs)."""
     files: dict[str, Any] = {
         "model": ("model.onnx", model.read_bytes() if isinstance(model, Path) else model),
-        "spec": ("spec.json", json.dumps(spec)), "evaluation": ("evaluation.npz", evaluation)}
+        "spec": ("spec.json", json.dumps(spec))}
+    if evaluation is not None:
+        files["evaluation"] = ("evaluation.npz", evaluation)
     if calibration is not None:
         files["calibration"] = ("calibration.npz", calibration)
     resp = httpx.post(f"{url}/v1/models/{name}/versions", files=files,

@@ -35,14 +35,21 @@ def _npz() -> bytes:
 
 
 def _files(spec: dict[str, Any] | str = SPEC, model: bytes = b"onnx-bytes",
-           **parts: bytes) -> dict[str, Any]:
+           evaluation: bool = True, **parts: bytes) -> dict[str, Any]:
     files: dict[str, Any] = {
         "model": ("model.onnx", model),
         "spec": ("spec.json", spec if isinstance(spec, str) else json.dumps(spec)),
-        "evaluation": ("eval.npz", _npz()),
     }
+    if evaluation:
+        files["evaluation"] = ("eval.npz", _npz())
     files.update({k: (f"{k}.npz", v) for k, v in parts.items()})
     return files
+
+
+INT8 = {**SPEC, "precisions": ["fp32", "int8"], "accuracy_budget": {"min_cosine": 0.99}}
+INT8_NEEDS = "precision int8 needs a 'calibration' and an 'evaluation' part (.npz, .npy or an " \
+    "archive each); {} missing (fp32 and fp16 uploads may omit both: they are verified on " \
+    "synthetic inputs)"
 
 
 def _tree(repo: Path) -> dict[str, str]:
@@ -57,9 +64,13 @@ BAD_UPLOADS = [
     ("int8 without budget", "upload", TINY,
      _files({**SPEC, "precisions": ["int8"]}, calibration=_npz()), 400,
      "need an accuracy_budget"),
-    ("int8 without calibration", "upload", TINY,
-     _files({**SPEC, "precisions": ["int8"], "accuracy_budget": {"min_cosine": 0.99}}), 400,
-     "needs calibration samples"),
+    ("int8 without calibration", "upload", TINY, _files(INT8), 400,
+     INT8_NEEDS.format("'calibration' is")),
+    ("int8 without evaluation", "upload", TINY,
+     _files(INT8, evaluation=False, calibration=_npz()), 400,
+     INT8_NEEDS.format("'evaluation' is")),
+    ("int8 without either", "upload", TINY, _files(INT8, evaluation=False), 400,
+     INT8_NEEDS.format("'calibration' and 'evaluation' are")),
     ("spec not JSON", "upload", TINY, _files("{inputs: ["), 400, "not valid JSON"),
     ("spec with a fixed batch axis", "upload", TINY,
      _files({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16]}]}), 400,

@@ -115,6 +115,30 @@ def test_uploaded_efficientnet_classifies_cat_through_gateway_when_converted(
                                "route")] == ["done"] * 7
 
 
+def test_fp32_fp16_upload_without_evaluation_part_serves_verified_on_synthetic_inputs(
+    stack: Stack
+) -> None:
+    """Uploads follow the command line's rule: FP32/FP16 need no samples (issue 22)."""
+    model = "affine_synthetic"
+    spec = {**TINY_SPEC, "precisions": ["fp32", "fp16"], "accuracy_budget": {"min_cosine": 0.99}}
+    started = upload(stack.url, model, affine_onnx(stack.folder / "slope4.onnx", 4.0), spec,
+                     evaluation=None)
+    done = finished(stack.url, started["id"])
+    assert done["state"] == "succeeded", done["error"]
+    steps = {s["name"]: s for s in done["steps"]}
+    assert steps["synthetic"]["state"] == "done" and "64 samples, seed 0" in \
+        steps["synthetic"]["detail"]
+    answer = httpx.post(f"{stack.url}/v2/models/{model}/infer", json={"inputs": [
+        {"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]}, timeout=30)
+    assert answer.status_code == 200 and answer.json()["outputs"][0]["data"][0] == 5.0
+    version = show(stack.url, model)["versions"][0]
+    assert version["metadata"]["evaluation"] == "synthetic"
+    assert version["metadata"]["accuracy"]["samples"] == 64
+    report = httpx.get(stack.url + version["report"], headers=bearer("upload"))
+    assert report.status_code == 200
+    assert "verified on 64 synthetic inputs (seed 0), not on real data" in report.text
+
+
 def test_new_version_goes_live_without_failed_requests_then_rolls_back(
     stack: Stack, steady_load: Any
 ) -> None:

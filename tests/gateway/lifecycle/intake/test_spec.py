@@ -25,6 +25,19 @@ def test_spec_parses_when_complete() -> None:
     assert spec.keep_warm is not None and spec.keep_warm.batch_sizes == (1, 8)
 
 
+def test_spec_needs_no_samples_when_precisions_are_fp32_and_fp16() -> None:
+    spec = parse_spec(json.dumps({"inputs": INPUTS, "precisions": ["fp32", "fp16"],
+                                  "accuracy_budget": {"min_cosine": 0.99}}))
+    assert not spec.needs_calibration and not spec.needs_evaluation  # synthetic inputs
+
+
+def test_spec_keeps_an_input_range_when_declared() -> None:
+    inputs = [{"name": "ids", "datatype": "INT64", "shape": ["batch", "seq"], "range": [0, 99]}]
+    spec = parse_spec(json.dumps({"inputs": inputs}))
+    assert spec.inputs[0].value_range == (0, 99)
+    assert spec.model_dump(mode="json")["inputs"] == inputs  # what the worker reads back
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ({"inputs": INPUTS, "precisions": ["int8"]}, "need an accuracy_budget"),
     ({"inputs": INPUTS, "precisions": ["int8"], "accuracy_budget": {}}, "max_top1_drop"),

@@ -213,3 +213,49 @@ def test_upload_refused_with_invalid_input_when_boundary_too_long(tmp_path: Path
     body, _ = _body({"model": ("m.onnx", b"x"), "spec": ("s.json", SPEC)})
     with pytest.raises(InvalidInput, match="boundary of 300 characters"):
         _receive(tmp_path, body, "multipart/form-data; boundary=" + "x" * 300)
+
+
+def _browser_form(parts: list[tuple[str, str | None, bytes]]) -> tuple[bytes, str]:
+    """A multipart body as a browser sends a form: a file input left empty is a part
+    with ``filename=""`` and no data."""
+    out = b""
+    for name, filename, data in parts:
+        disposition = f'form-data; name="{name}"' + (
+            f'; filename="{filename}"' if filename is not None else "")
+        kind = "\r\nContent-Type: application/octet-stream" if filename is not None else ""
+        out += f"--B\r\nContent-Disposition: {disposition}{kind}\r\n\r\n".encode() + data + b"\r\n"
+    return out + b"--B--\r\n", "multipart/form-data; boundary=B"
+
+
+def test_form_fields_kept_beside_parts_and_empty_file_inputs_ignored(tmp_path: Path) -> None:
+    body, ctype = _browser_form([("csrf", None, b"tok"), ("name", None, b"tiny"),
+                                 ("model", "m.onnx", b"onnx"), ("spec", None, SPEC),
+                                 ("evaluation", "", b""), ("calibration", "", b"")])
+    folder = tmp_path / "job"
+    folder.mkdir()
+    upload = asyncio.run(receive_upload(_chunks(body), ctype, len(body), folder,
+                                        UploadLimits(), ("csrf", "name")))
+    assert dict(upload.fields) == {"csrf": "tok", "name": "tiny"}
+    assert upload.evaluation is None and upload.calibration is None
+    assert sorted(p.name for p in folder.iterdir()) == ["model.onnx"]
+    moved = upload.moved_to(tmp_path / "elsewhere")
+    assert moved.model.path == tmp_path / "elsewhere" / "model.onnx"
+
+
+@pytest.mark.parametrize(("parts", "message"), [
+    ([("csrf", None, b"t"), ("model", "m.onnx", b"x"), ("spec", None, SPEC)], "unexpected part"),
+    ([("model", "", b"")], "model' must be a file"),
+    ([("model", "m.onnx", b"x"), ("evaluation", "", b"data")], "has data but no filename"),
+    ([("name", "n.txt", b"x")], "must be a text field"),
+    ([("name", None, b"a"), ("name", None, b"b")], "appears twice"),
+    ([("name", None, b"x" * 2000)], "exceeds its limit"),
+])
+def test_form_parts_refused_when_wrong(tmp_path: Path, parts: list[tuple[str, str | None, bytes]],
+                                       message: str) -> None:
+    body, ctype = _browser_form(parts)
+    folder = tmp_path / "job"
+    folder.mkdir()
+    fields = () if parts[0][0] == "csrf" else ("name",)
+    with pytest.raises((InvalidInput, PayloadTooLarge), match=message):
+        asyncio.run(receive_upload(_chunks(body), ctype, len(body), folder, UploadLimits(),
+                                   fields))

@@ -1,0 +1,219 @@
+"""The console in a real browser: Debian's chromium driven by Playwright, against a real
+gateway (HAProxy in front), Triton and scheduler.
+
+One owner's afternoon, in order: sign in (a wrong token first), upload the example model
+through the form and watch its job reach serving, see the models list with live traffic,
+open a report and see its plots load, roll a model back, and look at pools and the MIG
+plan. Then an upload-scope token: no admin buttons, and a forged admin post refused.
+Screenshots of each page are saved under ``results/console/`` (the test's artifacts).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from converters.tiny import TINY_MODEL_NAME
+from infergate.owner import example_upload
+from infergate.processes import ROOT
+from tests.gateway.console.conftest import ConsoleStack, console_stack
+from tests.gateway.lifecycle.conftest import TOKENS, add_version, infer_body
+
+pytestmark = pytest.mark.integration
+playwright_api = pytest.importorskip("playwright.sync_api")
+SHOTS = Path(os.environ.get("INFERGATE_ARTIFACTS", ROOT / "results")) / "console"
+VIEWPORT = {"width": 1280, "height": 800}
+HOSTILE = '<img src=x onerror="window.hacked=1">'
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("chromium is not installed: `make test` installs Debian's (system-deps)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleStack]:
+    """The tiny model with two versions on disk (v2 serves): something to roll back."""
+    tmp = tmp_path_factory.mktemp("console-browser")
+
+    def two_versions(repo: Path) -> None:
+        add_version(repo, TINY_MODEL_NAME, 2, 3.0)
+
+    with console_stack(tmp, prepare=two_versions) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        args = ["--no-sandbox"] if os.geteuid() == 0 else []  # root: no user namespaces
+        launched = p.chromium.launch(executable_path=chromium(), args=args)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def shot(page: Any, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=name != "models")
+    return path
+
+
+def images_loaded(page: Any, selector: str) -> list[int]:
+    """The natural width of each image matching ``selector`` (0: not loaded)."""
+    return page.eval_on_selector_all(  # type: ignore[no-any-return]
+        selector, "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
+
+
+def sign_in(page: Any, url: str, token: str) -> None:
+    """By keyboard, as a person would: the token field has the focus."""
+    page.goto(f"{url}/ui/models")
+    assert "/ui/signin" in page.url
+    page.keyboard.type(token)
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/ui/models")
+
+
+class Traffic:
+    """Requests to a model from a thread until stopped (the models page's sparklines)."""
+
+    def __init__(self, url: str, model: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(url, model), daemon=True)
+        self._thread.start()
+
+    def _run(self, url: str, model: str) -> None:
+        with httpx.Client(base_url=url, trust_env=False, timeout=30) as client:
+            while not self._stop.is_set():
+                client.post(f"/v2/models/{model}/infer", json=infer_body())
+                self._stop.wait(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_an_owner_uploads_watches_reads_the_report_and_rolls_back(
+    stack: ConsoleStack, browser: Any, tmp_path: Path
+) -> None:
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    dialogs: list[str] = []
+
+    def dialog(opened: Any) -> None:  # an alert() would be a script of ours running
+        dialogs.append(opened.message)
+        opened.dismiss()
+
+    page.on("dialog", dialog)
+
+    # a wrong token: a clear message, no cookie
+    page.goto(f"{stack.url}/ui/signin")
+    page.get_by_label("Token").fill("not-a-token-0123456789")
+    page.get_by_role("button", name="Sign in").click()
+    assert "unknown API token" in page.locator("#signin-error").inner_text()
+    assert context.cookies() == []
+    sign_in(page, stack.url, TOKENS["admin"])
+    cookie = next(c for c in context.cookies() if c["name"] == "infergate_console")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+
+    # upload the example model through the form; the job page follows it to serving
+    example = example_upload(tmp_path / "example")
+    page.get_by_role("link", name="Upload").click()
+    page.get_by_label("Model name").fill("example")
+    page.get_by_label("Model file").set_input_files(str(example.model))
+    page.get_by_label("Spec (JSON)").fill(example.spec.read_text())
+    page.get_by_label("Evaluation samples (optional)").set_input_files(str(example.evaluation))
+    page.get_by_role("button", name="Upload").click()
+    page.wait_for_url("**/ui/jobs/job-*")
+    page.wait_for_function(
+        "() => document.querySelector('#job-state')?.textContent.trim() === 'succeeded'"
+        " || document.querySelector('#job-state')?.textContent.trim() === 'failed'",
+        timeout=240_000)
+    assert page.locator("#job-state").inner_text() == "succeeded", page.inner_text("#job")
+    assert page.locator("#model-state").inner_text() == "serving"
+    shot(page, "job")
+
+    # the models list, with the traffic of the last minutes
+    traffic = Traffic(stack.url, "example")
+    try:
+        page.goto(f"{stack.url}/ui/models")
+        page.wait_for_function(  # console.js refreshes the table every 5 s
+            "() => /example requests per second: req\\/s now [1-9]/.test("
+            "document.querySelector('#models').innerHTML)", timeout=30_000)
+    finally:
+        traffic.stop()
+    row = page.get_by_role("row").filter(has_text="example")
+    assert "serving" in row.inner_text() and "fp32" in row.inner_text()
+    shot(page, "models")
+
+    # the report: the variants table and both plots, loaded
+    page.get_by_role("link", name="example", exact=True).click()
+    page.wait_for_url("**/ui/models/example")
+    report = page.locator("section.report")
+    assert "Variants" in report.inner_text() and "chosen" in report.inner_text()
+    page.wait_for_function("() => [...document.querySelectorAll('section.report img')]"
+                           ".every(i => i.complete && i.naturalWidth > 0)", timeout=20_000)
+    assert len(images_loaded(page, "section.report img")) == 2
+    shot(page, "model-report")
+
+    # roll the tiny model back from v2 to v1
+    page.goto(f"{stack.url}/ui/models/{TINY_MODEL_NAME}")
+    page.get_by_role("button", name="Serve v1").click()
+    page.wait_for_url(f"**/ui/models/{TINY_MODEL_NAME}")
+    facts = page.locator("dl.facts").inner_text()
+    assert "v1" in facts.split("Serving", 1)[1].split("Previous", 1)[0], facts
+    answer = httpx.post(f"{stack.url}/v2/models/{TINY_MODEL_NAME}/infer", json=infer_body())
+    assert answer.json()["outputs"][0]["data"][0] == 3.0  # v1: 2x + 1 at x = 1
+
+    # pools and the scheduler's plan, as a picture
+    page.get_by_role("link", name="Pools & placement").click()
+    page.wait_for_function("() => { const i = document.querySelector('#plan-picture');"
+                           " return i && i.complete && i.naturalWidth > 0; }", timeout=20_000)
+    assert stack.plan_id in page.inner_text("main")
+    shot(page, "placement")
+
+    # a name with HTML in it comes back as text, and nothing runs
+    page.goto(f"{stack.url}/ui/upload")
+    page.get_by_label("Model name").fill(HOSTILE)
+    page.get_by_label("Model file").set_input_files(str(example.model))
+    page.get_by_role("button", name="Upload").click()
+    error = page.locator("#upload-error")
+    assert "invalid model name" in error.inner_text() and HOSTILE in error.inner_text()
+    assert page.evaluate("() => window.hacked") is None and dialogs == []
+    context.close()
+
+
+def test_an_upload_token_sees_no_admin_buttons_and_its_forged_post_is_refused(
+    stack: ConsoleStack, browser: Any
+) -> None:
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    sign_in(page, stack.url, TOKENS["upload"])
+    page.goto(f"{stack.url}/ui/models/{TINY_MODEL_NAME}")
+    buttons = page.get_by_role("button").all_inner_texts()
+    assert buttons == ["Sign out"], buttons
+    serving = page.locator("dl.facts").inner_text()
+    # what a crafted form would do: the session's own CSRF token, the admin route
+    status, text = page.evaluate("""async (model) => {
+        const form = new FormData();
+        form.append('csrf', document.querySelector('input[name=csrf]').value);
+        const answer = await fetch('/ui/models/' + model + '/rollback',
+                                   {method: 'POST', body: new URLSearchParams(form)});
+        return [answer.status, await answer.text()];
+    }""", TINY_MODEL_NAME)
+    assert status == 403 and "lacks the &#39;admin&#39; scope" in text
+    page.reload()
+    assert page.locator("dl.facts").inner_text() == serving
+    shot(page, "upload-scope-model")
+    context.close()
