@@ -163,9 +163,11 @@ def run_rollout(
     settings: RolloutSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-    poll_s: float = 5.0,
+    poll_s: float | None = None,
 ) -> RolloutResult:
-    """Step the rollout until it is done or failed; waits ``poll_s`` while a phase waits."""
+    """Step the rollout until it is done or failed; waits ``poll_s`` (default: the
+    settings') while a phase waits."""
+    poll_s = poll_s if poll_s is not None else (settings or RolloutSettings()).poll_s
     state = RolloutState()
     refusals: dict[str, str] = {}
     applied: list[AppliedObject] = []

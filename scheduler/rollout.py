@@ -158,6 +158,8 @@ class RolloutSettings:
     evict_timeout_s: float = 300.0
     mig_timeout_s: float = 900.0
     ready_timeout_s: float = 900.0
+    poll_s: float = 5.0
+    """How often a waiting phase reads the cluster again."""
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,9 @@ async def test_apply_rolls_out_on_the_cluster_when_one_is_configured(
     example_request: PlanningRequest,
 ) -> None:
     cluster = ScriptedCluster(node_labels={n.name: {} for n in example_request.fleet.nodes})
-    settings = ServiceSettings(rollout=RolloutSettings(mig_timeout_s=60))
+    # no settle wait: the gateway re-resolving its Service is not part of this test
+    settings = ServiceSettings(rollout=RolloutSettings(mig_timeout_s=60, rotation_settle_s=0.0,
+                                                       poll_s=0.05))
     app = create_app(settings, cluster_factory=lambda: cluster)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://s") as c:
         created = (await c.post("/v1/plans", json=body(example_request))).json()
