@@ -174,7 +174,7 @@ def _print_owner_welcome(settings: LocalStackSettings, tokens: LocalTokens,
     http = f"{settings.host}:{settings.http_port}"
     lines = [f"Web console: http://{http}/ui",
              f"  sign in with the admin token (cat {tokens.file('admin')}) or the upload "
-             "one; it is checked once and kept as a session cookie, never in the URL.",
+             "one: the browser keeps a session cookie, never the token, and no URL holds it.",
              "  Pages: models (versions, traffic), a model's reports and rollback, upload, "
              "pools and placement" + (f" (example MIG plan {plan} from scheduler/examples: "
                                       "this machine has no GPU)." if plan else "."),

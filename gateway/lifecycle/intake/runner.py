@@ -149,7 +149,11 @@ class JobRunner:
             shutil.rmtree(incoming, ignore_errors=True)
             raise
         folder = self.spec.state_dir / "jobs" / job.id
-        incoming.rename(folder)
+        try:
+            incoming.rename(folder)
+        except OSError as exc:
+            self._reject(job, incoming, exc)
+            raise
         job = self._step(job, "upload", "running")
         return await self._accept(job, upload.moved_to(folder), folder)
 
