@@ -38,7 +38,14 @@ from gateway.console.placement import PlacementUnavailable, SchedulerPlans
 from gateway.console.report import report_file, report_html
 from gateway.console.session import COOKIE, Session, Sessions, check_form, check_origin
 from gateway.console.traffic import TrafficHistory
-from gateway.errors import Forbidden, GatewayError, InvalidInput, Unsupported, http_status
+from gateway.errors import (
+    Forbidden,
+    GatewayError,
+    InvalidInput,
+    PayloadTooLarge,
+    Unsupported,
+    http_status,
+)
 from gateway.lifecycle.records.jobs import TERMINAL_JOB_STATES, JobRecord
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.policy import access
@@ -47,6 +54,7 @@ from gateway.python.dataplane import DataPlane
 HERE = Path(__file__).parent
 STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript"}
 FORM_FIELDS = ("csrf", "name")  # the upload form's fields beside the API's parts
+FORM_LIMIT_BYTES = 64 * 1024  # any other form: sign-in, rollback, delete, rollout
 # what the page may load and where its forms may go: this console only
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'none'; img-src 'self'; style-src 'self'; "
@@ -160,7 +168,7 @@ def create_console_router(console: Console) -> APIRouter:
 
     async def form_of(request: Request, scope: Scope) -> tuple[Session, Mapping[str, Any]]:
         session = session_of(request, scope)
-        form = await request.form(max_files=0, max_fields=16)
+        form = await small_form(request, max_fields=16)
         check_form(session, _text(form.get("csrf")), request.headers.get("origin"),
                    request.headers.get("host"))
         return session, form
@@ -181,7 +189,7 @@ def create_console_router(console: Console) -> APIRouter:
 
     @router.post("/signin")
     async def signin(request: Request) -> Response:
-        form = await request.form(max_files=0, max_fields=4)
+        form = await small_form(request, max_fields=4)
         target = safe_next(_text(form.get("next")))
         check_origin(request.headers.get("origin"), request.headers.get("host"))
         try:
@@ -194,8 +202,8 @@ def create_console_router(console: Console) -> APIRouter:
                           auth_enabled=auth.enabled, error=error.message)
         session = sessions.open(principal)
         answer = RedirectResponse(target, 303)
-        answer.set_cookie(COOKIE, session.id, max_age=int(sessions.idle_s), path="/ui",
-                          httponly=True, samesite="strict",
+        # a browser-session cookie: the server ends the session after idle_s unused
+        answer.set_cookie(COOKIE, session.id, path="/ui", httponly=True, samesite="strict",
                           secure=request.url.scheme == "https")
         return answer
 
@@ -420,6 +428,16 @@ def pool_rows(dataplane: DataPlane) -> list[dict[str, Any]]:
                                       in dataplane.state.assignments().items()
                                       if pool.name in pools)})
     return rows
+
+
+async def small_form(request: Request, max_fields: int) -> Mapping[str, Any]:
+    """A form of a few fields (not the upload's), parsed once its declared length is
+    known to be small: form bodies are read whole into memory."""
+    length = request.headers.get("content-length", "")
+    if not length.isdigit() or int(length) > FORM_LIMIT_BYTES:
+        raise PayloadTooLarge(f"a console form is at most {FORM_LIMIT_BYTES} bytes, with "
+                              "a Content-Length")
+    return await request.form(max_files=0, max_fields=max_fields)
 
 
 def _text(value: Any) -> str:

@@ -10,7 +10,8 @@ a per-session CSRF token.
 - Every form post must carry the session's CSRF token (a hidden field, compared in
   constant time) and, when the browser sends one, an ``Origin`` of this host.
 - Sessions live in this process's memory and end after ``idle_s`` without a request,
-  at sign-out, or when the gateway restarts (sign in again).
+  at sign-out, or when the gateway restarts (sign in again); the cookie itself lasts
+  until the browser closes.
 """
 
 from __future__ import annotations

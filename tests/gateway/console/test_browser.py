@@ -23,7 +23,7 @@ import pytest
 from converters.tiny import TINY_MODEL_NAME
 from infergate.owner import example_upload
 from infergate.processes import ROOT
-from tests.gateway.console.conftest import ConsoleStack, console_stack
+from tests.gateway.console.conftest import MAX_MODEL_BYTES, ConsoleStack, console_stack
 from tests.gateway.lifecycle.conftest import TOKENS, add_version, infer_body
 
 pytestmark = pytest.mark.integration
@@ -191,6 +191,14 @@ def test_an_owner_uploads_watches_reads_the_report_and_rolls_back(
     error = page.locator("#upload-error")
     assert "invalid model name" in error.inner_text() and HOSTILE in error.inner_text()
     assert page.evaluate("() => window.hacked") is None and dialogs == []
+
+    # an oversized model: the browser gets the API's 413 message on the page
+    page.get_by_label("Model name").fill("big")
+    page.get_by_label("Model file").set_input_files(
+        {"name": "big.onnx", "mimeType": "application/octet-stream",
+         "buffer": b"x" * (MAX_MODEL_BYTES * 3)})
+    page.get_by_role("button", name="Upload").click()
+    assert "exceeds its limit" in page.locator("#upload-error").inner_text()
     context.close()
 
 

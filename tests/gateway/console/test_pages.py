@@ -63,16 +63,21 @@ def test_signin_sets_a_strict_httponly_cookie_only_for_a_good_token(stack: Conso
         assert good.status_code == 303 and good.headers["location"] == "/ui/models"
         cookie = good.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+        assert "expires" not in cookie.lower() and "max-age" not in cookie.lower()
         assert TOKENS["admin"] not in cookie and TOKENS["admin"] not in good.headers["location"]
         models = client.get("/ui/models")
         assert models.status_code == 200 and TINY in models.text
         assert "frame-ancestors 'none'" in models.headers["content-security-policy"]
 
 
-def test_signin_from_another_origin_is_refused(stack: ConsoleStack) -> None:
+def test_signin_from_another_origin_or_oversized_is_refused(stack: ConsoleStack) -> None:
     answer = httpx.post(f"{stack.url}/ui/signin", data={"token": TOKENS["admin"]},
                         headers={"origin": "http://evil.example"})
     assert answer.status_code == 403 and "set-cookie" not in answer.headers
+    big = httpx.post(f"{stack.url}/ui/signin",
+                     data={"token": TOKENS["admin"], "next": "/ui/" + "x" * 70_000})
+    assert big.status_code == 413 and "at most 65536 bytes" in big.text
+    assert "set-cookie" not in big.headers
 
 
 def test_admin_posts_need_the_session_csrf_token_and_this_origin(stack: ConsoleStack) -> None:
