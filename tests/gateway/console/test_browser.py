@@ -77,9 +77,11 @@ def images_loaded(page: Any, selector: str) -> list[int]:
 
 
 def sign_in(page: Any, url: str, token: str) -> None:
-    """By keyboard, as a person would: the token field has the focus."""
+    """By keyboard, as a person would: the token field takes the focus (autofocus,
+    which the browser applies once the page has loaded: waited for, not assumed)."""
     page.goto(f"{url}/ui/models")
     assert "/ui/signin" in page.url
+    page.wait_for_function("() => document.activeElement?.id === 'token'", timeout=10_000)
     page.keyboard.type(token)
     page.keyboard.press("Enter")
     page.wait_for_url("**/ui/models")
@@ -120,7 +122,8 @@ def test_an_owner_uploads_watches_reads_the_report_and_rolls_back(
     # a wrong token: a clear message, no cookie
     page.goto(f"{stack.url}/ui/signin")
     page.get_by_label("Token").fill("not-a-token-0123456789")
-    page.get_by_role("button", name="Sign in").click()
+    with page.expect_navigation():  # a form post: the answer is a new page
+        page.get_by_role("button", name="Sign in").click()
     assert "unknown API token" in page.locator("#signin-error").inner_text()
     assert context.cookies() == []
     sign_in(page, stack.url, TOKENS["admin"])
@@ -169,7 +172,8 @@ def test_an_owner_uploads_watches_reads_the_report_and_rolls_back(
 
     # roll the tiny model back from v2 to v1
     page.goto(f"{stack.url}/ui/models/{TINY_MODEL_NAME}")
-    page.get_by_role("button", name="Serve v1").click()
+    with page.expect_navigation():  # back to this same address once it has rolled back
+        page.get_by_role("button", name="Serve v1").click()
     page.wait_for_url(f"**/ui/models/{TINY_MODEL_NAME}")
     facts = page.locator("dl.facts").inner_text()
     assert "v1" in facts.split("Serving", 1)[1].split("Previous", 1)[0], facts
@@ -187,7 +191,8 @@ def test_an_owner_uploads_watches_reads_the_report_and_rolls_back(
     page.goto(f"{stack.url}/ui/upload")
     page.get_by_label("Model name").fill(HOSTILE)
     page.get_by_label("Model file").set_input_files(str(example.model))
-    page.get_by_role("button", name="Upload").click()
+    with page.expect_navigation():
+        page.get_by_role("button", name="Upload").click()
     error = page.locator("#upload-error")
     assert "invalid model name" in error.inner_text() and HOSTILE in error.inner_text()
     assert page.evaluate("() => window.hacked") is None and dialogs == []
@@ -197,7 +202,8 @@ def test_an_owner_uploads_watches_reads_the_report_and_rolls_back(
     page.get_by_label("Model file").set_input_files(
         {"name": "big.onnx", "mimeType": "application/octet-stream",
          "buffer": b"x" * (MAX_MODEL_BYTES * 3)})
-    page.get_by_role("button", name="Upload").click()
+    with page.expect_navigation():  # the last page had an error too: wait for the new one
+        page.get_by_role("button", name="Upload").click()
     assert "exceeds its limit" in page.locator("#upload-error").inner_text()
     context.close()
 
