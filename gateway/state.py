@@ -23,7 +23,7 @@ from gateway.errors import ModelNotFound, Unavailable
 from gateway.policy import admission
 from gateway.policy.model_name import UNKNOWN_MODEL
 from gateway.policy.rollout import Split, VersionTally
-from gateway.policy.tenancy import Tenancy, TenancySpec, queued_elsewhere
+from gateway.policy.tenancy import Tenancy, TenancySpec, TenantActivity, queued_elsewhere
 from gateway.pools import GatewayConfig, MemberSpec, Pool, PoolMember, pools_for_model
 
 Follower = Callable[[], Awaitable[None]]
@@ -49,6 +49,7 @@ class GatewayState:
         self._splits: dict[str, Split] = {}
         # answers per version of the models under rollout (both data planes record)
         self.tally = VersionTally()
+        self._activity = TenantActivity()
         if config.tenancy is not None:
             self._tenancy = Tenancy.from_spec(config.tenancy, config.queue_factor)
 
@@ -94,6 +95,10 @@ class GatewayState:
         rule's load: :func:`gateway.policy.tenancy.queued_elsewhere`)."""
         now = self.clock()
         return sum(queued_elsewhere(m.queue_samples, now) for m in pool.members)
+
+    def active_tenants(self, pool: str) -> frozenset[str]:
+        """The tenants active in ``pool`` now (:class:`~gateway.policy.tenancy.TenantActivity`)."""
+        return self._activity.active(pool, self.clock())
 
     def not_ready_reason(self, model: str) -> str | None:
         return self._not_ready.get(model) if self._not_ready else None
@@ -191,6 +196,11 @@ class GatewayState:
     def note_used(self, model: str, at: float | None = None) -> None:
         """A user request for ``model`` arrived (either data plane)."""
         self._last_used[model] = self.clock() if at is None else at
+
+    def note_tenant(self, pool: str, tenant: str, at: float | None = None) -> None:
+        """A request of ``tenant`` arrived at ``pool``, or it has requests in flight there
+        (the data plane that saw it)."""
+        self._activity.note(pool, tenant, self.clock() if at is None else at)
 
     def resolved(self, pool: Pool, specs: Iterable[MemberSpec]) -> list[str]:
         """A DNS pool's members are now ``specs`` (:meth:`Pool.resolved`); the keys that

@@ -31,7 +31,8 @@ def create_tenants_router(state: GatewayState, auth: TokenTable) -> APIRouter:
         if tenancy is None:
             return {"enabled": False}
         return {"enabled": True,
-                **describe(tenancy, {p.name: p.capacity for p in state.pools})}
+                **describe(tenancy, {p.name: p.capacity for p in state.pools},
+                           {p.name: state.active_tenants(p.name) for p in state.pools})}
 
     @router.get("/v1/tenants")
     async def get_tenants() -> dict[str, Any]:

@@ -57,9 +57,12 @@ from gateway.policy.upstream import EJECT_AFTER_FAILURES, HEALTH_FALL, RETRIES
 from gateway.upstream.triton_version import grpc_mode
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
-# one line per inference request, to the control plane's datagram socket (telemetry.py)
+# one line per inference request, to the control plane's datagram socket (telemetry.py).
+# %Ta is the request's own active time, from its first byte to the response's last: %Tt
+# would add the time a keep-alive connection sat idle before the request (%Ti), so a
+# client pausing 40 ms between calls of 3 ms each would be reported as 43 ms
 LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
-              "%[var(txn.gs)] %Tt %[var(txn.out)] %ts "
+              "%[var(txn.gs)] %Ta %[var(txn.out)] %ts "
               "%[var(txn.tn)] %[var(txn.tc)] %[var(txn.why)] %[var(txn.ver)]")
 
 
@@ -335,12 +338,10 @@ def _rate_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
 
 
 def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -> list[Rule]:
-    """The pool (weighted split; none: unknown), readiness, then admission against the
-    model's limit, then with tenants the tenancy rule (:func:`_tenancy_rules`)."""
+    """The pool (weighted split; none: unknown), readiness, then with tenants the
+    tenancy rule (:func:`_tenancy_rules`), then the model's bound (:func:`_bound_rules`)."""
     default_limit = snapshot.default_route.max_in_system if snapshot.default_route else 1
     not_ready = readiness.not_ready_message(model_lf, "%[var(txn.nr)]")
-    overloaded = admission.OVERLOADED.format(model=model_lf, count="%[sc0_conn_cur]",
-                                             limit="%[var(txn.lim)]")
     route_key = ("var(txn.model),concat(/,txn.pool,)" if snapshot.tenancy is None
                  else "var(txn.model),concat(/,txn.pool,/),concat(,txn.tn,)")
     rules = _split_rules(snapshot)
@@ -352,18 +353,57 @@ def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -
         ("set-var(txn.nr) var(txn.model),map(MAPS/notready.map)", ""),
         ("set-var(txn.out) str(not_ready)", "nr"),
         (answer(errors.ModelNotReady, not_ready, retry_after=readiness.RETRY_AFTER_S), "nr"),
-        ("track-sc0 var(txn.model) table st_model", ""),
         (f"set-var(txn.mp) {route_key}", ""),
         ("track-sc1 var(txn.mp) table st_route", ""),
+    ]
+    if snapshot.tenancy is not None:
+        rules += _tenancy_rules(snapshot, answer)
+    return rules + _bound_rules(snapshot, answer, model_lf, default_limit)
+
+
+def _bound_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str,
+                 default_limit: int) -> list[Rule]:
+    """The model's bound (:mod:`gateway.policy.admission`), tracked only now, after the
+    tenancy rules: a request they refused never holds a place in the model's count. With
+    tenants it is per class (``Tenancy.model_bound``): ``st_model`` counts
+    ``model/class``, the bound is scaled by map ``cbound`` (class -> permille), and a
+    request counts the requests of its class and of the classes above it
+    (``tenancy.AT_LEAST``, read with ``table_conn_cur``)."""
+    overloaded = admission.OVERLOADED.format(model=model_lf, count="%[var(txn.mc)]",
+                                             limit="%[var(txn.lim)]")
+    rules: list[Rule] = [("set-var(txn.mk) var(txn.model)", "")]
+    if snapshot.tenancy is not None:
+        rules.append(("set-var(txn.mk) var(txn.model),concat(/,txn.tc,)", "has_class"))
+    rules += [
+        ("track-sc0 var(txn.mk) table st_model", ""),
+        ("set-var(txn.mc) sc0_conn_cur", ""),
         (f"set-var(txn.lim) var(txn.model),map_str_int(MAPS/limits.map,{default_limit})", ""),
-        ("set-var(txn.over) sc0_conn_cur,sub(txn.lim)", ""),
+    ]
+    if snapshot.tenancy is not None:
+        for above in tenancy.Priority:
+            below = [k.value for k in tenancy.Priority
+                     if above in tenancy.AT_LEAST[k] and above is not k]
+            if not below:
+                continue
+            cond = f"{{ var(txn.tc) -m str {' '.join(below)} }}"
+            rules += [
+                (f"set-var(txn.k{above.value[0]}) var(txn.model),concat(/{above.value}),"
+                 "table_conn_cur(st_model)", cond),
+                (f"set-var(txn.mc) var(txn.mc),add(txn.k{above.value[0]})",
+                 f"{cond} {{ var(txn.k{above.value[0]}) -m found }}"),
+            ]
+        rules += [
+            ("set-var(txn.pm) var(txn.tc),map_str_int(MAPS/cbound.map,1000)", "has_class"),
+            ("set-var(txn.lim) var(txn.lim),mul(txn.pm),div(1000)", "has_class"),
+            ("set-var(txn.lim) int(1)", "{ var(txn.lim) -m int lt 1 }"),
+        ]
+    rules += [
+        ("set-var(txn.over) var(txn.mc),sub(txn.lim)", ""),
         ("set-var(txn.out) str(rejected)", "over_limit"),
         ("set-var(txn.why) str(overloaded)", "over_limit"),
         (answer(errors.Overloaded, overloaded, retry_after=admission.RETRY_AFTER_S),
          "over_limit"),
     ]
-    if snapshot.tenancy is not None:
-        rules += _tenancy_rules(snapshot, answer)
     return rules
 
 
@@ -466,7 +506,9 @@ def _tables(snapshot: Snapshot) -> str:
         "backend st_model",
         "  stick-table type string len 128 size 20k expire 10m store conn_cur",
         "backend st_route",
-        "  stick-table type string len 192 size 20k expire 10m store conn_cur",
+        # the request rate says which tenants arrived lately (tenancy.TenantActivity)
+        "  stick-table type string len 192 size 20k expire 10m store conn_cur,"
+        f"http_req_rate({round(tenancy.ACTIVE_WINDOW_S * 1000)})",
     ]
     # with tenants, a limited tenant's entry counts its requests in flight too
     flight = ",conn_cur" if snapshot.tenancy is not None else ""

@@ -104,9 +104,10 @@ def _tenancy(state: GatewayState, policy: RoutingPolicy,
         ceilings=tuple((pool, p.value, tenancy.ceiling(p, cap))
                        for pool, cap in caps for p, _ in tenancy.refuse_at),
         shares=tuple((pool, name, share) for pool, cap in caps
-                     for name, share in tenancy.shares(cap).items()),
+                     for name, share in tenancy.shares(cap, state.active_tenants(pool)).items()),
         elsewhere=tuple((p.name, state.queued_elsewhere(p))
                         for p in state.pools),
+        bounds=tuple((p.value, tenancy.bound_permille(p)) for p, _ in tenancy.refuse_at),
     )
 
 
@@ -225,6 +226,7 @@ class HAProxyDataPlane:
         # st_route's keys: model/pool, with tenants model/pool/tenant
         routes: dict[tuple[str, str], int] = defaultdict(int)
         tenants: dict[str, int] = defaultdict(int)
+        now = self.dataplane.clock()
         for key, values in per_route.items():
             current = values.get("conn_cur", 0)
             if self._tenancy_rules:
@@ -232,6 +234,9 @@ class HAProxyDataPlane:
                 tenants[tenant] += current
             model, _, pool_name = key.rpartition("/")
             routes[model, pool_name] += current
+            if self._tenancy_rules and (current or values.get("http_req_rate", 0)):
+                # in flight or arrived within the table's window: active (its share)
+                self.dataplane.state.note_tenant(pool_name, tenant, now)
         in_pool: dict[str, int] = defaultdict(int)
         for (_, pool_name), current in routes.items():
             in_pool[pool_name] += current
@@ -254,10 +259,12 @@ class HAProxyDataPlane:
         return 0
 
     async def run_forever(self, interval_s: float) -> None:
+        await self.started.wait()
         while True:
             try:
-                await self.apply()
+                # observed first: the tenants active now set the shares applied next
                 await self.observe()
+                await self.apply()
             except Exception:  # noqa: BLE001 - keep serving on the last good state
                 log.exception("programming HAProxy failed; it keeps its last state")
             await asyncio.sleep(interval_s)

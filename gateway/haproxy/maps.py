@@ -14,7 +14,9 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
   ``tclass`` (tenant -> priority class), ``tlimit`` (a tenant with limits of its own ->
   its rate class, or ``n`` for an in-flight limit only), ``tmax`` (tenant -> its
   in-flight limit), ``capacity`` (pool -> capacity), ``ceiling`` (``pool/class`` -> the
-  load from which that class is refused), ``share`` (``pool/tenant`` -> its share),
+  load from which that class is refused), ``share`` (``pool/tenant`` -> its share
+  beside the tenants active there now), ``cbound`` (class -> the model's bound for it,
+  in thousandths of the critical one),
   ``elsewhere`` (pool -> requests queued in its members that are not the gateway's).
 """
 
@@ -58,7 +60,7 @@ NO_RATE = "n"  # tlimit: a tenant limited in flight only (its own counter, no wi
 def tenancy_maps(t: TenancyState, classes: tuple[RateClass, ...]) -> dict[str, dict[str, str]]:
     if not t.enabled:  # the rules stay and find nothing: everyone admitted, no tenant
         return {name: {} for name in ("tenants", "tclass", "tlimit", "tmax", "capacity",
-                                      "ceiling", "share", "elsewhere")}
+                                      "ceiling", "share", "elsewhere", "cbound")}
     return {
         "tenants": dict(t.keys),
         "tclass": {x.name: x.priority for x in t.tenants},
@@ -70,6 +72,7 @@ def tenancy_maps(t: TenancyState, classes: tuple[RateClass, ...]) -> dict[str, d
         "ceiling": {f"{p}/{k}": str(c) for p, k, c in t.ceilings},
         "share": {f"{p}/{n}": str(c) for p, n, c in t.shares},
         "elsewhere": {p: str(c) for p, c in t.elsewhere},
+        "cbound": {k: str(c) for k, c in t.bounds},
     }
 
 

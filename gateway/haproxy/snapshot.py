@@ -73,7 +73,8 @@ class TenantState:
 class TenancyState:
     """The tenancy rule's inputs for HAProxy (``gateway/policy/tenancy.py``): tenants
     (the default first), key digests, and per pool its capacity, class ceilings, every
-    tenant's share and the requests queued in its members that are not the gateway's."""
+    tenant's share (beside the tenants active there) and the requests queued in its
+    members that are not the gateway's; per class, the model's bound in permille."""
 
     tenants: tuple[TenantState, ...]
     keys: tuple[tuple[str, str], ...] = ()  # (key digest, tenant)
@@ -81,6 +82,7 @@ class TenancyState:
     ceilings: tuple[tuple[str, str, int], ...] = ()  # (pool, priority, load)
     shares: tuple[tuple[str, str, int], ...] = ()  # (pool, tenant, requests)
     elsewhere: tuple[tuple[str, int], ...] = ()  # (pool, requests queued not ours)
+    bounds: tuple[tuple[str, int], ...] = ()  # (priority, the model's bound in permille)
     enabled: bool = True
 
     def rate_classes(self) -> tuple[RateClass, ...]:
@@ -230,6 +232,7 @@ def snapshot_from_dict(data: Any) -> Snapshot:
             ceilings=tuple((str(p), str(k), int(c)) for p, k, c in t["ceilings"]),
             shares=tuple((str(p), str(n), int(c)) for p, n, c in t["shares"]),
             elsewhere=tuple((str(p), int(c)) for p, c in t["elsewhere"]),
+            bounds=tuple((str(k), int(c)) for k, c in t.get("bounds", ())),
             enabled=bool(t.get("enabled", True)),
         )
 

@@ -2,12 +2,14 @@
 from HAProxy's ring buffer to a unix socket this process reads, counted into the
 gateway's ``infergate_*`` metrics (same names, labels and meaning as the Python data plane's).
 
-The line (``config.LOG_FORMAT``): ``model pool proto status grpc_status Tt outcome
+The line (``config.LOG_FORMAT``): ``model pool proto status grpc_status Ta outcome
 termination tenant class reason version`` (tenant, class and reason ``-`` without
 tenants; ``reason``: which limit refused it; ``version``: the one a rollout pinned the
 request to, else ``-``). This runs beside the hot path, in a thread, after HAProxy has
 answered: a few microseconds of Python per request, never in the request's way.
-Latency has HAProxy's resolution, milliseconds.
+Latency is HAProxy's ``%Ta``: the request's active time, from its first byte to the
+response's last, without the time its keep-alive connection sat idle before it; in
+HAProxy's resolution, milliseconds.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class RequestLog:
         fields = line.split()
         if len(fields) < 8:
             return None
-        model, pool, proto, status_text, gs, total_ms, local, termination = fields[:8]
+        model, pool, proto, status_text, gs, active_ms, local, termination = fields[:8]
         if model == "-" or not status_text.isdigit():
             return None
         self.lines += count
@@ -99,8 +101,8 @@ class RequestLog:
             self._child(("rejected", model, outcome)).inc(count)
             if tenant_known and reason != "-":
                 self._child(("t_refused", tenant, priority, reason)).inc(count)
-        elif pool != "-" and total_ms.lstrip("-").isdigit():
-            seconds = max(0, int(total_ms)) / 1e3
+        elif pool != "-" and active_ms.lstrip("-").isdigit():
+            seconds = max(0, int(active_ms)) / 1e3
             observe_many(self._child(("latency", model, pool, proto, "user")), seconds, count)
             if tenant_known:
                 observe_many(self._child(("t_latency", tenant, priority)), seconds, count)

@@ -20,7 +20,8 @@ The signals, the same on both data planes:
 - a tenant's requests in flight for the model in that pool, and in the whole gateway.
 
 The rule (:func:`decide`), for a request of tenant *t* (class *k*) to a pool, checked
-after the model's own admission bound (:mod:`.admission`):
+before the model's own admission bound (:mod:`.admission`, applied per class by
+:meth:`Tenancy.model_bound`):
 
 1. *t*'s ``max_in_flight`` reached: refused (``tenant_limit``);
 2. load >= the ceiling of class *k* (:meth:`Tenancy.ceiling`: ``refuse_at[k]`` times
@@ -29,14 +30,24 @@ after the model's own admission bound (:mod:`.admission`):
    then standard; critical keeps the room between the standard ceiling and its own, and
    is refused only at the hard bound;
 3. load >= capacity (the pool is saturated) and *t* already has its share in flight:
-   refused (``fair_share``). The share (:meth:`Tenancy.shares`) is the class ceiling
-   split by weight among the tenants of that class: room each keeps once the pool is
-   saturated, so a light tenant still gets in while a heavy one is held to its share.
-   Below capacity nobody is held to a share: capacity nobody uses is anyone's, and a
-   lone tenant can use the whole pool.
+   refused (``fair_share``).
 
-Shares are fixed by the configuration (not by who happens to be active), so both planes
-hold them as the same table and a tenant's room does not depend on a probe round.
+Shares lend what nobody uses (:meth:`Tenancy.shares`): a tenant's share is its class
+ceiling times its weight over the weights of the **active** tenants of its class, itself
+counted. Active in a pool: requests in flight there, or one arrived within the last
+:data:`ACTIVE_WINDOW_S` (:class:`TenantActivity`). A tenant alone in its class gets the
+whole class ceiling; a tenant that arrives gets the share it has beside the active ones
+at once (the table holds, for a tenant not active, its share as if it had just
+arrived), and the active ones' shares shrink to make room for it within a probe round.
+No admitted request is cut: a tenant above its new share is refused its next requests
+until it is back under it. Below capacity nobody is held to a share.
+
+Worked example: a pool of capacity 8, ``queue_factor`` 2 (standard ceiling 16), tenants
+``web`` (weight 3) and ``app`` (weight 1), both standard, the default tenant standard.
+``app`` alone: share 16 (only the ceiling, 16, refuses it). ``web`` arrives and floods:
+``web`` 16 x 3/4 = 12, ``app`` 16 x 1/4 = 4; once the pool's load reaches 8, ``web`` is
+refused from 12 in flight and ``app`` from 4; ``app`` stops for 2 s: ``web``'s share is
+16 again. The default tenant, sending nothing, takes no share.
 
 Refusals are 429 / RESOURCE_EXHAUSTED with ``Retry-After`` and a message naming the
 reason. Nothing waits in the gateway: admitted requests queue in Triton.
@@ -46,7 +57,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -79,6 +90,12 @@ class Priority(StrEnum):
 
 
 REASONS = ("tenant_limit", "saturated", "fair_share")  # refusal reasons of decide()
+# classes at least as important as each: the model's bound counts a request of class k
+# against the requests of these (Tenancy.model_bound)
+AT_LEAST = {Priority.CRITICAL: (Priority.CRITICAL,),
+            Priority.STANDARD: (Priority.CRITICAL, Priority.STANDARD),
+            Priority.SHEDDABLE: (Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE)}
+ACTIVE_WINDOW_S = 2.0  # a tenant with no request in flight is active this long after one
 
 
 class _Limits(BaseModel):
@@ -241,6 +258,25 @@ def decide(tenant: Tenant, s: Standing) -> Refusal | None:
     return None
 
 
+class TenantActivity:
+    """Which tenants are active in each pool (the module docstring): noted by the data
+    plane that sees them, a request's arrival (the Python forwarder) or a probe round's
+    reading of HAProxy's tables (requests in flight or arrived within the window)."""
+
+    def __init__(self, window_s: float = ACTIVE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._seen: dict[str, dict[str, float]] = {}  # pool -> tenant -> when last seen
+
+    def note(self, pool: str, tenant: str, now: float) -> None:
+        self._seen.setdefault(pool, {})[tenant] = now
+
+    def active(self, pool: str, now: float) -> frozenset[str]:
+        seen = self._seen.get(pool)
+        if not seen:
+            return frozenset()
+        return frozenset(t for t, when in seen.items() if now - when <= self.window_s)
+
+
 ELSEWHERE_WINDOW_S = 4.0  # twice Triton's default metrics interval (2 s)
 
 
@@ -302,17 +338,37 @@ class Tenancy:
         factor = dict(self.refuse_at)[priority]
         return max(1, math.floor(factor * capacity + 1e-9))
 
-    def shares(self, capacity: int) -> dict[str, int]:
-        """Every tenant's share of a pool of ``capacity``: its class ceiling times its
-        weight over the weights of the tenants of its class (the default tenant among
-        them); at least 1. It is room a tenant keeps once the pool is saturated; below
-        capacity the pool is anyone's."""
+    def shares(self, capacity: int, active: Collection[str] = ()) -> dict[str, int]:
+        """Every tenant's share of a pool of ``capacity`` while the tenants ``active`` are:
+        its class ceiling times its weight over the weights of the active tenants of its
+        class, itself counted (a tenant not active: its share were it to arrive now);
+        at least 1. It is room a tenant keeps once the pool is saturated; below capacity
+        the pool is anyone's."""
         weight_of: dict[Priority, float] = {}
         for t in self.tenants:
-            weight_of[t.priority] = weight_of.get(t.priority, 0.0) + t.weight
-        return {t.name: max(1, math.floor(self.ceiling(t.priority, capacity) * t.weight
-                                          / weight_of[t.priority] + 1e-9))
-                for t in self.tenants}
+            if t.name in active:
+                weight_of[t.priority] = weight_of.get(t.priority, 0.0) + t.weight
+        shares = {}
+        for t in self.tenants:
+            others = weight_of.get(t.priority, 0.0) - (t.weight if t.name in active else 0.0)
+            shares[t.name] = max(1, math.floor(self.ceiling(t.priority, capacity) * t.weight
+                                               / (t.weight + others) + 1e-9))
+        return shares
+
+    def model_bound(self, priority: Priority, in_system: int) -> int:
+        """The model's own bound for a class (:mod:`.admission`'s ``in_system`` is the
+        critical one): scaled by the class ceilings, ``refuse_at[k] / refuse_at[critical]``
+        (:meth:`bound_permille`), so lower classes are refused first. A request of class
+        *k* counts the model's requests of *k* and of the classes above it
+        (:data:`AT_LEAST`): room a lower class holds never refuses a higher one."""
+        return max(1, in_system * self.bound_permille(priority) // 1000)
+
+    def bound_permille(self, priority: Priority) -> int:
+        """``refuse_at[k] / refuse_at[critical]`` in thousandths, rounded up (a third is
+        334: a bound of 12 gives sheddable 4, not 3). HAProxy computes the same bound
+        with the same integers (``mul``, then ``div(1000)``)."""
+        factors = dict(self.refuse_at)
+        return math.ceil(1000 * factors[priority] / factors[Priority.CRITICAL] - 1e-9)
 
 
 class TenantDirectory:
@@ -329,9 +385,11 @@ class TenantDirectory:
         return self._by_digest.get(key_digest(api_key), self.tenancy.default)
 
 
-def describe(tenancy: Tenancy, capacities: Mapping[str, int]) -> dict[str, object]:
+def describe(tenancy: Tenancy, capacities: Mapping[str, int],
+             active: Mapping[str, Collection[str]] | None = None) -> dict[str, object]:
     """What ``GET /v1/tenants`` shows: tenants (key digests, never keys) and, per pool,
-    its capacity, class ceilings and every tenant's share."""
+    its capacity, class ceilings, the active tenants and every tenant's share now."""
+    active = active or {}
     keys: dict[str, list[str]] = {}
     for digest, name in tenancy.keys:
         keys.setdefault(name, []).append(f"sha256:{digest}")
@@ -347,10 +405,12 @@ def describe(tenancy: Tenancy, capacities: Mapping[str, int]) -> dict[str, objec
         "pools": {pool: {"capacity": cap,
                          "ceilings": {p.value: tenancy.ceiling(p, cap)
                                       for p, _ in tenancy.refuse_at},
-                         "shares": tenancy.shares(cap)}
+                         "active": sorted(active.get(pool, ())),
+                         "shares": tenancy.shares(cap, active.get(pool, ()))}
                   for pool, cap in sorted(capacities.items())},
     }
 
 
-__all__ = ["DEFAULT_TENANT", "Priority", "Refusal", "Standing", "Tenancy",
-           "TenancySpec", "TenantDirectory", "decide", "parse_tenancy", "queued_elsewhere"]
+__all__ = ["ACTIVE_WINDOW_S", "AT_LEAST", "DEFAULT_TENANT", "Priority", "Refusal", "Standing",
+           "Tenancy", "TenancySpec", "TenantActivity", "TenantDirectory", "decide",
+           "parse_tenancy", "queued_elsewhere"]

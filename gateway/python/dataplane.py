@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -67,6 +68,7 @@ class ModelRoute:
     pools: list[Pool]
     limits: admission.AdmissionLimits
     in_system: int = 0  # requests of this model in the gateway now
+    by_class: Counter[str] = field(default_factory=Counter)  # of them, per tenant class
     children: dict[tuple[str, ...], Any] = field(default_factory=dict)
 
     def follow(self, state: GatewayState) -> None:
@@ -203,36 +205,42 @@ class DataPlane:
 
     def _admit(self, route: ModelRoute, options: RequestOptions,
                tenant: Tenant | None) -> Pool | None:
-        """Readiness, admission, then with tenants the tenancy rule on the pool chosen
-        now (:mod:`gateway.policy`); counts the request in. The pool, with tenants."""
+        """Readiness, then with tenants the tenancy rule on the pool chosen now, then the
+        model's bound (per class, with tenants) (:mod:`gateway.policy`); counts the
+        request in. The pool, with tenants."""
         reason = self.state.not_ready_reason(route.model)
         if reason is not None:
             raise ModelNotReady(readiness.not_ready_message(route.model, reason),
                                 retry_after_s=readiness.RETRY_AFTER_S)
         if options.deadline_s is not None and options.deadline_s <= 0:
             raise DeadlineExceeded("deadline exceeded before the request was admitted")
-        limit = route.limits.in_system
-        if route.in_system >= limit:
-            raise Overloaded(admission.overloaded_message(route.model, route.in_system + 1,
-                                                          limit),
-                             retry_after_s=admission.RETRY_AFTER_S, reason="overloaded")
         pool = None
-        if tenant is not None and self.tenants is not None:
+        limit, count = route.limits.in_system, route.in_system
+        tenancy_now = self.tenants.tenancy if self.tenants is not None else None
+        if tenant is not None and tenancy_now is not None:
             pool = self.policy.choose_pool(route.pools, route.model, self.clock(), self.rng)
             if pool is not None:
+                self.state.note_tenant(pool.name, tenant.name)
                 standing = self.ledger.standing(
-                    self.tenants.tenancy, tenant, route.model, pool.name, pool.capacity,
-                    self.state.queued_elsewhere(pool))
+                    tenancy_now, tenant, route.model, pool.name, pool.capacity,
+                    self.state.queued_elsewhere(pool), self.state.active_tenants(pool.name))
                 refusal = tenancy.decide(tenant, standing)
                 if refusal is not None:
                     raise Overloaded(refusal.message, retry_after_s=tenancy.RETRY_AFTER_S,
                                      reason=refusal.reason)
+            limit = tenancy_now.model_bound(tenant.priority, limit)
+            count = sum(route.by_class[c] for c in tenancy.AT_LEAST[tenant.priority])
+        if count >= limit:
+            raise Overloaded(admission.overloaded_message(route.model, count + 1, limit),
+                             retry_after_s=admission.RETRY_AFTER_S, reason="overloaded")
         self._count_in(route, +1, pool, tenant)
         return pool
 
     def _count_in(self, route: ModelRoute, delta: int, pool: Pool | None = None,
                   tenant: Tenant | None = None) -> None:
         route.in_system += delta
+        if tenant is not None:
+            route.by_class[tenant.priority] += delta
         # beyond the concurrency the members are expected to run at once: waiting in
         # their queues (HAProxy's plane estimates the same gauge)
         self._child(route, ("queued",)).set(max(0, route.in_system - route.limits.concurrency))
@@ -349,6 +357,11 @@ class DataPlane:
         self.update_saturation()
 
     def update_saturation(self) -> None:
+        """Once per probe round: saturation, and the tenants with requests in flight
+        noted active (as HAProxy's controller notes what its tables show)."""
+        for (pool_name, tenant_name), count in self.ledger.in_pool.items():
+            if count:
+                self.state.note_tenant(pool_name, tenant_name)
         for pool in self.state.pools:
             load = sum(m.in_flight + m.external_in_flight + m.upstream_queue
                        for m in pool.members)

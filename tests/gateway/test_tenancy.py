@@ -29,12 +29,14 @@ from tests.conftest import DATA_PLANES, triton_settings
 from tests.procs import run_gateway, wait_until
 
 pytestmark = [pytest.mark.integration]
-SLOW, HOLD_S = "held", 8.0
+SLOW, CAPPED, HOLD_S = "held", "capped", 8.0
 BATCH, PAY = "batch-key-0123456789", "pay-key-0123456789"
+HEAVY, LIGHT = "heavy-key-0123456789", "light-key-0123456789"
 TENANCY = {
     "default": {"priority": "standard"},
     "tenants": [{"name": "batch", "priority": "sheddable", "keys": [BATCH]},
-                {"name": "pay", "priority": "critical", "keys": [PAY], "max_in_flight": 3}],
+                {"name": "pay", "priority": "critical", "keys": [PAY], "max_in_flight": 3},
+                {"name": "heavy", "keys": [HEAVY]}, {"name": "light", "keys": [LIGHT]}],
 }
 
 
@@ -45,7 +47,8 @@ def gateway(request: pytest.FixtureRequest,
     repo = tmp / "model_repo"
     build_tiny_model(repo)
     build_tiny_model(repo, SLOW, max_queue_delay_us=int(HOLD_S * 1e6))
-    with LocalTriton(triton_settings(repo, tmp, TINY_MODEL_NAME, SLOW)) as triton:
+    build_tiny_model(repo, CAPPED, max_queue_delay_us=int(HOLD_S * 1e6))
+    with LocalTriton(triton_settings(repo, tmp, TINY_MODEL_NAME, SLOW, CAPPED)) as triton:
         e = triton.endpoints
         assert e is not None
         # capacity 2, queue_factor 2: sheddable refused from load 2, standard from 4,
@@ -54,6 +57,8 @@ def gateway(request: pytest.FixtureRequest,
                              "members": [{"host": e.host, "http_port": e.http_port,
                                           "grpc_port": e.grpc_port,
                                           "metrics_port": e.metrics_port}]}],
+                  # the model's own bound 3: critical 3, standard 2, sheddable 1
+                  "models": {CAPPED: {"max_concurrency": 1, "max_queue": 2}},
                   "queue_factor": 2.0}
         (tmp / "gw.yaml").write_text(yaml.safe_dump(config))
         (tmp / "tenants.yaml").write_text(yaml.safe_dump(TENANCY))
@@ -173,10 +178,14 @@ async def test_tenants_change_live_without_dropping_a_request(gateway: GatewayPr
         await asyncio.gather(*workers)
         shown = (await client.get(f"{base}/v1/tenants")).json()
     assert set(statuses) == {200}, (statuses, refused[:3])
-    assert [t["name"] for t in shown["tenants"]] == ["default", "batch", "pay"]
-    assert shown["pools"]["p"] == {"capacity": 2,
-                                   "ceilings": {"sheddable": 2, "standard": 4, "critical": 6},
-                                   "shares": {"default": 4, "batch": 2, "pay": 6}}
+    assert [t["name"] for t in shown["tenants"]] == ["default", "batch", "pay", "heavy", "light"]
+    assert shown["pools"]["p"]["capacity"] == 2
+    assert shown["pools"]["p"]["ceilings"] == {"sheddable": 2, "standard": 4, "critical": 6}
+    # once the traffic is over (HAProxy counted it as the default tenant's while tenancy
+    # was off), every tenant is alone in its class: its share is the class ceiling
+    idle = {"default": 4, "batch": 2, "pay": 6, "heavy": 4, "light": 4}
+    assert await asyncio.to_thread(wait_until, lambda: _shares(gateway) == idle, 20), \
+        _shares(gateway)
     assert all(k.startswith("sha256:") for t in shown["tenants"] for k in t["keys"])
 
 
@@ -194,3 +203,74 @@ def test_a_malformed_tenancy_is_refused_whole_and_nothing_changes(
     assert httpx.get(f"{base}/v1/tenants").json() == before
     broken = httpx.put(f"{base}/v1/tenants", content=b"{", headers={"content-type": "x"})
     assert broken.status_code == 400 and "not JSON" in broken.json()["error"]
+
+
+def _shares(gw: GatewayProcess) -> dict[str, int]:
+    return dict(httpx.get(f"http://{gw.http_url}/v1/tenants").json()["pools"]["p"]["shares"])
+
+
+async def test_a_lone_tenant_uses_the_pool_and_shares_shrink_when_another_arrives(
+        gateway: GatewayProcess) -> None:
+    base = f"http://{gateway.http_url}"
+    held_url, quick_url = f"{base}/v2/models/{SLOW}/infer", \
+        f"{base}/v2/models/{TINY_MODEL_NAME}/infer"
+    done = asyncio.Event()
+    async with httpx.AsyncClient(timeout=60) as client:
+        def post(key: str, url: str = held_url) -> asyncio.Task[httpx.Response]:
+            return asyncio.create_task(client.post(url, content=_body(),
+                                                   headers={"x-api-key": key}))
+
+        # heavy alone: past capacity (2) up to the standard ceiling (4), since nobody
+        # else sends (the default tenant and light, configured and idle, take nothing)
+        assert await asyncio.to_thread(wait_until, lambda: _shares(gateway)["heavy"] == 4, 20)
+        held = [post(HEAVY) for _ in range(3)]
+        assert await asyncio.to_thread(wait_until, lambda: _in_flight(gateway, "heavy") == 3, 20)
+
+        async def light_sends() -> None:  # light active: quick requests to the same pool
+            while not done.is_set():
+                r = await client.post(quick_url, content=_body(), headers={"x-api-key": LIGHT})
+                assert r.status_code == 200, r.text
+                await asyncio.sleep(0.2)
+
+        light = asyncio.create_task(light_sends())
+        # within a probe round heavy's share is half the ceiling: 3 in flight are not
+        # cut, its next request is refused
+        assert await asyncio.to_thread(wait_until, lambda: _shares(gateway)["heavy"] == 2, 20)
+        refused = await post(HEAVY)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"] == (
+            "pool 'p' is saturated (load 3 for capacity 2) and tenant 'heavy' has its share "
+            "in flight (2)")
+        done.set()
+        await light
+        # light gone quiet: heavy's share is the whole ceiling again
+        assert await asyncio.to_thread(wait_until, lambda: _shares(gateway)["heavy"] == 4, 20)
+        held.append(post(HEAVY))
+        answers = await asyncio.gather(*held)
+    assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+
+
+async def test_the_models_bound_refuses_lower_classes_first_never_critical_for_them(
+        gateway: GatewayProcess) -> None:
+    url = f"http://{gateway.http_url}/v2/models/{CAPPED}/infer"
+    async with httpx.AsyncClient(timeout=60) as client:
+        def post(key: str | None) -> asyncio.Task[httpx.Response]:
+            headers = {"x-api-key": key} if key else {}
+            return asyncio.create_task(client.post(url, content=_body(), headers=headers))
+
+        held = [post(BATCH)]
+        assert await asyncio.to_thread(wait_until, lambda: _in_flight(gateway, "batch") == 1, 20)
+        shed = await post(BATCH)  # sheddable's bound: a third of 3
+        assert shed.status_code == 429
+        assert shed.json()["error"] == ("overloaded: model 'capped' has 2 requests in the "
+                                        "gateway (limit 1)")
+        held += [post(PAY), post(PAY)]
+        assert await asyncio.to_thread(wait_until, lambda: _in_flight(gateway, "pay") == 2, 20)
+        standard = await post(None)  # the default tenant: counts critical's 2 and itself
+        assert standard.status_code == 429
+        assert standard.json()["error"] == ("overloaded: model 'capped' has 3 requests in the "
+                                            "gateway (limit 2)")
+        # critical counts critical only: the sheddable request holds none of its room
+        held.append(post(PAY))
+        answers = await asyncio.gather(*held)
+    assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]

@@ -13,6 +13,7 @@ from gateway.policy.tenancy import (
     Standing,
     Tenancy,
     Tenant,
+    TenantActivity,
     TenantDirectory,
     decide,
     load_tenancy_file,
@@ -88,11 +89,39 @@ def test_ceilings_default_from_queue_factor_and_follow_given_ones() -> None:
     assert _tenancy(standard=4.0).ceiling(Priority.CRITICAL, C) == 32
 
 
-def test_shares_split_a_class_ceiling_by_weight_among_its_tenants() -> None:
+def test_shares_split_a_class_ceiling_by_weight_among_its_active_tenants() -> None:
     t = _tenancy()
-    # standard: default (1), web (3), web2 (1) share 16; the others are alone in theirs
-    assert t.shares(C) == {"default": 3, "batch": 8, "web": 9, "web2": 3, "pay": 24}
-    assert t.shares(1) == {"default": 1, "batch": 1, "web": 1, "web2": 1, "pay": 3}
+    # every one active: standard's default (1), web (3), web2 (1) share 16
+    everyone = {"default", "batch", "web", "web2", "pay"}
+    assert t.shares(C, everyone) == {"default": 3, "batch": 8, "web": 9, "web2": 3, "pay": 24}
+    assert t.shares(1, everyone) == {"default": 1, "batch": 1, "web": 1, "web2": 1, "pay": 3}
+    # web2 alone: the whole standard ceiling; the others are told their share were they
+    # to arrive beside it
+    assert t.shares(C, {"web2"}) == {"default": 8, "batch": 8, "web": 12, "web2": 16,
+                                     "pay": 24}
+    assert t.shares(C, {"web", "web2"}) == {"default": 3, "batch": 8, "web": 12, "web2": 4,
+                                            "pay": 24}
+    # nobody active: each alone, the whole ceiling of its class
+    assert t.shares(C) == {"default": 16, "batch": 8, "web": 16, "web2": 16, "pay": 24}
+
+
+def test_the_models_bound_per_class_scales_by_the_class_ceilings() -> None:
+    t = _tenancy()  # refuse_at 1, 2, 3
+    assert [t.bound_permille(p) for p in Priority] == [1000, 667, 334]
+    assert [t.model_bound(p, 24) for p in Priority] == [24, 16, 8]
+    assert [t.model_bound(p, 12) for p in Priority] == [12, 8, 4]
+    assert [t.model_bound(p, 1) for p in Priority] == [1, 1, 1]  # never below one
+    assert _tenancy(sheddable=3.0).model_bound(Priority.SHEDDABLE, 12) == 12
+
+
+def test_a_tenant_is_active_while_it_sends_and_for_a_window_after() -> None:
+    activity = TenantActivity(window_s=2.0)
+    assert activity.active("p", 0.0) == frozenset()
+    activity.note("p", "web", 10.0)
+    activity.note("q", "pay", 10.0)
+    assert activity.active("p", 12.0) == {"web"}
+    assert activity.active("p", 12.1) == frozenset()
+    assert activity.active("q", 11.0) == {"pay"}
 
 
 def test_keys_find_their_tenant_and_the_rest_is_the_default() -> None:

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 
 from gateway.errors import Overloaded
+from gateway.policy import tenancy
 from gateway.policy.tenancy import parse_tenancy
-from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
+from gateway.pools import GatewayConfig, MemberSpec, ModelPolicy, PoolMember, PoolSpec
 from gateway.python.dataplane import DataPlane, RequestOptions
 
 CAPACITY = 4  # one member: standard refused from 8, critical from 12, sheddable from 4
 
 
-def _dataplane() -> DataPlane:
+def _dataplane(clock: Callable[[], float] = lambda: 100.0) -> DataPlane:
     config = GatewayConfig(
         pools=(PoolSpec(name="p", members=(MemberSpec(grpc_port=1),),
                         capacity_per_member=CAPACITY),),
@@ -26,7 +28,7 @@ def _dataplane() -> DataPlane:
                         {"name": "batch", "priority": "sheddable", "keys": ["batch-key"]},
                         {"name": "pay", "priority": "critical", "keys": ["pay-key"],
                          "max_in_flight": 5}]}))
-    return DataPlane.for_config(config, clock=lambda: 100.0)
+    return DataPlane.for_config(config, clock=clock)
 
 
 class Held:
@@ -66,15 +68,43 @@ def _outcomes(tasks: list[asyncio.Task[str]]) -> Counter[str]:
 
 async def test_a_heavy_tenant_is_held_to_its_share_and_a_light_one_still_gets_in() -> None:
     dp, held = _dataplane(), Held()
+    light = await _offer(dp, held, "light-key", 1)  # light is active: it has one in flight
     heavy = await _offer(dp, held, "heavy-key", 20)
     # the pool is anyone's below capacity (4), then heavy keeps its share of the standard
-    # ceiling (8 split between heavy and light: 4)
+    # ceiling (8 split between the two active tenants, heavy and light: 4)
     assert _outcomes(heavy) == {"admitted": 4, "fair_share": 16}
-    light = await _offer(dp, held, "light-key", 3)
-    assert _outcomes(light) == {"admitted": 3}
+    light += await _offer(dp, held, "light-key", 3)
+    assert _outcomes(light) == {"admitted": 4}
     held.release.set()
     assert set(await asyncio.gather(*_admitted(heavy + light))) == {"ok"}
     assert dp.ledger.pools["p"] == 0 and sum(dp.ledger.totals.values()) == 0
+
+
+async def test_a_lone_tenant_gets_its_whole_class_ceiling_until_another_arrives() -> None:
+    now = [100.0]
+    dp, held = _dataplane(lambda: now[0]), Held()
+    heavy = await _offer(dp, held, "heavy-key", 20)
+    # nobody else sends: heavy's share is the whole standard ceiling (8); the default
+    # tenant and light, configured but idle, take nothing
+    assert _outcomes(heavy) == {"admitted": 8, "saturated": 12}
+    light = await _offer(dp, held, "light-key", 1)  # the pool is at the ceiling
+    assert _outcomes(light) == {"saturated": 1}
+    # light arrived: heavy's share shrinks to 4 at once; heavy's 8 in flight are not cut
+    held.release.set()
+    assert set(await asyncio.gather(*_admitted(heavy))) == {"ok"}
+    held.release.clear()
+    heavy = await _offer(dp, held, "heavy-key", 10)
+    assert _outcomes(heavy) == {"admitted": 4, "fair_share": 6}
+    light = await _offer(dp, held, "light-key", 2)
+    assert _outcomes(light) == {"admitted": 2}
+    held.release.set()
+    await asyncio.gather(*_admitted(heavy + light))
+    held.release.clear()
+    now[0] += tenancy.ACTIVE_WINDOW_S + 0.1  # light idle past the window: heavy alone
+    heavy = await _offer(dp, held, "heavy-key", 10)
+    assert _outcomes(heavy) == {"admitted": 8, "saturated": 2}
+    held.release.set()
+    await asyncio.gather(*_admitted(heavy))
 
 
 async def test_sheddable_goes_first_critical_keeps_room_to_the_hard_bound() -> None:
@@ -124,3 +154,29 @@ async def test_a_tenancy_change_applies_at_once_and_keeps_counts_in_flight() -> 
     held.release.set()
     assert set(await asyncio.gather(*batch, *more)) == {"ok"}
     assert dp.ledger.pools["p"] == 0
+
+
+async def test_the_models_bound_refuses_lower_classes_first_and_never_critical_for_them(
+        ) -> None:
+    config = GatewayConfig(
+        pools=(PoolSpec(name="p", members=(MemberSpec(grpc_port=1),), capacity_per_member=100),),
+        models={"m": ModelPolicy(max_concurrency=4, max_queue=8)},  # the model's bound: 12
+        queue_factor=2.0,
+        tenancy=parse_tenancy({"tenants": [
+            {"name": "batch", "priority": "sheddable", "keys": ["batch-key"]},
+            {"name": "pay", "priority": "critical", "keys": ["pay-key"]}]}))
+    dp, held = DataPlane.for_config(config, clock=lambda: 100.0), Held()
+    batch = await _offer(dp, held, "batch-key", 10)
+    std = await _offer(dp, held, "", 10)
+    # sheddable's bound is a third of 12 (4), standard's two thirds (8): counted over the
+    # model's requests of its class and the classes above it
+    assert _outcomes(batch) == {"admitted": 4, "overloaded": 6}
+    assert _outcomes(std) == {"admitted": 8, "overloaded": 2}
+    # critical counts only critical requests: the 12 lower ones hold no room of its own
+    pay = await _offer(dp, held, "pay-key", 14)
+    assert _outcomes(pay) == {"admitted": 12, "overloaded": 2}
+    err = pay[-1].exception()
+    assert isinstance(err, Overloaded) and err.message == (
+        "overloaded: model 'm' has 13 requests in the gateway (limit 12)")
+    held.release.set()
+    await asyncio.gather(*_admitted(batch + std + pay))
