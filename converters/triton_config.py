@@ -39,15 +39,36 @@ class TensorSpec:
     dims: tuple[int, ...]
 
 
+# How long a request may wait in Triton's queue when the model has no latency SLO. Triton
+# takes a request's own ``timeout`` only when it is shorter than the queue policy's
+# default, and a default of 0 (no timeout) lets no request shorten it: every model gets
+# a default, so that a client's deadline reaches Triton's queue (the gateway's Python
+# plane passes what is left of it as ``timeout``).
+NO_SLO_QUEUE_TIMEOUT_US = 60_000_000
+
+
 @dataclass(frozen=True)
 class DynamicBatching:
+    """Triton's ``dynamic_batching``. The queue policy drops what expires
+    (``timeout_action: REJECT``: Triton answers "Request timeout expired", the gateway
+    504 / DEADLINE_EXCEEDED) after ``default_timeout_us`` in the queue, the model's SLO
+    where it has one, or sooner when a request's own ``timeout`` says so."""
+
     max_queue_delay_us: int = 0
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = 0
     priority_levels: int = 0
     default_priority_level: int = 0
-    default_timeout_us: int = 0
+    default_timeout_us: int = NO_SLO_QUEUE_TIMEOUT_US
     allow_timeout_override: bool = True
+
+    @classmethod
+    def for_slo(cls, max_queue_delay_us: int, latency_slo_ms: float | None) -> DynamicBatching:
+        """Batching whose queue drops a request that waited the model's SLO (none: the
+        default)."""
+        timeout = (NO_SLO_QUEUE_TIMEOUT_US if latency_slo_ms is None
+                   else max(1, int(latency_slo_ms * 1e3)))
+        return cls(max_queue_delay_us=max_queue_delay_us, default_timeout_us=timeout)
 
 
 @dataclass(frozen=True)
@@ -136,7 +157,7 @@ def _fill_batching(target: mc.ModelDynamicBatching, policy: DynamicBatching) -> 
         target.priority_levels = policy.priority_levels
         target.default_priority_level = policy.default_priority_level or policy.priority_levels
     queue = target.default_queue_policy
-    if policy.max_queue_size or policy.default_timeout_us:
+    if policy.max_queue_size or policy.default_timeout_us or policy.allow_timeout_override:
         queue.max_queue_size = policy.max_queue_size
         queue.default_timeout_microseconds = policy.default_timeout_us
         queue.allow_timeout_override = policy.allow_timeout_override

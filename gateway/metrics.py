@@ -87,13 +87,15 @@ def create_metrics(registry: CollectorRegistry | None = None) -> GatewayMetrics:
         ),
         queued=Gauge(
             "infergate_queued_requests",
-            "Requests waiting in the gateway's admission queue.",
+            "Requests of the model beyond the concurrency its members execute: waiting in "
+            "Triton's queues (nothing waits in the gateway).",
             ("model",),
             registry=registry,
         ),
         rejected=Counter(
             "infergate_rejected_requests",
-            "Requests shed by admission control or rate limits, by reason.",
+            "Requests the gateway refused itself, by reason: rejected (admission control, "
+            "rate limits, tenancy), not_ready, deadline (a deadline the pool could not meet).",
             ("model", "reason"),
             registry=registry,
         ),
@@ -139,7 +141,8 @@ def create_metrics(registry: CollectorRegistry | None = None) -> GatewayMetrics:
         tenant_refused=Counter(
             "infergate_tenant_refused_requests",
             "Requests refused per tenant and class, by reason: rate, tenant_limit, "
-            "overloaded (the model's bound), saturated (the class ceiling), fair_share.",
+            "overloaded (the model's bound), saturated (the class ceiling), fair_share, "
+            "deadline (a deadline the pool could not meet).",
             ("tenant", "priority", "reason"),
             registry=registry,
         ),

@@ -180,6 +180,10 @@ class PoolMember:
     # few seconds' (gateway.policy.tenancy.queued_elsewhere)
     queue_samples: deque[tuple[float, int, int]] = field(
         default_factory=lambda: deque(maxlen=QUEUE_SAMPLES))
+    # model -> mean compute microseconds per request over the last probe round that had
+    # answers (gateway.policy.deadline), and Triton's counters it was computed from
+    service_us: dict[str, float] = field(default_factory=dict)
+    service_counters: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -210,6 +214,20 @@ class PoolMember:
         if queue is not None:
             self.upstream_queue, self.queue_scraped_at = queue, now
             self.queue_samples.append((now, queue, self.in_flight + self.external_in_flight))
+
+    def served(self, counters: dict[str, tuple[int, int]]) -> None:
+        """Triton's counters per model, ``(requests answered, compute microseconds)``, at a
+        probe: each model's service time is what the requests answered since the last
+        probe took (the mean so far at the first). A round without answers keeps it; a
+        restarted Triton (counters went back) starts again."""
+        for model, (answered, compute_us) in counters.items():
+            before = self.service_counters.get(model)
+            if before is not None and answered >= before[0] and compute_us >= before[1]:
+                if answered > before[0]:
+                    self.service_us[model] = (compute_us - before[1]) / (answered - before[0])
+            elif answered:
+                self.service_us[model] = compute_us / answered
+        self.service_counters = dict(counters)
 
     def restore_started(self) -> bool:
         """Held out of routing while its models are reloaded; False if already so."""

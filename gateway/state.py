@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gateway.errors import ModelNotFound, Unavailable
-from gateway.policy import admission
+from gateway.policy import admission, deadline
 from gateway.policy.model_name import UNKNOWN_MODEL
 from gateway.policy.rollout import Split, VersionTally
 from gateway.policy.tenancy import Tenancy, TenancySpec, TenantActivity, queued_elsewhere
@@ -95,6 +95,14 @@ class GatewayState:
         rule's load: :func:`gateway.policy.tenancy.queued_elsewhere`)."""
         now = self.clock()
         return sum(queued_elsewhere(m.queue_samples, now) for m in pool.members)
+
+    def service_us(self, model: str, pool: Pool) -> int | None:
+        """The model's measured service time in ``pool`` (the mean over its members that
+        measured it, :func:`gateway.policy.deadline.service_quantum`); None: none yet."""
+        measured = [m.service_us[model] for m in pool.members if model in m.service_us]
+        if not measured:
+            return None
+        return deadline.service_quantum(sum(measured) / len(measured))
 
     def active_tenants(self, pool: str) -> frozenset[str]:
         """The tenants active in ``pool`` now (:class:`~gateway.policy.tenancy.TenantActivity`)."""

@@ -308,7 +308,8 @@ def model_config(inputs: PublishInputs) -> ModelConfigSpec:
         max_batch_size=serving.max_batch_size,
         inputs=inputs_,
         outputs=outputs,
-        dynamic_batching=DynamicBatching(max_queue_delay_us=serving.max_queue_delay_us),
+        dynamic_batching=DynamicBatching.for_slo(serving.max_queue_delay_us,
+                                                 request.latency_budget_ms),
         instance_count=request.instance_count,
         parameters=parameters,
         trt_precision_mode=TRT_PRECISION_MODE[variant.precision]

@@ -20,8 +20,10 @@ The hot path, per request, inside HAProxy, in the request policy's order
 5. the pool: weighted split over up to ``MAX_POOLS_PER_MODEL`` pools (maps
    ``route<k>`` / ``cut<k>`` against one ``rand(1000)``); none -> 404;
 6. a model still loading -> 503 + Retry-After (map ``notready``);
-7. admission: requests of the model in the gateway (stick table ``st_model``,
-   ``conn_cur``) bounded by map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once;
+7. admission: with tenants the tenancy rule first (:func:`_tenancy_rules`), then the
+   model's requests in the gateway (stick table ``st_model``, ``conn_cur``; per class
+   with tenants) bounded by map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once;
+   a deadline the pool cannot meet -> 504 / DEADLINE_EXCEEDED (:func:`_deadline_rules`);
 8. a model under rollout: an unversioned request pinned to its stable or candidate
    version (:func:`_rollout_rules`);
 9. the pool's backend: least connections over members weighted by their Triton queue
@@ -29,7 +31,7 @@ The hot path, per request, inside HAProxy, in the request policy's order
    hold back the HTTP/2 connection window of the requests sharing its client connection;
    Triton queues and batches), active health checks on
    ``/v2/health/live``, passive ejection, one retry on another member for connection
-   failures, the client's deadline as the server timeout.
+   failures, the client's deadline (``txn.dl``) as the server timeout.
 Every answer HAProxy produces itself is built from ``gateway.errors``' one table
 (:mod:`gateway.haproxy.answers`).
 """
@@ -182,8 +184,8 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
         first += [("set-var(txn.glen) req.body,bytes(1,4),be2dec(:,4)", ""),
                   ("set-var(txn.out) str(too_large)",
                    f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
-    rules = [*first, *_request_rules(answer, http), *_model_rules(snapshot, answer, http),
-             *_rollout_rules(http)]
+    rules = [*first, *_request_rules(answer, http), *_deadline_fetch(http),
+             *_model_rules(snapshot, answer, http), *_rollout_rules(http)]
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
         *(_guarded(action, cond, guard) for action, cond in rules),
@@ -358,7 +360,8 @@ def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -
     ]
     if snapshot.tenancy is not None:
         rules += _tenancy_rules(snapshot, answer)
-    return rules + _bound_rules(snapshot, answer, model_lf, default_limit)
+    return [*rules, *_bound_rules(snapshot, answer, model_lf, default_limit),
+            *_deadline_rules(snapshot, answer, model_lf)]
 
 
 def _bound_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str,
@@ -419,15 +422,8 @@ def _tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]
     limit = "{ var(txn.tm) -m int gt 0 } { var(txn.to) -m int gt 0 }"
     rules += _refuse(answer, "tenant_limit", tenancy.TENANT_LIMIT.format(
         tenant="%[var(txn.tn)]", count="%[sc2_conn_cur]", limit="%[var(txn.tm)]"), limit)
-    rules.append(("set-var(txn.pl) int(0)", ""))
-    for pool in snapshot.pools:
-        this = f"{{ var(txn.pool) -m str {pool.name} }}"
-        rules += [(f"set-var(txn.pl) be_conn(http_{pool.name})", this),
-                  (f"set-var(txn.pl) be_conn(grpc_{pool.name}),add(txn.pl)", this)]
+    rules += _load_rules(snapshot, "")
     rules += [
-        ("set-var(txn.eq) var(txn.pool),map_str_int(MAPS/elsewhere.map,0)", ""),
-        ("set-var(txn.pl) var(txn.pl),add(txn.eq)", ""),
-        ("set-var(txn.cap) var(txn.pool),map_str_int(MAPS/capacity.map,1)", ""),
         ("set-var(txn.ck) var(txn.pool),concat(/,txn.tc,)", ""),
         ("set-var(txn.ceil) var(txn.ck),map_str_int(MAPS/ceiling.map,1)", ""),
         ("set-var(txn.sat) var(txn.pl),sub(txn.ceil)", ""),
@@ -446,6 +442,61 @@ def _tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]
     rules += _refuse(answer, "fair_share", tenancy.FAIR_SHARE.format(
         **lf, share="%[var(txn.sh)]"),
         "has_class { var(txn.co) -m int ge 0 } { var(txn.fo) -m int gt 0 }")
+    return rules
+
+
+def _load_rules(snapshot: Snapshot, cond: str) -> list[Rule]:
+    """The pool's load (``txn.pl``: ``be_conn`` of its two backends plus the requests
+    queued in its members that are not the gateway's) and capacity (``txn.cap``)."""
+    rules: list[Rule] = [("set-var(txn.pl) int(0)", cond)]
+    for pool in snapshot.pools:
+        this = f"{cond} {{ var(txn.pool) -m str {pool.name} }}".strip()
+        rules += [(f"set-var(txn.pl) be_conn(http_{pool.name})", this),
+                  (f"set-var(txn.pl) be_conn(grpc_{pool.name}),add(txn.pl)", this)]
+    return rules + [
+        ("set-var(txn.eq) var(txn.pool),map_str_int(MAPS/elsewhere.map,0)", cond),
+        ("set-var(txn.pl) var(txn.pl),add(txn.eq)", cond),
+        ("set-var(txn.cap) var(txn.pool),map_str_int(MAPS/capacity.map,1)", cond),
+    ]
+
+
+def _deadline_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -> list[Rule]:
+    """``gateway.policy.deadline``: a request whose deadline (``txn.dl``, ms) the pool
+    cannot meet, by the model's measured service time there (map ``service``) and the
+    pool's load against its capacity, is refused at once (504 / DEADLINE_EXCEEDED), in
+    the integers :func:`gateway.policy.deadline.expected_ms` uses."""
+    dl = "{ var(txn.dl) -m found }"
+    rules = [] if snapshot.tenancy is not None else _load_rules(snapshot, dl)
+    hopeless = f"{dl} {{ var(txn.sv) -m int gt 0 }} {{ var(txn.late) -m int gt 0 }}"
+    message = deadline.HOPELESS.format(
+        deadline="%[var(txn.dl)]", model=model_lf, expected="%[var(txn.eta)]",
+        pool="%[var(txn.pool)]", load="%[var(txn.pl)]", capacity="%[var(txn.cap)]")
+    return rules + [
+        ("set-var(txn.sv) var(txn.model),concat(/,txn.pool,),map_str_int(MAPS/service.map,0)",
+         dl),
+        ("set-var(txn.ex) var(txn.pl),add(1),sub(txn.cap)", dl),
+        ("set-var(txn.ex) int(0)", f"{dl} {{ var(txn.ex) -m int lt 0 }}"),
+        ("set-var(txn.eta) var(txn.sv),mul(txn.ex),div(txn.cap),add(txn.sv),div(1000)", dl),
+        ("set-var(txn.late) var(txn.eta),sub(txn.dl)", dl),
+        ("set-var(txn.out) str(shed)", hopeless),
+        ("set-var(txn.why) str(deadline)", hopeless),
+        (answer(errors.DeadlineExceeded, message), hopeless),
+    ]
+
+
+def _deadline_fetch(http: bool) -> list[Rule]:
+    """The client's deadline in milliseconds (``txn.dl``), as each protocol says it
+    (``gateway.policy.deadline``): the member's server timeout, and the deadline rule's."""
+    if http:
+        return [(f"set-var(txn.dl) req.fhdr({deadline.HTTP_TIMEOUT_HEADER}),add(0)",
+                 "has_timeout good_timeout")]
+    rules: list[Rule] = [
+        ("set-var(txn.gt) req.hdr(grpc-timeout),regsub([^0-9],,g)",
+         f"{{ req.hdr(grpc-timeout) -m reg {deadline.GRPC_TIMEOUT_PATTERN} }}"),
+    ]
+    rules += [(f"set-var(txn.dl) var(txn.gt){conv}",
+               f"{{ var(txn.gt) -m found }} {{ req.hdr(grpc-timeout) -m end {unit} }}")
+              for unit, conv in deadline.GRPC_TIMEOUT_MS_CONVERTERS.items()]
     return rules
 
 
@@ -575,21 +626,10 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
         "  option redispatch 1",
         "  retry-on conn-failure empty-response",
     ]
-    if http:
-        header = deadline.HTTP_TIMEOUT_HEADER
-        lines.append(f"  http-request set-timeout server req.fhdr({header}) "
-                     f"if {{ req.fhdr({header}) -m reg {deadline.HTTP_TIMEOUT_PATTERN} }}")
-    else:
-        lines += [
-            "  option http-no-delay",
-            "  http-request set-var(txn.gt) req.hdr(grpc-timeout),regsub([^0-9],,g) "
-            f"if {{ req.hdr(grpc-timeout) -m reg {deadline.GRPC_TIMEOUT_PATTERN} }}",
-        ]
-        lines += [
-            f"  http-request set-timeout server var(txn.gt){conv} "
-            f"if {{ var(txn.gt) -m found }} {{ req.hdr(grpc-timeout) -m end {unit} }}"
-            for unit, conv in deadline.GRPC_TIMEOUT_MS_CONVERTERS.items()
-        ]
+    # the client's deadline (the frontend's txn.dl, milliseconds) as the member's timeout
+    lines.append("  http-request set-timeout server var(txn.dl) if { var(txn.dl) -m found }")
+    if not http:
+        lines.append("  option http-no-delay")
     lines += parse_error_rules(http)
     check = (f"check inter {layout.health_interval_ms}ms fall {HEALTH_FALL} rise 1 "
              f"observe layer4 error-limit {EJECT_AFTER_FAILURES} on-error mark-down")
@@ -606,25 +646,34 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
 
 def parse_error_rules(http: bool) -> list[str]:
     """Triton's 500 / INTERNAL for a request it could not parse becomes 400 /
-    INVALID_ARGUMENT (``gateway/policy/parse_errors.py``: matched by message prefix).
+    INVALID_ARGUMENT, its 503 / UNAVAILABLE for a request its queue dropped when its
+    timeout expired 504 / DEADLINE_EXCEEDED (``gateway/policy/parse_errors.py``: matched
+    by message prefix).
     Triton's HTTP error bodies are small, so waiting for one costs nothing; its gRPC
     errors are trailers-only answers, whose ``grpc-status`` is a header here."""
     if http:
         starts = " ".join(f"'{parse_errors.HTTP_BODY_START.decode()}{p}'"
                           for p in parse_errors.PREFIXES)
         encoding = f"'{parse_errors.HTTP_BODY_START.decode()}{parse_errors.UNKNOWN_ENCODING}'"
-        return ["  http-response wait-for-body time 1s if { status 500 501 }",
+        expired = f"'{parse_errors.HTTP_BODY_START.decode()}{parse_errors.QUEUE_TIMEOUT}'"
+        return ["  http-response wait-for-body time 1s if { status 500 501 503 }",
                 "  http-response set-status 400 if { status 500 } "
                 f"{{ res.body -m beg {starts} }}",
                 "  http-response set-status 400 if { status 501 } "
-                f"{{ res.body -m beg {encoding} }}"]
+                f"{{ res.body -m beg {encoding} }}",
+                "  http-response set-status 504 if { status 503 } "
+                f"{{ res.body -m beg {expired} }}"]
     starts = " ".join(f'"{p}"' for p in parse_errors.PREFIXES)
     code = errors.grpc_code_number(errors.InvalidInput)
     cut = parse_errors.MAX_MESSAGE_CHARS
     # res.fhdr: the whole header (res.hdr would take the part after its last comma)
+    late = errors.grpc_code_number(errors.DeadlineExceeded)
     return [f"  http-response set-header grpc-status {code}"
             " if { res.hdr(grpc-status) -m str 13 } "
             f"{{ res.fhdr(grpc-message) -m beg {starts} }}",
+            f"  http-response set-header grpc-status {late}"
+            " if { res.hdr(grpc-status) -m str 14 } "
+            f'{{ res.fhdr(grpc-message) -m beg "{parse_errors.QUEUE_TIMEOUT}" }}',
             # as parse_errors.bounded: a gRPC client refuses metadata above 8-16 KiB
             f'  http-response set-header grpc-message "%[res.fhdr(grpc-message),bytes(0,{cut})]'
             f'... (%[res.fhdr(grpc-message),length] characters, cut)"'

@@ -64,6 +64,7 @@ def snapshot_of(state: GatewayState, auth: TokenTable, now: float,
                 for m in pool.members
             ),
             capacity=pool.capacity,
+            elsewhere=state.queued_elsewhere(pool),
         )
         for pool in state.pools
     )
@@ -100,13 +101,10 @@ def _tenancy(state: GatewayState, policy: RoutingPolicy,
         tenants=tuple(TenantState(t.name, t.priority.value, t.max_in_flight, t.rate)
                       for t in tenancy.tenants),
         keys=tenancy.keys,
-        capacities=tuple(caps),
         ceilings=tuple((pool, p.value, tenancy.ceiling(p, cap))
                        for pool, cap in caps for p, _ in tenancy.refuse_at),
         shares=tuple((pool, name, share) for pool, cap in caps
                      for name, share in tenancy.shares(cap, state.active_tenants(pool)).items()),
-        elsewhere=tuple((p.name, state.queued_elsewhere(p))
-                        for p in state.pools),
         bounds=tuple((p.value, tenancy.bound_permille(p)) for p, _ in tenancy.refuse_at),
     )
 
@@ -122,10 +120,14 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
         return None
     limits = state.admission_limits(model, pools)
     split = state.split_of(model)
+    by_name = {p.name: p for p in pools}
+    service = tuple((name, us) for name, _ in chosen if name in by_name
+                    and (us := state.service_us(model, by_name[name])) is not None)
     return RouteState(model=model, pools=chosen, max_in_system=limits.in_system,
                       not_ready=state.not_ready_reason(model),
                       split=None if split is None else (split.stable, split.candidate,
-                                                        split.percent))
+                                                        split.percent),
+                      service=service)
 
 
 @dataclass

@@ -5,6 +5,10 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
 - ``route<k>`` / ``cut<k>``: model -> the pool of split rank ``k`` and the permille at
   which that rank takes over (:func:`split`);
 - ``limits``: model -> requests it may have in the gateway at once (admission);
+- ``capacity`` (pool -> capacity), ``elsewhere`` (pool -> requests queued in its members
+  that are not the gateway's): a pool's load against its capacity (tenancy, deadlines);
+- ``service``: ``model/pool`` -> the model's measured service time there, microseconds
+  (``gateway/policy/deadline.py``);
 - ``notready``: model -> why it cannot take requests yet (503 + Retry-After);
 - during a rollout (``gateway/policy/rollout.py``): ``rstable`` / ``rcand`` (model -> its
   stable / candidate version) and ``rollout`` (model -> the candidate's percent);
@@ -13,11 +17,10 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
 - with tenants (``gateway/policy/tenancy.py``): ``tenants`` (key digest -> tenant),
   ``tclass`` (tenant -> priority class), ``tlimit`` (a tenant with limits of its own ->
   its rate class, or ``n`` for an in-flight limit only), ``tmax`` (tenant -> its
-  in-flight limit), ``capacity`` (pool -> capacity), ``ceiling`` (``pool/class`` -> the
+  in-flight limit), ``ceiling`` (``pool/class`` -> the
   load from which that class is refused), ``share`` (``pool/tenant`` -> its share
   beside the tenants active there now), ``cbound`` (class -> the model's bound for it,
-  in thousandths of the critical one),
-  ``elsewhere`` (pool -> requests queued in its members that are not the gateway's).
+  in thousandths of the critical one).
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
     ranks = snapshot.split_ranks()
     maps: dict[str, dict[str, str]] = {f"route{k}": {} for k in range(ranks)}
     maps.update({f"cut{k}": {} for k in range(1, ranks)})
-    maps["limits"], maps["notready"] = {}, {}
+    maps["limits"], maps["notready"], maps["service"] = {}, {}, {}
+    maps["capacity"] = {p.name: str(p.capacity) for p in snapshot.pools}
+    maps["elsewhere"] = {p.name: str(p.elsewhere) for p in snapshot.pools}
     maps["rstable"], maps["rcand"], maps["rollout"] = {}, {}, {}
     for route in snapshot.routes:
         pools, cuts = split(route, ranks)
@@ -39,6 +44,8 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
             if k:
                 maps[f"cut{k}"][route.model] = str(cuts[k])
         maps["limits"][route.model] = str(route.max_in_system)
+        for pool, us in route.service:
+            maps["service"][f"{route.model}/{pool}"] = str(us)
         if route.not_ready:
             maps["notready"][route.model] = _one_line(route.not_ready)
         if route.split is not None:
@@ -59,8 +66,8 @@ NO_RATE = "n"  # tlimit: a tenant limited in flight only (its own counter, no wi
 
 def tenancy_maps(t: TenancyState, classes: tuple[RateClass, ...]) -> dict[str, dict[str, str]]:
     if not t.enabled:  # the rules stay and find nothing: everyone admitted, no tenant
-        return {name: {} for name in ("tenants", "tclass", "tlimit", "tmax", "capacity",
-                                      "ceiling", "share", "elsewhere", "cbound")}
+        return {name: {} for name in ("tenants", "tclass", "tlimit", "tmax", "ceiling",
+                                      "share", "cbound")}
     return {
         "tenants": dict(t.keys),
         "tclass": {x.name: x.priority for x in t.tenants},
@@ -68,10 +75,8 @@ def tenancy_maps(t: TenancyState, classes: tuple[RateClass, ...]) -> dict[str, d
                    for x in t.tenants if x.rate is not None or x.max_in_flight is not None},
         "tmax": {x.name: str(x.max_in_flight) for x in t.tenants
                  if x.max_in_flight is not None},
-        "capacity": {p: str(c) for p, c in t.capacities},
         "ceiling": {f"{p}/{k}": str(c) for p, k, c in t.ceilings},
         "share": {f"{p}/{n}": str(c) for p, n, c in t.shares},
-        "elsewhere": {p: str(c) for p, c in t.elsewhere},
         "cbound": {k: str(c) for k, c in t.bounds},
     }
 

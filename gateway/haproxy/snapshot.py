@@ -47,6 +47,7 @@ class PoolState:
     name: str
     members: tuple[MemberState, ...]
     capacity: int = 1  # requests the pool holds before it is saturated (the HPA's unit)
+    elsewhere: int = 0  # requests queued in its members that are not the gateway's
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class RouteState:
     not_ready: str | None = None  # why it cannot take requests yet (503 + Retry-After)
     # during a rollout: (stable, candidate, candidate's percent of unversioned requests)
     split: tuple[int, int, int] | None = None
+    # (pool, the model's measured service time there, microseconds): the deadline rule
+    service: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,15 +76,13 @@ class TenantState:
 class TenancyState:
     """The tenancy rule's inputs for HAProxy (``gateway/policy/tenancy.py``): tenants
     (the default first), key digests, and per pool its capacity, class ceilings, every
-    tenant's share (beside the tenants active there) and the requests queued in its
-    members that are not the gateway's; per class, the model's bound in permille."""
+    tenant's share (beside the tenants active there); per class, the model's bound in
+    permille. Capacities and the load queued elsewhere are the pools' own."""
 
     tenants: tuple[TenantState, ...]
     keys: tuple[tuple[str, str], ...] = ()  # (key digest, tenant)
-    capacities: tuple[tuple[str, int], ...] = ()  # (pool, capacity)
     ceilings: tuple[tuple[str, str, int], ...] = ()  # (pool, priority, load)
     shares: tuple[tuple[str, str, int], ...] = ()  # (pool, tenant, requests)
-    elsewhere: tuple[tuple[str, int], ...] = ()  # (pool, requests queued not ours)
     bounds: tuple[tuple[str, int], ...] = ()  # (priority, the model's bound in permille)
     enabled: bool = True
 
@@ -214,7 +215,8 @@ def snapshot_from_dict(data: Any) -> Snapshot:
         return RouteState(str(r["model"]), tuple((str(p), float(w)) for p, w in r["pools"]),
                           int(r["max_in_system"]), None if reason is None else str(reason),
                           None if split is None else (int(split[0]), int(split[1]),
-                                                      int(split[2])))
+                                                      int(split[2])),
+                          tuple((str(p), int(us)) for p, us in r.get("service", ())))
 
     def rate(r: Any) -> RateClass | None:
         return None if r is None else RateClass(float(r["rate_per_s"]), float(r["burst"]))
@@ -228,10 +230,8 @@ def snapshot_from_dict(data: Any) -> Snapshot:
                                       else int(x["max_in_flight"]), rate(x["rate"]))
                           for x in t["tenants"]),
             keys=tuple((str(d), str(n)) for d, n in t["keys"]),
-            capacities=tuple((str(p), int(c)) for p, c in t["capacities"]),
             ceilings=tuple((str(p), str(k), int(c)) for p, k, c in t["ceilings"]),
             shares=tuple((str(p), str(n), int(c)) for p, n, c in t["shares"]),
-            elsewhere=tuple((str(p), int(c)) for p, c in t["elsewhere"]),
             bounds=tuple((str(k), int(c)) for k, c in t.get("bounds", ())),
             enabled=bool(t.get("enabled", True)),
         )
@@ -239,7 +239,7 @@ def snapshot_from_dict(data: Any) -> Snapshot:
     try:
         return Snapshot(
             pools=tuple(PoolState(str(p["name"]), tuple(MemberState(**m) for m in p["members"]),
-                                  int(p.get("capacity", 1)))
+                                  int(p.get("capacity", 1)), int(p.get("elsewhere", 0)))
                         for p in data["pools"]),
             routes=tuple(r for r in (route(x) for x in data["routes"]) if r is not None),
             default_route=route(data.get("default_route")),

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 # inference outcomes, as on the Python data plane
 NOTE_EVERY_S = 0.25
 SMALL_CHUNK, GATHER_S = 16384, 0.02
-LOCAL_OUTCOMES = {"rejected": "rejected", "not_ready": "not_ready"}
+LOCAL_OUTCOMES = {"rejected": "rejected", "not_ready": "not_ready", "shed": "deadline"}
 NOT_COUNTED = {"auth", "unknown", "too_large"}
 
 
@@ -97,7 +97,7 @@ class RequestLog:
         self._child(("requests", model, pool, proto, outcome, "user")).inc(count)
         if tenant_known:
             self._child(("t_requests", tenant, priority, outcome)).inc(count)
-        if outcome in ("rejected", "not_ready"):
+        if local in LOCAL_OUTCOMES:  # refused by the gateway itself
             self._child(("rejected", model, outcome)).inc(count)
             if tenant_known and reason != "-":
                 self._child(("t_refused", tenant, priority, reason)).inc(count)

@@ -10,6 +10,20 @@
 Both data planes read this module: the Python forwarder calls :func:`http_deadline_s`,
 HAProxy's rules match :data:`HTTP_TIMEOUT_PATTERN` and convert with
 :data:`GRPC_TIMEOUT_MS_CONVERTERS` (``gateway/haproxy/config.py``).
+
+**Hopeless work is shed** (:func:`expected_ms`): a request with a deadline that the
+pool it was routed to cannot meet is refused at once, 504 / DEADLINE_EXCEEDED with
+:data:`HOPELESS`, before Triton spends anything on it. The expected time is the
+model's measured service time *S* in that pool (Triton's compute time per request over
+the last probe round that had answers: ``nv_inference_compute_{input,infer,output}
+_duration_us`` over ``nv_inference_request_success``) plus the wait for the requests
+ahead of it: the pool executes ``capacity`` requests at once, so the ``load + 1 -
+capacity`` requests beyond that wait about *S* for every ``capacity`` of them. A model
+with no measured service time yet is never refused so. Both planes compute it in
+integers, the same way (HAProxy's ``mul``/``div``). Admitted requests carry the
+deadline on: HAProxy as the member's server timeout, the Python plane also as
+Triton's per-request ``timeout`` (its queue drops what expires; HAProxy cannot change a
+request's body to add it, and relies on the model's own queue policy, its SLO).
 """
 
 from __future__ import annotations
@@ -39,3 +53,39 @@ def http_deadline_s(value: str | None) -> float | None:
     if not _HTTP_TIMEOUT.fullmatch(value):
         raise InvalidInput(BAD_HTTP_TIMEOUT.format(value=value[:64]))
     return int(value) / 1e3
+
+
+HOPELESS = ("deadline of {deadline} ms cannot be met: model '{model}' is expected to take "
+            "{expected} ms in pool '{pool}' (load {load} for capacity {capacity}); refused "
+            "before Triton does the work")
+
+
+def expected_ms(service_us: int, load: int, capacity: int) -> int:
+    """Milliseconds a request is expected to take in a pool with ``load`` requests in it
+    (this one not counted) that executes ``capacity`` at once, each taking
+    ``service_us``: its own service time plus the waves ahead of it."""
+    beyond = max(0, load + 1 - capacity)
+    return (service_us * beyond // max(1, capacity) + service_us) // 1000
+
+
+def hopeless(deadline_ms: int, expected: int) -> bool:
+    return expected > deadline_ms
+
+
+# Triton's queue gets this share of what is left of a deadline (its ``timeout``
+# parameter): its answer (the drop, "Request timeout expired") must reach the gateway
+# before the gateway's own timer for the call ends it with a less telling 504
+TRITON_SHARE = 0.9
+
+
+def triton_timeout_us(deadline_s: float) -> int:
+    """Triton's per-request ``timeout`` (microseconds) for a deadline ``deadline_s`` away."""
+    return max(1, int(deadline_s * TRITON_SHARE * 1e6))
+
+
+def service_quantum(us: float) -> int:
+    """A measured service time kept to two significant digits: HAProxy's map changes
+    when the figure does, not with every microsecond of noise."""
+    value = max(1, round(us))
+    scale = 10 ** max(0, len(str(value)) - 2)
+    return round(value / scale) * scale

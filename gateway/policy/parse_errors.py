@@ -5,6 +5,11 @@ object, protobuf bytes that do not decode) with HTTP 500 / gRPC ``INTERNAL``: a 
 error for a client's mistake. The gateway answers 400 / ``INVALID_ARGUMENT`` with
 Triton's own message instead.
 
+A request Triton's queue dropped because its timeout expired (the client's deadline,
+or the model's SLO: ``converters/triton_config.py``'s queue policy) is answered 503 /
+``UNAVAILABLE`` "Request timeout expired": for the client its deadline passed, 504 /
+``DEADLINE_EXCEEDED`` (:data:`QUEUE_TIMEOUT`).
+
 Likewise a ``Content-Encoding`` Triton does not know (501 "Unsupported compression
 type"): 400. And a repository load of a model the repository lacks (Triton: 500 / INTERNAL
 "failed to load 'm', failed to poll from model repository"): 404 / ``NOT_FOUND``.
@@ -30,6 +35,7 @@ PREFIXES = ("failed to parse", "Unable to parse", "failed to get request params"
 HTTP_BODY_START = b'{"error":"'  # Triton's HTTP error body: {"error":"<message>"}
 NOT_IN_REPOSITORY = "failed to poll from model repository"
 UNKNOWN_ENCODING = "Unsupported compression type"  # Triton's 501 for a Content-Encoding
+QUEUE_TIMEOUT = "Request timeout expired"  # Triton's 503 / UNAVAILABLE: dropped from its queue
 
 
 def is_parse_error(message: str) -> bool:
@@ -38,10 +44,13 @@ def is_parse_error(message: str) -> bool:
 
 def http_status(status: int, body: bytes) -> int:
     """400 for Triton's 500 about an unparseable request (and its 501 for an unknown
-    Content-Encoding); any other status as it is."""
-    if status not in (500, 501) or not body.startswith(HTTP_BODY_START):
+    Content-Encoding), 504 for its 503 of a request its queue dropped; any other status
+    as it is."""
+    if status not in (500, 501, 503) or not body.startswith(HTTP_BODY_START):
         return status
     message = body[len(HTTP_BODY_START):].decode("utf-8", "replace")
+    if status == 503:
+        return 504 if message.startswith(QUEUE_TIMEOUT) else status
     if status == 501:
         return 400 if message.startswith(UNKNOWN_ENCODING) else status
     if is_parse_error(message):
@@ -50,7 +59,10 @@ def http_status(status: int, body: bytes) -> int:
 
 
 def grpc_code(code: grpc.StatusCode, details: str) -> grpc.StatusCode:
-    """INVALID_ARGUMENT for Triton's INTERNAL about an unparseable request."""
+    """INVALID_ARGUMENT for Triton's INTERNAL about an unparseable request,
+    DEADLINE_EXCEEDED for its UNAVAILABLE of a request its queue dropped."""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return grpc.StatusCode.DEADLINE_EXCEEDED if details.startswith(QUEUE_TIMEOUT) else code
     if code != grpc.StatusCode.INTERNAL:
         return code
     if is_parse_error(details):

@@ -30,7 +30,7 @@ from gateway.errors import (
     outcome_name,
 )
 from gateway.metrics import GatewayMetrics, create_metrics
-from gateway.policy import admission, readiness, tenancy
+from gateway.policy import admission, deadline, readiness, tenancy
 from gateway.policy.model_name import grpc_names_version
 from gateway.policy.rate import RateLimiter, configured_classes
 from gateway.policy.rollout import pin_grpc_version
@@ -166,7 +166,8 @@ class DataPlane:
             pool = self._admit(route, options, tenant)
         except GatewayError as err:
             self._refused(route, protocol, options, err, tenant,
-                          err.reason if isinstance(err, Overloaded) else "")
+                          err.reason if isinstance(err, Overloaded)
+                          else "deadline" if isinstance(err, DeadlineExceeded) else "")
             raise
         try:
             result, served_by = await self._attempts(route, call, protocol, options, pool)
@@ -205,20 +206,19 @@ class DataPlane:
 
     def _admit(self, route: ModelRoute, options: RequestOptions,
                tenant: Tenant | None) -> Pool | None:
-        """Readiness, then with tenants the tenancy rule on the pool chosen now, then the
-        model's bound (per class, with tenants) (:mod:`gateway.policy`); counts the
-        request in. The pool, with tenants."""
+        """Readiness; the pool, chosen now; with tenants the tenancy rule on it; the
+        model's bound (per class, with tenants); a deadline the pool cannot meet
+        (:mod:`gateway.policy`). Counts the request in; the pool."""
         reason = self.state.not_ready_reason(route.model)
         if reason is not None:
             raise ModelNotReady(readiness.not_ready_message(route.model, reason),
                                 retry_after_s=readiness.RETRY_AFTER_S)
         if options.deadline_s is not None and options.deadline_s <= 0:
             raise DeadlineExceeded("deadline exceeded before the request was admitted")
-        pool = None
+        pool = self.policy.choose_pool(route.pools, route.model, self.clock(), self.rng)
         limit, count = route.limits.in_system, route.in_system
         tenancy_now = self.tenants.tenancy if self.tenants is not None else None
         if tenant is not None and tenancy_now is not None:
-            pool = self.policy.choose_pool(route.pools, route.model, self.clock(), self.rng)
             if pool is not None:
                 self.state.note_tenant(pool.name, tenant.name)
                 standing = self.ledger.standing(
@@ -233,8 +233,22 @@ class DataPlane:
         if count >= limit:
             raise Overloaded(admission.overloaded_message(route.model, count + 1, limit),
                              retry_after_s=admission.RETRY_AFTER_S, reason="overloaded")
+        if options.deadline_s is not None and pool is not None:
+            self._shed_if_hopeless(route.model, pool, options.deadline_s)
         self._count_in(route, +1, pool, tenant)
         return pool
+
+    def _shed_if_hopeless(self, model: str, pool: Pool, deadline_s: float) -> None:
+        service = self.state.service_us(model, pool)
+        if service is None:
+            return
+        load = self.ledger.pools[pool.name] + self.state.queued_elsewhere(pool)
+        expected = deadline.expected_ms(service, load, pool.capacity)
+        deadline_ms = int(deadline_s * 1000)
+        if deadline.hopeless(deadline_ms, expected):
+            raise DeadlineExceeded(deadline.HOPELESS.format(
+                deadline=deadline_ms, model=model, expected=expected, pool=pool.name,
+                load=load, capacity=pool.capacity))
 
     def _count_in(self, route: ModelRoute, delta: int, pool: Pool | None = None,
                   tenant: Tenant | None = None) -> None:
@@ -244,9 +258,9 @@ class DataPlane:
         # beyond the concurrency the members are expected to run at once: waiting in
         # their queues (HAProxy's plane estimates the same gauge)
         self._child(route, ("queued",)).set(max(0, route.in_system - route.limits.concurrency))
+        if pool is not None:
+            self.ledger.add(route.model, pool.name, tenant.name if tenant else None, delta)
         if tenant is not None:
-            if pool is not None:
-                self.ledger.add(route.model, pool.name, tenant.name, delta)
             self._tenant_child("in_flight", tenant).inc(delta)
 
     def _refused(self, route: ModelRoute, protocol: str, options: RequestOptions,

@@ -35,6 +35,7 @@ from gateway.errors import (
 )
 from gateway.policy import parse_errors
 from gateway.policy.access import presented_token
+from gateway.policy.deadline import triton_timeout_us
 from gateway.policy.model_name import grpc_model_name
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane, RequestOptions
@@ -48,14 +49,15 @@ SHARED_MEMORY_RPCS = (
 
 
 def with_timeout_parameter(request: bytes, deadline_s: float) -> bytes:
-    """The client's remaining deadline as Triton's ``timeout`` request parameter (µs).
+    """The client's remaining deadline as Triton's ``timeout`` request parameter (µs,
+    :func:`~gateway.policy.deadline.triton_timeout_us`).
 
     Appended on the wire without decoding: a later entry of a protobuf map field wins,
     so this sets ``parameters["timeout"]`` whatever the request carried before. Triton
     rejects a request whose queue wait exceeds it (when the model allows overrides).
     """
     extra = service_pb2.ModelInferRequest()
-    extra.parameters["timeout"].int64_param = max(1, int(deadline_s * 1e6))
+    extra.parameters["timeout"].int64_param = triton_timeout_us(deadline_s)
     return request + extra.SerializeToString()
 
 
@@ -78,10 +80,11 @@ async def _invoke(method: Callable[..., Awaitable[Any]], request: Any, timeout: 
     try:
         return await method(request, timeout=timeout)
     except grpc.aio.AioRpcError as exc:
-        if exc.code() == grpc.StatusCode.UNAVAILABLE:
-            raise Unavailable(f"member unreachable: {exc.details()}") from exc
         details = parse_errors.bounded(exc.details() or "")
-        raise RelayedError(parse_errors.grpc_code(exc.code(), details), details) from exc
+        code = parse_errors.grpc_code(exc.code(), details)
+        if code == grpc.StatusCode.UNAVAILABLE:  # not Triton's answer about the request
+            raise Unavailable(f"member unreachable: {exc.details()}") from exc
+        raise RelayedError(code, details) from exc
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: Exception) -> None:

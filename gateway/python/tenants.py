@@ -35,8 +35,12 @@ class TenantLedger:
             here=self.here[model, pool, tenant.name], share=share,
             total=self.totals[tenant.name])
 
-    def add(self, model: str, pool: str, tenant: str, delta: int) -> None:
+    def add(self, model: str, pool: str, tenant: str | None, delta: int) -> None:
+        """A request in (+1) or out (-1) of ``pool``; every request counts toward the
+        pool's load (the deadline rule weighs it too), a tenant's also as its own."""
         self.pools[pool] += delta
+        if tenant is None:
+            return
         self.here[model, pool, tenant] += delta
         self.totals[tenant] += delta
         self.in_pool[pool, tenant] += delta

@@ -18,7 +18,12 @@ import httpx
 import pytest
 
 from gateway.auth import TokenTable
-from gateway.control.probes import pending_requests, probe_member, read_version
+from gateway.control.probes import (
+    pending_requests,
+    probe_member,
+    read_version,
+    service_counters,
+)
 from gateway.haproxy.changes import runtime_commands
 from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.render import render
@@ -155,6 +160,39 @@ def test_pending_requests_sums_the_family_and_nothing_else_when_read_off_the_tex
     )
     assert pending_requests(text) == 6
     assert pending_requests("") == 0
+
+
+TRITON_PAGE = """\
+# HELP nv_inference_request_success Number of successful inference requests
+nv_inference_request_success{model="slow",version="1"} 10
+nv_inference_request_success{model="slow",version="2"} 2
+nv_inference_request_success{model="tiny",version="1"} 4
+nv_inference_request_failure{model="slow",reason="REJECTED",version="1"} 7
+nv_inference_compute_input_duration_us{model="slow",version="1"} 1000
+nv_inference_compute_infer_duration_us{model="slow",version="1"} 200000
+nv_inference_compute_infer_duration_us{model="slow",version="2"} 38000
+nv_inference_compute_output_duration_us{model="slow",version="1"} 1000
+nv_inference_compute_infer_duration_us{model="tiny",version="1"} 400
+nv_inference_queue_duration_us{model="slow",version="1"} 999999
+nv_inference_request_success 5
+"""
+
+
+def test_service_counters_sum_each_models_answers_and_compute_time() -> None:
+    assert service_counters(TRITON_PAGE) == {"slow": (12, 240_000), "tiny": (4, 400)}
+    assert service_counters("") == {}
+
+
+def test_a_member_measures_service_time_per_model_over_each_round_with_answers() -> None:
+    member = PoolMember("p", MemberSpec(grpc_port=1))
+    member.served({"slow": (12, 240_000), "idle": (0, 0)})
+    assert member.service_us == {"slow": 20_000}  # the mean so far, at the first probe
+    member.served({"slow": (14, 300_000), "idle": (0, 0)})
+    assert member.service_us == {"slow": 30_000}  # the two answered since: 60 ms
+    member.served({"slow": (14, 300_000)})
+    assert member.service_us == {"slow": 30_000}  # no answers this round: kept
+    member.served({"slow": (2, 10_000)})  # counters went back: Triton restarted
+    assert member.service_us == {"slow": 5_000}
 
 
 def test_member_is_down_after_two_failed_probes_but_at_once_when_refused(

@@ -97,23 +97,23 @@ def _versions() -> tuple[Snapshot, dict[str, object]]:
 
 def _tenants() -> tuple[Snapshot, dict[str, object]]:
     """Tenants (gateway/policy/tenancy.py): a sheddable one with a rate of its own, a
-    critical one with an in-flight limit only, the default; a per-key rate class."""
+    critical one with an in-flight limit only, the default; a per-key rate class; the
+    model's measured service time (the deadline rule)."""
     tenants = (TenantState("default", "standard"),
                TenantState("batch", "sheddable", None, RateClass(50, 100)),
                TenantState("app", "critical", 64))
     return Snapshot(
-        pools=(PoolState("main", (_member("10.0.0.11"),), capacity=8),),
-        routes=(RouteState("resnet50", (("main", 1.0),), 24),),
+        pools=(PoolState("main", (_member("10.0.0.11"),), capacity=8, elsewhere=2),),
+        routes=(RouteState("resnet50", (("main", 1.0),), 24, service=(("main", 4200),)),),
         rate_keys=((key_digest("batch-jobs-key"), RateClass(20, 20)),),
         tenancy=TenancyState(
             tenants=tenants,
             keys=((key_digest("app-key-0123456789"), "app"),
                   (key_digest("batch-key-0123456789"), "batch")),
-            capacities=(("main", 8),),
             ceilings=(("main", "sheddable", 8), ("main", "standard", 16),
                       ("main", "critical", 24)),
             shares=(("main", "default", 16), ("main", "batch", 8), ("main", "app", 12)),
-            elsewhere=(("main", 2),)),
+            bounds=(("sheddable", 334), ("standard", 667), ("critical", 1000))),
     ), {}
 
 

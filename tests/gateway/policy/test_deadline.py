@@ -1,4 +1,5 @@
-"""X-Request-Timeout-Ms: one rule, read by both planes."""
+"""X-Request-Timeout-Ms: one rule, read by both planes; and the rule that sheds a request
+its pool cannot answer within its deadline."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import re
 import pytest
 
 from gateway.errors import InvalidInput
-from gateway.policy.deadline import HTTP_TIMEOUT_PATTERN, http_deadline_s
+from gateway.policy.deadline import (
+    HOPELESS,
+    HTTP_TIMEOUT_PATTERN,
+    expected_ms,
+    hopeless,
+    http_deadline_s,
+    service_quantum,
+)
 
 
 @pytest.mark.parametrize(("value", "seconds"), [
@@ -24,3 +32,35 @@ def test_deadline_refused_when_not_whole_positive_milliseconds(value: str) -> No
         http_deadline_s(value)
     # HAProxy matches the same pattern (PCRE: \d is not used, so no other digits)
     assert not re.fullmatch(HTTP_TIMEOUT_PATTERN, value)
+
+
+# service us, load (without the request), capacity -> expected ms
+EXPECTED = [
+    (20_000, 0, 1, 20),  # alone: its own service time
+    (20_000, 1, 1, 40),  # one ahead in a pool that executes one at a time
+    (20_000, 3, 4, 20),  # the pool takes 4 at once: no wait
+    (20_000, 4, 4, 25),  # the fifth waits a quarter of a wave (on average)
+    (20_000, 11, 4, 60),  # two waves ahead
+    (900, 0, 8, 0),  # under a millisecond: HAProxy's resolution
+    (20_000, 5, 0, 140),  # a capacity of 0 counts as 1
+]
+
+
+@pytest.mark.parametrize(("service_us", "load", "capacity", "ms"), EXPECTED)
+def test_expected_time_is_the_service_time_plus_the_waves_ahead(
+        service_us: int, load: int, capacity: int, ms: int) -> None:
+    assert expected_ms(service_us, load, capacity) == ms
+
+
+def test_hopeless_only_when_expected_beyond_the_deadline() -> None:
+    assert hopeless(19, 20) and not hopeless(20, 20) and not hopeless(1000, 0)
+    message = HOPELESS.format(deadline=5, model="m", expected=20, pool="p", load=0, capacity=1)
+    assert message == ("deadline of 5 ms cannot be met: model 'm' is expected to take 20 ms "
+                       "in pool 'p' (load 0 for capacity 1); refused before Triton does the "
+                       "work")
+
+
+@pytest.mark.parametrize(("us", "kept"), [(0.2, 1), (7.4, 7), (17_431.0, 17_000),
+                                          (17_551.0, 18_000), (99.6, 100), (123_456, 120_000)])
+def test_service_time_is_kept_to_two_significant_digits(us: float, kept: int) -> None:
+    assert service_quantum(us) == kept

@@ -51,3 +51,13 @@ def test_bounded_cuts_messages_a_grpc_client_would_refuse() -> None:
     assert bounded("short") == "short"
     cut = bounded("x" * 100_000)
     assert len(cut) < 16 * 1024 and cut.endswith("(100000 characters, cut)")
+
+
+def test_a_request_tritons_queue_dropped_is_the_clients_deadline() -> None:
+    body = b'{"error":"Request timeout expired"}'
+    assert http_status(503, body) == 504
+    assert http_status(503, b'{"error":"Exceeds maximum queue size"}') == 503
+    assert grpc_code(grpc.StatusCode.UNAVAILABLE, "Request timeout expired") \
+        == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert grpc_code(grpc.StatusCode.UNAVAILABLE, "Exceeds maximum queue size") \
+        == grpc.StatusCode.UNAVAILABLE

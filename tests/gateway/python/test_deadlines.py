@@ -1,0 +1,58 @@
+"""The Python forwarder sheds a request its pool cannot answer within its deadline
+(gateway/policy/deadline.py), from the members' measured service time and the pool's
+load: at a fake member that holds requests until released, no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.errors import DeadlineExceeded
+from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
+from gateway.python.dataplane import DataPlane, RequestOptions
+
+
+class Held:
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def __call__(self, member: PoolMember) -> str:
+        await self.release.wait()
+        return "ok"
+
+
+def _dataplane(capacity: int = 2) -> DataPlane:
+    config = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(grpc_port=1),),
+                                           capacity_per_member=capacity),))
+    return DataPlane.for_config(config, clock=lambda: 100.0)
+
+
+async def test_a_deadline_the_pool_cannot_meet_is_refused_before_the_member_sees_it() -> None:
+    dp, held = _dataplane(), Held()
+    member = dp.state.pools[0].members[0]
+    within = RequestOptions(deadline_s=0.05)
+    # nothing measured yet: nothing is refused for its deadline
+    first = asyncio.create_task(dp.forward("m", held, protocol="http", options=within))
+    await asyncio.sleep(0)
+    member.served({"m": (10, 200_000)})  # 20 ms a request
+    # load 1 in a pool that executes 2 at once: 20 ms expected, within 50
+    second = asyncio.create_task(dp.forward("m", held, protocol="http", options=within))
+    await asyncio.sleep(0)
+    # load 2: the third waits half a wave, 30 ms
+    assert not second.done()
+    with pytest.raises(DeadlineExceeded) as refused:
+        await dp.forward("m", held, protocol="grpc", options=RequestOptions(deadline_s=0.029))
+    assert refused.value.message == (
+        "deadline of 29 ms cannot be met: model 'm' is expected to take 30 ms in pool 'p' "
+        "(load 2 for capacity 2); refused before Triton does the work")
+    third = asyncio.create_task(dp.forward("m", held, protocol="http",
+                                           options=RequestOptions(deadline_s=0.030)))
+    no_deadline = asyncio.create_task(dp.forward("m", held, protocol="http"))
+    await asyncio.sleep(0)
+    held.release.set()
+    assert await asyncio.gather(first, second, third, no_deadline) == ["ok"] * 4
+    text = dp.metrics.render().decode()
+    assert 'infergate_rejected_requests_total{model="m",reason="deadline"} 1.0' in text
+    assert ('infergate_requests_total{model="m",outcome="deadline",pool="-",protocol="grpc",'
+            'traffic="user"} 1.0') in text

@@ -1,0 +1,150 @@
+"""Deadlines shed hopeless work, on both data planes (gateway/policy/deadline.py):
+
+- a request whose deadline its pool cannot meet, by the model's measured service time
+  and the pool's load, is refused at once: 504 / DEADLINE_EXCEEDED, the same message on
+  both planes, counted as shed, and Triton never sees it;
+- Triton's queue drops a request that waited past the model's SLO (its queue policy),
+  and the gateway answers 504 / DEADLINE_EXCEEDED, not Triton's 503 / UNAVAILABLE;
+- the Python plane hands the client's deadline to Triton (its ``timeout`` parameter), so
+  Triton's own queue drops the request when it expires; HAProxy cannot change a body and
+  ends the wait with its server timeout (both 504).
+
+Models: ``slow`` computes a 1200 x 1200 matrix product per batch (about 20 ms here),
+``slo`` and ``held`` wait ``HOLD_S`` for a batch, ``slo`` with a 300 ms queue timeout."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from converters.tiny import TINY_WIDTH, build_tiny_model
+from infergate.processes import GatewayProcess
+from infergate.triton.local import LocalTriton
+from tests.conftest import DATA_PLANES, triton_settings
+from tests.procs import pools_yaml, run_gateway, wait_until
+
+pytestmark = [pytest.mark.integration]
+SLOW, SLO, HELD, HOLD_S = "slow", "slo", "held", 8.0
+HOPELESS = re.compile(r"deadline of (\d+) ms cannot be met: model 'slow' is expected to take "
+                      r"(\d+) ms in pool 'p' \(load 0 for capacity 1\); refused before Triton "
+                      r"does the work")
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    tmp = tmp_path_factory.mktemp("deadlines")
+    repo = tmp / "model_repo"
+    build_tiny_model(repo, SLOW, work=1200)
+    build_tiny_model(repo, SLO, max_queue_delay_us=int(HOLD_S * 1e6), queue_timeout_us=300_000)
+    build_tiny_model(repo, HELD, max_queue_delay_us=int(HOLD_S * 1e6))
+    with LocalTriton(triton_settings(repo, tmp, SLOW, SLO, HELD)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=DATA_PLANES)
+def gateway(request: pytest.FixtureRequest, triton: LocalTriton,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    assert triton.endpoints is not None
+    tmp = tmp_path_factory.mktemp(f"deadlines-{request.param}")
+    pools = pools_yaml(tmp / "pools.yaml", {"p": [triton.endpoints]}, capacity_per_member=1)
+    with run_gateway(pools, tmp, data_plane=request.param) as gw:
+        yield gw
+
+
+def _body() -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "shape": [1, TINY_WIDTH], "datatype": "FP32",
+                                   "data": [1.0] * TINY_WIDTH}]}).encode()
+
+
+def _post(gw: GatewayProcess, model: str, deadline_ms: int | None = None) -> httpx.Response:
+    headers = {} if deadline_ms is None else {"x-request-timeout-ms": str(deadline_ms)}
+    return httpx.post(f"http://{gw.http_url}/v2/models/{model}/infer", content=_body(),
+                      headers=headers, timeout=30)
+
+
+def _grpc(gw: GatewayProcess, model: str, deadline_s: float | None = None) -> tuple[str, str]:
+    client = grpcclient.InferenceServerClient(gw.grpc_url)
+    inp = grpcclient.InferInput("x", [1, TINY_WIDTH], "FP32")
+    inp.set_data_from_numpy(np.ones((1, TINY_WIDTH), np.float32))
+    try:
+        client.infer(model, [inp], client_timeout=deadline_s)
+        return "OK", ""
+    except InferenceServerException as exc:
+        return str(exc.status()), str(exc.message())
+    finally:
+        client.close()
+
+
+def _metric(gw: GatewayProcess, name: str, **labels: str) -> float:
+    text = httpx.get(f"http://{gw.http_url}/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def _triton_answered(triton: LocalTriton, model: str) -> float:
+    assert triton.endpoints is not None
+    text = httpx.get(f"http://{triton.endpoints.host}:{triton.endpoints.metrics_port}"
+                     "/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "nv_inference_request_success" and s.labels.get("model") == model)
+
+
+def test_a_deadline_the_pool_cannot_meet_is_refused_before_triton_works(
+        gateway: GatewayProcess, triton: LocalTriton) -> None:
+    for _ in range(3):  # answers whose compute time the probes measure
+        assert _post(gateway, SLOW).status_code == 200
+
+    def shed() -> bool:
+        answer = _post(gateway, SLOW, deadline_ms=2)
+        return answer.status_code == 504 and HOPELESS.fullmatch(answer.json()["error"]) \
+            is not None
+    assert wait_until(shed, 20), _post(gateway, SLOW, deadline_ms=2).text
+    answered = _triton_answered(triton, SLOW)
+    answer = _post(gateway, SLOW, deadline_ms=2)
+    assert answer.status_code == 504
+    match = HOPELESS.fullmatch(answer.json()["error"])
+    assert match is not None and match.group(1) == "2" and int(match.group(2)) >= 5
+    # gRPC: a deadline the client's own library does not end first
+    code, message = _grpc(gateway, SLOW, deadline_s=0.004)
+    assert code == "StatusCode.DEADLINE_EXCEEDED" and HOPELESS.fullmatch(message), message
+    assert _triton_answered(triton, SLOW) == answered  # never reached Triton
+    # a deadline the pool can meet is served
+    assert _post(gateway, SLOW, deadline_ms=30_000).status_code == 200
+    assert _grpc(gateway, SLOW, deadline_s=30.0) == ("OK", "")
+
+    def counted() -> bool:  # HAProxy's telemetry arrives a moment after its answers
+        return _metric(gateway, "infergate_rejected_requests_total", model=SLOW,
+                       reason="deadline") >= 3
+    assert wait_until(counted, 20)
+
+
+def test_a_request_tritons_queue_dropped_at_the_models_slo_is_a_deadline(
+        gateway: GatewayProcess) -> None:
+    started = time.monotonic()
+    answer = _post(gateway, SLO)
+    assert answer.status_code == 504, answer.text
+    assert answer.json() == {"error": "Request timeout expired"}
+    assert _grpc(gateway, SLO) == ("StatusCode.DEADLINE_EXCEEDED", "Request timeout expired")
+    assert time.monotonic() - started < HOLD_S  # dropped, not held for the batch
+
+
+def test_the_clients_deadline_ends_the_wait_on_both_planes(gateway: GatewayProcess) -> None:
+    started = time.monotonic()
+    answer = _post(gateway, HELD, deadline_ms=500)
+    assert answer.status_code == 504, answer.text
+    if gateway.data_plane == "python":  # Triton's queue dropped it: the timeout reached it
+        assert answer.json() == {"error": "Request timeout expired"}
+    else:  # HAProxy's server timeout: it cannot add the parameter to the body
+        assert answer.json()["error"] == "deadline exceeded waiting for the Triton member"
+    code, _ = _grpc(gateway, HELD, deadline_s=0.5)
+    assert code == "StatusCode.DEADLINE_EXCEEDED"
+    assert time.monotonic() - started < HOLD_S
