@@ -9,6 +9,12 @@ the control plane's Service, so every replica serves the whole API.
 
 Its own port (``--status-port``) serves ``/metrics`` (this replica's request counts and
 latency from HAProxy's per-request lines) and ``/status`` (the snapshot it routes by).
+
+With tenants, a replica lends the room of idle tenants by what it sees itself: the
+tenants active at this replica (requests in flight or arrived lately, read off its
+``st_route`` table every ``observe_s``) set the shares it applies
+(``TenancyState.with_shares``, ``gateway/policy/tenancy.py``'s rule), as the control
+plane does for its own HAProxy.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +50,7 @@ from gateway.haproxy.snapshot import (
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import GatewayMetrics, create_metrics
+from gateway.policy.tenancy import TenantActivity
 from gateway.upstream.triton_version import GrpcReuse, VersionWatch
 
 log = logging.getLogger(__name__)
@@ -92,6 +99,9 @@ class Agent:
         self.proxy = SnapshotProxy(
             self.layout, HAProxyProcess(self.layout, external=settings.haproxy_external))
         self.version = ""
+        self.received: Snapshot | None = None  # the control plane's, before local shares
+        self.activity = TenantActivity()
+        self._active: dict[str, frozenset[str]] = {}  # pool -> tenants, as last applied
         self.control_plane_seen_at: float | None = None
         self._receiver = LogReceiver(self.layout.log_socket, RequestLog(self.metrics))
         # what this replica does with each member's gRPC connections (its own setting
@@ -188,13 +198,42 @@ class Agent:
                 held = sum(int(current.get((f"{proto}_{pool.name}", "BACKEND"), {})
                                .get("scur") or 0) for proto in ("http", "grpc"))
                 self.metrics.saturation.labels(pool.name).set(held / max(1, pool.capacity))
-            for key, values in routes.items():
-                model, _, pool_name = key.rpartition("/")
-                self.metrics.in_flight.labels(model, pool_name).set(values.get("conn_cur", 0))
+            await self._observe_routes(snapshot, routes)
+
+    async def _observe_routes(self, snapshot: Snapshot,
+                              routes: dict[str, dict[str, int]]) -> None:
+        """``st_route``'s keys are ``model/pool``, with tenancy rules
+        ``model/pool/tenant``: in flight per model and pool; the tenants active here,
+        whose shares this replica applies once the set changes."""
+        now = time.monotonic()
+        in_flight: dict[tuple[str, str], int] = {}
+        for key, values in routes.items():
+            current = values.get("conn_cur", 0)
+            if snapshot.tenancy is not None:
+                key, _, tenant = key.rpartition("/")
+                if current or values.get("http_req_rate", 0):
+                    self.activity.note(key.rpartition("/")[2], tenant, now)
+            model, _, pool_name = key.rpartition("/")
+            in_flight[model, pool_name] = in_flight.get((model, pool_name), 0) + current
+        for (model, pool_name), current in in_flight.items():
+            self.metrics.in_flight.labels(model, pool_name).set(current)
+        if snapshot.tenancy is not None and self.received is not None:
+            active = {p.name: self.activity.active(p.name, now) for p in snapshot.pools}
+            if active != self._active:
+                await self._apply(self.received)
+
+    def _localized(self, snapshot: Snapshot) -> Snapshot:
+        """The control plane's snapshot with the shares of the tenants active here."""
+        if snapshot.tenancy is None or not snapshot.tenancy.enabled:
+            return snapshot
+        now = time.monotonic()
+        self._active = {p.name: self.activity.active(p.name, now) for p in snapshot.pools}
+        return replace(snapshot, tenancy=snapshot.tenancy.with_shares(self._active))
 
     async def _apply(self, snapshot: Snapshot) -> None:
+        self.received = snapshot
         try:
-            how = await self.proxy.amove(snapshot)
+            how = await self.proxy.amove(self._localized(snapshot))
         except Exception:  # noqa: BLE001 - keep routing on the last good snapshot
             log.exception("agent: HAProxy refused snapshot %s", snapshot_version(snapshot))
             await asyncio.sleep(self.settings.retry_s)
@@ -233,8 +272,9 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         async with httpx.AsyncClient(trust_env=False) as client:
             snapshot = await self.first_snapshot(client)
+            self.received = snapshot
             self._receiver.start()
-            await asyncio.to_thread(self.proxy.start, snapshot)
+            await asyncio.to_thread(self.proxy.start, self._localized(snapshot))
             await asyncio.to_thread(self._save, snapshot)
             self.version = snapshot_version(snapshot)
             self._note_versions(snapshot)

@@ -98,7 +98,7 @@ def _tenancy(state: GatewayState, policy: RoutingPolicy,
         return TenancyState(tenants=(), enabled=False) if keep_rules else None
     caps = [(p.name, p.capacity) for p in state.pools]
     return TenancyState(
-        tenants=tuple(TenantState(t.name, t.priority.value, t.max_in_flight, t.rate)
+        tenants=tuple(TenantState(t.name, t.priority.value, t.max_in_flight, t.rate, t.weight)
                       for t in tenancy.tenants),
         keys=tenancy.keys,
         ceilings=tuple((pool, p.value, tenancy.ceiling(p, cap))

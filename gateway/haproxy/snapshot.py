@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gateway.policy.rate import RateClass
+from gateway.policy.tenancy import Priority, split_shares
 from gateway.upstream.triton_version import GrpcReuse
 
 # Canary splits: at most this many pools per model are rendered as split ranks; a model
@@ -70,6 +71,7 @@ class TenantState:
     priority: str  # gateway.policy.tenancy.Priority's value
     max_in_flight: int | None = None
     rate: RateClass | None = None
+    weight: float = 1.0  # its share among the active tenants of its class
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,18 @@ class TenancyState:
 
     def rate_classes(self) -> tuple[RateClass, ...]:
         return tuple(t.rate for t in self.tenants if t.rate is not None)
+
+    def with_shares(self, active: Mapping[str, Collection[str]]) -> TenancyState:
+        """The same rules with every pool's shares for the tenants ``active`` there (pool
+        -> names): what a data-plane replica applies over the tenants it sees itself."""
+        tenants = [(t.name, Priority(t.priority), t.weight) for t in self.tenants]
+        pools = sorted({p for p, _, _ in self.ceilings})
+        shares = []
+        for pool in pools:
+            ceilings = {Priority(k): c for p, k, c in self.ceilings if p == pool}
+            shares += [(pool, name, share) for name, share in
+                       split_shares(ceilings, tenants, active.get(pool, ())).items()]
+        return replace(self, shares=tuple(shares))
 
 
 @dataclass(frozen=True)
@@ -227,7 +241,8 @@ def snapshot_from_dict(data: Any) -> Snapshot:
         return TenancyState(
             tenants=tuple(TenantState(str(x["name"]), str(x["priority"]),
                                       None if x["max_in_flight"] is None
-                                      else int(x["max_in_flight"]), rate(x["rate"]))
+                                      else int(x["max_in_flight"]), rate(x["rate"]),
+                                      float(x.get("weight", 1.0)))
                           for x in t["tenants"]),
             keys=tuple((str(d), str(n)) for d, n in t["keys"]),
             ceilings=tuple((str(p), str(k), int(c)) for p, k, c in t["ceilings"]),

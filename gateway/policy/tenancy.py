@@ -258,6 +258,28 @@ def decide(tenant: Tenant, s: Standing) -> Refusal | None:
     return None
 
 
+def split_shares(ceilings: Mapping[Priority, int],
+                 tenants: Iterable[tuple[str, Priority, float]],
+                 active: Collection[str]) -> dict[str, int]:
+    """Every tenant's share ``(name, class, weight)`` of a pool whose class ceilings are
+    ``ceilings`` while the tenants ``active`` are: its class ceiling times its weight over
+    the weights of the active tenants of its class, itself counted (a tenant not active:
+    its share were it to arrive now); at least 1. It is room a tenant keeps once the pool
+    is saturated; below capacity the pool is anyone's. Both planes (and each data-plane
+    replica, over what it sees) compute it."""
+    tenants = list(tenants)
+    weight_of: dict[Priority, float] = {}
+    for name, priority, weight in tenants:
+        if name in active:
+            weight_of[priority] = weight_of.get(priority, 0.0) + weight
+    shares = {}
+    for name, priority, weight in tenants:
+        others = weight_of.get(priority, 0.0) - (weight if name in active else 0.0)
+        shares[name] = max(1, math.floor(ceilings[priority] * weight / (weight + others)
+                                         + 1e-9))
+    return shares
+
+
 class TenantActivity:
     """Which tenants are active in each pool (the module docstring): noted by the data
     plane that sees them, a request's arrival (the Python forwarder) or a probe round's
@@ -339,21 +361,11 @@ class Tenancy:
         return max(1, math.floor(factor * capacity + 1e-9))
 
     def shares(self, capacity: int, active: Collection[str] = ()) -> dict[str, int]:
-        """Every tenant's share of a pool of ``capacity`` while the tenants ``active`` are:
-        its class ceiling times its weight over the weights of the active tenants of its
-        class, itself counted (a tenant not active: its share were it to arrive now);
-        at least 1. It is room a tenant keeps once the pool is saturated; below capacity
-        the pool is anyone's."""
-        weight_of: dict[Priority, float] = {}
-        for t in self.tenants:
-            if t.name in active:
-                weight_of[t.priority] = weight_of.get(t.priority, 0.0) + t.weight
-        shares = {}
-        for t in self.tenants:
-            others = weight_of.get(t.priority, 0.0) - (t.weight if t.name in active else 0.0)
-            shares[t.name] = max(1, math.floor(self.ceiling(t.priority, capacity) * t.weight
-                                               / (t.weight + others) + 1e-9))
-        return shares
+        """Every tenant's share of a pool of ``capacity`` while the tenants ``active`` are
+        (:func:`split_shares`)."""
+        ceilings = {p: self.ceiling(p, capacity) for p, _ in self.refuse_at}
+        return split_shares(ceilings, ((t.name, t.priority, t.weight) for t in self.tenants),
+                            active)
 
     def model_bound(self, priority: Priority, in_system: int) -> int:
         """The model's own bound for a class (:mod:`.admission`'s ``in_system`` is the
@@ -413,4 +425,4 @@ def describe(tenancy: Tenancy, capacities: Mapping[str, int],
 
 __all__ = ["ACTIVE_WINDOW_S", "AT_LEAST", "DEFAULT_TENANT", "Priority", "Refusal", "Standing",
            "Tenancy", "TenancySpec", "TenantActivity", "TenantDirectory", "decide",
-           "parse_tenancy", "queued_elsewhere"]
+           "parse_tenancy", "queued_elsewhere", "split_shares"]

@@ -15,7 +15,7 @@ def test_timeout_parameter_is_appended_without_decoding_when_deadline_set() -> N
     merged = service_pb2.ModelInferRequest.FromString(
         with_timeout_parameter(original.SerializeToString(), 0.25)
     )
-    assert merged.parameters["timeout"].int64_param == 225_000  # 90 % of what is left (deadline.triton_timeout_us)
+    assert merged.parameters["timeout"].int64_param == 225_000  # 90 % (triton_timeout_us)
     assert merged.parameters["priority"].int64_param == 1
     assert merged.model_name == "m" and merged.id == "7"
     assert grpc_model_name(original.SerializeToString()) == "m"
