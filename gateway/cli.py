@@ -41,8 +41,8 @@ def _tune(values: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 TENANTS_HELP = ("Tenants and priority classes (YAML: default, tenants, refuse_at; README, "
-                "'Admission'); overrides the config's tenancy section. Changed live by "
-                "PUT /v1/tenants.")
+                "'Tenants and priorities: who is refused first'); overrides the config's "
+                "tenancy section. Changed live by PUT /v1/tenants.")
 
 
 def with_tenants(config: GatewayConfig, path: Path) -> GatewayConfig:

@@ -74,7 +74,11 @@ def up(
     grpc_port: int = typer.Option(8001, help="Gateway gRPC port."),
     scheduler_port: int = typer.Option(8010, help="Scheduler service port (0 = off)."),
     model: list[str] = typer.Option([], help="Models to load (default: all in the repo)."),
-    log_dir: Path = typer.Option(Path(".run"), help="Where Triton's log is written."),
+    log_dir: Path = typer.Option(
+        Path(".run"), help="The stack's working folder: Triton's log, the API tokens and "
+                           "the lifecycle's job store (state/), HAProxy's files (haproxy/), "
+                           "the example upload (example/) and the scheduler's output "
+                           "(scheduler/)."),
     data_plane: str = typer.Option(
         "auto", help="Who carries inference: 'haproxy', 'python', or 'auto' (HAProxy when "
                      "installed, else Python, said at start-up)."),
@@ -82,7 +86,8 @@ def up(
     tenants: Path | None = typer.Option(
         None, exists=True, dir_okay=False,
         help="Tenants and priority classes (YAML: default, tenants, refuse_at; README, "
-             "'Admission'). Changed live by PUT /v1/tenants."),
+             "'Tenants and priorities: who is refused first'). Changed live by "
+             "PUT /v1/tenants."),
 ) -> None:
     """Start Triton + gateway (HAProxy data plane + Python control plane) + scheduler
     locally and print where to point a client.
