@@ -19,7 +19,16 @@ EfficientNet-Lite0, over gRPC ``ModelInfer`` and HTTP binary tensors:
   (2.4x, above the standard ceiling of 2x, so that the fair shares decide): Jain's
   fairness index of their admitted throughput (goal >= 0.95);
 - **cost**: one client at capacity in flight against a gateway without a ``tenancy:``
-  section and one with a single tenant, interleaved: throughput ratio (no goal: stated).
+  section and one with a single tenant, interleaved: throughput ratio (no goal: stated);
+- **paced** (``noisy-paced``, ``priority-paced``): the light tenant, and a critical one,
+  sending at a steady rate, :data:`PACED_SHARE` of Triton's own throughput (measured
+  first, closed loop straight at the member), open loop (``h2load --rps``): a real
+  light tenant does not send its next request the moment the last one is answered, and
+  in a closed loop its own latency sets its offered load, so the slower the gateway
+  makes it the less it asks. Beside a standard flood (``heavy``, 10 in flight) the light
+  one must keep >= 99% success and p99 <= 1.5x alone, and alone >= 99.9%; beside a
+  sheddable flood (10 in flight) the critical one must have 0 refused and p99 <= 1.2x
+  alone.
 
 Where a figure comes from: HTTP refusals are 429s in h2load's per-request log
 (``--log-file``), latencies are those of the 200 answers. A gRPC refusal is HTTP 200 with
@@ -94,8 +103,11 @@ CAPACITY_PER_MEMBER = 5  # one member: the pool's capacity
 QUEUE_FACTOR = 2.0
 REFUSE_AT = {"sheddable": 1.0, "standard": 2.0, "critical": 3.0}
 LIGHT_IN_FLIGHT, HEAVY_IN_FLIGHT = 1, 10  # the noisy neighbour: 10x the light tenant
+# paced tenants: this share of Triton's own throughput, over up to PACED_STREAMS at once
+PACED_SHARE, PACED_STREAMS = 0.1, 2
 FAIR_TENANTS, FAIR_SHARE_OF_CAPACITY = 3, 0.8
 SUCCESS_GOAL_PCT, P99_GOAL_RATIO, JAIN_GOAL = 99.0, 1.2, 0.95
+ALONE_SUCCESS_GOAL_PCT, PACED_P99_GOAL_RATIO = 99.9, 1.5
 # a little more than one probe round of the gateway (run_gateway: --probe-interval 0.5),
 # so that Triton's queue as the next run's admission sees it is the idle one
 SETTLE_QUIET_S = 0.6
@@ -225,7 +237,8 @@ def outcomes(counts: TenantCounts, tenant: str, alone: bool = False) -> Outcomes
 class TenantLoad:
     tenant: str
     priority: str
-    in_flight: int
+    in_flight: int  # closed loop: its offered load; paced: the most at once
+    paced: float = 0.0  # > 0: open loop at this share of Triton's own throughput
 
     @property
     def key(self) -> str:
@@ -254,12 +267,19 @@ def scenario_phases(capacity: int) -> list[Phase]:
     fair = math.ceil(FAIR_SHARE_OF_CAPACITY * capacity)
     fairs = tuple(TenantLoad(f"fair-{chr(ord('a') + i)}", "standard", fair)
                   for i in range(FAIR_TENANTS))
+    paced_light = TenantLoad("paced-light", "standard", PACED_STREAMS, PACED_SHARE)
+    paced_critical = TenantLoad("paced-critical", "critical", PACED_STREAMS, PACED_SHARE)
+    flood = TenantLoad("flood", "sheddable", HEAVY_IN_FLIGHT)
     return [
         Phase("noisy", "alone", (light,)),
         Phase("noisy", "mixed", (heavy, light)),
         Phase("priority", "alone", (critical,)),
         Phase("priority", "mixed", (critical, sheddable)),
         Phase("fairness", "mixed", fairs),
+        Phase("noisy-paced", "alone", (paced_light,)),
+        Phase("noisy-paced", "mixed", (heavy, paced_light)),
+        Phase("priority-paced", "alone", (paced_critical,)),
+        Phase("priority-paced", "mixed", (paced_critical, flood)),
     ]
 
 
@@ -314,6 +334,7 @@ class Measured:
     counted: Outcomes | None  # by the gateway (None: not exposed)
     problem: str = ""
     refusal_latencies_us: tuple[float, ...] = ()  # of the HTTP 429 answers
+    offered_per_s: float = 0.0  # paced: the rate it was sent at (0: closed loop)
 
 
 @dataclass(frozen=True)
@@ -420,14 +441,21 @@ def h2load_processes(runs: Sequence[Running]) -> Iterator[None]:
 
 def run_phase(gateway: GatewayProcess, work: Workload, protocol: str,
               loads: Sequence[TenantLoad], seconds: float, scratch: Path,
-              anonymous: bool = False) -> dict[str, Measured]:
+              anonymous: bool = False, direct_per_s: float = 0.0) -> dict[str, Measured]:
     """Every tenant's h2load at once for ``seconds``; its figures from h2load's logs and
-    the gateway's counts before and after. ``anonymous``: no key (warm-up)."""
+    the gateway's counts before and after. ``anonymous``: no key (warm-up);
+    ``direct_per_s``: Triton's own throughput, which paced tenants send a share of."""
     before = settled_counts(gateway, quiet_s=0.0)
     duration = f"{round(seconds * 1000)}ms"
+
+    def rate(load: TenantLoad) -> float:
+        if load.paced and direct_per_s <= 0:
+            raise ValueError(f"{load.tenant} is paced: Triton's throughput is needed")
+        return load.paced * direct_per_s
+
     runs = [Running(load, h2load_command(work, protocol, gateway, load.in_flight, duration,
                                          scratch / f"{load.tenant}.tsv",
-                                         () if anonymous else load.headers),
+                                         () if anonymous else load.headers, rate(load)),
                     scratch / f"{load.tenant}.tsv", scratch / f"{load.tenant}.out",
                     scratch / f"{load.tenant}.err")
             for load in loads]
@@ -454,8 +482,19 @@ def run_phase(gateway: GatewayProcess, work: Workload, protocol: str,
             r.load.tenant, protocol, r.load.in_flight, h2_seconds, status_counts(log),
             tuple(us for status, us in log if status == 200),
             outcomes(delta, r.load.tenant, alone=len(runs) == 1), problem,
-            tuple(us for status, us in log if status == 429))
+            tuple(us for status, us in log if status == 429), rate(r.load))
     return measured
+
+
+def direct_throughput(member: TritonEndpoints, work: Workload, protocol: str,
+                      in_flight: int, seconds: float, scratch: Path) -> float:
+    """Triton's own requests per second, closed loop straight at the member."""
+    out = subprocess.run(h2load_command(work, protocol, member, in_flight,
+                                        f"{round(seconds * 1000)}ms", None),
+                         capture_output=True, text=True, timeout=seconds + 120, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"h2load at Triton failed: {h2load_gist(out.stdout, out.stderr)}")
+    return parse_h2load(out.stdout).req_per_s
 
 
 # -- the stack ------------------------------------------------------------------------
@@ -540,7 +579,9 @@ def report_run(key: Key, r: int, rounds: int, run: Mapping[str, Measured]) -> No
 
 def measure_all(gateways: Mapping[str, GatewayProcess], phases: Sequence[Phase],
                 works: Sequence[Workload], protocols: Sequence[str], rounds: int,
-                seconds: float, scratch: Path, rotate: bool, samples: Samples) -> None:
+                seconds: float, scratch: Path, rotate: bool, samples: Samples,
+                direct: Mapping[tuple[str, str], float] | None = None) -> None:
+    """``direct``: Triton's own throughput per (model, protocol), for paced tenants."""
     for r in range(rounds):
         for work in works:
             for protocol in protocols:
@@ -553,7 +594,9 @@ def measure_all(gateways: Mapping[str, GatewayProcess], phases: Sequence[Phase],
                         raise RuntimeError(f"gateway '{phase.gateway}' exited:\n"
                                            f"{log_tail(gw.log)}")
                     key = (phase.scenario, phase.name, work.model, protocol)
-                    run = run_phase(gw, work, protocol, phase.loads, seconds, scratch)
+                    run = run_phase(gw, work, protocol, phase.loads, seconds, scratch,
+                                    direct_per_s=(direct or {}).get((work.model, protocol),
+                                                                    0.0))
                     samples.setdefault(key, []).append(run)
                     report_run(key, r, rounds, run)
 
@@ -595,8 +638,13 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                 plane = serving_plane(gw)
                 say(f"data plane: {plane}")
                 warm_up([gw], works, protocols, scratch)
+                direct = {(w.model, p): direct_throughput(member, w, p, 2 * capacity,
+                                                          seconds, scratch)
+                          for w in works for p in protocols}
+                say("Triton's own throughput (closed loop, 2x capacity in flight): " + ", ".join(
+                    f"{m} {p} {v:.0f}/s" for (m, p), v in direct.items()))
                 measure_all({"tenants": gw}, scenario_phases(capacity), works, protocols,
-                            rounds, seconds, scratch, False, samples)
+                            rounds, seconds, scratch, False, samples, direct)
             with gateway(scratch, "none", member, capacity, specs["none"], data_plane) as none, \
                     gateway(scratch, "one", member, capacity, specs["one"], data_plane) as one:
                 warm_up([none, one], works, protocols, scratch)
@@ -618,22 +666,33 @@ GOALS = {
     ("noisy", "light"): f"success >= {SUCCESS_GOAL_PCT:g}%, p99 <= {P99_GOAL_RATIO:g}x alone",
     ("priority", "critical"): f"0 refused, p99 <= {P99_GOAL_RATIO:g}x alone",
     ("fairness", "all"): f"Jain >= {JAIN_GOAL:g}",
+    ("noisy-paced", "paced-light"): f"success >= {SUCCESS_GOAL_PCT:g}%, "
+                                    f"p99 <= {PACED_P99_GOAL_RATIO:g}x alone",
+    ("priority-paced", "paced-critical"): f"0 refused, p99 <= {P99_GOAL_RATIO:g}x alone",
 }
+# goals of an alone run (the others compare with it)
+ALONE_GOALS = {("noisy-paced", "paced-light"): f"success >= {ALONE_SUCCESS_GOAL_PCT:g}%"}
+P99_GOALS = {("noisy-paced", "paced-light"): PACED_P99_GOAL_RATIO}
 
 
-def verdict(scenario: str, tenant: str, row: Mapping[str, Any]) -> str:
-    """'yes', 'NO (...)', 'n/a (...)' or '' where no goal applies."""
-    goal = GOALS.get((scenario, tenant))
+def verdict(scenario: str, tenant: str, row: Mapping[str, Any], alone: bool = False) -> str:
+    """'yes', 'NO (...)', 'n/a (...)' or '' where no goal applies; ``alone``: the goal of
+    the alone run (:data:`ALONE_GOALS`)."""
+    goal = (ALONE_GOALS if alone else GOALS).get((scenario, tenant))
     if goal is None:
         return ""
     checks: list[tuple[str, bool | None]] = []
     ratio = row.get("p99_vs_alone_ratio")
-    ratio_ok = None if ratio is None else ratio <= P99_GOAL_RATIO
-    if scenario == "noisy":
+    ratio_ok = None if ratio is None else ratio <= P99_GOALS.get((scenario, tenant),
+                                                                 P99_GOAL_RATIO)
+    if alone:
+        success = row.get("success_pct")
+        checks = [("success", None if success is None else success >= ALONE_SUCCESS_GOAL_PCT)]
+    elif scenario in ("noisy", "noisy-paced"):
         success = row.get("success_pct")
         checks = [("success", None if success is None else success >= SUCCESS_GOAL_PCT),
                   ("p99", ratio_ok)]
-    elif scenario == "priority":
+    elif scenario in ("priority", "priority-paced"):
         refused = row.get("refused")
         checks = [("refused", None if refused is None else refused == 0), ("p99", ratio_ok)]
     else:
@@ -682,9 +741,11 @@ def tenant_row(key: Key, tenant: str, runs: Sequence[Measured],
     notes = list(dict.fromkeys(f.note for f in each if f.note))
     if notes:
         row["notes"] = notes
-    judged = phase != "alone"  # the alone run is what the goals compare with
-    row["goal"] = GOALS.get((scenario, tenant), "") if judged else ""
-    row["met"] = verdict(scenario, tenant, row) if judged else ""
+    alone_run = phase == "alone"  # what the goals compare with; some have their own
+    row["goal"] = (ALONE_GOALS if alone_run else GOALS).get((scenario, tenant), "")
+    row["met"] = verdict(scenario, tenant, row, alone_run)
+    if runs[0].offered_per_s:
+        row["offered_per_s"] = runs[0].offered_per_s
     return row
 
 
@@ -699,7 +760,11 @@ def summarise(samples: Samples, seconds: float) -> list[dict[str, Any]]:
 
         for scenario, tenant, compared in (("noisy", "light", True), ("noisy", "heavy", False),
                                            ("priority", "critical", True),
-                                           ("priority", "sheddable", False)):
+                                           ("priority", "sheddable", False),
+                                           ("noisy-paced", "paced-light", True),
+                                           ("noisy-paced", "heavy", False),
+                                           ("priority-paced", "paced-critical", True),
+                                           ("priority-paced", "flood", False)):
             alone = runs_of(scenario, "alone", tenant)
             if alone:
                 rows.append(tenant_row((scenario, "alone", model, protocol), tenant, alone, None))
@@ -777,11 +842,17 @@ def ranged(row: Mapping[str, Any], key: str, spec: str, unit: str = "") -> str:
     return "n/a" if row.get(key) is None else with_range(row, key, spec, unit)
 
 
+def offered(row: Mapping[str, Any]) -> str:
+    """Closed loop: requests in flight; paced: its rate (open loop)."""
+    rate = row.get("offered_per_s")
+    return f"{rate:.0f}/s paced" if rate else str(row["in_flight"])
+
+
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "(nothing measured)"
     lines = [
-        "| scenario | model | protocol | tenant | in flight | admitted/s | refused "
+        "| scenario | model | protocol | tenant | offered | admitted/s | refused "
         "| success % | p50 ms | p99 ms | ratio vs alone | goal | met? |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -800,7 +871,7 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         phase = "" if r["phase"] == "mixed" else f" ({r['phase']})"
         lines.append(
             f"| {r['scenario']}{phase} | {r['model']} | {r['protocol']} | {r['tenant']} "
-            f"| {r['in_flight']} | {num(r.get('admitted_per_s'), '.0f')} "
+            f"| {offered(r)} | {num(r.get('admitted_per_s'), '.0f')} "
             f"| {num(r.get('refused'), '.0f') if 'refused' in r else ''} "
             f"| {num(r.get('success_pct'), '.2f') if 'success_pct' in r else ''} "
             f"| {bounded(r, 'p50_ms', bound)} | {bounded(r, 'p99_ms', bound)} "
@@ -822,7 +893,8 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         "gateway gave no per-tenant counts). Ratio vs alone: that p99 over the same "
         "tenant's p99 alone, in the same round; (lowest..highest) over rounds. Cost: "
         "the same client at capacity in flight against a gateway without 'tenancy:' and "
-        "one with a single tenant, interleaved.")
+        f"one with a single tenant, interleaved. Paced: open loop (h2load --rps) at "
+        f"{PACED_SHARE:.0%} of Triton's own throughput, at most {PACED_STREAMS} at once.")
     if notes:
         lines.append("\nNotes:\n" + "\n".join(f"- {n}" for n in dict.fromkeys(notes)))
     return "\n".join(lines)
@@ -856,9 +928,13 @@ def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     panels = (
         (axes[0][0], "success_pct", (("noisy", "light"), ("priority", "critical"),
+                                     ("noisy-paced", "paced-light"),
+                                     ("priority-paced", "paced-critical"),
                                      ("noisy", "heavy"), ("priority", "sheddable")),
          SUCCESS_GOAL_PCT, "success % under overload"),
-        (axes[0][1], "p99_vs_alone_ratio", (("noisy", "light"), ("priority", "critical")),
+        (axes[0][1], "p99_vs_alone_ratio", (("noisy", "light"), ("priority", "critical"),
+                                            ("noisy-paced", "paced-light"),
+                                            ("priority-paced", "paced-critical")),
          P99_GOAL_RATIO, "p99 / p99 alone"),
         (axes[1][0], "jain_index", (("fairness", "all"),), JAIN_GOAL,
          "Jain's index of admitted throughput"),

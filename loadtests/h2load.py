@@ -106,13 +106,18 @@ def grpc_connections(in_flight: int, most: int = 4) -> int:
 
 def h2load_command(work: Workload, protocol: str, target: Any,
                    in_flight: int, duration: str, log_file: Path | None,
-                   headers: Sequence[str] = ()) -> list[str]:
+                   headers: Sequence[str] = (), rps: float = 0.0) -> list[str]:
     """gRPC: HTTP/2, up to 4 connections with streams multiplexed; HTTP: one HTTP/1.1
     connection per request in flight (as Triton's HTTP clients do). ``headers``: extra
-    'name: value' request headers (gRPC metadata too), e.g. an API key."""
+    'name: value' request headers (gRPC metadata too), e.g. an API key. ``rps`` > 0: open
+    loop, that many requests per second in all (h2load's ``--rps`` is per connection:
+    divided among them), ``in_flight`` then the most in flight at once."""
     cmd = ["h2load", "-D", duration]
     if log_file is not None:
         cmd += ["--log-file", str(log_file)]
+    if rps > 0:
+        connections = grpc_connections(in_flight) if protocol == "grpc" else in_flight
+        cmd += ["--rps", f"{rps / connections:.3f}"]
     extra = [arg for header in headers for arg in ("-H", header)]
     if protocol == "grpc":
         clients = grpc_connections(in_flight)

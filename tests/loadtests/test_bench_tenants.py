@@ -197,15 +197,24 @@ def test_scenarios_overload_the_pool_about_twice_with_heavy_ten_times_light() ->
     priorities = {t.priority for t in phases[("priority", "mixed")].loads}
     assert priorities == {"critical", "sheddable"}
     assert [t.tenant for t in phases[("priority", "alone")].loads] == ["critical"]
+    # paced: an open-loop light / critical tenant beside a flood of 2x capacity
+    for scenario, light, flood in (("noisy-paced", "paced-light", "heavy"),
+                                   ("priority-paced", "paced-critical", "flood")):
+        mixed = {t.tenant: t for t in phases[(scenario, "mixed")].loads}
+        assert mixed[light].paced == bt.PACED_SHARE and not mixed[flood].paced
+        assert mixed[flood].in_flight == 2 * 5
+        assert [t.tenant for t in phases[(scenario, "alone")].loads] == [light]
+    assert {t.priority for t in phases[("priority-paced", "mixed")].loads} == {
+        "critical", "sheddable"}
 
 
 def test_tenancy_section_names_every_tenant_once_with_its_own_key() -> None:
     loads = [load for p in bt.scenario_phases(5) for load in p.loads]
     section = bt.tenancy_section(loads)
     names = [t["name"] for t in section["tenants"]]
-    assert len(names) == len(set(names)) == 7
+    assert len(names) == len(set(names)) == 10
     keys = [k for t in section["tenants"] for k in t["keys"]]
-    assert len(set(keys)) == 7
+    assert len(set(keys)) == 10
     assert section["refuse_at"] == {"sheddable": 1.0, "standard": 2.0, "critical": 3.0}
     assert bt.TenantLoad("light", "standard", 1).headers == (
         "x-api-key: light-key-0123456789abcdef",)
@@ -218,7 +227,7 @@ def test_written_config_is_one_pool_with_capacity_and_tenancy(tmp_path: Path) ->
     data = yaml.safe_load(path.read_text())
     assert data["pools"][0]["capacity_per_member"] == 4
     assert data["pools"][0]["members"][0]["host"] == "127.0.0.1"
-    assert data["queue_factor"] == 2.0 and len(data["tenancy"]["tenants"]) == 7
+    assert data["queue_factor"] == 2.0 and len(data["tenancy"]["tenants"]) == 10
     plain = yaml.safe_load(bt.write_config(tmp_path / "none.yaml", member, 4, None).read_text())
     assert "tenancy" not in plain
 
@@ -243,6 +252,16 @@ def test_written_config_is_one_the_gateway_accepts_when_it_knows_tenancy(
                          [(1, 1), (4, 4), (5, 1), (10, 2), (11, 1), (12, 4), (16, 4), (6, 3)])
 def test_grpc_connections_divide_the_streams_evenly(in_flight: int, connections: int) -> None:
     assert h2load.grpc_connections(in_flight) == connections
+
+
+def test_h2load_command_paces_the_whole_rate_over_its_connections(tmp_path: Path) -> None:
+    work = h2load.Workload("tiny", tmp_path / "t.grpc", tmp_path / "t.bin", 12)
+    endpoints = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
+    http = h2load.h2load_command(work, "http", endpoints, 2, "2000ms", None, rps=100.0)
+    assert http[http.index("--rps") + 1] == "50.000" and http[http.index("-c") + 1] == "2"
+    grpc = h2load.h2load_command(work, "grpc", endpoints, 4, "2000ms", None, rps=30.0)
+    assert grpc[grpc.index("--rps") + 1] == "7.500"  # 4 connections of one stream each
+    assert "--rps" not in h2load.h2load_command(work, "http", endpoints, 2, "2000ms", None)
 
 
 def test_h2load_command_carries_the_key_header_on_both_protocols(tmp_path: Path) -> None:
@@ -293,6 +312,15 @@ def fake_samples() -> bt.Samples:
         put("cost", "none", run("solo", protocol, {200: 100}, counted=ok, in_flight=5))
         put("cost", "tenancy", run("solo", protocol, {200: 95}, counted=bt.Outcomes(95, 0, 0, {}),
                                    in_flight=5))
+        put("noisy-paced", "alone",
+            run("paced-light", protocol, {200: 999, 429: 1}, counted=ok if grpc else None,
+                in_flight=2))
+        put("noisy-paced", "mixed",
+            run("heavy", protocol, {200: 500} if grpc else {200: 100, 429: 400},
+                counted=bt.Outcomes(100, 400, 400, {"fair_share": 400}) if grpc else None,
+                in_flight=10),
+            run("paced-light", protocol, {200: 100}, scale=1.4, counted=ok if grpc else None,
+                in_flight=2))
     return samples
 
 
@@ -318,6 +346,15 @@ def test_summary_judges_each_goal_against_the_alone_run() -> None:
     assert fair["jain_index"] == pytest.approx(1.0) and fair["met"] == "yes"
     cost = rows_by(rows, scenario="cost", phase="tenancy", protocol="grpc")
     assert cost["throughput_ratio"] == pytest.approx(0.95)
+    # paced: 1.4x alone is within the paced goal (1.5x); alone has a goal of its own
+    paced = rows_by(rows, scenario="noisy-paced", phase="mixed", tenant="paced-light",
+                    protocol="http")
+    assert paced["p99_vs_alone_ratio"] == pytest.approx(1.4) and paced["met"] == "yes"
+    alone = rows_by(rows, scenario="noisy-paced", phase="alone", tenant="paced-light",
+                    protocol="http")
+    assert alone["success_pct"] == pytest.approx(99.9) and alone["met"] == "yes"
+    assert bt.verdict("noisy-paced", "paced-light", {"success_pct": 99.5}, alone=True) == (
+        "NO (success)")
 
 
 def test_verdict_says_not_measured_rather_than_guessing() -> None:
@@ -336,7 +373,7 @@ def test_markdown_and_plot_show_every_row(tmp_path: Path) -> None:
     assert "Jain 1.000" in table and "0.950x throughput" in table
     light = [line for line in table.splitlines() if "| light |" in line]
     assert len(light) == 4 and not any("<=" in line.split("|")[9] for line in light)
-    alone = [line for line in table.splitlines() if "(alone)" in line]
+    alone = [line for line in table.splitlines() if "(alone)" in line and "paced" not in line]
     assert len(alone) == 4 and all(line.endswith("|  |  |") for line in alone)
     assert "refusals unknown" in table  # the sheddable gRPC note
     grpc_heavy = rows_by(rows, scenario="noisy", tenant="heavy", protocol="grpc")
