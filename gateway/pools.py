@@ -181,9 +181,11 @@ class PoolMember:
     queue_samples: deque[tuple[float, int, int]] = field(
         default_factory=lambda: deque(maxlen=QUEUE_SAMPLES))
     # model -> mean compute microseconds per request over the last probe round that had
-    # answers (gateway.policy.deadline), and Triton's counters it was computed from
+    # answers (gateway.policy.deadline); model -> (when, mean microseconds in Triton's
+    # queue) over the same round; Triton's counters they were computed from
     service_us: dict[str, float] = field(default_factory=dict)
-    service_counters: dict[str, tuple[int, int]] = field(default_factory=dict)
+    queue_wait: dict[str, tuple[float, float]] = field(default_factory=dict)
+    service_counters: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -215,19 +217,32 @@ class PoolMember:
             self.upstream_queue, self.queue_scraped_at = queue, now
             self.queue_samples.append((now, queue, self.in_flight + self.external_in_flight))
 
-    def served(self, counters: dict[str, tuple[int, int]]) -> None:
-        """Triton's counters per model, ``(requests answered, compute microseconds)``, at a
-        probe: each model's service time is what the requests answered since the last
-        probe took (the mean so far at the first). A round without answers keeps it; a
-        restarted Triton (counters went back) starts again."""
-        for model, (answered, compute_us) in counters.items():
+    def served(self, counters: dict[str, tuple[int, int, int]], now: float) -> None:
+        """Triton's counters per model, ``(requests answered, compute microseconds, queue
+        microseconds)``, at a probe: each model's service time and queue wait are what the
+        requests answered since the last probe took (the means so far at the first). A
+        round without answers keeps the service time (the queue wait ages:
+        :meth:`recent_queue_wait_us`); a restarted Triton (counters went back) starts
+        again."""
+        for model, (answered, compute_us, queue_us) in counters.items():
             before = self.service_counters.get(model)
-            if before is not None and answered >= before[0] and compute_us >= before[1]:
-                if answered > before[0]:
-                    self.service_us[model] = (compute_us - before[1]) / (answered - before[0])
+            if before is not None and answered >= before[0] and compute_us >= before[1] \
+                    and queue_us >= before[2]:
+                done = answered - before[0]
+                if done:
+                    self.service_us[model] = (compute_us - before[1]) / done
+                    self.queue_wait[model] = (now, (queue_us - before[2]) / done)
             elif answered:
                 self.service_us[model] = compute_us / answered
+                self.queue_wait[model] = (now, queue_us / answered)
         self.service_counters = dict(counters)
+
+    def recent_queue_wait_us(self, model: str, now: float, within_s: float) -> float | None:
+        """The model's measured queue wait, if measured within ``within_s``."""
+        measured = self.queue_wait.get(model)
+        if measured is None or now - measured[0] > within_s:
+            return None
+        return measured[1]
 
     def restore_started(self) -> bool:
         """Held out of routing while its models are reloaded; False if already so."""

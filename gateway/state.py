@@ -104,6 +104,16 @@ class GatewayState:
             return None
         return deadline.service_quantum(sum(measured) / len(measured))
 
+    def queue_wait_us(self, model: str, pool: Pool) -> int:
+        """The model's queue wait measured in ``pool`` over the last few probe rounds
+        (:data:`gateway.policy.deadline.QUEUE_WAIT_FRESH_S`; 0: none that recent)."""
+        now = self.clock()
+        measured = [w for m in pool.members if (w := m.recent_queue_wait_us(
+            model, now, deadline.QUEUE_WAIT_FRESH_S)) is not None]
+        if not measured:
+            return 0
+        return deadline.service_quantum(sum(measured) / len(measured)) if any(measured) else 0
+
     def active_tenants(self, pool: str) -> frozenset[str]:
         """The tenants active in ``pool`` now (:class:`~gateway.policy.tenancy.TenantActivity`)."""
         return self._activity.active(pool, self.clock())

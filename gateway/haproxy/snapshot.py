@@ -61,8 +61,9 @@ class RouteState:
     not_ready: str | None = None  # why it cannot take requests yet (503 + Retry-After)
     # during a rollout: (stable, candidate, candidate's percent of unversioned requests)
     split: tuple[int, int, int] | None = None
-    # (pool, the model's measured service time there, microseconds): the deadline rule
-    service: tuple[tuple[str, int], ...] = ()
+    # (pool, the model's measured service time there, its recent queue wait there; both
+    # microseconds): the deadline rule
+    service: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def snapshot_from_dict(data: Any) -> Snapshot:
                           int(r["max_in_system"]), None if reason is None else str(reason),
                           None if split is None else (int(split[0]), int(split[1]),
                                                       int(split[2])),
-                          tuple((str(p), int(us)) for p, us in r.get("service", ())))
+                          tuple((str(p), int(us), int(q)) for p, us, q in r.get("service", ())))
 
     def rate(r: Any) -> RateClass | None:
         return None if r is None else RateClass(float(r["rate_per_s"]), float(r["burst"]))

@@ -18,8 +18,13 @@ model's measured service time *S* in that pool (Triton's compute time per reques
 the last probe round that had answers: ``nv_inference_compute_{input,infer,output}
 _duration_us`` over ``nv_inference_request_success``) plus the wait for the requests
 ahead of it: the pool executes ``capacity`` requests at once, so the ``load + 1 -
-capacity`` requests beyond that wait about *S* for every ``capacity`` of them. A model
-with no measured service time yet is never refused so. Both planes compute it in
+capacity`` requests beyond that wait about *S* for every ``capacity`` of them; while
+the pool is saturated (load >= capacity), the queue wait Triton measured in the last
+:data:`QUEUE_WAIT_FRESH_S` (``nv_inference_queue_duration_us``) when that is longer (a
+pool whose capacity says more than its members execute at once). Below capacity the
+measured wait is not weighed: a wait measured in a burst must not refuse requests
+after it, whose refusals would keep it from being measured again. A model with no
+measured service time yet is never refused so. Both planes compute it in
 integers, the same way (HAProxy's ``mul``/``div``). Admitted requests carry the
 deadline on: HAProxy as the member's server timeout, the Python plane also as
 Triton's per-request ``timeout`` (its queue drops what expires; HAProxy cannot change a
@@ -60,12 +65,21 @@ HOPELESS = ("deadline of {deadline} ms cannot be met: model '{model}' is expecte
             "before Triton does the work")
 
 
-def expected_ms(service_us: int, load: int, capacity: int) -> int:
+# a measured queue wait older than this is not the queue now
+QUEUE_WAIT_FRESH_S = 5.0
+
+
+def expected_ms(service_us: int, load: int, capacity: int, queue_us: int = 0) -> int:
     """Milliseconds a request is expected to take in a pool with ``load`` requests in it
     (this one not counted) that executes ``capacity`` at once, each taking
-    ``service_us``: its own service time plus the waves ahead of it."""
-    beyond = max(0, load + 1 - capacity)
-    return (service_us * beyond // max(1, capacity) + service_us) // 1000
+    ``service_us``: its own service time plus its wait, the waves ahead of it, or, while
+    the pool is saturated, the queue wait Triton measured lately (``queue_us``) when
+    that is longer."""
+    capacity = max(1, capacity)
+    wait = service_us * max(0, load + 1 - capacity) // capacity
+    if load >= capacity:
+        wait = max(wait, queue_us)
+    return (service_us + wait) // 1000
 
 
 def hopeless(deadline_ms: int, expected: int) -> bool:

@@ -243,7 +243,8 @@ class DataPlane:
         if service is None:
             return
         load = self.ledger.pools[pool.name] + self.state.queued_elsewhere(pool)
-        expected = deadline.expected_ms(service, load, pool.capacity)
+        expected = deadline.expected_ms(service, load, pool.capacity,
+                                        self.state.queue_wait_us(model, pool))
         deadline_ms = int(deadline_s * 1000)
         if deadline.hopeless(deadline_ms, expected):
             raise DeadlineExceeded(deadline.HOPELESS.format(

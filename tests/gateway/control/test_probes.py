@@ -174,24 +174,30 @@ nv_inference_compute_infer_duration_us{model="slow",version="2"} 38000
 nv_inference_compute_output_duration_us{model="slow",version="1"} 1000
 nv_inference_compute_infer_duration_us{model="tiny",version="1"} 400
 nv_inference_queue_duration_us{model="slow",version="1"} 999999
+nv_inference_queue_duration_us{model="slow",version="2"} 1
 nv_inference_request_success 5
 """
 
 
 def test_service_counters_sum_each_models_answers_and_compute_time() -> None:
-    assert service_counters(TRITON_PAGE) == {"slow": (12, 240_000), "tiny": (4, 400)}
+    assert service_counters(TRITON_PAGE) == {"slow": (12, 240_000, 1_000_000),
+                                             "tiny": (4, 400, 0)}
     assert service_counters("") == {}
 
 
 def test_a_member_measures_service_time_per_model_over_each_round_with_answers() -> None:
     member = PoolMember("p", MemberSpec(grpc_port=1))
-    member.served({"slow": (12, 240_000), "idle": (0, 0)})
-    assert member.service_us == {"slow": 20_000}  # the mean so far, at the first probe
-    member.served({"slow": (14, 300_000), "idle": (0, 0)})
+    member.served({"slow": (12, 240_000, 120_000), "idle": (0, 0, 0)}, now=1.0)
+    # the means so far, at the first probe
+    assert member.service_us == {"slow": 20_000}
+    assert member.recent_queue_wait_us("slow", 1.0, 5.0) == 10_000
+    member.served({"slow": (14, 300_000, 120_000), "idle": (0, 0, 0)}, now=2.0)
     assert member.service_us == {"slow": 30_000}  # the two answered since: 60 ms
-    member.served({"slow": (14, 300_000)})
+    assert member.recent_queue_wait_us("slow", 2.0, 5.0) == 0  # they did not wait
+    member.served({"slow": (14, 300_000, 120_000)}, now=3.0)
     assert member.service_us == {"slow": 30_000}  # no answers this round: kept
-    member.served({"slow": (2, 10_000)})  # counters went back: Triton restarted
+    assert member.recent_queue_wait_us("slow", 7.5, 5.0) is None  # the wait ages
+    member.served({"slow": (2, 10_000, 0)}, now=8.0)  # counters went back: restarted
     assert member.service_us == {"slow": 5_000}
 
 

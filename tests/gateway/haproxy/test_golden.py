@@ -104,7 +104,7 @@ def _tenants() -> tuple[Snapshot, dict[str, object]]:
                TenantState("app", "critical", 64))
     return Snapshot(
         pools=(PoolState("main", (_member("10.0.0.11"),), capacity=8, elsewhere=2),),
-        routes=(RouteState("resnet50", (("main", 1.0),), 24, service=(("main", 4200),)),),
+        routes=(RouteState("resnet50", (("main", 1.0),), 24, service=(("main", 4200, 900),)),),
         rate_keys=((key_digest("batch-jobs-key"), RateClass(20, 20)),),
         tenancy=TenancyState(
             tenants=tenants,

@@ -34,22 +34,25 @@ def test_deadline_refused_when_not_whole_positive_milliseconds(value: str) -> No
     assert not re.fullmatch(HTTP_TIMEOUT_PATTERN, value)
 
 
-# service us, load (without the request), capacity -> expected ms
+# service us, load (without the request), capacity, measured queue us -> expected ms
 EXPECTED = [
-    (20_000, 0, 1, 20),  # alone: its own service time
-    (20_000, 1, 1, 40),  # one ahead in a pool that executes one at a time
-    (20_000, 3, 4, 20),  # the pool takes 4 at once: no wait
-    (20_000, 4, 4, 25),  # the fifth waits a quarter of a wave (on average)
-    (20_000, 11, 4, 60),  # two waves ahead
-    (900, 0, 8, 0),  # under a millisecond: HAProxy's resolution
-    (20_000, 5, 0, 140),  # a capacity of 0 counts as 1
+    (20_000, 0, 1, 0, 20),  # alone: its own service time
+    (20_000, 1, 1, 0, 40),  # one ahead in a pool that executes one at a time
+    (20_000, 3, 4, 0, 20),  # the pool takes 4 at once: no wait
+    (20_000, 4, 4, 0, 25),  # the fifth waits a quarter of a wave (on average)
+    (20_000, 11, 4, 0, 60),  # two waves ahead
+    (900, 0, 8, 0, 0),  # under a millisecond: HAProxy's resolution
+    (20_000, 5, 0, 0, 120),  # a capacity of 0 counts as 1
+    (20_000, 4, 4, 90_000, 110),  # saturated: Triton's measured wait when longer
+    (20_000, 11, 4, 10_000, 60),  # ... not when shorter
+    (20_000, 3, 4, 90_000, 20),  # below capacity a measured wait is not weighed
 ]
 
 
-@pytest.mark.parametrize(("service_us", "load", "capacity", "ms"), EXPECTED)
+@pytest.mark.parametrize(("service_us", "load", "capacity", "queue_us", "ms"), EXPECTED)
 def test_expected_time_is_the_service_time_plus_the_waves_ahead(
-        service_us: int, load: int, capacity: int, ms: int) -> None:
-    assert expected_ms(service_us, load, capacity) == ms
+        service_us: int, load: int, capacity: int, queue_us: int, ms: int) -> None:
+    assert expected_ms(service_us, load, capacity, queue_us) == ms
 
 
 def test_hopeless_only_when_expected_beyond_the_deadline() -> None:

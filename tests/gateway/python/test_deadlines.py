@@ -35,7 +35,7 @@ async def test_a_deadline_the_pool_cannot_meet_is_refused_before_the_member_sees
     # nothing measured yet: nothing is refused for its deadline
     first = asyncio.create_task(dp.forward("m", held, protocol="http", options=within))
     await asyncio.sleep(0)
-    member.served({"m": (10, 200_000)})  # 20 ms a request
+    member.served({"m": (10, 200_000, 0)}, now=100.0)  # 20 ms a request, no queue
     # load 1 in a pool that executes 2 at once: 20 ms expected, within 50
     second = asyncio.create_task(dp.forward("m", held, protocol="http", options=within))
     await asyncio.sleep(0)
