@@ -12,8 +12,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+# bounds close enough that a quantile interpolated between two of them is within about
+# 10% of the exact one (1, 2, 5 per decade put a p50 of 2.7 ms anywhere in 2..5 ms)
 LATENCY_BUCKETS_S = (
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+    0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.0125, 0.015,
+    0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
+    0.65, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
 )
 RESPONSE_COUNT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 

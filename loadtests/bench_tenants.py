@@ -121,6 +121,9 @@ ALONE_SUCCESS_GOAL_PCT, PACED_P99_GOAL_RATIO = 99.9, 1.5
 # so that Triton's queue as the next run's admission sees it is the idle one
 SETTLE_QUIET_S = 0.6
 TENANT_REQUESTS = "infergate_tenant_requests_total"
+TENANT_LATENCY = "infergate_tenant_request_duration_seconds_bucket"
+# the gateway's own latency figures against h2load's for the same requests
+FIGURES_GOAL_RATIO, FIGURES_GOAL_MS = 0.10, 1.0
 # the gateway's name for its refusals counter, and the one its issue gave first
 TENANT_REFUSED = ("infergate_tenant_refused_requests_total", "infergate_tenant_refused_total")
 GATEWAY_REQUESTS = "infergate_requests_total"
@@ -149,6 +152,34 @@ def jain_index(values: Sequence[float]) -> float:
     if squares == 0:
         return math.nan
     return sum(values) ** 2 / (len(values) * squares)
+
+
+def histogram_quantile(buckets: Mapping[float, float], q: float) -> float:
+    """The ``q`` (0..100) quantile of a Prometheus histogram, its cumulative counts by
+    upper bound (``+Inf`` among them), interpolated linearly inside the bucket it falls
+    in as Prometheus' ``histogram_quantile`` does; nan when it counted nothing."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return math.nan
+    rank, lower, below = q / 100 * total, 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower  # beyond the last finite bound: the bound is what is known
+            if count == below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return lower
+
+
+def figures_within(gateway_ms: float, client_ms: float) -> bool | None:
+    """The gateway's figure within 10% (or 1 ms) of the client's; None: either missing."""
+    if not (math.isfinite(gateway_ms) and math.isfinite(client_ms)):
+        return None
+    return abs(gateway_ms - client_ms) <= max(FIGURES_GOAL_MS, FIGURES_GOAL_RATIO * client_ms)
 
 
 def percentile_bounds(values: Sequence[float], q: float, hidden: int) -> tuple[float, float]:
@@ -198,6 +229,8 @@ def tenant_counts(metrics_text: str) -> TenantCounts:
             tenant = s.labels.get("tenant", "?")
             if s.name == TENANT_REQUESTS:
                 key = s.labels.get("outcome", "?")
+            elif s.name == TENANT_LATENCY:
+                key = "le:" + s.labels.get("le", "+Inf")
             elif s.name in TENANT_REFUSED:
                 key = "refused:" + s.labels.get("reason", "?")
             elif s.name == GATEWAY_REQUESTS and s.labels.get("traffic", "user") == "user":
@@ -345,6 +378,9 @@ class Measured:
     problem: str = ""
     refusal_latencies_us: tuple[float, ...] = ()  # of the HTTP 429 answers
     offered_per_s: float = 0.0  # paced: the rate it was sent at (0: closed loop)
+    # the gateway's latency histogram of the tenant's admitted requests over the run
+    # (cumulative counts by upper bound, seconds)
+    gateway_buckets: Mapping[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -358,6 +394,8 @@ class Figures:
     latency: str  # LATENCY_KINDS: exact, an upper bound, or over every answer
     note: str = ""
     refusal_p50_ms: float = math.nan  # how long an HTTP 429 took to arrive
+    gateway_p50_ms: float = math.nan  # the gateway's own figures for the same requests
+    gateway_p99_ms: float = math.nan
 
 
 def figures(m: Measured) -> Figures:
@@ -386,10 +424,12 @@ def figures(m: Measured) -> Figures:
     total = succeeded + failed
     p50_low, p50_high = percentile_bounds(m.latencies_us, 50, hidden)
     p99_low, p99_high = percentile_bounds(m.latencies_us, 99, hidden)
+    gateway = m.gateway_buckets or {}
     return Figures(succeeded / m.seconds if m.seconds > 0 else None, refused,
                    100.0 * succeeded / total if total else None, p50_high / 1e3,
                    p99_high / 1e3, p99_low / 1e3, EXACT if hidden == 0 else UPPER_BOUND, note,
-                   percentile_bounds(m.refusal_latencies_us, 50, 0)[0] / 1e3)
+                   percentile_bounds(m.refusal_latencies_us, 50, 0)[0] / 1e3,
+                   histogram_quantile(gateway, 50) * 1e3, histogram_quantile(gateway, 99) * 1e3)
 
 
 def metrics_text(gateway: GatewayProcess) -> str:
@@ -492,8 +532,16 @@ def run_phase(gateway: GatewayProcess, work: Workload, protocol: str,
             r.load.tenant, protocol, r.load.in_flight, h2_seconds, status_counts(log),
             tuple(us for status, us in log if status == 200),
             outcomes(delta, r.load.tenant, alone=len(runs) == 1), problem,
-            tuple(us for status, us in log if status == 429), rate(r.load))
+            tuple(us for status, us in log if status == 429), rate(r.load),
+            latency_buckets(delta, r.load.tenant))
     return measured
+
+
+def latency_buckets(counts: TenantCounts, tenant: str) -> dict[float, float] | None:
+    """The tenant's latency histogram in ``counts`` (None: the gateway gave none)."""
+    found = {float(k[3:]): v for k, v in counts.by_tenant.get(tenant, {}).items()
+             if k.startswith("le:")}
+    return found or None
 
 
 def direct_throughput(member: TritonEndpoints, work: Workload, protocol: str,
@@ -759,6 +807,16 @@ def tenant_row(key: Key, tenant: str, runs: Sequence[Measured],
     row["met"] = verdict(scenario, tenant, row, alone_run)
     if runs[0].offered_per_s:
         row["offered_per_s"] = runs[0].offered_per_s
+    gateway_p50 = finite_median(f.gateway_p50_ms for f in each)
+    gateway_p99 = finite_median(f.gateway_p99_ms for f in each)
+    if gateway_p50 is not None and row["latency"] == EXACT:
+        # the gateway's figures for the same requests, against the client's
+        row["gateway_p50_ms"], row["gateway_p99_ms"] = gateway_p50, gateway_p99
+        checks = [figures_within(g, c) for g, c in ((gateway_p50, row["p50_ms"]),
+                                                    (gateway_p99, row["p99_ms"]))
+                  if c is not None and g is not None]
+        row["figures_met"] = ("n/a" if not checks or None in checks
+                              else "yes" if all(checks) else "NO")
     return row
 
 
@@ -855,6 +913,14 @@ def ranged(row: Mapping[str, Any], key: str, spec: str, unit: str = "") -> str:
     return "n/a" if row.get(key) is None else with_range(row, key, spec, unit)
 
 
+def gateway_figures(row: Mapping[str, Any]) -> str:
+    """The gateway's p50/p99 for the same requests and whether they are within the goal."""
+    if "gateway_p50_ms" not in row:
+        return ""
+    return (f"{num(row['gateway_p50_ms'], '.2f')}/{num(row['gateway_p99_ms'], '.2f')} "
+            f"({row.get('figures_met', '')})")
+
+
 def offered(row: Mapping[str, Any]) -> str:
     """Closed loop: requests in flight; paced: its rate (open loop)."""
     rate = row.get("offered_per_s")
@@ -866,8 +932,8 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         return "(nothing measured)"
     lines = [
         "| scenario | model | protocol | tenant | offered | admitted/s | refused "
-        "| success % | p50 ms | p99 ms | ratio vs alone | goal | met? |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| success % | p50 ms | p99 ms | gateway's p50/p99 ms | ratio vs alone | goal | met? |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes: list[str] = []
     for r in rows:
@@ -888,7 +954,7 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             f"| {num(r.get('refused'), '.0f') if 'refused' in r else ''} "
             f"| {num(r.get('success_pct'), '.2f') if 'success_pct' in r else ''} "
             f"| {bounded(r, 'p50_ms', bound)} | {bounded(r, 'p99_ms', bound)} "
-            f"| {ratio} | {r.get('goal', '')} | {r.get('met', '')} |")
+            f"| {gateway_figures(r)} | {ratio} | {r.get('goal', '')} | {r.get('met', '')} |")
         notes += [f"{r['scenario']}/{r['phase']} {r['model']} {r['protocol']} {r['tenant']}: {n}"
                   for n in r.get("notes", [])]
     seconds, rounds = rows[0].get("seconds"), rows[0].get("rounds")
@@ -908,7 +974,11 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         "the same client at capacity in flight against a gateway without 'tenancy:' and "
         f"one with a single tenant, interleaved. Paced: open loop (h2load --rps) at "
         f"{PACED_SHARE:.0%} of Triton's own throughput, at most {PACED_STREAMS} at once, "
-        f"beside an open-loop flood at {FLOOD_SHARE:g}x it.")
+        f"beside an open-loop flood at {FLOOD_SHARE:g}x it. Gateway's p50/p99: "
+        "interpolated in the gateway's own histogram of the tenant's admitted requests "
+        "(infergate_tenant_request_duration_seconds, over the run), shown where h2load's "
+        f"figures are exact; (yes) when within {FIGURES_GOAL_RATIO:.0%} or "
+        f"{FIGURES_GOAL_MS:g} ms of h2load's for the same requests.")
     if notes:
         lines.append("\nNotes:\n" + "\n".join(f"- {n}" for n in dict.fromkeys(notes)))
     return "\n".join(lines)

@@ -389,3 +389,30 @@ def test_markdown_and_plot_show_every_row(tmp_path: Path) -> None:
     assert light_ratios == [pytest.approx(1.1)] * 2
     assert math.isnan(bt.plotted(rows, "jain_index", "fairness", "all", [("x", "http")])[0])
     assert png.name == "bench_tenants.png" and png.stat().st_size > 1000
+
+
+# -- the gateway's own figures against the client's ------------------------------------
+
+def test_histogram_quantile_interpolates_inside_the_bucket_as_prometheus_does() -> None:
+    buckets = {0.001: 0.0, 0.002: 50.0, 0.005: 90.0, 0.01: 100.0, math.inf: 100.0}
+    assert bt.histogram_quantile(buckets, 50) == pytest.approx(0.002)
+    assert bt.histogram_quantile(buckets, 25) == pytest.approx(0.0015)
+    assert bt.histogram_quantile(buckets, 99) == pytest.approx(0.0095)
+    assert math.isnan(bt.histogram_quantile({math.inf: 0.0}, 50))
+    assert bt.histogram_quantile({0.01: 1.0, math.inf: 3.0}, 99) == 0.01  # past the last
+
+
+def test_figures_are_within_ten_percent_or_a_millisecond() -> None:
+    assert bt.figures_within(2.9, 2.0) and not bt.figures_within(3.1, 2.0)
+    assert bt.figures_within(54.0, 50.0) and not bt.figures_within(56.0, 50.0)
+    assert bt.figures_within(math.nan, 2.0) is None
+
+
+def test_the_tenants_histogram_is_read_from_the_gateways_counts() -> None:
+    text = "\n".join(
+        f'infergate_tenant_request_duration_seconds_bucket{{le="{le}",priority="standard",'
+        f'tenant="light"}} {n}' for le, n in (("0.001", 1), ("0.002", 3), ("+Inf", 4)))
+    counts = bt.tenant_counts(
+        "# TYPE infergate_tenant_request_duration_seconds histogram\n" + text + "\n")
+    assert bt.latency_buckets(counts, "light") == {0.001: 1.0, 0.002: 3.0, math.inf: 4.0}
+    assert bt.latency_buckets(counts, "heavy") is None
