@@ -77,6 +77,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from converters.repository import existing_versions
+from gateway.console.traffic import quantile
 from converters.samples import SAMPLE_MODEL_NAME, cat_input
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from infergate.processes import GatewayProcess, pools_yaml, run_gateway
@@ -156,23 +157,10 @@ def jain_index(values: Sequence[float]) -> float:
 
 def histogram_quantile(buckets: Mapping[float, float], q: float) -> float:
     """The ``q`` (0..100) quantile of a Prometheus histogram, its cumulative counts by
-    upper bound (``+Inf`` among them), interpolated linearly inside the bucket it falls
-    in as Prometheus' ``histogram_quantile`` does; nan when it counted nothing."""
-    bounds = sorted(buckets)
-    total = buckets[bounds[-1]] if bounds else 0.0
-    if total <= 0:
-        return math.nan
-    rank, lower, below = q / 100 * total, 0.0, 0.0
-    for bound in bounds:
-        count = buckets[bound]
-        if count >= rank:
-            if math.isinf(bound):
-                return lower  # beyond the last finite bound: the bound is what is known
-            if count == below:
-                return bound
-            return lower + (bound - lower) * (rank - below) / (count - below)
-        lower, below = bound, count
-    return lower
+    upper bound (``+Inf`` among them), as the console reads its charts
+    (``histogram_quantile``'s rule); nan when it counted nothing."""
+    found = quantile(q / 100, sorted(buckets.items()))
+    return math.nan if found is None else found
 
 
 def figures_within(gateway_ms: float, client_ms: float) -> bool | None:
