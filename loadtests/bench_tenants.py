@@ -77,9 +77,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from converters.repository import existing_versions
-from gateway.console.traffic import quantile
 from converters.samples import SAMPLE_MODEL_NAME, cat_input
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from gateway.console.traffic import quantile
 from infergate.processes import GatewayProcess, pools_yaml, run_gateway
 from infergate.triton.local import TritonEndpoints
 from loadtests.bench_dataplane import (
