@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from gateway.pools import PoolMember
 
 
 @pytest.fixture(scope="module")
@@ -28,3 +30,15 @@ def tiny_infers_over_grpc(grpc_url: str, model: str = TINY_MODEL_NAME) -> bool:
         return bool(client.infer(model, [inp]).as_numpy("y")[0][0] == 3.0)
     finally:
         client.close()
+
+
+class Held:
+    """An upstream call for the Python forwarder's unit tests that waits until released:
+    the requests it admitted stay in flight meanwhile (no sockets)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def __call__(self, member: PoolMember) -> str:
+        await self.release.wait()
+        return "ok"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import httpx
@@ -72,6 +72,15 @@ def _body() -> bytes:
                                    "data": [1.0] * TINY_WIDTH}]}).encode()
 
 
+def _poster(client: httpx.AsyncClient, url: str
+            ) -> Callable[[str | None], asyncio.Task[httpx.Response]]:
+    """Posts of one request to ``url`` as a key's tenant (None: the default tenant)."""
+    def post(key: str | None) -> asyncio.Task[httpx.Response]:
+        headers = {"x-api-key": key} if key else {}
+        return asyncio.create_task(client.post(url, content=_body(), headers=headers))
+    return post
+
+
 def _samples(gw: GatewayProcess, name: str, **labels: str) -> float:
     text = httpx.get(f"http://{gw.http_url}/metrics").text
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
@@ -102,10 +111,7 @@ async def test_at_overload_sheddable_goes_first_and_critical_keeps_its_room(
         gateway: GatewayProcess) -> None:
     url = f"http://{gateway.http_url}/v2/models/{SLOW}/infer"
     async with httpx.AsyncClient(timeout=60) as client:
-        def post(key: str | None) -> asyncio.Task[httpx.Response]:
-            headers = {"x-api-key": key} if key else {}
-            return asyncio.create_task(client.post(url, content=_body(), headers=headers))
-
+        post = _poster(client, url)
         held = [post(BATCH), post(BATCH)]  # the pool's capacity, held in Triton
         assert await asyncio.to_thread(wait_until, lambda: _in_flight(gateway, "batch") == 2, 20)
         shed = await post(BATCH)
@@ -254,10 +260,7 @@ async def test_the_models_bound_refuses_lower_classes_first_never_critical_for_t
         gateway: GatewayProcess) -> None:
     url = f"http://{gateway.http_url}/v2/models/{CAPPED}/infer"
     async with httpx.AsyncClient(timeout=60) as client:
-        def post(key: str | None) -> asyncio.Task[httpx.Response]:
-            headers = {"x-api-key": key} if key else {}
-            return asyncio.create_task(client.post(url, content=_body(), headers=headers))
-
+        post = _poster(client, url)
         held = [post(BATCH)]
         assert await asyncio.to_thread(wait_until, lambda: _in_flight(gateway, "batch") == 1, 20)
         shed = await post(BATCH)  # sheddable's bound: a third of 3

@@ -9,17 +9,9 @@ import asyncio
 import pytest
 
 from gateway.errors import DeadlineExceeded
-from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
+from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.python.dataplane import DataPlane, RequestOptions
-
-
-class Held:
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-
-    async def __call__(self, member: PoolMember) -> str:
-        await self.release.wait()
-        return "ok"
+from tests.gateway.conftest import Held
 
 
 def _dataplane(capacity: int = 2) -> DataPlane:

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from gateway.errors import Overloaded
 from gateway.policy import tenancy
 from gateway.policy.tenancy import parse_tenancy
-from gateway.pools import GatewayConfig, MemberSpec, ModelPolicy, PoolMember, PoolSpec
+from gateway.pools import GatewayConfig, MemberSpec, ModelPolicy, PoolSpec
 from gateway.python.dataplane import DataPlane, RequestOptions
+from tests.gateway.conftest import Held
 
 CAPACITY = 4  # one member: standard refused from 8, critical from 12, sheddable from 4
 
@@ -31,15 +32,6 @@ def _dataplane(clock: Callable[[], float] = lambda: 100.0) -> DataPlane:
     return DataPlane.for_config(config, clock=clock)
 
 
-class Held:
-    """Upstream calls that wait until released."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-
-    async def __call__(self, member: PoolMember) -> str:
-        await self.release.wait()
-        return "ok"
 
 
 async def _offer(dp: DataPlane, held: Held, key: str, n: int) -> list[asyncio.Task[str]]:
