@@ -68,6 +68,11 @@ def convert_command(
     max_batch_size: Annotated[int, typer.Option("--max-batch-size")] = 32,
     latency_budget_ms: Annotated[float | None, typer.Option(
         "--latency-budget-ms", help="p99 budget: sets max batch and queue delay.")] = None,
+    drop_expired: Annotated[bool, typer.Option(
+        "--drop-expired", help="Triton's queue drops a request that waited the latency "
+                               "budget (and honours shorter client timeouts). Off by "
+                               "default: on Triton it costs throughput under deep queues "
+                               "until a reload (server#8870).")] = False,
     instances: Annotated[int, typer.Option("--instances", help="Triton instance count.")] = 1,
     threads: Annotated[int, typer.Option(
         "--threads", help="ONNX Runtime intra-op threads (0 = all cores).")] = 0,
@@ -99,7 +104,8 @@ def convert_command(
             budget=AccuracyBudget(max_top1_drop, min_cosine),
             task=cast(Any, task), calibration_method=cast(Any, calibration_method),
             per_channel=per_channel, repair=repair, max_batch_size=max_batch_size,
-            latency_budget_ms=latency_budget_ms, instance_count=instances,
+            latency_budget_ms=latency_budget_ms, drop_expired=drop_expired,
+            instance_count=instances,
             intra_op_threads=threads, profile_iterations=profile_iterations,
             max_calibration_samples=max_calib_samples,
             max_evaluation_samples=max_eval_samples, trt_accelerator=trt_accelerator,

@@ -19,12 +19,7 @@ from converters.model_dir import (
     write_model_directory,
 )
 from converters.repository import existing_versions
-from converters.triton_config import (
-    NO_SLO_QUEUE_TIMEOUT_US,
-    DynamicBatching,
-    ModelConfigSpec,
-    TensorSpec,
-)
+from converters.triton_config import DynamicBatching, ModelConfigSpec, TensorSpec
 
 TINY_MODEL_NAME = "tiny"
 TINY_WIDTH = 16
@@ -60,8 +55,9 @@ def tiny_onnx(path: Path, work: int = 0) -> Path:
 
 
 def tiny_config(name: str = TINY_MODEL_NAME, max_queue_delay_us: int = 0,
-                instance_count: int = 1, queue_timeout_us: int = NO_SLO_QUEUE_TIMEOUT_US
-                ) -> ModelConfigSpec:
+                instance_count: int = 1, queue_timeout_us: int = 0) -> ModelConfigSpec:
+    """``queue_timeout_us`` > 0: Triton's queue drops what waited that long (and a
+    request's own shorter ``timeout``)."""
     return ModelConfigSpec(
         name=name,
         target="cpu",

@@ -68,6 +68,8 @@ class ConversionRequest:
     opset: int = 17
     max_batch_size: int = 32
     latency_budget_ms: float | None = None
+    # Triton's queue drops what waited latency_budget_ms (off: triton_config.DynamicBatching)
+    drop_expired: bool = False
     instance_count: int = 1
     intra_op_threads: int = 0
     profile_iterations: int = 20

@@ -309,7 +309,8 @@ def model_config(inputs: PublishInputs) -> ModelConfigSpec:
         inputs=inputs_,
         outputs=outputs,
         dynamic_batching=DynamicBatching.for_slo(serving.max_queue_delay_us,
-                                                 request.latency_budget_ms),
+                                                 request.latency_budget_ms,
+                                                 request.drop_expired),
         instance_count=request.instance_count,
         parameters=parameters,
         trt_precision_mode=TRT_PRECISION_MODE[variant.precision]

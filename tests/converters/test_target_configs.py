@@ -33,7 +33,7 @@ SERVING = ServingPlan(16, 1500, (1, 2, 4, 8, 16), "test")
 
 
 def _inputs(target: Target, precision: Precision, tmp_path: Path,
-            trt_accelerator: bool = False) -> PublishInputs:
+            trt_accelerator: bool = False, **request: object) -> PublishInputs:
     (plan,) = [p for p in plan_variants((precision,), target, encoder=False)
                if p.precision == precision]
     runtime = RuntimeSettings(intra_op_threads=2,
@@ -43,7 +43,8 @@ def _inputs(target: Target, precision: Precision, tmp_path: Path,
                             tmp_path / "model_sm90.plan.json", "9.0", "10.13.3"),)
     return PublishInputs(
         ConversionRequest(source="m.onnx", name="minilm", repo=tmp_path, target=target,
-                          instance_count=2, trt_accelerator=trt_accelerator),
+                          instance_count=2, trt_accelerator=trt_accelerator,
+                          **request),  # type: ignore[arg-type]
         variant, SPEC, FACTS, SERVING, {"input_ids": np.ones(8, np.int64)}, engines, {}, {},
         "0" * 64)
 
@@ -61,6 +62,26 @@ def test_cpu_config_serves_python_backend_with_variant_runtime_when_target_cpu(
     assert config.max_batch_size == 16
     assert config.dynamic_batching.max_queue_delay_microseconds == 1500
     assert not config.dynamic_batching.preferred_batch_size  # single-profile: leave unset
+
+
+@pytest.mark.parametrize(("request_fields", "timeout_us"), [
+    ({}, None),  # no queue policy: a timeout costs Triton throughput (server#8870)
+    ({"latency_budget_ms": 40.0}, None),  # an SLO alone does not ask for it
+    ({"latency_budget_ms": 40.0, "drop_expired": True}, 40_000),
+    ({"drop_expired": True}, None),  # nothing to drop at without an SLO
+])
+def test_queue_policy_drops_what_waited_the_slo_only_when_the_owner_asks(
+        tmp_path: Path, request_fields: dict[str, object], timeout_us: int | None) -> None:
+    config = build_model_config(model_config(_inputs("cpu", "fp32", tmp_path,
+                                                     **request_fields)))
+    batching = config.dynamic_batching
+    if timeout_us is None:
+        assert not batching.HasField("default_queue_policy")
+        return
+    policy = batching.default_queue_policy
+    assert policy.default_timeout_microseconds == timeout_us
+    assert policy.timeout_action == mc.ModelQueuePolicy.REJECT
+    assert policy.allow_timeout_override
 
 
 @pytest.mark.parametrize("precision, mode", [("fp16", "FP16"), ("int8", "INT8")])

@@ -10,7 +10,9 @@
   ends the wait with its server timeout (both 504).
 
 Models: ``slow`` computes a 1200 x 1200 matrix product per batch (about 20 ms here),
-``slo`` and ``held`` wait ``HOLD_S`` for a batch, ``slo`` with a 300 ms queue timeout."""
+``slo`` and ``held`` wait ``HOLD_S`` for a batch, ``slo`` with a 300 ms queue timeout,
+``held`` with one of 60 s (Triton takes a request's own timeout only when a model has
+one, and it is shorter)."""
 
 from __future__ import annotations
 
@@ -45,7 +47,10 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     repo = tmp / "model_repo"
     build_tiny_model(repo, SLOW, work=1200)
     build_tiny_model(repo, SLO, max_queue_delay_us=int(HOLD_S * 1e6), queue_timeout_us=300_000)
-    build_tiny_model(repo, HELD, max_queue_delay_us=int(HOLD_S * 1e6))
+    # a model whose owner asked Triton to drop what expires (so it takes a client's
+    # shorter timeout): the default queue timeout far beyond any test's deadline
+    build_tiny_model(repo, HELD, max_queue_delay_us=int(HOLD_S * 1e6),
+                     queue_timeout_us=60_000_000)
     with LocalTriton(triton_settings(repo, tmp, SLOW, SLO, HELD)) as server:
         yield server
 

@@ -45,6 +45,7 @@ def conversion_request(task: WorkerTask, calibration: Path | None,
         calibration=calibration, evaluation=evaluation, input_spec=InputSpec(spec.inputs),
         preprocessing=preprocessing, budget=spec.accuracy_budget or AccuracyBudget(),
         max_batch_size=spec.max_batch_size, latency_budget_ms=spec.latency_slo_ms,
+        drop_expired=spec.drop_expired,
         instance_count=spec.instance_count, intra_op_threads=spec.intra_op_threads,
         profile_iterations=spec.profile_iterations, repair=spec.repair,
     )

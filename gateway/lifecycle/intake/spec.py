@@ -20,7 +20,9 @@ synthetic evaluation inputs respect. Samples, as on the command line: INT8 needs
 ``calibration`` and an ``evaluation`` part; FP32/FP16 may omit both, and are then verified
 against the source model on synthetic inputs (the report says so).
 
-Optional: ``preprocessing`` (for folders of images), ``instance_count``,
+Optional: ``drop_expired`` (Triton's queue drops a request that waited ``latency_slo_ms``;
+off: ``converters/triton_config.DynamicBatching`` says why), ``preprocessing`` (for
+folders of images), ``instance_count``,
 ``intra_op_threads``, ``profile_iterations``, ``repair`` (INT8 accuracy repair, on),
 ``rollout`` (a progressive rollout, :class:`gateway.policy.rollout.RolloutSpec`, or
 ``"none"``; absent: the model's configured one, else all at once).
@@ -87,6 +89,9 @@ class UploadSpec(BaseModel):
     precisions: tuple[Precision, ...] = ("fp32",)
     accuracy_budget: Budget | None = None
     latency_slo_ms: float | None = Field(None, gt=0)
+    # Triton's queue drops a request that waited latency_slo_ms (off by default:
+    # converters/triton_config.DynamicBatching says why)
+    drop_expired: bool = False
     target: Literal["cpu", "onnxruntime", "tensorrt"] = "cpu"
     pools: tuple[str, ...] = ()  # default: the pools that serve the model by configuration
     max_batch_size: int = Field(32, ge=1, le=1024)
