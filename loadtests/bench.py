@@ -40,6 +40,8 @@ BENCHMARKS = (
     ("bench_streams", "streams: time to first response and inter-response gap, gateway vs direct"),
     ("bench_tenants", "tenants and priorities at ~2x a pool's capacity: noisy neighbour, "
                       "priority classes, fairness, cost; h2load per tenant"),
+    ("bench_overload", "goodput under open-loop overload (1x, 2x, 4x capacity): answers "
+                       "within their deadline per second, deadline shedding on vs off"),
     ("bench_rollout", "progressive delivery: good, erroring, slow and differing candidates "
                       "rolled out under load; the gRPC detour's cost on HAProxy"),
     ("bench_scheduler", "scheduler: optimality and plan time"),
