@@ -123,6 +123,7 @@ ALONE_SUCCESS_GOAL_PCT, PACED_P99_GOAL_RATIO = 99.9, 1.5
 SETTLE_QUIET_S = 0.6
 TENANT_REQUESTS = "infergate_tenant_requests_total"
 TENANT_LATENCY = "infergate_tenant_request_duration_seconds_bucket"
+LATENCY_KEY = "le:"  # TenantCounts' entries of a tenant's latency histogram, by bound
 # the gateway's own latency figures against h2load's for the same requests
 FIGURES_GOAL_RATIO, FIGURES_GOAL_MS = 0.10, 1.0
 # the gateway's name for its refusals counter, and the one its issue gave first
@@ -218,7 +219,7 @@ def tenant_counts(metrics_text: str) -> TenantCounts:
             if s.name == TENANT_REQUESTS:
                 key = s.labels.get("outcome", "?")
             elif s.name == TENANT_LATENCY:
-                key = "le:" + s.labels.get("le", "+Inf")
+                key = LATENCY_KEY + s.labels.get("le", "+Inf")
             elif s.name in TENANT_REFUSED:
                 key = "refused:" + s.labels.get("reason", "?")
             elif s.name == GATEWAY_REQUESTS and s.labels.get("traffic", "user") == "user":
@@ -255,7 +256,8 @@ def outcomes(counts: TenantCounts, tenant: str, alone: bool = False) -> Outcomes
         return None
     reasons = {k.removeprefix("refused:"): round(v) for k, v in mine.items()
                if k.startswith("refused:") and round(v)}
-    by_outcome = {k: round(v) for k, v in mine.items() if not k.startswith("refused:")}
+    by_outcome = {k: round(v) for k, v in mine.items()
+                  if not k.startswith(("refused:", LATENCY_KEY))}
     succeeded = by_outcome.get("success", 0)
     refused = by_outcome.get("rejected", sum(reasons.values()))
     return Outcomes(succeeded, refused, sum(by_outcome.values()) - succeeded, reasons, source)
@@ -527,8 +529,8 @@ def run_phase(gateway: GatewayProcess, work: Workload, protocol: str,
 
 def latency_buckets(counts: TenantCounts, tenant: str) -> dict[float, float] | None:
     """The tenant's latency histogram in ``counts`` (None: the gateway gave none)."""
-    found = {float(k[3:]): v for k, v in counts.by_tenant.get(tenant, {}).items()
-             if k.startswith("le:")}
+    found = {float(k.removeprefix(LATENCY_KEY)): v
+             for k, v in counts.by_tenant.get(tenant, {}).items() if k.startswith(LATENCY_KEY)}
     return found or None
 
 

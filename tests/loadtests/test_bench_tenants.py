@@ -416,3 +416,8 @@ def test_the_tenants_histogram_is_read_from_the_gateways_counts() -> None:
         "# TYPE infergate_tenant_request_duration_seconds histogram\n" + text + "\n")
     assert bt.latency_buckets(counts, "light") == {0.001: 1.0, 0.002: 3.0, math.inf: 4.0}
     assert bt.latency_buckets(counts, "heavy") is None
+    # the histogram is no outcome: a tenant's requests are its outcome counts alone
+    text += '\ninfergate_tenant_requests_total{outcome="success",priority="standard",' \
+            'tenant="light"} 4'
+    mine = bt.outcomes(bt.tenant_counts(text + "\n"), "light")
+    assert mine is not None and (mine.succeeded, mine.failed) == (4, 0)
