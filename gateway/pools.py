@@ -152,6 +152,9 @@ def load_gateway_config(path: Path) -> GatewayConfig:
     return config
 
 
+RATE_SAMPLES = 256  # answers-per-second samples kept per model (a minute of 0.25 s rounds)
+
+
 @dataclass(eq=False)
 class PoolMember:
     """Live state of one member. Read its fields anywhere; change them only through its
@@ -180,12 +183,13 @@ class PoolMember:
     # few seconds' (gateway.policy.tenancy.queued_elsewhere)
     queue_samples: deque[tuple[float, int, int]] = field(
         default_factory=lambda: deque(maxlen=QUEUE_SAMPLES))
-    # model -> mean compute microseconds per request over the last probe round that had
-    # answers (gateway.policy.deadline); model -> (when, mean microseconds in Triton's
-    # queue) over the same round; Triton's counters they were computed from
-    service_us: dict[str, float] = field(default_factory=dict)
-    queue_wait: dict[str, tuple[float, float]] = field(default_factory=dict)
-    service_counters: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # what Triton's counters said per model (gateway.policy.deadline): (when, mean compute
+    # microseconds per request) over the last probe round that had answers; the answers
+    # per second of the last rounds (when, rate); the counters and when they were read
+    service: dict[str, tuple[float, float]] = field(default_factory=dict)
+    answer_rates: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    service_counters: dict[str, tuple[int, int]] = field(default_factory=dict)
+    counters_read_at: float | None = None
 
     @property
     def key(self) -> str:
@@ -217,32 +221,38 @@ class PoolMember:
             self.upstream_queue, self.queue_scraped_at = queue, now
             self.queue_samples.append((now, queue, self.in_flight + self.external_in_flight))
 
-    def served(self, counters: dict[str, tuple[int, int, int]], now: float) -> None:
-        """Triton's counters per model, ``(requests answered, compute microseconds, queue
-        microseconds)``, at a probe: each model's service time and queue wait are what the
-        requests answered since the last probe took (the means so far at the first). A
-        round without answers keeps the service time (the queue wait ages:
-        :meth:`recent_queue_wait_us`); a restarted Triton (counters went back) starts
+    def served(self, counters: dict[str, tuple[int, int]], now: float) -> None:
+        """Triton's counters per model, ``(requests answered, compute microseconds)``, at
+        a probe: each model's service time is what the requests answered since the last
+        probe took (the mean so far at the first), and its answers per second since
+        then. A round without answers leaves the service time to age
+        (:meth:`service_time_us`); a restarted Triton (counters went back) starts
         again."""
-        for model, (answered, compute_us, queue_us) in counters.items():
+        since = self.counters_read_at
+        for model, (answered, compute_us) in counters.items():
             before = self.service_counters.get(model)
-            if before is not None and answered >= before[0] and compute_us >= before[1] \
-                    and queue_us >= before[2]:
+            if before is not None and answered >= before[0] and compute_us >= before[1]:
                 done = answered - before[0]
                 if done:
-                    self.service_us[model] = (compute_us - before[1]) / done
-                    self.queue_wait[model] = (now, (queue_us - before[2]) / done)
+                    self.service[model] = (now, (compute_us - before[1]) / done)
+                if since is not None and now > since:
+                    rates = self.answer_rates.setdefault(model, deque(maxlen=RATE_SAMPLES))
+                    rates.append((now, done / (now - since)))
             elif answered:
-                self.service_us[model] = compute_us / answered
-                self.queue_wait[model] = (now, queue_us / answered)
+                self.service[model] = (now, compute_us / answered)
         self.service_counters = dict(counters)
+        self.counters_read_at = now
 
-    def recent_queue_wait_us(self, model: str, now: float, within_s: float) -> float | None:
-        """The model's measured queue wait, if measured within ``within_s``."""
-        measured = self.queue_wait.get(model)
-        if measured is None or now - measured[0] > within_s:
-            return None
-        return measured[1]
+    def service_time_us(self, model: str, now: float, fresh_s: float) -> float | None:
+        """The model's measured service time, if measured within ``fresh_s``."""
+        measured = self.service.get(model)
+        return None if measured is None or now - measured[0] > fresh_s else measured[1]
+
+    def peak_answer_rate(self, model: str, now: float, window_s: float) -> float:
+        """The most answers per second of the model measured within ``window_s`` (0:
+        none): what the member serves when busy."""
+        return max((rate for when, rate in self.answer_rates.get(model, ())
+                    if now - when <= window_s), default=0.0)
 
     def restore_started(self) -> bool:
         """Held out of routing while its models are reloaded; False if already so."""

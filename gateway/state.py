@@ -97,22 +97,25 @@ class GatewayState:
         return sum(queued_elsewhere(m.queue_samples, now) for m in pool.members)
 
     def service_us(self, model: str, pool: Pool) -> int | None:
-        """The model's measured service time in ``pool`` (the mean over its members that
-        measured it, :func:`gateway.policy.deadline.service_quantum`); None: none yet."""
-        measured = [m.service_us[model] for m in pool.members if model in m.service_us]
+        """The model's service time measured lately in ``pool`` (the mean over its
+        members that measured it within :data:`~gateway.policy.deadline.FRESH_S`, kept
+        to two significant digits); None: none that recent."""
+        now = self.clock()
+        measured = [t for m in pool.members
+                    if (t := m.service_time_us(model, now, deadline.FRESH_S)) is not None]
         if not measured:
             return None
         return deadline.service_quantum(sum(measured) / len(measured))
 
-    def queue_wait_us(self, model: str, pool: Pool) -> int:
-        """The model's queue wait measured in ``pool`` over the last few probe rounds
-        (:data:`gateway.policy.deadline.QUEUE_WAIT_FRESH_S`; 0: none that recent)."""
+    def drain_us(self, model: str, pool: Pool, service_us: int) -> int:
+        """Microseconds per request that ``pool`` works off beyond its capacity: one over
+        the most answers per second its members gave the model lately (their sum,
+        :data:`~gateway.policy.deadline.PEAK_WINDOW_S`), else ``service_us`` over its
+        capacity."""
         now = self.clock()
-        measured = [w for m in pool.members if (w := m.recent_queue_wait_us(
-            model, now, deadline.QUEUE_WAIT_FRESH_S)) is not None]
-        if not measured:
-            return 0
-        return deadline.service_quantum(sum(measured) / len(measured)) if any(measured) else 0
+        rate = sum(m.peak_answer_rate(model, now, deadline.PEAK_WINDOW_S) for m in pool.members)
+        return deadline.service_quantum(1e6 / rate if rate > 0
+                                        else service_us / max(1, pool.capacity))
 
     def active_tenants(self, pool: str) -> frozenset[str]:
         """The tenants active in ``pool`` now (:class:`~gateway.policy.tenancy.TenantActivity`)."""

@@ -4,9 +4,9 @@ Health is ``/v2/health/live`` on the member's HTTP port, not ``/ready``: with Tr
 strict readiness a server reports not-ready while any one of its models is unloading,
 and a member serving other models must not be ejected for that. Queue depth is the
 sum of ``nv_inference_pending_request_count`` over the member's models, scraped from its
-metrics port; from the same page, each model's answers, compute time and queue time so
-far (:func:`service_counters`: the member's measured service time and queue wait per
-model, which the deadline rule weighs, ``gateway/policy/deadline.py``). The member's
+metrics port; from the same page, each model's answers and compute time so far
+(:func:`service_counters`: the member's measured service time and answers per second
+per model, which the deadline rule weighs, ``gateway/policy/deadline.py``). The member's
 Triton version is read from its server metadata (``GET /v2``) every healthy round, so a
 member restarted on another release is seen within a round
 (``gateway.upstream.triton_version`` decides what that means for its gRPC
@@ -54,19 +54,17 @@ def pending_requests(metrics_text: str) -> int:
 SUCCESS = "nv_inference_request_success"
 COMPUTE = ("nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
            "nv_inference_compute_output_duration_us")
-QUEUE = "nv_inference_queue_duration_us"
 
 
-def service_counters(metrics_text: str) -> dict[str, tuple[int, int, int]]:
-    """Model -> (requests answered, their compute microseconds, their microseconds in
-    Triton's queue), summed over versions, read off the text as :func:`pending_requests`
-    does."""
+def service_counters(metrics_text: str) -> dict[str, tuple[int, int]]:
+    """Model -> (requests answered, their compute microseconds), summed over versions,
+    read off the text as :func:`pending_requests` does."""
     counts: dict[str, list[float]] = {}
     for line in metrics_text.splitlines():
         if not line.startswith("nv_inference_"):
             continue
         name, brace, rest = line.partition("{")
-        if not brace or (name not in (SUCCESS, QUEUE) and name not in COMPUTE):
+        if not brace or (name != SUCCESS and name not in COMPUTE):
             continue
         labels, _, value = rest.rpartition("}")
         start = labels.find('model="')
@@ -74,9 +72,9 @@ def service_counters(metrics_text: str) -> dict[str, tuple[int, int, int]]:
             continue
         model = labels[start + 7:labels.index('"', start + 7)]
         with contextlib.suppress(IndexError, ValueError):
-            entry = counts.setdefault(model, [0.0, 0.0, 0.0])
-            entry[0 if name == SUCCESS else 2 if name == QUEUE else 1] += float(value.split()[0])
-    return {m: (int(n), int(us), int(q)) for m, (n, us, q) in counts.items()}
+            entry = counts.setdefault(model, [0.0, 0.0])
+            entry[0 if name == SUCCESS else 1] += float(value.split()[0])
+    return {m: (int(n), int(us)) for m, (n, us) in counts.items()}
 
 
 async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: PoolMember) -> None:

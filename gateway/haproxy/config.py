@@ -462,9 +462,9 @@ def _load_rules(snapshot: Snapshot, cond: str) -> list[Rule]:
 
 def _deadline_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -> list[Rule]:
     """``gateway.policy.deadline``: a request whose deadline (``txn.dl``, ms) the pool
-    cannot meet, by the model's measured service time there (map ``service``), the
-    pool's load against its capacity and, saturated, the queue wait measured lately (map
-    ``qwait``), is refused at once (504 / DEADLINE_EXCEEDED), in the integers
+    cannot meet, by the model's service time there (map ``service``) and the wait for
+    the pool's load beyond its capacity (map ``drain``: microseconds per request), is
+    refused at once (504 / DEADLINE_EXCEEDED), in the integers
     :func:`gateway.policy.deadline.expected_ms` uses."""
     dl = "{ var(txn.dl) -m found }"
     rules = [] if snapshot.tenancy is not None else _load_rules(snapshot, dl)
@@ -472,19 +472,13 @@ def _deadline_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: st
     message = deadline.HOPELESS.format(
         deadline="%[var(txn.dl)]", model=model_lf, expected="%[var(txn.eta)]",
         pool="%[var(txn.pool)]", load="%[var(txn.pl)]", capacity="%[var(txn.cap)]")
-    saturated = f"{dl} {{ var(txn.sat2) -m int ge 0 }}"
     return rules + [
         ("set-var(txn.smp) var(txn.model),concat(/,txn.pool,)", dl),
         ("set-var(txn.sv) var(txn.smp),map_str_int(MAPS/service.map,0)", dl),
+        ("set-var(txn.dr) var(txn.smp),map_str_int(MAPS/drain.map,0)", dl),
         ("set-var(txn.ex) var(txn.pl),add(1),sub(txn.cap)", dl),
         ("set-var(txn.ex) int(0)", f"{dl} {{ var(txn.ex) -m int lt 0 }}"),
-        ("set-var(txn.wl) var(txn.sv),mul(txn.ex),div(txn.cap)", dl),
-        # saturated: the queue wait Triton measured lately, when it is longer
-        ("set-var(txn.sat2) var(txn.pl),sub(txn.cap)", dl),
-        ("set-var(txn.qw) var(txn.smp),map_str_int(MAPS/qwait.map,0)", saturated),
-        ("set-var(txn.wd) var(txn.qw),sub(txn.wl)", saturated),
-        ("set-var(txn.wl) var(txn.qw)", f"{saturated} {{ var(txn.wd) -m int gt 0 }}"),
-        ("set-var(txn.eta) var(txn.sv),add(txn.wl),div(1000)", dl),
+        ("set-var(txn.eta) var(txn.dr),mul(txn.ex),add(txn.sv),div(1000)", dl),
         ("set-var(txn.late) var(txn.eta),sub(txn.dl)", dl),
         ("set-var(txn.out) str(shed)", hopeless),
         ("set-var(txn.why) str(deadline)", hopeless),

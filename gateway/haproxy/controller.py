@@ -121,7 +121,7 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
     limits = state.admission_limits(model, pools)
     split = state.split_of(model)
     by_name = {p.name: p for p in pools}
-    service = tuple((name, us, state.queue_wait_us(model, by_name[name]))
+    service = tuple((name, us, state.drain_us(model, by_name[name], us))
                     for name, _ in chosen if name in by_name
                     and (us := state.service_us(model, by_name[name])) is not None)
     return RouteState(model=model, pools=chosen, max_in_system=limits.in_system,

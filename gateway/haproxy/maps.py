@@ -7,8 +7,9 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
 - ``limits``: model -> requests it may have in the gateway at once (admission);
 - ``capacity`` (pool -> capacity), ``elsewhere`` (pool -> requests queued in its members
   that are not the gateway's): a pool's load against its capacity (tenancy, deadlines);
-- ``service`` / ``qwait``: ``model/pool`` -> the model's measured service time there,
-  and its recent queue wait there, microseconds (``gateway/policy/deadline.py``);
+- ``service`` / ``drain``: ``model/pool`` -> the model's service time there, and the
+  microseconds per request the pool works off beyond its capacity
+  (``gateway/policy/deadline.py``);
 - ``notready``: model -> why it cannot take requests yet (503 + Retry-After);
 - during a rollout (``gateway/policy/rollout.py``): ``rstable`` / ``rcand`` (model -> its
   stable / candidate version) and ``rollout`` (model -> the candidate's percent);
@@ -33,7 +34,7 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
     ranks = snapshot.split_ranks()
     maps: dict[str, dict[str, str]] = {f"route{k}": {} for k in range(ranks)}
     maps.update({f"cut{k}": {} for k in range(1, ranks)})
-    maps["limits"], maps["notready"], maps["service"], maps["qwait"] = {}, {}, {}, {}
+    maps["limits"], maps["notready"], maps["service"], maps["drain"] = {}, {}, {}, {}
     maps["capacity"] = {p.name: str(p.capacity) for p in snapshot.pools}
     maps["elsewhere"] = {p.name: str(p.elsewhere) for p in snapshot.pools}
     maps["rstable"], maps["rcand"], maps["rollout"] = {}, {}, {}
@@ -44,9 +45,9 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
             if k:
                 maps[f"cut{k}"][route.model] = str(cuts[k])
         maps["limits"][route.model] = str(route.max_in_system)
-        for pool, us, queue_us in route.service:
+        for pool, us, drain_us in route.service:
             maps["service"][f"{route.model}/{pool}"] = str(us)
-            maps["qwait"][f"{route.model}/{pool}"] = str(queue_us)
+            maps["drain"][f"{route.model}/{pool}"] = str(drain_us)
         if route.not_ready:
             maps["notready"][route.model] = _one_line(route.not_ready)
         if route.split is not None:

@@ -61,8 +61,8 @@ class RouteState:
     not_ready: str | None = None  # why it cannot take requests yet (503 + Retry-After)
     # during a rollout: (stable, candidate, candidate's percent of unversioned requests)
     split: tuple[int, int, int] | None = None
-    # (pool, the model's measured service time there, its recent queue wait there; both
-    # microseconds): the deadline rule
+    # (pool, the model's service time there, microseconds per request the pool works off
+    # beyond its capacity): the deadline rule
     service: tuple[tuple[str, int, int], ...] = ()
 
 

@@ -14,21 +14,21 @@ HAProxy's rules match :data:`HTTP_TIMEOUT_PATTERN` and convert with
 **Hopeless work is shed** (:func:`expected_ms`): a request with a deadline that the
 pool it was routed to cannot meet is refused at once, 504 / DEADLINE_EXCEEDED with
 :data:`HOPELESS`, before Triton spends anything on it. The expected time is the
-model's measured service time *S* in that pool (Triton's compute time per request over
-the last probe round that had answers: ``nv_inference_compute_{input,infer,output}
-_duration_us`` over ``nv_inference_request_success``) plus the wait for the requests
-ahead of it: the pool executes ``capacity`` requests at once, so the ``load + 1 -
-capacity`` requests beyond that wait about *S* for every ``capacity`` of them; while
-the pool is saturated (load >= capacity), the queue wait Triton measured in the last
-:data:`QUEUE_WAIT_FRESH_S` (``nv_inference_queue_duration_us``) when that is longer (a
-pool whose capacity says more than its members execute at once). Below capacity the
-measured wait is not weighed: a wait measured in a burst must not refuse requests
-after it, whose refusals would keep it from being measured again. A model with no
-measured service time yet is never refused so. Both planes compute it in
-integers, the same way (HAProxy's ``mul``/``div``). Admitted requests carry the
-deadline on: HAProxy as the member's server timeout, the Python plane also as
-Triton's per-request ``timeout`` (its queue drops what expires; HAProxy cannot change a
-request's body to add it, and relies on the model's own queue policy, its SLO).
+model's service time *S* in that pool plus its wait: each of the ``load + 1 - capacity``
+requests beyond what the pool executes at once waits for one request's worth of the
+pool's throughput (*drain*). Both come from Triton's own counters, read every probe
+round (``gateway/control/probes.py``): *S* is the compute time per request
+(``nv_inference_compute_{input,infer,output}_duration_us`` over
+``nv_inference_request_success``) of the last round with answers, within
+:data:`FRESH_S`; *drain* is one over the most answers per second the pool gave the
+model within :data:`PEAK_WINDOW_S` (its throughput when busy; before any, *S* over the
+capacity). A model with no fresh service time is never refused so: a pool that shed
+every request for a while (no answers, nothing measured) lets requests through again
+and measures anew, so a service time measured in a burst (large batches) cannot keep
+refusing everything after it. Both planes compute it in integers, the same way
+(HAProxy's ``mul``/``div``). Admitted requests carry the deadline on: HAProxy as the
+member's server timeout, the Python plane also as Triton's per-request ``timeout``
+(honoured for models with a queue policy; HAProxy cannot change a request's body).
 """
 
 from __future__ import annotations
@@ -65,20 +65,16 @@ HOPELESS = ("deadline of {deadline} ms cannot be met: model '{model}' is expecte
             "before Triton does the work")
 
 
-# a measured queue wait older than this is not the queue now
-QUEUE_WAIT_FRESH_S = 5.0
+# a service time measured longer ago than this is not the service now; the throughput
+# of the busiest round within PEAK_WINDOW_S is the pool's when busy
+FRESH_S, PEAK_WINDOW_S = 5.0, 60.0
 
 
-def expected_ms(service_us: int, load: int, capacity: int, queue_us: int = 0) -> int:
+def expected_ms(service_us: int, load: int, capacity: int, drain_us: int) -> int:
     """Milliseconds a request is expected to take in a pool with ``load`` requests in it
-    (this one not counted) that executes ``capacity`` at once, each taking
-    ``service_us``: its own service time plus its wait, the waves ahead of it, or, while
-    the pool is saturated, the queue wait Triton measured lately (``queue_us``) when
-    that is longer."""
-    capacity = max(1, capacity)
-    wait = service_us * max(0, load + 1 - capacity) // capacity
-    if load >= capacity:
-        wait = max(wait, queue_us)
+    (this one not counted) that executes ``capacity`` at once: its service time plus
+    ``drain_us`` for each request ahead of it beyond that."""
+    wait = drain_us * max(0, load + 1 - max(1, capacity))
     return (service_us + wait) // 1000
 
 

@@ -244,7 +244,7 @@ class DataPlane:
             return
         load = self.ledger.pools[pool.name] + self.state.queued_elsewhere(pool)
         expected = deadline.expected_ms(service, load, pool.capacity,
-                                        self.state.queue_wait_us(model, pool))
+                                        self.state.drain_us(model, pool, service))
         deadline_ms = int(deadline_s * 1000)
         if deadline.hopeless(deadline_ms, expected):
             raise DeadlineExceeded(deadline.HOPELESS.format(

@@ -174,31 +174,33 @@ nv_inference_compute_infer_duration_us{model="slow",version="2"} 38000
 nv_inference_compute_output_duration_us{model="slow",version="1"} 1000
 nv_inference_compute_infer_duration_us{model="tiny",version="1"} 400
 nv_inference_queue_duration_us{model="slow",version="1"} 999999
-nv_inference_queue_duration_us{model="slow",version="2"} 1
 nv_inference_request_success 5
 """
 
 
 def test_service_counters_sum_each_models_answers_and_compute_time() -> None:
-    assert service_counters(TRITON_PAGE) == {"slow": (12, 240_000, 1_000_000),
-                                             "tiny": (4, 400, 0)}
+    assert service_counters(TRITON_PAGE) == {"slow": (12, 240_000), "tiny": (4, 400)}
     assert service_counters("") == {}
 
 
-def test_a_member_measures_service_time_per_model_over_each_round_with_answers() -> None:
+def test_a_member_measures_service_time_and_answers_per_second_per_model() -> None:
     member = PoolMember("p", MemberSpec(grpc_port=1))
-    member.served({"slow": (12, 240_000, 120_000), "idle": (0, 0, 0)}, now=1.0)
-    # the means so far, at the first probe
-    assert member.service_us == {"slow": 20_000}
-    assert member.recent_queue_wait_us("slow", 1.0, 5.0) == 10_000
-    member.served({"slow": (14, 300_000, 120_000), "idle": (0, 0, 0)}, now=2.0)
-    assert member.service_us == {"slow": 30_000}  # the two answered since: 60 ms
-    assert member.recent_queue_wait_us("slow", 2.0, 5.0) == 0  # they did not wait
-    member.served({"slow": (14, 300_000, 120_000)}, now=3.0)
-    assert member.service_us == {"slow": 30_000}  # no answers this round: kept
-    assert member.recent_queue_wait_us("slow", 7.5, 5.0) is None  # the wait ages
-    member.served({"slow": (2, 10_000, 0)}, now=8.0)  # counters went back: restarted
-    assert member.service_us == {"slow": 5_000}
+    member.served({"slow": (12, 240_000), "idle": (0, 0)}, now=1.0)
+    # the mean so far, at the first probe; no rate yet (no interval)
+    assert member.service_time_us("slow", 1.0, 5.0) == 20_000
+    assert member.service_time_us("idle", 1.0, 5.0) is None
+    assert member.peak_answer_rate("slow", 1.0, 60.0) == 0.0
+    member.served({"slow": (14, 300_000), "idle": (0, 0)}, now=2.0)
+    assert member.service_time_us("slow", 2.0, 5.0) == 30_000  # the two since: 60 ms
+    member.served({"slow": (54, 1_100_000)}, now=2.5)
+    assert member.peak_answer_rate("slow", 2.5, 60.0) == 80.0  # 40 in half a second
+    member.served({"slow": (54, 1_100_000)}, now=3.0)  # no answers this round
+    assert member.service_time_us("slow", 3.0, 5.0) == 20_000  # kept while fresh
+    assert member.service_time_us("slow", 7.6, 5.0) is None  # then it ages out
+    assert member.peak_answer_rate("slow", 3.0, 60.0) == 80.0
+    assert member.peak_answer_rate("slow", 70.0, 60.0) == 0.0
+    member.served({"slow": (2, 10_000)}, now=8.0)  # counters went back: restarted
+    assert member.service_time_us("slow", 8.0, 5.0) == 5_000
 
 
 def test_member_is_down_after_two_failed_probes_but_at_once_when_refused(

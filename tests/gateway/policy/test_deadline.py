@@ -34,25 +34,23 @@ def test_deadline_refused_when_not_whole_positive_milliseconds(value: str) -> No
     assert not re.fullmatch(HTTP_TIMEOUT_PATTERN, value)
 
 
-# service us, load (without the request), capacity, measured queue us -> expected ms
+# service us, load (without the request), capacity, drain us a request -> expected ms
 EXPECTED = [
-    (20_000, 0, 1, 0, 20),  # alone: its own service time
-    (20_000, 1, 1, 0, 40),  # one ahead in a pool that executes one at a time
-    (20_000, 3, 4, 0, 20),  # the pool takes 4 at once: no wait
-    (20_000, 4, 4, 0, 25),  # the fifth waits a quarter of a wave (on average)
-    (20_000, 11, 4, 0, 60),  # two waves ahead
-    (900, 0, 8, 0, 0),  # under a millisecond: HAProxy's resolution
-    (20_000, 5, 0, 0, 120),  # a capacity of 0 counts as 1
-    (20_000, 4, 4, 90_000, 110),  # saturated: Triton's measured wait when longer
-    (20_000, 11, 4, 10_000, 60),  # ... not when shorter
-    (20_000, 3, 4, 90_000, 20),  # below capacity a measured wait is not weighed
+    (20_000, 0, 1, 20_000, 20),  # alone: its own service time
+    (20_000, 1, 1, 20_000, 40),  # one ahead in a pool that executes one at a time
+    (20_000, 3, 4, 5_000, 20),  # the pool takes 4 at once: no wait
+    (20_000, 4, 4, 5_000, 25),  # the fifth waits for one request's worth of throughput
+    (20_000, 11, 4, 5_000, 60),  # eight ahead beyond the four at work
+    (40_000, 11, 4, 1_000, 48),  # batches: 1,000 answers/s drain eight in 8 ms
+    (900, 0, 8, 100, 0),  # under a millisecond: HAProxy's resolution
+    (20_000, 5, 0, 20_000, 120),  # a capacity of 0 counts as 1
 ]
 
 
-@pytest.mark.parametrize(("service_us", "load", "capacity", "queue_us", "ms"), EXPECTED)
-def test_expected_time_is_the_service_time_plus_the_waves_ahead(
-        service_us: int, load: int, capacity: int, queue_us: int, ms: int) -> None:
-    assert expected_ms(service_us, load, capacity, queue_us) == ms
+@pytest.mark.parametrize(("service_us", "load", "capacity", "drain_us", "ms"), EXPECTED)
+def test_expected_time_is_the_service_time_plus_the_wait_beyond_capacity(
+        service_us: int, load: int, capacity: int, drain_us: int, ms: int) -> None:
+    assert expected_ms(service_us, load, capacity, drain_us) == ms
 
 
 def test_hopeless_only_when_expected_beyond_the_deadline() -> None:

@@ -27,11 +27,12 @@ async def test_a_deadline_the_pool_cannot_meet_is_refused_before_the_member_sees
     # nothing measured yet: nothing is refused for its deadline
     first = asyncio.create_task(dp.forward("m", held, protocol="http", options=within))
     await asyncio.sleep(0)
-    member.served({"m": (10, 200_000, 0)}, now=100.0)  # 20 ms a request, no queue
+    member.served({"m": (10, 200_000)}, now=100.0)  # 20 ms a request
     # load 1 in a pool that executes 2 at once: 20 ms expected, within 50
     second = asyncio.create_task(dp.forward("m", held, protocol="http", options=within))
     await asyncio.sleep(0)
-    # load 2: the third waits half a wave, 30 ms
+    # load 2: the third waits for one request's worth of the pool's work (no throughput
+    # measured yet: 20 ms over a capacity of 2), 30 ms
     assert not second.done()
     with pytest.raises(DeadlineExceeded) as refused:
         await dp.forward("m", held, protocol="grpc", options=RequestOptions(deadline_s=0.029))
