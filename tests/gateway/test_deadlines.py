@@ -117,9 +117,9 @@ def test_a_deadline_the_pool_cannot_meet_is_refused_before_triton_works(
     answer = _post(gateway, SLOW, deadline_ms=2)
     assert answer.status_code == 504
     match = HOPELESS.fullmatch(answer.json()["error"])
-    assert match is not None and match.group(1) == "2" and int(match.group(2)) >= 5
+    assert match is not None and match.group(1) == "2" and int(match.group(2)) >= 10
     # gRPC: a deadline the client's own library does not end first
-    code, message = _grpc(gateway, SLOW, deadline_s=0.004)
+    code, message = _grpc(gateway, SLOW, deadline_s=0.008)
     assert code == "StatusCode.DEADLINE_EXCEEDED" and HOPELESS.fullmatch(message), message
     assert _triton_answered(triton, SLOW) == answered  # never reached Triton
     # a deadline the pool can meet is served
