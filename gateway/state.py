@@ -108,14 +108,16 @@ class GatewayState:
         return deadline.service_quantum(sum(measured) / len(measured))
 
     def drain_us(self, model: str, pool: Pool, service_us: int) -> int:
-        """Microseconds per request that ``pool`` works off beyond its capacity: one over
-        the most answers per second its members gave the model lately (their sum,
-        :data:`~gateway.policy.deadline.PEAK_WINDOW_S`), else ``service_us`` over its
-        capacity."""
+        """Microseconds per request that ``pool`` works off beyond its capacity: the
+        slower of its service time over its capacity and one over the most answers per
+        second its members gave the model lately (their sum,
+        :data:`~gateway.policy.deadline.PEAK_WINDOW_S`: a round's count is noisy, its
+        peak high, so it only ever adds to the wait the capacity predicts)."""
         now = self.clock()
         rate = sum(m.peak_answer_rate(model, now, deadline.PEAK_WINDOW_S) for m in pool.members)
-        return deadline.service_quantum(1e6 / rate if rate > 0
-                                        else service_us / max(1, pool.capacity))
+        by_capacity = service_us / max(1, pool.capacity)
+        return deadline.service_quantum(max(by_capacity, 1e6 / rate) if rate > 0
+                                        else by_capacity)
 
     def active_tenants(self, pool: str) -> frozenset[str]:
         """The tenants active in ``pool`` now (:class:`~gateway.policy.tenancy.TenantActivity`)."""

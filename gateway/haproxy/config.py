@@ -479,7 +479,9 @@ def _deadline_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: st
         ("set-var(txn.ex) var(txn.pl),add(1),sub(txn.cap)", dl),
         ("set-var(txn.ex) int(0)", f"{dl} {{ var(txn.ex) -m int lt 0 }}"),
         ("set-var(txn.eta) var(txn.dr),mul(txn.ex),add(txn.sv),div(1000)", dl),
-        ("set-var(txn.late) var(txn.eta),sub(txn.dl)", dl),
+        # deadline.hopeless: expected x 10 beyond deadline x 9
+        (f"set-var(txn.dn) var(txn.dl),mul({deadline.SHARE_NUM})", dl),
+        (f"set-var(txn.late) var(txn.eta),mul({deadline.SHARE_DEN}),sub(txn.dn)", dl),
         ("set-var(txn.out) str(shed)", hopeless),
         ("set-var(txn.why) str(deadline)", hopeless),
         (answer(errors.DeadlineExceeded, message), hopeless),

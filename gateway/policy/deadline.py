@@ -20,12 +20,13 @@ pool's throughput (*drain*). Both come from Triton's own counters, read every pr
 round (``gateway/control/probes.py``): *S* is the compute time per request
 (``nv_inference_compute_{input,infer,output}_duration_us`` over
 ``nv_inference_request_success``) of the last round with answers, within
-:data:`FRESH_S`; *drain* is one over the most answers per second the pool gave the
-model within :data:`PEAK_WINDOW_S` (its throughput when busy; before any, *S* over the
-capacity). A model with no fresh service time is never refused so: a pool that shed
-every request for a while (no answers, nothing measured) lets requests through again
-and measures anew, so a service time measured in a burst (large batches) cannot keep
-refusing everything after it. Both planes compute it in integers, the same way
+:data:`FRESH_S`; *drain* is the slower of *S* over the pool's capacity and one over the
+most answers per second the pool gave the model within :data:`PEAK_WINDOW_S` (its
+throughput when busy: a pool that executes fewer at once than its capacity says). A
+model with no fresh service time is never refused so: a pool that shed every request
+for a while (no answers, nothing measured) lets requests through again and measures
+anew, so a service time measured in a burst (large batches) cannot keep refusing
+everything after it. Both planes compute it in integers, the same way
 (HAProxy's ``mul``/``div``). Admitted requests carry the deadline on: HAProxy as the
 member's server timeout, the Python plane also as Triton's per-request ``timeout``
 (honoured for models with a queue policy; HAProxy cannot change a request's body).
@@ -61,8 +62,11 @@ def http_deadline_s(value: str | None) -> float | None:
 
 
 HOPELESS = ("deadline of {deadline} ms cannot be met: model '{model}' is expected to take "
-            "{expected} ms in pool '{pool}' (load {load} for capacity {capacity}); refused "
-            "before Triton does the work")
+            "{expected} ms in pool '{pool}' (load {load} for capacity {capacity}), more than "
+            "9/10 of it; refused before Triton does the work")
+# a request is admitted when it is expected within this share of its deadline: the rest
+# is for what the estimate leaves out (the answer's way back, connections, a busy host)
+SHARE_NUM, SHARE_DEN = 9, 10
 
 
 # a service time measured longer ago than this is not the service now; the throughput
@@ -79,7 +83,9 @@ def expected_ms(service_us: int, load: int, capacity: int, drain_us: int) -> int
 
 
 def hopeless(deadline_ms: int, expected: int) -> bool:
-    return expected > deadline_ms
+    """Expected beyond 9/10 of the deadline (:data:`SHARE_NUM` / :data:`SHARE_DEN`), in
+    integers as HAProxy compares them."""
+    return expected * SHARE_DEN > deadline_ms * SHARE_NUM
 
 
 # Triton's queue gets this share of what is left of a deadline (its ``timeout``

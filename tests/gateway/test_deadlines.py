@@ -37,8 +37,8 @@ from tests.procs import pools_yaml, run_gateway, wait_until
 pytestmark = [pytest.mark.integration]
 SLOW, SLO, HELD, HOLD_S = "slow", "slo", "held", 8.0
 HOPELESS = re.compile(r"deadline of (\d+) ms cannot be met: model 'slow' is expected to take "
-                      r"(\d+) ms in pool 'p' \(load 0 for capacity 1\); refused before Triton "
-                      r"does the work")
+                      r"(\d+) ms in pool 'p' \(load 0 for capacity 1\), more than 9/10 of "
+                      r"it; refused before Triton does the work")
 
 
 @pytest.fixture(scope="module")
