@@ -175,12 +175,13 @@ def answered_within(log: Sequence[tuple[int, float]], deadline: int) -> int:
 
 
 def grpc_within_bound(latencies_us: Sequence[float], deadline: int, successes: int,
-                      shed: int) -> int:
+                      shed: int, unanswered: int = 0) -> int:
     """gRPC answers within ``deadline`` ms that succeeded, at most: those h2load logged
-    within it (every gRPC answer is HTTP 200) less the shed ones (answered at once, so
-    within it), never more than the successes the gateway counted."""
+    within it (every gRPC answer is HTTP 200) less the shed ones it logged (answered at
+    once, so within it; a shed request whose answer h2load never read, ``unanswered``,
+    is not among them), never more than the successes the gateway counted."""
     within = sum(1 for us in latencies_us if us <= deadline * 1e3)
-    return max(0, min(successes, within - shed))
+    return max(0, min(successes, within - max(0, shed - unanswered)))
 
 
 def slowest(latencies_us: Sequence[float], count: int) -> list[float]:
@@ -351,7 +352,8 @@ def figures(run: ArmRun) -> ArmFigures:
     shed = round(run.counted.shed)
     if run.protocol == "grpc":
         successes = run.counted.outcome("grpc", "success")
-        in_time = grpc_within_bound(ok, run.deadline_ms, successes, shed)
+        unanswered = sum(1 for status, _ in run.log if status != 200)
+        in_time = grpc_within_bound(ok, run.deadline_ms, successes, shed, unanswered)
         latencies = slowest(ok, successes)
         exact = len(ok) == successes
     else:

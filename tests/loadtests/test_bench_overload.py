@@ -56,6 +56,8 @@ def test_grpc_answers_in_time_are_bounded_by_sheds_and_successes() -> None:
     assert bo.grpc_within_bound(latencies, D, successes=8, shed=3) == 6
     assert bo.grpc_within_bound(latencies, D, successes=4, shed=3) == 4  # at most successes
     assert bo.grpc_within_bound(latencies, D, successes=8, shed=12) == 0  # never negative
+    # a shed request h2load logged no answer for is not among the 200s within D
+    assert bo.grpc_within_bound(latencies, D, successes=8, shed=3, unanswered=3) == 8
 
 
 def test_slowest_keeps_the_successes_latencies_at_worst() -> None:
