@@ -87,7 +87,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import math
 import shutil
 import signal
@@ -111,7 +110,7 @@ from converters.samples import SAMPLE_MODEL_NAME, cat_input
 from converters.tiny import TINY_WIDTH, build_tiny_model
 from infergate.processes import GatewayProcess, pools_yaml, run_gateway
 from infergate.triton.local import TritonEndpoints
-from loadtests.benchkit import median, percentile, sample_model_dir, triton
+from loadtests.benchkit import median, percentile, sample_model_dir, triton, write_results
 from loadtests.h2load import (
     Workload,
     h2load_command,
@@ -761,10 +760,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     table = markdown(rows)
     print(table)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_overload.json").write_text(json.dumps(rows, indent=2) + "\n")
-        (args.out / "bench_overload.md").write_text(table + "\n")
-        for path in plot(rows, args.out):
+        for path in write_results(args.out, "bench_overload", rows, table, plot):
             say(f"wrote {path}")
 
 

@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import math
 import shutil
 import subprocess
@@ -90,7 +89,7 @@ from loadtests.bench_dataplane import (
     spread,
     with_range,
 )
-from loadtests.benchkit import SAMPLE_REPO, percentile, sample_model_dir, triton
+from loadtests.benchkit import SAMPLE_REPO, percentile, sample_model_dir, triton, write_results
 from loadtests.h2load import (
     Workload,
     h2load_command,
@@ -1064,10 +1063,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     table = markdown(rows)
     print(table)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_tenants.json").write_text(json.dumps(rows, indent=2) + "\n")
-        (args.out / "bench_tenants.md").write_text(table + "\n")
-        for path in plot(rows, args.out):
+        for path in write_results(args.out, "bench_tenants", rows, table, plot):
             say(f"wrote {path}")
 
 

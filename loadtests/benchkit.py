@@ -8,13 +8,15 @@ side-by-side comparison isolates that field.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -29,6 +31,19 @@ RUNTIME_ENV = ROOT / ".venv-triton"
 SAMPLE_REPO = ROOT / "model_repo"
 
 ConfigEdit = Callable[[mc.ModelConfig], None]
+
+
+Row = TypeVar("Row")
+
+
+def write_results(out: Path, name: str, rows: Sequence[Row], table: str,
+                  plot: Callable[[Sequence[Row], Path], list[Path]]) -> list[Path]:
+    """A benchmark's ``--out``: ``<name>.json`` (its rows), ``<name>.md`` (its table)
+    and its plots; the plots' paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out / f"{name}.md").write_text(table + "\n")
+    return plot(rows, out)
 
 
 def sample_model_dir() -> Path:
