@@ -77,10 +77,12 @@ class GatewayProcess(FrontDoor):
         return stop_process(self.proc, timeout_s)
 
 
-def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> int:
-    """End a child this code started: SIGTERM, SIGKILL after ``timeout_s``; its status."""
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 15.0,
+                 sig: int = signal.SIGTERM) -> int:
+    """End a child this code started: ``sig`` (SIGTERM), SIGKILL after ``timeout_s``;
+    its status."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -173,10 +175,4 @@ def run_agent(control: GatewayProcess, state_dir: Path, token: str | None = None
             raise RuntimeError(f"agent not up: {log.read_text()[-2000:]}")
         yield agent
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_process(proc, 30)

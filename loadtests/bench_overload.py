@@ -108,7 +108,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from converters.samples import SAMPLE_MODEL_NAME, cat_input
 from converters.tiny import TINY_WIDTH, build_tiny_model
-from infergate.processes import GatewayProcess, pools_yaml, run_gateway
+from infergate.processes import GatewayProcess, pools_yaml, run_gateway, stop_process
 from infergate.triton.local import TritonEndpoints
 from loadtests.benchkit import median, percentile, sample_model_dir, triton, write_results
 from loadtests.h2load import (
@@ -456,12 +456,7 @@ def run_h2load(cmd: list[str], scratch: Path, limit_s: float) -> tuple[str, str,
             cut = False
         except subprocess.TimeoutExpired:
             cut = True
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            stop_process(proc, 5, signal.SIGINT)  # h2load prints its summary on SIGINT
     return out.read_text(errors="replace"), err.read_text(errors="replace"), cut
 
 
