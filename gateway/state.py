@@ -272,6 +272,11 @@ class GatewayState:
                 on_error(exc)
             finally:
                 member.restore_done()
+                self._changed()
+            try:
+                await self.settle()  # routable again: HAProxy follows now
+            except Exception as exc:  # noqa: BLE001 - it follows at its next round
+                on_error(exc)
 
         task = asyncio.create_task(restore())
         self._tasks.add(task)  # a strong reference until it is done

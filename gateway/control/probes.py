@@ -95,6 +95,14 @@ async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: 
             "restoring member %s/%s failed: %r", member.pool, member.key, exc))
     elif was_healthy and not member.healthy:
         log.warning("member %s/%s failed its health check", member.pool, member.key)
+    if member.healthy != was_healthy:
+        # out of routing (or held there while restored) now, not at HAProxy's next round:
+        # a Triton that restarts within a round would otherwise take traffic empty
+        try:
+            await dataplane.state.settle()
+        except Exception:  # noqa: BLE001 - the controller's next round tries again
+            log.exception("moving the data plane after %s/%s changed health failed",
+                          member.pool, member.key)
     metrics = dataplane.metrics
     metrics.member_healthy.labels(member.pool, member.key).set(
         1 if member.available(dataplane.clock()) else 0

@@ -125,6 +125,8 @@ class SteadyLoad:
     model: str = TINY_MODEL_NAME
     headers: dict[str, str] = field(default_factory=dict)
     answers: list[tuple[int, float | None]] = field(default_factory=list)
+    # what each failed request was told, with its time (monotonic): a failure explains itself
+    told: list[tuple[float, int, str]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _done: threading.Event = field(default_factory=threading.Event)
 
@@ -140,17 +142,23 @@ class SteadyLoad:
                 try:
                     resp = client.post(f"{self.url}/v2/models/{self.model}/infer",
                                        json=infer_body(), headers=self.headers)
-                except httpx.HTTPError:
+                except httpx.HTTPError as exc:
                     self.answers.append((-1, None))  # connection failed: a failure too
+                    self.told.append((time.monotonic(), -1, repr(exc)))
                     time.sleep(0.05)
                     continue
                 slope = slope_of(resp.json()) if resp.status_code == 200 else None
+                if resp.status_code != 200:
+                    self.told.append((time.monotonic(), resp.status_code, resp.text[:300]))
                 self.answers.append((resp.status_code, slope))
                 time.sleep(0.005)
 
     @property
-    def failures(self) -> list[int]:
-        return [status for status, _ in self.answers if status != 200]
+    def failures(self) -> list[str]:
+        """What each failed request was told (status, message, seconds since the first
+        failure), in order."""
+        first = self.told[0][0] if self.told else 0.0
+        return [f"{status} at +{when - first:.3f}s: {said}" for when, status, said in self.told]
 
     def slopes(self) -> list[float]:
         """Distinct slopes in the order they were first seen."""
