@@ -162,8 +162,3 @@ def _replace_tree(source: Path, target: Path) -> None:
 
 def write_metadata(version_dir: Path, metadata: dict[str, Any]) -> None:
     (version_dir / "metadata.json").write_text(json.dumps(metadata, indent=2, sort_keys=True))
-
-
-def read_metadata(repo: Path, name: str, version: int) -> dict[str, Any]:
-    path = repo / name / str(version) / "metadata.json"
-    return json.loads(path.read_text()) if path.is_file() else {}

@@ -83,10 +83,6 @@ def run_batches(
     return results
 
 
-def session_io(session: Any) -> tuple[list[str], list[str]]:
-    return [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
-
-
 def feeds_for(session: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     wanted = {i.name for i in session.get_inputs()}
     return {k: v for k, v in batch.items() if k in wanted}

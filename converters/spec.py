@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -304,7 +304,3 @@ def check_spec_matches(declared: InputSpec, model_spec: InputSpec) -> None:
 
 def describe(spec: InputSpec) -> str:
     return "; ".join(f"{t.name}:{t.dtype}[{','.join(map(str, t.shape))}]" for t in spec.inputs)
-
-
-def shapes_of(feeds: Mapping[str, np.ndarray]) -> dict[str, Sequence[int]]:
-    return {k: list(v.shape) for k, v in feeds.items()}

@@ -68,10 +68,6 @@ def fragmentation(occupied: int) -> int:
     return free - LARGEST_FREE[occupied]
 
 
-def is_valid_start(profile_id: int, start: int) -> bool:
-    return start in PROFILES[profile_id].start_slots
-
-
 def counts_of(placements: Iterable[Placement]) -> CountVector:
     counts = [0] * len(PROFILE_ORDER)
     for pid, _ in placements:

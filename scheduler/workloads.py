@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
 
 from scheduler.inventory import Fleet, GpuSpec, NodeSpec
 from scheduler.pools import CapacityEntry, PoolSpec
@@ -100,12 +99,3 @@ def synthetic_pools(
             )
         )
     return tuple(pools)
-
-
-def request_data(fleet: Fleet, pools: Sequence[PoolSpec], **options: Any) -> dict[str, Any]:
-    """Plain data for :func:`scheduler.request.parse_request` (as a client would send)."""
-    return {
-        "fleet": fleet.model_dump(mode="json"),
-        "pools": [p.model_dump(mode="json") for p in pools],
-        "options": options,
-    }

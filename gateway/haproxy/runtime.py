@@ -52,9 +52,6 @@ class RuntimeAPI:
                 raise RuntimeError_(f"HAProxy refused {command!r}: {answer}")
         return answers
 
-    async def arun(self, commands: Sequence[str]) -> list[str]:
-        return await asyncio.to_thread(self.run, commands)
-
     def query(self, command: str) -> str:
         return send(self.admin_socket, command, self.timeout_s)
 

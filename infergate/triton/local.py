@@ -24,7 +24,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -307,13 +307,3 @@ class LocalTriton:
             f"tritonserver not ready after {self.settings.startup_timeout_s:.0f} s "
             f"(log {self.settings.log_file}):\n{self.log_tail()}"
         )
-
-
-@contextlib.contextmanager
-def local_triton(settings: TritonSettings) -> Iterator[LocalTriton]:
-    server = LocalTriton(settings)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
