@@ -12,9 +12,9 @@ from typing import Annotated
 import typer
 
 from gateway.auth import TOKENS_ENV, TokenConfigError, TokenTable, load_token_entries
+from gateway.config import GatewayConfig, load_gateway_config
+from gateway.config.tenancy import load_tenancy_file
 from gateway.haproxy.snapshot import parse_tune
-from gateway.policy.tenancy import load_tenancy_file
-from gateway.pools import GatewayConfig, load_gateway_config
 from gateway.server import GatewaySettings, choose_data_plane, serve
 from gateway.upstream.triton_version import GrpcReuse
 

@@ -28,6 +28,7 @@ import httpx
 import uvicorn
 
 from gateway.auth import TokenTable
+from gateway.config import GatewayConfig
 from gateway.console.pages import Console, create_console_router
 from gateway.console.placement import SchedulerPlans
 from gateway.console.session import Sessions
@@ -39,7 +40,7 @@ from gateway.haproxy.controller import HAProxyDataPlane, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
 from gateway.lifecycle.assembly import build_control_plane
-from gateway.pools import GatewayConfig, PoolMember
+from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane
 from gateway.python.grpc_api import create_grpc_server
 from gateway.python.http_api import create_http_app

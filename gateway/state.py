@@ -19,12 +19,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from gateway.config import GatewayConfig
+from gateway.config.pools import MemberSpec
+from gateway.config.tenancy import TenancySpec
 from gateway.errors import ModelNotFound, Unavailable
 from gateway.policy import admission, deadline
 from gateway.policy.model_name import UNKNOWN_MODEL
 from gateway.policy.rollout import Split, VersionTally
-from gateway.policy.tenancy import Tenancy, TenancySpec, TenantActivity, queued_elsewhere
-from gateway.pools import GatewayConfig, MemberSpec, Pool, PoolMember, pools_for_model
+from gateway.policy.tenancy import Tenancy, TenantActivity, queued_elsewhere
+from gateway.pools import Pool, PoolMember, pools_for_model
 
 Follower = Callable[[], Awaitable[None]]
 RecoveryHook = Callable[[PoolMember], Awaitable[None]]

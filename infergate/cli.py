@@ -95,7 +95,7 @@ def up(
     Ctrl-C (or SIGTERM) stops everything; no Triton process is left behind.
     """
     from converters.repository import VersionConflict
-    from gateway.policy.tenancy import load_tenancy_file
+    from gateway.config.tenancy import load_tenancy_file
     from infergate.stack import LocalStackSettings, run_local_stack
 
     try:

@@ -23,9 +23,10 @@ import uvicorn
 
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
 from gateway.auth import TokenTable, load_token_entries
-from gateway.lifecycle.config import LifecycleSpec
-from gateway.policy.tenancy import TenancySpec
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
+from gateway.config import GatewayConfig
+from gateway.config.lifecycle import LifecycleSpec
+from gateway.config.pools import MemberSpec, PoolSpec
+from gateway.config.tenancy import TenancySpec
 from gateway.server import EmbeddedServer, GatewaySettings, choose_data_plane, serve
 from gateway.upstream.triton_version import (
     FIXED_RELEASE,

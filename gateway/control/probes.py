@@ -22,7 +22,8 @@ import socket
 
 import httpx
 
-from gateway.pools import MemberSpec, Pool, PoolMember
+from gateway.config.pools import MemberSpec
+from gateway.pools import Pool, PoolMember
 from gateway.python.dataplane import DataPlane
 from gateway.state import GatewayState
 from gateway.upstream.triton_version import version_from_metadata

@@ -17,9 +17,10 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from gateway.auth import Scope, TokenTable
+from gateway.config.tenancy import parse_tenancy
 from gateway.control.lifecycle_http import requires
 from gateway.errors import InvalidInput
-from gateway.policy.tenancy import describe, parse_tenancy
+from gateway.policy.tenancy import describe
 from gateway.state import GatewayState
 
 

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.config.tenancy import Priority
 from gateway.policy.rate import RateClass
-from gateway.policy.tenancy import Priority, split_shares
+from gateway.policy.tenancy import split_shares
 from gateway.upstream.triton_version import GrpcReuse
 
 # Canary splits: at most this many pools per model are rendered as split ranks; a model

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.lifecycle.config import KeepWarmPolicy, LifecycleSpec
+from gateway.config import GatewayConfig
+from gateway.config.lifecycle import KeepWarmPolicy, LifecycleSpec
 from gateway.lifecycle.conversion.workers import ConversionWorkers
 from gateway.lifecycle.intake.runner import JobRunner
 from gateway.lifecycle.records.catalog import ModelCatalog
@@ -24,7 +25,7 @@ from gateway.lifecycle.warmup.deploy import Deployer, load_as_configured, restor
 from gateway.lifecycle.warmup.keepwarm import KeepWarm
 from gateway.lifecycle.warmup.preload import Preloader
 from gateway.lifecycle.warmup.rollout import Rollouts
-from gateway.pools import GatewayConfig, PoolMember
+from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
 

@@ -23,31 +23,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import InitVar, dataclass, field
-from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from gateway.config import RateLimits
+from gateway.config.access import RateLimitSpec
 from gateway.errors import Overloaded
 from gateway.policy.access import ANONYMOUS, configured_digest, key_digest
-
-if TYPE_CHECKING:  # gateway.pools imports this package's siblings
-    from gateway.pools import RateLimits
 
 MAX_KEYS = 100_000  # per limit class: HAProxy's stick-table size, the Python LRU's bound
 EXCEEDED = "rate limit exceeded for {who} (at most {limit} requests per {window_ms} ms)"
 THIS_KEY = "this API key"
-
-
-class RateLimitSpec(BaseModel):
-    """A limit as configuration writes it (``rate_limits``, a tenant's ``rate``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    rate_per_s: float = Field(gt=0)
-    burst: float = Field(ge=1)
-
-    def rate_class(self) -> RateClass:
-        return RateClass(self.rate_per_s, self.burst)
 
 
 @dataclass(frozen=True)
@@ -56,6 +40,10 @@ class RateClass:
 
     rate_per_s: float
     burst: float
+
+    @classmethod
+    def of(cls, spec: RateLimitSpec) -> RateClass:
+        return cls(spec.rate_per_s, spec.burst)
 
     @property
     def window_ms(self) -> int:
@@ -78,8 +66,8 @@ def configured_classes(limits: RateLimits) -> tuple[RateClass | None, dict[str, 
     """The configuration's ``rate_limits`` as classes: (the default, configured key ->
     class), keys as configured (plain or ``sha256:<hex>``). Both planes start here."""
     default = limits.default
-    return (default.rate_class() if default else None,
-            {k: v.rate_class() for k, v in limits.keys.items()})
+    return (RateClass.of(default) if default else None,
+            {k: RateClass.of(v) for k, v in limits.keys.items()})
 
 
 @dataclass

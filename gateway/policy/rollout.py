@@ -33,65 +33,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-DEFAULT_STEPS = (5, 25, 50, 100)
+from gateway.config.rollout import RolloutSpec
+
 MAX_TALLIED = 200_000  # answers kept per version between two reads of a window
 # the p99s are compared once both versions have this many answers: over fewer, a "p99"
 # is the maximum, biased high against a version with many more answers (stable)
 P99_MIN_ANSWERS = 100
-
-
-class RolloutSpec(BaseModel):
-    """``rollout:`` in an upload's spec or a model's configuration (README, "Progressive
-    delivery"). ``"none"`` instead of the mapping keeps the all-at-once switch."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    steps: tuple[int, ...] = DEFAULT_STEPS  # the candidate's percent of unversioned traffic
-    step_seconds: float = Field(60.0, gt=0, le=86400)
-    min_requests: int = Field(200, ge=0)  # candidate answers a verdict needs
-    max_error_rate_delta: float = Field(0.01, ge=0, le=1)
-    max_p99_ratio: float = Field(1.3, ge=1)
-    # a p99 worse by less than this is timer noise (HAProxy logs milliseconds)
-    p99_tolerance_ms: float = Field(5.0, ge=0)
-    min_agreement: float = Field(0.99, ge=0, le=1)
-    agreement_samples: int = Field(32, ge=0, le=256)  # 0: no replay, no agreement check
-
-    @field_validator("steps")
-    @classmethod
-    def _increasing(cls, steps: tuple[int, ...]) -> tuple[int, ...]:
-        if not steps:
-            raise ValueError("at least one step (a percent of traffic, 1..100)")
-        for i, step in enumerate(steps):
-            if not 1 <= step <= 100:
-                raise ValueError(f"step {i} is {step}: each step is a percent, 1..100")
-            if i and step <= steps[i - 1]:
-                raise ValueError(f"steps must increase: step {i} ({step}) is not above "
-                                 f"step {i - 1} ({steps[i - 1]})")
-        return steps
-
-
-Rollout = RolloutSpec | Literal["none"] | None  # None: the model's configured default
-
-
-def parse_rollout(value: Any) -> RolloutSpec | Literal["none"] | None:
-    """``"none"``, a mapping of :class:`RolloutSpec` fields, or None; ValueError naming
-    the field otherwise."""
-    if value is None or isinstance(value, RolloutSpec):
-        return value
-    if value == "none":
-        return "none"
-    if not isinstance(value, dict):
-        raise ValueError("expected 'none' or a mapping (steps, step_seconds, min_requests, "
-                         "max_error_rate_delta, max_p99_ratio, min_agreement, ...)")
-    try:
-        return RolloutSpec.model_validate(value)
-    except ValidationError as exc:
-        raise ValueError("; ".join(
-            f"{'.'.join(str(p) for p in err['loc'] if not isinstance(p, int)) or 'rollout'}: "
-            f"{err['msg'].removeprefix('Value error, ')}" for err in exc.errors()
-        )) from None
 
 
 def effective(upload: RolloutSpec | Literal["none"] | None,

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gateway.config import GatewayConfig
 from gateway.errors import (
     DeadlineExceeded,
     GatewayError,
@@ -36,7 +37,7 @@ from gateway.policy.rate import RateLimiter, configured_classes
 from gateway.policy.rollout import pin_grpc_version
 from gateway.policy.tenancy import Tenant, TenantDirectory
 from gateway.policy.upstream import RETRIES, EjectionPolicy
-from gateway.pools import GatewayConfig, Pool, PoolMember, build_pools
+from gateway.pools import Pool, PoolMember, build_pools
 from gateway.python.routing import RoutingPolicy
 from gateway.python.tenants import TenantLedger
 from gateway.state import GatewayState

@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from gateway import errors
+from gateway.config import GatewayConfig
+from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.control.model_control import ModelControl
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.python.dataplane import DataPlane
 from gateway.python.grpc_api import create_grpc_server
 from gateway.python.http_api import create_http_app

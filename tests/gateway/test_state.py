@@ -7,9 +7,11 @@ import asyncio
 
 import pytest
 
+from gateway.config import GatewayConfig
+from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.errors import ModelNotFound
 from gateway.policy.upstream import HEALTH_FALL, EjectionPolicy
-from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec, build_pools
+from gateway.pools import PoolMember, build_pools
 from gateway.python.dataplane import DataPlane
 from gateway.state import GatewayState
 

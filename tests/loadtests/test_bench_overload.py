@@ -114,7 +114,7 @@ def test_open_loop_command_opens_one_connection_per_request_at_the_rate(
 def test_written_config_is_one_pool_of_one_member_with_the_models_bound(
     tmp_path: Path,
 ) -> None:
-    from gateway.pools import GatewayConfig
+    from gateway.config import GatewayConfig
 
     member = bo.TritonEndpoints("127.0.0.1", 1, 2, 3)
     setup = bo.MODELS["tiny"]

@@ -235,7 +235,7 @@ def test_written_config_is_one_pool_with_capacity_and_tenancy(tmp_path: Path) ->
 def test_written_config_is_one_the_gateway_accepts_when_it_knows_tenancy(
     tmp_path: Path,
 ) -> None:
-    from gateway.pools import GatewayConfig
+    from gateway.config import GatewayConfig
 
     if "tenancy" not in GatewayConfig.model_fields:
         pytest.skip("this gateway has no tenancy: section yet")

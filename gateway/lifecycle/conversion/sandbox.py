@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.lifecycle.config import SandboxSpec
+from gateway.config.lifecycle import SandboxSpec
 
 SOURCE_ROOT = Path(__file__).resolve().parents[3]  # holds gateway/ and converters/
 SOURCE_PACKAGES = ("gateway", "converters", "infergate")

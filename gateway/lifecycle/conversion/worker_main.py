@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from gateway.lifecycle.config import UploadLimits
+from gateway.config.lifecycle import UploadLimits
 from gateway.lifecycle.conversion.sandbox import SandboxPlan, SandboxUnavailable, enter
 from gateway.lifecycle.conversion.worker_protocol import WorkerTask, emit, step
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from gateway.lifecycle.config import SandboxSpec
+from gateway.config.lifecycle import SandboxSpec
 from gateway.lifecycle.conversion.sandbox import child_environment, plan_for
 from gateway.lifecycle.conversion.worker_protocol import (
     LOG_TAIL_CHARS,

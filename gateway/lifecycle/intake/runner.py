@@ -26,8 +26,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gateway.auth import Principal
+from gateway.config.lifecycle import LifecycleSpec
+from gateway.config.rollout import RolloutSpec
 from gateway.errors import DeployFailed, GatewayError, InvalidInput
-from gateway.lifecycle.config import LifecycleSpec
 from gateway.lifecycle.conversion.pickles import PickledCode, refuse_pickled_code
 from gateway.lifecycle.conversion.worker_protocol import ConversionFailed, StepEvent, WorkerTask
 from gateway.lifecycle.conversion.workers import ConversionWorkers
@@ -44,7 +45,7 @@ from gateway.lifecycle.records.jobs import (
 )
 from gateway.lifecycle.warmup.deploy import Deployer
 from gateway.lifecycle.warmup.rollout import Rollouts
-from gateway.policy.rollout import RolloutSpec, effective
+from gateway.policy.rollout import effective
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ Optional: ``drop_expired`` (Triton's queue drops a request that waited ``latency
 off: ``converters/triton_config.DynamicBatching`` says why), ``preprocessing`` (for
 folders of images), ``instance_count``,
 ``intra_op_threads``, ``profile_iterations``, ``repair`` (INT8 accuracy repair, on),
-``rollout`` (a progressive rollout, :class:`gateway.policy.rollout.RolloutSpec`, or
+``rollout`` (a progressive rollout, :class:`gateway.config.rollout.RolloutSpec`, or
 ``"none"``; absent: the model's configured one, else all at once).
 
 Shapes include the batch axis; a string (or -1) is a dynamic dimension.
@@ -51,9 +51,9 @@ from pydantic import (
 from converters.errors import InvalidRequest
 from converters.metrics import AccuracyBudget
 from converters.spec import TensorDecl
+from gateway.config.lifecycle import KeepWarmPolicy
+from gateway.config.rollout import Rollout, parse_rollout
 from gateway.errors import InvalidInput
-from gateway.lifecycle.config import KeepWarmPolicy
-from gateway.policy.rollout import Rollout, parse_rollout
 
 Precision = Literal["fp32", "fp16", "int8"]
 ModelFormat = Literal["onnx", "pt2", "torchscript"]

@@ -32,8 +32,8 @@ from typing import IO, Any
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from gateway.config.lifecycle import UploadLimits
 from gateway.errors import InvalidInput, PayloadTooLarge
-from gateway.lifecycle.config import UploadLimits
 
 MODEL_SUFFIXES = {".onnx": "onnx", ".pt2": "pt2", ".pt": "torchscript", ".pth": "torchscript",
                   ".ts": "torchscript", ".torchscript": "torchscript"}

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from converters.repository import InvalidModelName, validate_model_name
+from gateway.config import GatewayConfig
+from gateway.config.lifecycle import KeepWarmPolicy
 from gateway.errors import GatewayError, InvalidInput, ModelNotFound
-from gateway.lifecycle.config import KeepWarmPolicy
 from gateway.lifecycle.intake.spec import UploadSpec
 from gateway.lifecycle.records import versions as repo_edits
 from gateway.lifecycle.records.jobs import JobRecord, LifecycleStore, ModelRecord, VersionRecord
 from gateway.lifecycle.warmup.deploy import Deployer
-from gateway.pools import GatewayConfig, pools_for_model
+from gateway.pools import pools_for_model
 from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from gateway.config.lifecycle import KeepWarmPolicy
 from gateway.errors import GatewayError
-from gateway.lifecycle.config import KeepWarmPolicy
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin, synthetic_request

@@ -44,16 +44,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from converters.spec import TRITON_TO_NUMPY
 from converters.triton_config import parse_model_config
+from gateway.config.rollout import RolloutSpec
 from gateway.errors import Conflict, DeployFailed, GatewayError, ModelNotFound
 from gateway.lifecycle.records.jobs import LifecycleStore, RolloutRecord
 from gateway.lifecycle.warmup.deploy import Deployer, StepCallback, load_on, warm_on
-from gateway.policy.rollout import (
-    RolloutSpec,
-    Split,
-    Verdict,
-    agreement_of,
-    judge,
-)
+from gateway.policy.rollout import Split, Verdict, agreement_of, judge
 from gateway.pools import PoolMember
 from gateway.state import GatewayState
 from gateway.upstream.triton import override_for_version

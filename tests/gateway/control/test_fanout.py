@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
+from gateway.config.pools import MemberSpec
 from gateway.control.fanout import MemberAnswer, fan_out, settle
 from gateway.errors import Unavailable
-from gateway.pools import MemberSpec, PoolMember
+from gateway.pools import PoolMember
 
 A, B, C = (PoolMember("p", MemberSpec(grpc_port=port)) for port in (1001, 1002, 1003))
 

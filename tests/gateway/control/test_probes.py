@@ -18,6 +18,8 @@ import httpx
 import pytest
 
 from gateway.auth import TokenTable
+from gateway.config import GatewayConfig
+from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.control.probes import (
     pending_requests,
     probe_member,
@@ -28,7 +30,7 @@ from gateway.haproxy.changes import runtime_commands
 from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.render import render
 from gateway.haproxy.snapshot import Layout
-from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
+from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane
 from gateway.server import build_dataplane
 from infergate.triton.local import free_port

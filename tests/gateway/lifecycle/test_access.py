@@ -20,12 +20,13 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.auth import TokenEntry, TokenTable
+from gateway.config import GatewayConfig
+from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.control.model_control import ModelControl
 from gateway.lifecycle.intake.runner import JobRunner
 from gateway.lifecycle.records.catalog import ModelCatalog
 from gateway.lifecycle.records.jobs import JobRecord, ModelRecord
 from gateway.lifecycle.service import ModelLifecycle
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.python.dataplane import DataPlane
 from gateway.python.grpc_api import create_grpc_server
 from gateway.python.http_api import create_http_app

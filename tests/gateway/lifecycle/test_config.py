@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from gateway.auth import Scope, TokenTable, load_token_entries
+from gateway.config import load_gateway_config
 from gateway.models_cli import app as models_app
-from gateway.pools import load_gateway_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "gateway" / "examples"
 

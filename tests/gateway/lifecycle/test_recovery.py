@@ -14,11 +14,12 @@ import pytest
 
 from converters.samples import SAMPLE_MODEL_NAME
 from converters.tiny import TINY_MODEL_NAME
+from gateway.config import GatewayConfig
+from gateway.config.lifecycle import LifecycleSpec
+from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.lifecycle.assembly import build_lifecycle
-from gateway.lifecycle.config import LifecycleSpec
 from gateway.lifecycle.records.jobs import LifecycleStore, ModelRecord, VersionRecord
 from gateway.lifecycle.service import RESTART_REASON
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
+from gateway.config.rollout import RolloutSpec, parse_rollout
 from gateway.policy.model_name import grpc_model_name, grpc_names_version
 from gateway.policy.rollout import (
-    RolloutSpec,
     Split,
     Verdict,
     VersionTally,
@@ -20,7 +20,6 @@ from gateway.policy.rollout import (
     effective,
     http_pinned_path,
     judge,
-    parse_rollout,
     pin_grpc_version,
 )
 

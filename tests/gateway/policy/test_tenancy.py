@@ -7,17 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from gateway.config.tenancy import Priority, load_tenancy_file, parse_tenancy
 from gateway.policy.access import key_digest
 from gateway.policy.tenancy import (
-    Priority,
     Standing,
     Tenancy,
     Tenant,
     TenantActivity,
     TenantDirectory,
     decide,
-    load_tenancy_file,
-    parse_tenancy,
     queued_elsewhere,
 )
 

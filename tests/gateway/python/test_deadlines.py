@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
+from gateway.config import GatewayConfig
+from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.errors import DeadlineExceeded
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.python.dataplane import DataPlane, RequestOptions
 from tests.gateway.conftest import Held
 

@@ -10,7 +10,8 @@ from typing import Any, cast
 import httpx
 from aiohttp import web
 
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
+from gateway.config import GatewayConfig
+from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.python.dataplane import DataPlane
 from gateway.python.generate import GenerateFastPath
 from gateway.upstream.http import UpstreamHTTP

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from gateway.pools import MemberSpec, Pool, PoolMember, PoolSpec
+from gateway.config.pools import MemberSpec, PoolSpec
+from gateway.pools import Pool, PoolMember
 from gateway.python.routing import RoutingPolicy
 
 

@@ -10,8 +10,10 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
+from gateway.config import GatewayConfig
+from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.metrics import create_metrics
-from gateway.pools import GatewayConfig, MemberSpec, PoolMember, PoolSpec
+from gateway.pools import PoolMember
 from gateway.python.dataplane import NO_OPTIONS, DataPlane, RequestOptions
 from gateway.python.streams import EMPTY_FINAL, StreamEnd, StreamRelay, StreamTally
 

@@ -7,10 +7,11 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable
 
+from gateway.config import GatewayConfig, ModelPolicy
+from gateway.config.pools import MemberSpec, PoolSpec
+from gateway.config.tenancy import parse_tenancy
 from gateway.errors import Overloaded
 from gateway.policy import tenancy
-from gateway.policy.tenancy import parse_tenancy
-from gateway.pools import GatewayConfig, MemberSpec, ModelPolicy, PoolSpec
 from gateway.python.dataplane import DataPlane, RequestOptions
 from tests.gateway.conftest import Held
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from gateway.lifecycle.config import SandboxSpec
+from gateway.config.lifecycle import SandboxSpec
 from gateway.lifecycle.conversion.pickles import PickledCode, refuse_pickled_code
 from gateway.lifecycle.conversion.sandbox import child_environment, landlock_abi, plan_for
 from gateway.lifecycle.conversion.worker_protocol import WorkerTask
@@ -251,7 +251,7 @@ raise RuntimeError("hostile payload ran")
 DRIVER = """
 import asyncio, json, sys
 from pathlib import Path
-from gateway.lifecycle.config import SandboxSpec
+from gateway.config.lifecycle import SandboxSpec
 from gateway.lifecycle.conversion.worker_protocol import ConversionFailed, WorkerTask
 from gateway.lifecycle.conversion.workers import ConversionWorkers
 task = WorkerTask.read(Path(sys.argv[1]))

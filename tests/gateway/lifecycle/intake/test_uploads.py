@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
+from gateway.config.lifecycle import UploadLimits
 from gateway.errors import InvalidInput, PayloadTooLarge
-from gateway.lifecycle.config import UploadLimits
 from gateway.lifecycle.intake.uploads import (
     ReceivedUpload,
     UnsafeArchive,

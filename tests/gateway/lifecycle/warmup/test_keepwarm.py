@@ -17,9 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 
 from converters.tiny import TINY_MODEL_NAME
-from gateway.lifecycle.config import KeepWarmPolicy
+from gateway.config import GatewayConfig
+from gateway.config.lifecycle import KeepWarmPolicy
+from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.lifecycle.warmup.keepwarm import KeepWarm, due_models
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton, TritonEndpoints

@@ -16,10 +16,11 @@ import yaml
 
 from converters.samples import SAMPLE_MODEL_NAME
 from converters.tiny import TINY_MODEL_NAME
+from gateway.config import GatewayConfig
+from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.control.model_control import ModelControl
 from gateway.errors import Unavailable
 from gateway.lifecycle.warmup.preload import Preloader
-from gateway.pools import GatewayConfig, MemberSpec, PoolSpec
 from gateway.python.dataplane import DataPlane
 from gateway.python.http_api import create_http_app
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse

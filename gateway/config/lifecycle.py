@@ -1,8 +1,6 @@
-"""Configuration of the model lifecycle, as data (validated with pydantic).
-
-Lives in the gateway's YAML file next to the pools (``lifecycle:``, ``auth:``, and per
-model ``preload`` / ``keep_warm`` under ``models:``). Built once in ``main()``.
-"""
+"""The model lifecycle as configured: where versions are written, how conversions run
+and what they may use, upload bounds, and keep-warm (``lifecycle:`` and a model's
+``keep_warm``)."""
 
 from __future__ import annotations
 
@@ -102,13 +100,3 @@ class LifecycleSpec(BaseModel):
     # Uploaded PyTorch files whose pickles import more than tensors are refused unless
     # this is set: loading them runs the uploader's code (inside the sandbox).
     allow_pickled_code: bool = False
-
-
-class AuthSpec(BaseModel):
-    """API tokens. Without tokens (no file, no environment) the gateway is open."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tokens_file: Path | None = None
-    # "open": inference needs no token; "token": a token with the predict scope.
-    predict: Literal["open", "token"] = "open"
