@@ -30,7 +30,7 @@ GRPC_REUSE_HELP = (
 HAPROXY_TUNE_HELP = (
     "An HAProxy global tune.* setting, KEY=VALUE (repeatable; default: HAProxy's own). "
     "For large tensors: tune.bufsize=65536 and tune.h2.initial-window-size=1048576 "
-    "(measured in the README's 'HTTP/2 windows and buffers').")
+    "(measured in docs/haproxy.md, 'HTTP/2 windows and buffers').")
 
 
 def _tune(values: list[str]) -> tuple[tuple[str, str], ...]:
@@ -40,9 +40,9 @@ def _tune(values: list[str]) -> tuple[tuple[str, str], ...]:
         raise typer.BadParameter(str(exc), param_hint="--haproxy-tune") from exc
 
 
-TENANTS_HELP = ("Tenants and priority classes (YAML: default, tenants, refuse_at; README, "
-                "'Tenants and priorities: who is refused first'); overrides the config's "
-                "tenancy section. Changed live by PUT /v1/tenants.")
+TENANTS_HELP = ("Tenants and priority classes (YAML: default, tenants, refuse_at; "
+                "docs/request-policy.md, 'Tenants and priorities: who is refused first'); "
+                "overrides the config's tenancy section. Changed live by PUT /v1/tenants.")
 
 
 def with_tenants(config: GatewayConfig, path: Path) -> GatewayConfig:

@@ -1,7 +1,7 @@
 """The gateway's Prometheus metrics (one registry, created in ``main()``).
 
-Names follow Prometheus conventions (base units, ``_total`` counters). The README's
-"Metrics" section documents each one; ``infergate_pool_saturation`` is the gauge a
+Names follow Prometheus conventions (base units, ``_total`` counters). docs/metrics.md
+documents each one; ``infergate_pool_saturation`` is the gauge a
 Kubernetes HPA should target.
 """
 

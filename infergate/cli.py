@@ -85,9 +85,9 @@ def up(
     grpc_upstream_reuse: GrpcReuse = typer.Option(GrpcReuse.AUTO, help=GRPC_REUSE_HELP),
     tenants: Path | None = typer.Option(
         None, exists=True, dir_okay=False,
-        help="Tenants and priority classes (YAML: default, tenants, refuse_at; README, "
-             "'Tenants and priorities: who is refused first'). Changed live by "
-             "PUT /v1/tenants."),
+        help="Tenants and priority classes (YAML: default, tenants, refuse_at; "
+             "docs/request-policy.md, 'Tenants and priorities: who is refused first'). "
+             "Changed live by PUT /v1/tenants."),
 ) -> None:
     """Start Triton + gateway (HAProxy data plane + Python control plane) + scheduler
     locally and print where to point a client.

@@ -1,5 +1,5 @@
 """Goodput under open-loop overload: answers delivered within their deadline per second,
-with deadline shedding on vs off (README: "Deadlines: hopeless work is shed").
+with deadline shedding on vs off (docs/request-policy.md: "Deadlines: hopeless work is shed").
 
 One local Triton, one gateway (``--data-plane haproxy`` unless told otherwise) over one
 pool of one member. For the model (EfficientNet-Lite0; ``--model tiny``: the tiny model
@@ -63,7 +63,8 @@ arm without shedding would grow for the whole schedule and take Triton as long a
 to work off (far longer once its batcher degrades, below). (With the default
 ``queue_factor`` 2, the bound holds the wait of a sequential member to about 3 service
 times, which by itself meets a 5x-p50 deadline.) The models have no queue policy (the
-converter writes one only when asked, README "Deadlines"), so Triton drops nothing, and
+converter writes one only when asked, docs/request-policy.md "Deadlines"), so Triton drops
+nothing, and
 the HAProxy plane cannot pass a deadline on to Triton: a request admitted with shedding
 on that misses *D* ends as HAProxy's 504 while Triton still executes it, which is what
 "wasted" counts.

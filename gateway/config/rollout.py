@@ -11,7 +11,7 @@ DEFAULT_STEPS = (5, 25, 50, 100)
 
 
 class RolloutSpec(BaseModel):
-    """``rollout:`` in an upload's spec or a model's configuration (README, "Progressive
+    """``rollout:`` in an upload's spec or a model's configuration (docs/lifecycle.md, "Progressive
     delivery"). ``"none"`` instead of the mapping keeps the all-at-once switch."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -85,7 +85,7 @@ def render_config(snapshot: Snapshot, layout: Layout) -> str:
 
 # HAProxy's global tune.* settings beyond its own defaults (Layout.tune adds or overrides,
 # key by key). None: HAProxy 2.6 has one buffer size for every stream, and larger ones
-# cost small requests more than they save large ones (README, "HTTP/2 windows and
+# cost small requests more than they save large ones (docs/haproxy.md, "HTTP/2 windows and
 # buffers"); deployments of large tensors set them (--haproxy-tune).
 TUNING: dict[str, str] = {}
 

@@ -13,8 +13,8 @@ same percent, maps ``rollout``/``rstable``/``rcand``). Pinning means:
   (a later occurrence of a singular field wins), see :func:`pin_grpc_version`; each
   request of a ``ModelStreamInfer`` stream is pinned on its own. HAProxy
   cannot change a gRPC body, so during a rollout it hands a model's unversioned gRPC
-  requests to the control plane's gRPC server, which pins them (the README measures
-  what that costs).
+  requests to the control plane's gRPC server, which pins them (docs/lifecycle.md;
+  ``loadtests/bench_rollout.py`` measures what that costs).
 
 At the end of each step of ``step_seconds`` :func:`judge` compares the candidate's
 window of answers with stable's over the same window, and the agreement of their

@@ -10,7 +10,7 @@ on three keys and one on a tenant's two keys (tenancy on), a model that never fi
 preloading (not ready), no wildcard pool (unknown models are unknown), a small body
 limit. Rows also pin the order of the
 checks where two would refuse the same request. Differences that remain are rows of
-:data:`KEPT`, each with its reason (and the README's "Request policy" section).
+:data:`KEPT`, each with its reason (and docs/request-policy.md, "Both planes answer alike").
 """
 
 from __future__ import annotations

@@ -150,8 +150,9 @@ async def test_tenants_change_live_without_dropping_a_request(gateway: GatewayPr
     statuses: Counter[int] = Counter()
     refused: list[str] = []
     done = asyncio.Event()
-    # none needs a new stick table (a rate window no limit has yet: README), so HAProxy
-    # takes each through its runtime API; the Python plane at once
+    # none needs a new stick table (a rate window no limit has yet: docs/request-policy.md,
+    # "Changing tenants live"), so HAProxy takes each through its runtime API; the Python
+    # plane at once
     changes = [
         {**TENANCY, "default": {"priority": "critical", "weight": 2}},
         {**TENANCY, "tenants": [*TENANCY["tenants"],  # type: ignore[list-item]
