@@ -8,6 +8,14 @@
   :func:`grpc_model_name`. A message whose field 1 cannot be read (malformed or cut
   short before it ends), is absent or is empty names no model: 400 / INVALID_ARGUMENT,
   the same on both planes, before anything else is decided.
+
+Whether a ``ModelInferRequest`` parses is Triton's to say, on both planes: HAProxy
+forwards the bytes as sent, and so does the Python plane unless it appends fields (the
+deadline, a rollout's pinned version). It appends only to a message that is whole at its
+top level (:func:`grpc_message_whole`): appended to a message cut short, the fields
+could complete what the client cut (a ``raw_input_contents`` 13 bytes short takes the
+first 13 bytes of the ``timeout`` parameter) and Triton would run a request that does
+not parse.
 """
 
 from __future__ import annotations
@@ -38,6 +46,41 @@ def grpc_model_name(message: bytes) -> str:
 def grpc_names_version(message: bytes) -> bool:
     """Whether a ``ModelInferRequest``'s wire bytes name a version (field 2, non-empty)."""
     return bool(_first_length_delimited(message, GRPC_VERSION_FIELD))
+
+
+def grpc_message_whole(message: bytes) -> bool:
+    """Whether every top-level field of a message's wire bytes is well-formed and ends
+    within them, the last exactly at their end: fields appended after it are fields of
+    their own. A walk over the fields' keys and lengths (a few per ``ModelInferRequest``),
+    not a parse: the tensors' bytes are skipped, not read, and nested messages are not
+    looked into. Keys and lengths under 128 (one byte) are read inline."""
+    pos, end = 0, len(message)
+    while pos < end:
+        key = message[pos]
+        if key & 0x80:
+            key, pos = _varint(message, pos)
+            if pos < 0:
+                return False
+        else:
+            pos += 1
+        wire_type = key & 7
+        if wire_type == 2:
+            if pos < end and not message[pos] & 0x80:
+                pos += 1 + message[pos]
+            else:
+                length, pos = _varint(message, pos)
+                if pos < 0:
+                    return False
+                pos += length
+        elif wire_type == 0:
+            pos = _varint(message, pos)[1]
+            if pos < 0:
+                return False
+        elif wire_type in (1, 5):
+            pos += 8 if wire_type == 1 else 4
+        else:
+            return False
+    return pos == end
 
 
 def _first_length_delimited(message: bytes, field_number: int) -> bytes | None:

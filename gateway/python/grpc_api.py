@@ -5,7 +5,8 @@ The servicer base class, the method table and the messages come from
 responses travel as raw bytes. The gateway reads only the model name (field 1) from the
 request with a tiny wire-format scan (``gateway/policy/model_name.py``) and forwards the
 bytes untouched but for fields appended at the end (the deadline as Triton's ``timeout``
-parameter; during a rollout, the version it is pinned to): decoding and
+parameter; during a rollout, the version it is pinned to; never to a message cut short,
+which Triton is left to refuse as it does through HAProxy): decoding and
 re-encoding a request with megabytes of ``raw_input_contents`` costs more than the
 rest of the proxy.
 
@@ -36,7 +37,7 @@ from gateway.errors import (
 from gateway.policy import parse_errors
 from gateway.policy.access import presented_token
 from gateway.policy.deadline import triton_timeout_us
-from gateway.policy.model_name import grpc_model_name
+from gateway.policy.model_name import grpc_message_whole, grpc_model_name
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane, RequestOptions
 from gateway.python.streams import StreamEnd, StreamRelay
@@ -122,9 +123,13 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             model = grpc_model_name(request)
             options = self._require(context, Scope.PREDICT)
-            if options.deadline_s is not None:
-                request = with_timeout_parameter(request, options.deadline_s)
-            request, version = self.dataplane.pin_grpc(model, request)  # during a rollout
+            version = None
+            # a message cut short goes as sent: appended fields could complete it, and
+            # Triton's parse error (INVALID_ARGUMENT) is the answer, as through HAProxy
+            if grpc_message_whole(request):
+                if options.deadline_s is not None:
+                    request = with_timeout_parameter(request, options.deadline_s)
+                request, version = self.dataplane.pin_grpc(model, request)  # in a rollout
 
             async def call(member: PoolMember) -> bytes | RelayedError:
                 try:

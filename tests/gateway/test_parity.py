@@ -107,6 +107,71 @@ OK_HTTP = Answer(200)
 OK_GRPC = Answer("OK")
 RETRY_NOT_READY = (("retry-after", "2"),)
 
+# sub-messages of a ModelInferRequest: parameters (map entries), inputs, outputs
+_SUBMESSAGES = {4, 5, 6}
+_RAW_INPUT_CONTENTS = 7
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while data[pos] & 0x80:
+        value |= (data[pos] & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+    return value | data[pos] << shift, pos + 1
+
+
+def field_boundaries(message: bytes, start: int = 0, end: int | None = None,
+                     nested: bool = True) -> set[int]:
+    """Every offset where a field of ``message`` (or of its sub-messages) starts or ends."""
+    end = len(message) if end is None else end
+    cuts, pos = {start}, start
+    while pos < end:
+        key, pos = _varint(message, pos)
+        if key & 7 == 2:
+            length, pos = _varint(message, pos)
+            if nested and key >> 3 in _SUBMESSAGES:
+                cuts |= field_boundaries(message, pos, pos + length, nested=False)
+            pos += length
+        else:
+            assert key & 7 == 0, "grpc_body() holds varint and length-delimited fields only"
+            _, pos = _varint(message, pos)
+        cuts.add(pos)
+    return cuts
+
+
+def raw_tensor_cuts(message: bytes) -> set[int]:
+    """Offsets inside the (first) raw tensor: after its key, after its length, one byte
+    in, half-way, 74 bytes (the cut the issue found) and one byte short of its end."""
+    pos = 0
+    while True:
+        key, after_key = _varint(message, pos)
+        length, data = _varint(message, after_key)
+        if key == _RAW_INPUT_CONTENTS << 3 | 2:
+            assert data < 74 < data + length, "the issue's cut lies in the tensor"
+            return {after_key, data, data + 1, data + length // 2, 74, data + length - 1}
+        pos = data + length
+
+
+def cut_short_rows() -> list[Row]:
+    """A valid message cut short at every field boundary (its own and its inputs') and
+    inside its raw tensor: INVALID_ARGUMENT from both planes. Cut inside a field, it does
+    not parse: Triton's "Unable to parse request" (the Python plane must not complete
+    it with fields of its own, such as the deadline's ``timeout`` parameter: cut at byte
+    74 it did, and the request ran). Cut between two fields, it parses and
+    Triton finds the request short of its model name, input or tensor."""
+    body = grpc_body()
+    between = field_boundaries(body, nested=False)
+    cuts = sorted((field_boundaries(body) | raw_tensor_cuts(body)) - {len(body)})
+
+    def expect(n: int) -> Answer:
+        if n == 0:
+            return Answer("INVALID_ARGUMENT", re.escape(model_name.NO_MODEL))
+        return Answer("INVALID_ARGUMENT", "" if n in between else "^Unable to parse")
+
+    return [Row(f"message cut short at byte {n} of {len(body)}", "grpc", expect(n),
+                body=body[:n], headers=AUTH) for n in cuts]
+
+
 ROWS = [
     # valid requests
     Row("valid json body", "http", OK_HTTP, body=http_body(), headers=AUTH),
@@ -142,6 +207,7 @@ ROWS = [
         body=b"\x0a\x05tiny\x80" + grpc_body()[6:], headers=AUTH),
     Row("model name cut short, no token", "grpc",
         Answer("INVALID_ARGUMENT", re.escape(model_name.NO_MODEL)), body=b"\x0a\x04ti"),
+    *cut_short_rows(),
     # unknown model and version
     Row("unknown model", "http", Answer(404, "unknown model: 'nope'"), model="nope",
         body=http_body(), headers=AUTH),
