@@ -40,7 +40,6 @@ from fastapi.responses import JSONResponse
 from gateway.embedded import EmbeddedServer
 from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
-from gateway.haproxy.runtime import parse_csv_stats, parse_table
 from gateway.haproxy.snapshot import (
     Layout,
     Snapshot,
@@ -49,8 +48,9 @@ from gateway.haproxy.snapshot import (
     snapshot_version,
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
-from gateway.metrics import GatewayMetrics, create_metrics
+from gateway.metrics import GatewayMetrics
 from gateway.policy.tenancy import TenantActivity
+from gateway.telemetry import HAProxyCounts, Telemetry, read_haproxy
 from gateway.upstream.triton_version import GrpcReuse, VersionWatch
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,8 @@ class AgentSettings:
 class Agent:
     def __init__(self, settings: AgentSettings, metrics: GatewayMetrics | None = None) -> None:
         self.settings = settings
-        self.metrics = metrics or create_metrics()
+        self.telemetry = Telemetry(metrics) if metrics is not None else Telemetry()
+        self.metrics = self.telemetry.metrics
         run_dir = settings.state_dir / "haproxy"
         if len(str(run_dir / "master.sock")) > 100:  # unix socket path limit
             run_dir = Path(tempfile.mkdtemp(prefix="infergate-agent-"))
@@ -188,35 +189,25 @@ class Agent:
             if snapshot is None:
                 continue
             try:
-                rows = parse_csv_stats(await self.proxy.api.aquery("show stat"))
-                routes = parse_table(await self.proxy.api.aquery("show table st_route"))
+                api = self.proxy.api
+                stats_text, routes_text = await asyncio.gather(
+                    api.aquery("show stat"), api.aquery("show table st_route"))
             except OSError as exc:
                 log.warning("agent: HAProxy stats unavailable: %s", exc)
                 continue
-            current = {(r["pxname"], r["svname"]): r for r in rows}
+            counts = read_haproxy(stats_text, routes_text, snapshot.tenancy is not None)
             for pool in snapshot.pools:
-                held = sum(int(current.get((f"{proto}_{pool.name}", "BACKEND"), {})
-                               .get("scur") or 0) for proto in ("http", "grpc"))
-                self.metrics.saturation.labels(pool.name).set(held / max(1, pool.capacity))
-            await self._observe_routes(snapshot, routes)
+                self.metrics.saturation.labels(pool.name).set(
+                    counts.held.get(pool.name, 0) / max(1, pool.capacity))
+            await self._observe_routes(snapshot, counts)
 
-    async def _observe_routes(self, snapshot: Snapshot,
-                              routes: dict[str, dict[str, int]]) -> None:
-        """``st_route``'s keys are ``model/pool``, with tenancy rules
-        ``model/pool/tenant``: in flight per model and pool; the tenants active here,
-        whose shares this replica applies once the set changes."""
+    async def _observe_routes(self, snapshot: Snapshot, counts: HAProxyCounts) -> None:
+        """In flight per model and pool; the tenants active here, whose shares this
+        replica applies once the set changes."""
         now = time.monotonic()
-        in_flight: dict[tuple[str, str], int] = {}
-        for key, values in routes.items():
-            current = values.get("conn_cur", 0)
-            if snapshot.tenancy is not None:
-                key, _, tenant = key.rpartition("/")
-                if current or values.get("http_req_rate", 0):
-                    self.activity.note(key.rpartition("/")[2], tenant, now)
-            model, _, pool_name = key.rpartition("/")
-            in_flight[model, pool_name] = in_flight.get((model, pool_name), 0) + current
-        for (model, pool_name), current in in_flight.items():
-            self.metrics.in_flight.labels(model, pool_name).set(current)
+        self.telemetry.routes(counts)
+        for pool_name, tenant in counts.active:
+            self.activity.note(pool_name, tenant, now)
         if snapshot.tenancy is not None and self.received is not None:
             active = {p.name: self.activity.active(p.name, now) for p in snapshot.pools}
             if active != self._active:

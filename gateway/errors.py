@@ -12,6 +12,10 @@ to a member become :class:`GatewayError`.
 
 from __future__ import annotations
 
+import json
+
+from gateway.policy.access import WWW_AUTHENTICATE
+
 
 class GatewayError(Exception):
     """Root of every error the gateway answers on purpose."""
@@ -182,3 +186,12 @@ def http_status(error: GatewayError) -> int:
 
 def grpc_status_name(error: GatewayError) -> str:
     return _lookup(error)[1]
+
+
+def error_answer(error: GatewayError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    headers = [(b"content-type", b"application/json")]
+    if error.retry_after_s is not None:
+        headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
+    if isinstance(error, Unauthorized):
+        headers.append((b"www-authenticate", WWW_AUTHENTICATE.encode()))
+    return http_status(error), json.dumps({"error": error.message}).encode(), headers

@@ -33,8 +33,10 @@ from gateway.console.pages import Console, create_console_router
 from gateway.console.placement import SchedulerPlans
 from gateway.console.session import Sessions
 from gateway.console.traffic import TrafficHistory
+from gateway.control.http_app import create_control_app
 from gateway.control.model_control import ModelControl
 from gateway.control.probes import probe_forever
+from gateway.core import Core
 from gateway.embedded import EmbeddedServer
 from gateway.haproxy.controller import HAProxyDataPlane, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
@@ -90,11 +92,6 @@ def choose_data_plane(requested: str) -> str:
     return "python"
 
 
-def build_dataplane(config: GatewayConfig) -> DataPlane:
-    """What the gateway knows (its state) and the Python forwarder that reads it."""
-    return DataPlane.for_config(config)
-
-
 async def serve(
     settings: GatewaySettings,
     config: GatewayConfig,
@@ -108,7 +105,8 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
-    dataplane = build_dataplane(config)
+    core = Core.for_config(config)
+    dataplane = DataPlane(core)  # the Python forwarder: with HAProxy in front, its fallback
     upstream_http = UpstreamHTTP(timeout_s=settings.upstream_timeout_s)
     upstream_grpc = UpstreamGRPC()
     admin_client = httpx.AsyncClient(timeout=settings.upstream_timeout_s, trust_env=False)
@@ -124,17 +122,19 @@ async def serve(
 
     load_timeout_s = config.lifecycle.load_timeout_s if config.lifecycle else 600.0
     admin = MemberAdmin(admin_client, load_timeout_s, synthetic_infer)  # the one admin client
-    control = ModelControl(dataplane, admin)
-    control_plane = build_control_plane(config, dataplane, admin)
-    feed = SnapshotFeed(dataplane, auth)  # for data-plane replicas elsewhere (agents)
-    dataplane.state.follow(feed.settle)
-    history = TrafficHistory(dataplane.metrics.registry)
-    console = Console(dataplane, auth, history, Sessions(), control_plane.lifecycle,
+    control = ModelControl(core, admin)
+    control_plane = build_control_plane(config, core, admin)
+    feed = SnapshotFeed(core, auth)  # for data-plane replicas elsewhere (agents)
+    core.state.follow(feed.settle)
+    history = TrafficHistory(core.metrics.registry)
+    console = Console(core, auth, history, Sessions(), control_plane.lifecycle,
                       SchedulerPlans(settings.scheduler_url, admin_client)
                       if settings.scheduler_url else None)
-    app = create_http_app(dataplane, control, upstream_http, auth, control_plane.lifecycle,
-                          max_body_bytes=settings.max_request_bytes,
-                          routers=(feed_router(feed, auth), create_console_router(console)))
+    control_app = create_control_app(core, control, upstream_http, auth, control_plane.lifecycle,
+                                     routers=(feed_router(feed, auth),
+                                              create_console_router(console)))
+    app = create_http_app(dataplane, control_app, upstream_http, auth,
+                          max_body_bytes=settings.max_request_bytes)
     native = settings.data_plane == "haproxy"
     # with HAProxy in front, this process serves on private loopback ports
     own_host = "127.0.0.1" if native else settings.host
@@ -164,7 +164,7 @@ async def serve(
     control_plane.start()  # preloading holds readiness down until the models are warm
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(http_server.serve(), name="http"),
-        asyncio.create_task(probe_forever(dataplane, settings.probe_interval_s), name="probes"),
+        asyncio.create_task(probe_forever(core, settings.probe_interval_s), name="probes"),
         asyncio.create_task(history.run_forever(), name="traffic-history"),
     ]
     while not http_server.started:
@@ -174,7 +174,7 @@ async def serve(
         await asyncio.sleep(0.02)
     haproxy = None
     if native:
-        haproxy = _haproxy(settings, dataplane, auth, f"{own_host}:{own_http}",
+        haproxy = _haproxy(settings, core, auth, f"{own_host}:{own_http}",
                            f"{own_host}:{own_grpc}")
         await asyncio.to_thread(haproxy.start, asyncio.get_running_loop())
         tasks.append(asyncio.create_task(haproxy.run_forever(settings.probe_interval_s),
@@ -189,7 +189,7 @@ async def serve(
     try:
         await stop.wait()
     finally:
-        await _drain(dataplane, settings.drain_timeout_s, haproxy)
+        await _drain(core, settings.drain_timeout_s, haproxy)
         if haproxy is not None:
             await asyncio.to_thread(haproxy.stop, settings.drain_timeout_s)
             if haproxy.layout.run_dir != settings.haproxy_run_dir:  # a temporary folder
@@ -206,7 +206,7 @@ async def serve(
         await admin_client.aclose()
 
 
-def _haproxy(settings: GatewaySettings, dataplane: DataPlane, auth: TokenTable,
+def _haproxy(settings: GatewaySettings, core: Core, auth: TokenTable,
              control_http: str, control_grpc: str) -> HAProxyDataPlane:
     run_dir = settings.haproxy_run_dir
     too_long = run_dir is not None and len(str(run_dir / "master.sock")) > 100
@@ -224,18 +224,18 @@ def _haproxy(settings: GatewaySettings, dataplane: DataPlane, auth: TokenTable,
     )
     process = HAProxyProcess(layout, settings.haproxy_binary,
                              external=settings.haproxy_external)
-    return HAProxyDataPlane(dataplane, auth, layout, process)
+    return HAProxyDataPlane(core, auth, layout, process)
 
 
-async def _drain(dataplane: DataPlane, timeout_s: float,
+async def _drain(core: Core, timeout_s: float,
                  haproxy: HAProxyDataPlane | None = None) -> None:
     """Readiness false at once; wait (bounded) until no request is in flight, in this
     process or in HAProxy."""
-    dataplane.state.start_draining()
+    core.state.start_draining()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        held = sum(m.in_flight for m in dataplane.state.members())
+        held = sum(m.in_flight for m in core.state.members())
         if haproxy is not None:
             held += await haproxy.in_flight()
         if not held:

@@ -38,6 +38,7 @@ from gateway.console.placement import PlacementUnavailable, SchedulerPlans
 from gateway.console.report import report_file, report_html
 from gateway.console.session import COOKIE, Session, Sessions, check_form, check_origin
 from gateway.console.traffic import TrafficHistory
+from gateway.core import Core
 from gateway.errors import (
     Forbidden,
     GatewayError,
@@ -49,7 +50,6 @@ from gateway.errors import (
 from gateway.lifecycle.records.jobs import TERMINAL_JOB_STATES, JobRecord
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.policy import access
-from gateway.python.dataplane import DataPlane
 
 HERE = Path(__file__).parent
 STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript"}
@@ -78,7 +78,7 @@ class SignInFirst(Exception):
 class Console:
     """What the pages read, built in ``serve``."""
 
-    dataplane: DataPlane
+    core: Core
     auth: TokenTable
     history: TrafficHistory
     sessions: Sessions
@@ -88,7 +88,7 @@ class Console:
     async def model_names(self) -> list[str]:
         """Every model the lifecycle manages or finds in its repository (adopted then,
         as ``GET /v1/models/{name}`` does), then any other the gateway has word of."""
-        served = sorted(self.dataplane.state.known_models())
+        served = sorted(self.core.state.known_models())
         if self.lifecycle is None:
             return served
         catalog = self.lifecycle.catalog
@@ -100,7 +100,7 @@ class Console:
         managed = set(catalog.model_names())
         return sorted(managed) + [n for n in served if n not in managed]
 
-    def core(self) -> ModelLifecycle:
+    def managed(self) -> ModelLifecycle:
         if self.lifecycle is None:
             raise Unsupported("model uploads are not enabled on this gateway (add a "
                               "'lifecycle:' section with the model repository to its config)")
@@ -227,7 +227,7 @@ def create_console_router(console: Console) -> APIRouter:
     @router.get("/models/{name}")
     async def model(request: Request, name: str, version: int | None = None) -> HTMLResponse:
         session = session_of(request)
-        catalog = console.core().catalog
+        catalog = console.managed().catalog
         record = await catalog.known(name)
         versions = sorted(catalog.versions(record.name), key=lambda v: -v.version)
         shown = version or record.serving_version or (versions[0].version if versions else None)
@@ -247,7 +247,7 @@ def create_console_router(console: Console) -> APIRouter:
     @router.get("/models/{name}/versions/{version}/files/{file}")
     async def version_file(request: Request, name: str, version: int, file: str) -> Response:
         session_of(request)
-        catalog = console.core().catalog
+        catalog = console.managed().catalog
         found = report_file(catalog.report_path(name, version), file)
         if found is None:
             return render("error.html", 404, session=None,
@@ -261,13 +261,13 @@ def create_console_router(console: Console) -> APIRouter:
         version = _text(form.get("version"))
         if version and not version.isdigit():
             raise InvalidInput(f"version {version!r} is not a number")
-        model = await console.core().rollback(name, int(version) if version else None)
+        model = await console.managed().rollback(name, int(version) if version else None)
         return RedirectResponse(f"/ui/models/{quote(model, safe='')}", 303)
 
     @router.post("/models/{name}/versions/{version}/delete")
     async def delete_version(request: Request, name: str, version: int) -> Response:
         await form_of(request, Scope.ADMIN)
-        model = await console.core().delete_version(name, version)
+        model = await console.managed().delete_version(name, version)
         return RedirectResponse(f"/ui/models/{quote(model, safe='')}", 303)
 
     @router.post("/models/{name}/rollout/{action}")
@@ -275,20 +275,20 @@ def create_console_router(console: Console) -> APIRouter:
         session, _ = await form_of(request, Scope.ADMIN)
         if action not in ("pause", "resume", "abort"):
             raise InvalidInput(f"unknown rollout action {action!r} (pause, resume, abort)")
-        await console.core().rollout(name, action, session.principal.name)
+        await console.managed().rollout(name, action, session.principal.name)
         return RedirectResponse(f"/ui/models/{quote(name, safe='')}", 303)
 
     # -- uploads and jobs -----------------------------------------------------------------
     @router.get("/upload")
     async def upload_page(request: Request, model: str | None = None) -> HTMLResponse:
         session = session_of(request)
-        console.core()
+        console.managed()
         return page("upload.html", session, name=model or "", spec=EXAMPLE_SPEC)
 
     @router.post("/upload")
     async def upload(request: Request) -> Response:
         session = session_of(request)
-        lifecycle = console.core()
+        lifecycle = console.managed()
         seen: dict[str, str] = {}
 
         def check(fields: dict[str, str]) -> str:
@@ -315,7 +315,7 @@ def create_console_router(console: Console) -> APIRouter:
     @router.get("/jobs/{job_id}")
     async def job(request: Request, job_id: str) -> HTMLResponse:
         session = session_of(request)
-        lifecycle = console.core()
+        lifecycle = console.managed()
         record = lifecycle.jobs.job(job_id)
         model = lifecycle.catalog.store.model(record.model)
         return page("job.html", session, job=record, model=model, steps=job_steps(record),
@@ -325,14 +325,14 @@ def create_console_router(console: Console) -> APIRouter:
     @router.get("/pools")
     async def pools(request: Request) -> HTMLResponse:
         session = session_of(request)
-        await console.dataplane.refresh_gauges()
+        await console.core.refresh_gauges()
         plan, problem = None, None
         if console.plans is not None:
             try:
                 plan = await console.plans.latest()
             except PlacementUnavailable as exc:
                 problem = str(exc)
-        return page("pools.html", session, pools=pool_rows(console.dataplane), plan=plan,
+        return page("pools.html", session, pools=pool_rows(console.core), plan=plan,
                     problem=problem, scheduler=console.plans.url if console.plans else None)
 
     @router.get("/placement/{plan_id}.svg")
@@ -412,10 +412,10 @@ def job_steps(job: JobRecord) -> list[dict[str, Any]]:
              "seconds": (s.finished_at or now) - s.started_at} for s in job.steps]
 
 
-def pool_rows(dataplane: DataPlane) -> list[dict[str, Any]]:
+def pool_rows(core: Core) -> list[dict[str, Any]]:
     """Each pool with its members as the probes and the data plane see them now."""
-    rows, now = [], dataplane.clock()
-    for pool in dataplane.state.pools:
+    rows, now = [], core.clock()
+    for pool in core.state.pools:
         members = [{"key": m.key, "healthy": m.healthy, "restoring": m.restoring,
                     "ejected": not m.available(now) and m.healthy and not m.restoring,
                     "in_flight": m.in_flight + m.external_in_flight, "queue": m.upstream_queue,
@@ -425,7 +425,7 @@ def pool_rows(dataplane: DataPlane) -> list[dict[str, Any]]:
                      "saturation": load / pool.capacity if pool.capacity else 0.0,
                      "members": members,
                      "models": sorted(model for model, pools
-                                      in dataplane.state.assignments().items()
+                                      in core.state.assignments().items()
                                       if pool.name in pools)})
     return rows
 

@@ -38,7 +38,7 @@ def settings_members(control: ModelControl, model: str | None = None) -> list[Po
     if model is not None:
         members = control.owners(model)
     else:
-        members = [m for p in control.dataplane.state.pools for m in p.members]
+        members = [m for p in control.core.state.pools for m in p.members]
     unique = {m.key: m for m in members}
     if not unique:
         raise Unavailable("no Triton member to apply the setting on")

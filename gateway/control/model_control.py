@@ -16,37 +16,55 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from gateway.control.batching import BatchingDecision, batch_latency_from_stats, derive_batching
+from gateway.core import Core
 from gateway.errors import InvalidInput, Unavailable
+from gateway.policy.upstream import RETRIES
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin, synthetic_request
 
 T = TypeVar("T")
 
 
 class ModelControl:
-    def __init__(self, dataplane: DataPlane, admin: MemberAdmin) -> None:
-        self.dataplane = dataplane
+    def __init__(self, core: Core, admin: MemberAdmin) -> None:
+        self.core = core
         self.admin = admin
 
     # -- generic routing ---------------------------------------------------------------
     def owners(self, model: str) -> list[PoolMember]:
-        members = self.dataplane.state.members_of(model, available=False)
+        members = self.core.state.members_of(model, available=False)
         if not members:
             raise Unavailable(f"no member serves '{model}'")
         return members
 
     def index_members(self) -> list[PoolMember]:
         """One available member per pool."""
-        now = self.dataplane.clock()
+        now = self.core.clock()
         chosen = []
-        for pool in self.dataplane.state.pools:
+        for pool in self.core.state.pools:
             alive = [m for m in pool.members if m.available(now)]
             if alive:
                 chosen.append(alive[0])
         if not chosen:
             raise Unavailable("no healthy Triton member")
         return chosen
+
+    async def ask(self, model: str, call: Callable[[PoolMember], Awaitable[T]]) -> T:
+        """A call about ``model`` (metadata, readiness, config, statistics) on one
+        available member serving it, the least busy; on the next when that one cannot
+        be reached (no inference: neither admitted nor counted)."""
+        now = self.core.clock()
+        members = sorted((m for p in self.core.state.serving_pools(model) for m in p.members
+                          if m.available(now)), key=lambda m: m.in_flight + m.external_in_flight)
+        if not members:
+            raise Unavailable(f"no healthy Triton member serves model '{model}'")
+        tried = []
+        for member in members[:1 + RETRIES]:
+            try:
+                return await call(member)
+            except Unavailable:
+                tried.append(member.key)
+        raise Unavailable(f"all members serving '{model}' failed ({', '.join(tried)})")
 
     async def broadcast(self, model: str, call: Callable[[PoolMember], Awaitable[T]]) -> list[T]:
         """Run ``call`` on every member owning ``model``; the first failure is raised

@@ -23,8 +23,8 @@ import socket
 import httpx
 
 from gateway.config.pools import MemberSpec
+from gateway.core import Core
 from gateway.pools import Pool, PoolMember
-from gateway.python.dataplane import DataPlane
 from gateway.state import GatewayState
 from gateway.upstream.triton_version import version_from_metadata
 
@@ -78,7 +78,7 @@ def service_counters(metrics_text: str) -> dict[str, tuple[int, int]]:
     return {m: (int(n), int(us)) for m, (n, us) in counts.items()}
 
 
-async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: PoolMember) -> None:
+async def probe_member(client: httpx.AsyncClient, core: Core, member: PoolMember) -> None:
     spec = member.spec
     refused = False
     try:
@@ -92,7 +92,7 @@ async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: 
     if member.probed(passed, refused):  # back from the dead (PoolMember.probed)
         log.info("member %s/%s is healthy again", member.pool, member.key)
         # whatever must be loaded on it is, before it is routable (GatewayState.recovered)
-        dataplane.state.recovered(member, lambda exc: log.error(
+        core.state.recovered(member, lambda exc: log.error(
             "restoring member %s/%s failed: %r", member.pool, member.key, exc))
     elif was_healthy and not member.healthy:
         log.warning("member %s/%s failed its health check", member.pool, member.key)
@@ -100,21 +100,21 @@ async def probe_member(client: httpx.AsyncClient, dataplane: DataPlane, member: 
         # out of routing (or held there while restored) now, not at HAProxy's next round:
         # a Triton that restarts within a round would otherwise take traffic empty
         try:
-            await dataplane.state.settle()
+            await core.state.settle()
         except Exception:  # noqa: BLE001 - the controller's next round tries again
             log.exception("moving the data plane after %s/%s changed health failed",
                           member.pool, member.key)
-    metrics = dataplane.metrics
+    metrics = core.metrics
     metrics.member_healthy.labels(member.pool, member.key).set(
-        1 if member.available(dataplane.clock()) else 0
+        1 if member.available(core.clock()) else 0
     )
     if not member.healthy:
         return
     scraped, version = await asyncio.gather(_scrape(client, spec), read_version(client, spec))
     queue = None if scraped is None else pending_requests(scraped)
-    member.observed(queue, version, dataplane.clock())
+    member.observed(queue, version, core.clock())
     if scraped is not None:
-        member.served(service_counters(scraped), dataplane.clock())
+        member.served(service_counters(scraped), core.clock())
     if queue is not None:
         metrics.member_queue.labels(member.pool, member.key).set(member.upstream_queue)
 
@@ -156,17 +156,17 @@ async def resolve_members(state: GatewayState, pool: Pool) -> None:
         log.info("pool %s: member %s joined via DNS", pool.name, key)
 
 
-async def probe_forever(dataplane: DataPlane, interval_s: float) -> None:
+async def probe_forever(core: Core, interval_s: float) -> None:
     # The probe's timeout is not its interval: a member slow to answer /live while it
     # loads a model under load must not be ejected for it. Rounds run concurrently per
     # member, so one slow member does not delay the others' verdicts.
     timeout = httpx.Timeout(max(2.0, 2 * interval_s), connect=max(0.5, interval_s))
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
         while True:
-            dns_pools = [p for p in dataplane.state.pools if p.spec.dns]
+            dns_pools = [p for p in core.state.pools if p.spec.dns]
             if dns_pools:
-                await asyncio.gather(*(resolve_members(dataplane.state, p) for p in dns_pools))
-            await asyncio.gather(*(probe_member(client, dataplane, m)
-                                   for m in dataplane.state.members()))
-            dataplane.update_saturation()
+                await asyncio.gather(*(resolve_members(core.state, p) for p in dns_pools))
+            await asyncio.gather(*(probe_member(client, core, m)
+                                   for m in core.state.members()))
+            core.round()
             await asyncio.sleep(interval_s)

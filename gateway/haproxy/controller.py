@@ -2,7 +2,7 @@
 (runtime API for weights, member states and maps; a seamless reload for structure),
 and read HAProxy's counters back into the gateway's gauges.
 
-The Python :class:`~gateway.python.dataplane.DataPlane` stays the owner of what the gateway
+The gateway's state (:class:`~gateway.core.Core`) stays the owner of what the gateway
 knows (pools, members' health and queue depth, model assignments, readiness); this
 module only reads it, once per round, never per request.
 """
@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.auth import TokenTable
+from gateway.core import Core
 from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
-from gateway.haproxy.runtime import RuntimeAPI, parse_csv_stats, parse_table
+from gateway.haproxy.runtime import RuntimeAPI, parse_table
 from gateway.haproxy.snapshot import (
     Layout,
     MemberState,
@@ -35,10 +36,10 @@ from gateway.haproxy.snapshot import (
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.policy.access import configured_digest
 from gateway.policy.rate import configured_classes
+from gateway.policy.routing import RoutingPolicy
 from gateway.pools import Pool
-from gateway.python.dataplane import DataPlane
-from gateway.python.routing import RoutingPolicy
 from gateway.state import GatewayState
+from gateway.telemetry import read_haproxy
 from gateway.upstream.triton_version import VersionWatch
 
 log = logging.getLogger(__name__)
@@ -133,12 +134,13 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
 
 @dataclass
 class HAProxyDataPlane:
-    """HAProxy carrying the hot path, programmed from the Python data plane's state."""
+    """HAProxy carrying the hot path, programmed from the gateway's state."""
 
-    dataplane: DataPlane
+    core: Core
     auth: TokenTable
     layout: Layout
     process: HAProxyProcess
+    policy: RoutingPolicy = field(default_factory=RoutingPolicy)
     _receiver: LogReceiver | None = None
     _errors_seen: dict[tuple[str, str], int] = field(default_factory=dict)
     # HAProxy has the tenancy rules: once rendered they stay, so that turning tenancy
@@ -152,7 +154,7 @@ class HAProxyDataPlane:
 
     def __post_init__(self) -> None:
         self.proxy = SnapshotProxy(self.layout, self.process)
-        self.versions = VersionWatch(self.dataplane.metrics.member_info,
+        self.versions = VersionWatch(self.core.metrics.member_info,
                                      self.layout.grpc_upstream_reuse)
 
     @property
@@ -173,86 +175,70 @@ class HAProxyDataPlane:
             loop.call_soon_threadsafe(self._note_user_requests, models)
 
         self._receiver = LogReceiver(self.layout.log_socket,
-                                     RequestLog(self.dataplane.metrics, on_served=served,
-                                                tally=self.dataplane.state.tally))
+                                     RequestLog(self.core.metrics, on_served=served,
+                                                tally=self.core.state.tally))
         self._receiver.start()
-        self.dataplane.state.follow(self.apply)
-        self.dataplane.gauge_sources.append(self.observe)
+        self.core.state.follow(self.apply)
+        self.core.telemetry.add_source(self.observe)
         self.proxy.start(self.snapshot())
         loop.call_soon_threadsafe(self.started.set)
 
     def _note_user_requests(self, models: set[str]) -> None:
-        now = self.dataplane.clock()
+        now = self.core.clock()
         for model in models:
-            self.dataplane.state.note_used(model, now)
+            self.core.state.note_used(model, now)
 
     async def apply(self) -> None:
         """Move HAProxy to the current snapshot (runtime commands, else a reload: a
         member's gRPC connection mode changes with its Triton version)."""
         await self.started.wait()
         self.versions.observe((m.pool, m.key, m.triton_version)
-                              for m in self.dataplane.state.members() if m.version_probed)
-        self.versions.forget({(m.pool, m.key) for m in self.dataplane.state.members()})
+                              for m in self.core.state.members() if m.version_probed)
+        self.versions.forget({(m.pool, m.key) for m in self.core.state.members()})
         await self.proxy.amove(self.snapshot())
 
     def snapshot(self) -> Snapshot:
-        dataplane = self.dataplane
-        self._tenancy_rules = self._tenancy_rules or dataplane.state.tenancy is not None
-        return snapshot_of(dataplane.state, self.auth, dataplane.clock(), dataplane.policy,
+        core = self.core
+        self._tenancy_rules = self._tenancy_rules or core.state.tenancy is not None
+        return snapshot_of(core.state, self.auth, core.clock(), self.policy,
                            self._tenancy_rules)
 
     async def observe(self) -> None:
         """HAProxy's live counts -> gauges: in flight per model and pool, queued per
-        model, per-member in flight (saturation) and connection errors."""
+        model, per-member in flight (saturation) and connection errors; the tenants
+        active in HAProxy's tables noted (their shares are applied next)."""
         stats_text, routes_text = await asyncio.gather(
             self.api.aquery("show stat"), self.api.aquery("show table st_route"))
-        stats = parse_csv_stats(stats_text)
-        per_route = parse_table(routes_text)
-        servers = {(row["pxname"], row["svname"]): row for row in stats}
-        metrics = self.dataplane.metrics
-        pool_queue: dict[str, int] = defaultdict(int)
-        for pool in self.dataplane.state.pools:
-            for proto in ("http", "grpc"):
-                row = servers.get((f"{proto}_{pool.name}", "BACKEND"))
-                if row:
-                    pool_queue[pool.name] += _int(row.get("qcur"))
+        counts = read_haproxy(stats_text, routes_text, self._tenancy_rules)
+        state, telemetry = self.core.state, self.core.telemetry
+        metrics = telemetry.metrics
+        for pool in state.pools:
             for member in pool.members:
                 name = server_name(member.key)
-                rows = [servers.get((f"{p}_{pool.name}", name)) for p in ("http", "grpc")]
-                member.haproxy_in_flight(sum(_int(r.get("scur")) for r in rows if r))
-                failures = sum(_int(r.get("econ")) + _int(r.get("eresp")) for r in rows if r)
+                member.haproxy_in_flight(counts.at_server.get((pool.name, name), 0))
+                failures = counts.errors.get((pool.name, name), 0)
                 seen = self._errors_seen.get((pool.name, member.key), 0)
                 if failures > seen:
                     metrics.upstream_errors.labels(pool.name, member.key).inc(failures - seen)
                 self._errors_seen[(pool.name, member.key)] = failures
-        tenancy = self.dataplane.state.tenancy
-        # st_route's keys: model/pool, with tenants model/pool/tenant
-        routes: dict[tuple[str, str], int] = defaultdict(int)
-        tenants: dict[str, int] = defaultdict(int)
-        now = self.dataplane.clock()
-        for key, values in per_route.items():
-            current = values.get("conn_cur", 0)
-            if self._tenancy_rules:
-                key, _, tenant = key.rpartition("/")
-                tenants[tenant] += current
-            model, _, pool_name = key.rpartition("/")
-            routes[model, pool_name] += current
-            if self._tenancy_rules and (current or values.get("http_req_rate", 0)):
-                # in flight or arrived within the table's window: active (its share)
-                self.dataplane.state.note_tenant(pool_name, tenant, now)
+        now = self.core.clock()
+        for pool_name, tenant in counts.active:
+            state.note_tenant(pool_name, tenant, now)
+        telemetry.routes(counts)
         in_pool: dict[str, int] = defaultdict(int)
-        for (_, pool_name), current in routes.items():
+        for (_, pool_name), current in counts.routes.items():
             in_pool[pool_name] += current
         queued: dict[str, float] = defaultdict(float)
-        for (model, pool_name), current in routes.items():
-            metrics.in_flight.labels(model, pool_name).set(current)
+        for (model, pool_name), current in counts.routes.items():
             if in_pool[pool_name]:
-                queued[model] += pool_queue[pool_name] * current / in_pool[pool_name]
+                queued[model] += counts.queued.get(pool_name, 0) * current / in_pool[pool_name]
         for model, value in queued.items():
             metrics.queued.labels(model).set(round(value))
+        tenancy = state.tenancy
         if tenancy is not None:
             for t in tenancy.tenants:
-                metrics.tenant_in_flight.labels(t.name, t.priority.value).set(tenants[t.name])
+                metrics.tenant_in_flight.labels(t.name, t.priority.value).set(
+                    counts.tenants.get(t.name, 0))
 
     async def in_flight(self) -> int:
         """Inference requests HAProxy holds now (at members or in its queues)."""
@@ -276,10 +262,6 @@ class HAProxyDataPlane:
         self.process.stop(grace_s)
         if self._receiver is not None:
             self._receiver.stop()
-
-
-def _int(value: str | None) -> int:
-    return int(value) if value and value.isdigit() else 0
 
 
 def default_layout(host: str, http_port: int, grpc_port: int, control_http: str,

@@ -19,9 +19,9 @@ from fastapi.responses import JSONResponse
 
 from gateway.auth import Scope, TokenTable
 from gateway.control.lifecycle_http import requires
+from gateway.core import Core
 from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.snapshot import Snapshot, snapshot_to_dict, snapshot_version
-from gateway.python.dataplane import DataPlane
 
 POLL_S = 0.1
 LIVE_AGENT_S = 10.0  # a replica that polled within this long counts as live
@@ -29,15 +29,14 @@ LIVE_AGENT_S = 10.0  # a replica that polled within this long counts as live
 
 @dataclass
 class SnapshotFeed:
-    dataplane: DataPlane
+    core: Core
     auth: TokenTable
     settle_timeout_s: float = 5.0
     clock: Callable[[], float] = time.monotonic
     agents: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> (have, seen)
 
     def current(self) -> tuple[str, Snapshot]:
-        snapshot = snapshot_of(self.dataplane.state, self.auth, self.dataplane.clock(),
-                               self.dataplane.policy)
+        snapshot = snapshot_of(self.core.state, self.auth, self.core.clock())
         return snapshot_version(snapshot), snapshot
 
     def saw(self, agent: str, have: str) -> None:

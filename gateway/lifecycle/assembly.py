@@ -16,6 +16,7 @@ from typing import Any
 
 from gateway.config import GatewayConfig
 from gateway.config.lifecycle import KeepWarmPolicy, LifecycleSpec
+from gateway.core import Core
 from gateway.lifecycle.conversion.workers import ConversionWorkers
 from gateway.lifecycle.intake.runner import JobRunner
 from gateway.lifecycle.records.catalog import ModelCatalog
@@ -26,7 +27,6 @@ from gateway.lifecycle.warmup.keepwarm import KeepWarm
 from gateway.lifecycle.warmup.preload import Preloader
 from gateway.lifecycle.warmup.rollout import Rollouts
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ControlPlane:
     config: GatewayConfig
-    dataplane: DataPlane
+    core: Core
     admin: MemberAdmin
     keepwarm: KeepWarm
     lifecycle: ModelLifecycle | None = None
@@ -43,7 +43,7 @@ class ControlPlane:
     preloader: Preloader = field(init=False)
 
     def __post_init__(self) -> None:
-        self.preloader = Preloader(self.dataplane, self.load_one)
+        self.preloader = Preloader(self.core, self.load_one)
 
     def preload_models(self) -> list[str]:
         if self.lifecycle is not None:
@@ -56,7 +56,7 @@ class ControlPlane:
             return
         policy = self.config.models.get(model)
         batches = policy.keep_warm.batch_sizes if policy and policy.keep_warm else (1,)
-        await load_as_configured(self.dataplane, self.admin, model, batches)
+        await load_as_configured(self.core, self.admin, model, batches)
 
     async def restore_member(self, member: PoolMember) -> None:
         """Reload what a member that came back empty must serve (see probes.py)."""
@@ -64,18 +64,18 @@ class ControlPlane:
             await self.lifecycle.restore_member(member)
             return
         for model in self.preload_models():
-            if self.dataplane.state.serves(model, member):
+            if self.core.state.serves(model, member):
                 policy = self.config.models.get(model)
                 batches = policy.keep_warm.batch_sizes if policy and policy.keep_warm else (1,)
-                await restore_as_configured(self.dataplane, self.admin, member, model, batches)
+                await restore_as_configured(self.core, self.admin, member, model, batches)
 
     def start(self) -> None:
         """Start preloading (readiness turns true when it is done) and keep-warm, and
         have members that come back from the dead restored before they take traffic."""
-        self.dataplane.state.on_recovery(self.restore_member)
+        self.core.state.on_recovery(self.restore_member)
         models = self.preload_models()
         if models:
-            self.dataplane.state.set_preloaded(False)  # before the first readiness probe
+            self.core.state.set_preloaded(False)  # before the first readiness probe
         for job, name in ((self.preloader.run(models), "preload"),
                           (self.keepwarm.run_forever(), "keep-warm")):
             task = asyncio.create_task(job, name=name)
@@ -98,7 +98,7 @@ def _report_failure(task: asyncio.Task[Any]) -> None:
         log.error("%s failed", task.get_name(), exc_info=task.exception())
 
 
-def build_control_plane(config: GatewayConfig, dataplane: DataPlane,
+def build_control_plane(config: GatewayConfig, core: Core,
                         admin: MemberAdmin) -> ControlPlane:
     lifecycle: ModelLifecycle | None = None
 
@@ -107,25 +107,25 @@ def build_control_plane(config: GatewayConfig, dataplane: DataPlane,
             return lifecycle.catalog.keep_warm_policies()
         return {m: p.keep_warm for m, p in config.models.items() if p.keep_warm}
 
-    keepwarm = KeepWarm(dataplane, admin, policies)
+    keepwarm = KeepWarm(core, admin, policies)
     if config.lifecycle is not None:
-        lifecycle = build_lifecycle(config.lifecycle, config, dataplane, admin,
+        lifecycle = build_lifecycle(config.lifecycle, config, core, admin,
                                     on_version_changed=keepwarm.forget)
         lifecycle.recover()  # explicit, at start-up, before any request is served
-    return ControlPlane(config, dataplane, admin, keepwarm, lifecycle)
+    return ControlPlane(config, core, admin, keepwarm, lifecycle)
 
 
-def build_lifecycle(spec: LifecycleSpec, config: GatewayConfig, dataplane: DataPlane,
+def build_lifecycle(spec: LifecycleSpec, config: GatewayConfig, core: Core,
                     admin: MemberAdmin, on_version_changed: Callable[[str], None],
                     workers: ConversionWorkers | None = None) -> ModelLifecycle:
     """The lifecycle's parts over one state folder and repository. Call
     :meth:`ModelLifecycle.recover` before serving requests."""
     store = LifecycleStore(spec.state_dir / "lifecycle.db")
-    deployer = Deployer(dataplane, admin, store, spec.repository, spec.retention)
-    catalog = ModelCatalog(spec.repository, config, store, dataplane, admin, deployer)
+    deployer = Deployer(core, admin, store, spec.repository, spec.retention)
+    catalog = ModelCatalog(spec.repository, config, store, core, admin, deployer)
     workers = workers or ConversionWorkers(spec.worker_timeout_s, sandbox=spec.sandbox,
                                            allow_pickled_code=spec.allow_pickled_code)
     rollouts = Rollouts(deployer, store, spec.state_dir / "rollouts")
     jobs = JobRunner(spec, store, catalog, deployer, workers, rollouts, on_version_changed)
-    return ModelLifecycle(catalog, jobs, deployer, rollouts, dataplane, admin,
+    return ModelLifecycle(catalog, jobs, deployer, rollouts, core, admin,
                           on_version_changed)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core import Core
 from gateway.errors import Conflict
 from gateway.lifecycle.intake.runner import RESTART_REASON, JobRunner
 from gateway.lifecycle.records import versions as repo_edits
@@ -28,7 +29,6 @@ from gateway.lifecycle.records.catalog import ModelCatalog
 from gateway.lifecycle.warmup.deploy import Deployer, load_as_configured
 from gateway.lifecycle.warmup.rollout import Rollouts
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
 
 __all__ = ["RESTART_REASON", "ModelLifecycle"]
@@ -40,7 +40,7 @@ class ModelLifecycle:
     jobs: JobRunner
     deployer: Deployer
     rollouts: Rollouts
-    dataplane: DataPlane
+    core: Core
     admin: MemberAdmin
     # called with a model's name when its serving version changed (keep-warm forgets it)
     on_version_changed: Callable[[str], None]
@@ -94,7 +94,7 @@ class ModelLifecycle:
                                              self.catalog.warm_batches(model))
             self.rollouts.settled(model)  # an interrupted rollout's split, if any, ends
             return
-        await load_as_configured(self.dataplane, self.admin, model,
+        await load_as_configured(self.core, self.admin, model,
                                  self.catalog.warm_batches(model))
         if repo_edits.existing_versions(self.catalog.repository, model):
             await self.catalog.adopt(model)
@@ -104,7 +104,7 @@ class ModelLifecycle:
         load and warm there every preloaded model its pool serves, before it takes
         traffic (the data plane keeps it out of routing meanwhile)."""
         for model in self.catalog.preload_models():
-            if not self.dataplane.state.serves(model, member):
+            if not self.core.state.serves(model, member):
                 continue
             record = self.catalog.store.model(model)
             version = record.serving_version if record is not None else None

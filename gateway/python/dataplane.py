@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gateway.config import GatewayConfig
+from gateway.core import Core
 from gateway.errors import (
     DeadlineExceeded,
     GatewayError,
@@ -30,15 +31,15 @@ from gateway.errors import (
     Unavailable,
     outcome_name,
 )
-from gateway.metrics import GatewayMetrics, create_metrics
+from gateway.metrics import GatewayMetrics
 from gateway.policy import admission, deadline, readiness, tenancy
 from gateway.policy.model_name import grpc_names_version
 from gateway.policy.rate import RateLimiter, configured_classes
 from gateway.policy.rollout import pin_grpc_version
+from gateway.policy.routing import RoutingPolicy
 from gateway.policy.tenancy import Tenant, TenantDirectory
 from gateway.policy.upstream import RETRIES, EjectionPolicy
-from gateway.pools import Pool, PoolMember, build_pools
-from gateway.python.routing import RoutingPolicy
+from gateway.pools import Pool, PoolMember
 from gateway.python.tenants import TenantLedger
 from gateway.state import GatewayState
 
@@ -82,14 +83,11 @@ class DataPlane:
     """The Python forwarder: reads what the gateway knows (``state``), owns only what it
     counts itself (per-model routes, rate windows, metric children)."""
 
-    state: GatewayState
-    metrics: GatewayMetrics
+    core: Core
     policy: RoutingPolicy = field(default_factory=RoutingPolicy)
     ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
     rng: random.Random = field(default_factory=random.Random)
     routes: dict[str, ModelRoute] = field(default_factory=dict)
-    # awaited before a scrape: HAProxy's live counts read now, not a round ago
-    gauge_sources: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     rate_limiter: RateLimiter = field(init=False)
     tenants: TenantDirectory | None = field(init=False, default=None)
     ledger: TenantLedger = field(init=False, default_factory=TenantLedger)
@@ -99,14 +97,22 @@ class DataPlane:
         default, per_key = configured_classes(self.state.config.rate_limits)
         self.rate_limiter = RateLimiter(default, per_key, clock=self.clock)
         self.state.watch(self._refresh_routes)
+        self.core.telemetry.each_round(self._note_tenants_in_flight)
         self._refresh_routes()
 
     @classmethod
     def for_config(cls, config: GatewayConfig, metrics: GatewayMetrics | None = None,
                    clock: Callable[[], float] = time.monotonic) -> DataPlane:
-        """A forwarder over a new state of ``config``'s pools."""
-        return cls(GatewayState(config, build_pools(config.pools), clock),
-                   metrics or create_metrics())
+        """A forwarder over a new state of ``config``'s pools (tests)."""
+        return cls(Core.for_config(config, metrics, clock))
+
+    @property
+    def state(self) -> GatewayState:
+        return self.core.state
+
+    @property
+    def metrics(self) -> GatewayMetrics:
+        return self.core.metrics
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -317,29 +323,6 @@ class DataPlane:
         self._count(route, "-", protocol, "unavailable", options.traffic)
         raise Unavailable(f"all members serving '{route.model}' failed ({', '.join(tried)})")
 
-    async def send_to(self, model: str, member: PoolMember, call: UpstreamCall[T], *,
-                      protocol: str, traffic: str = "warmup",
-                      outcome: Callable[[T], str] | None = None) -> T:
-        """One request to a chosen member, outside admission control and routing: the
-        synthetic traffic (warm-up, keep-warm) that must reach every member. Counted
-        under ``traffic`` so that SLO figures can leave it out."""
-        route = self.route(model)
-        started = self.clock()
-        member.request_started()
-        try:
-            result = await call(member)
-        except GatewayError as err:
-            self._count(route, member.pool, protocol, outcome_name(err), traffic)
-            raise
-        finally:
-            member.request_ended()
-        self._count(route, member.pool, protocol, outcome(result) if outcome else "success",
-                    traffic)
-        self._child(route, ("latency", member.pool, protocol, traffic)).observe(
-            self.clock() - started
-        )
-        return result
-
     def _record_failure(self, member: PoolMember) -> None:
         self.metrics.upstream_errors.labels(member.pool, member.key).inc()
         if member.failed(self.clock(), self.ejection):
@@ -364,23 +347,9 @@ class DataPlane:
                traffic: str) -> None:
         self._child(route, ("requests", pool, protocol, outcome, traffic)).inc()
 
-    # -- server-level calls ------------------------------------------------------------
-    async def refresh_gauges(self) -> None:
-        """What a ``/metrics`` scrape sees: every gauge source read now, then saturation."""
-        for source in self.gauge_sources:
-            with contextlib.suppress(OSError):  # one that cannot answer keeps its last
-                await source()
-        self.update_saturation()
-
-    def update_saturation(self) -> None:
-        """Once per probe round: saturation, and the tenants with requests in flight
-        noted active (as HAProxy's controller notes what its tables show)."""
+    def _note_tenants_in_flight(self) -> None:
+        """Once per probe round: the tenants with requests in flight here stay active (as
+        HAProxy's controller notes what its tables show)."""
         for (pool_name, tenant_name), count in self.ledger.in_pool.items():
             if count:
                 self.state.note_tenant(pool_name, tenant_name)
-        for pool in self.state.pools:
-            load = sum(m.in_flight + m.external_in_flight + m.upstream_queue
-                       for m in pool.members)
-            self.metrics.saturation.labels(pool.name).set(load / pool.capacity)
-
-

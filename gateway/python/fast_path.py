@@ -7,14 +7,13 @@ answer from the one error table. ``http_api.py`` (infer) and ``generate.py`` bui
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from gateway.auth import TokenTable
-from gateway.errors import GatewayError, PayloadTooLarge, Unauthorized, http_status
-from gateway.policy.access import WWW_AUTHENTICATE, presented_token
+from gateway.errors import PayloadTooLarge
+from gateway.policy.access import presented_token
 from gateway.policy.deadline import HTTP_TIMEOUT_HEADER, http_deadline_s
 from gateway.python.dataplane import DataPlane, RequestOptions
 from gateway.upstream.http import UpstreamHTTP
@@ -22,15 +21,6 @@ from gateway.upstream.http import UpstreamHTTP
 ASGIScope = dict[str, Any]
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-def error_answer(error: GatewayError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    headers = [(b"content-type", b"application/json")]
-    if error.retry_after_s is not None:
-        headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
-    if isinstance(error, Unauthorized):
-        headers.append((b"www-authenticate", WWW_AUTHENTICATE.encode()))
-    return http_status(error), json.dumps({"error": error.message}).encode(), headers
 
 
 def options_from_headers(headers: Mapping[str, str]) -> RequestOptions:

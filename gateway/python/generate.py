@@ -23,12 +23,18 @@ from typing import Any
 import aiohttp
 
 from gateway.auth import Scope
-from gateway.errors import DeadlineExceeded, GatewayError, Unavailable, outcome_of_answer
+from gateway.errors import (
+    DeadlineExceeded,
+    GatewayError,
+    Unavailable,
+    error_answer,
+    outcome_of_answer,
+)
 from gateway.policy import parse_errors
 from gateway.policy.rollout import http_pinned_path
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane, RequestOptions
-from gateway.python.fast_path import FastPath, error_answer, options_from_headers, read_body
+from gateway.python.fast_path import FastPath, options_from_headers, read_body
 from gateway.upstream.http import UpstreamHTTP
 
 GENERATE_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/generate(_stream)?$")

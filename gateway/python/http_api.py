@@ -1,4 +1,6 @@
-"""HTTP adapter: the KServe v2 REST surface (Triton-compatible) over the data plane.
+"""The Python data plane's HTTP surface: inference (KServe v2, Triton-compatible) and
+generation, in front of the control plane's app (``gateway/control/http_app.py``),
+which serves every other route.
 
 Bodies are forwarded as bytes (JSON, or JSON + binary tensors with
 ``Inference-Header-Content-Length``): the gateway reads only the path, so answers and
@@ -6,7 +8,7 @@ Triton's own errors reach the client unchanged.
 
 ``POST .../infer`` is the hot path and is served by :class:`InferFastPath`, a plain ASGI
 layer in front of the FastAPI app (FastAPI's request/response machinery costs more per
-call than the forwarding itself); everything else is an ordinary FastAPI route.
+call than the forwarding itself).
 
 Request headers the gateway reads: ``X-API-Key`` (or ``Authorization: Bearer``) for rate
 limits, ``X-Request-Timeout-Ms`` for a deadline (HTTP has no standard one).
@@ -16,25 +18,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
-
 from gateway.auth import Scope, TokenTable
-from gateway.control.lifecycle_http import api_key, create_lifecycle_router, requires
-from gateway.control.model_control import ModelControl
-from gateway.control.settings_http import create_settings_router
-from gateway.control.tenants_http import create_tenants_router
 from gateway.errors import (
     GatewayError,
-    InvalidInput,
-    Unsupported,
+    error_answer,
     outcome_of_answer,
 )
-from gateway.lifecycle.service import ModelLifecycle
 from gateway.policy import parse_errors
 from gateway.policy.deadline import triton_timeout_us
 from gateway.policy.model_name import HTTP_INFER_PATTERN
@@ -47,7 +38,6 @@ from gateway.python.fast_path import (
     ASGIScope,
     ASGISend,
     FastPath,
-    error_answer,
     options_from_headers,
     read_body,
 )
@@ -57,13 +47,6 @@ from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 FORWARDED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "content-encoding")
 INFER_PATH = re.compile(HTTP_INFER_PATTERN)
 
-
-
-def relay(resp: UpstreamResponse) -> Response:
-    """A FastAPI response carrying an upstream (or error) answer as it is (but for
-    Triton's 500 about a body it could not parse, which is the client's 400)."""
-    return Response(resp.body, status_code=parse_errors.http_status(resp.status, resp.body),
-                    headers={k.decode(): v.decode() for k, v in resp.headers})
 
 
 def client_mistakes_as_400(resp: UpstreamResponse) -> UpstreamResponse:
@@ -157,146 +140,11 @@ class InferFastPath(FastPath):
         return resp.status, resp.body, list(resp.headers)
 
 
-def repository_index_body(raw: bytes) -> bytes:
-    """The index request for the members: ``{}``, or ``{"ready": <bool>}`` as given;
-    anything else is refused (400) before it reaches a member."""
-    if not raw.strip():
-        return b"{}"
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise InvalidInput("repository index: the body is not JSON") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("repository index: the body must be a JSON object")
-    if "ready" in body and not isinstance(body["ready"], bool):
-        raise InvalidInput("repository index: 'ready' must be true or false")
-    unknown = sorted(set(body) - {"ready"})
-    if unknown:
-        raise InvalidInput(f"repository index: unknown field(s) {', '.join(unknown)}")
-    return json.dumps(body).encode()
-
-
-class BatchingRequest(BaseModel):
-    latency_slo_ms: float = Field(gt=0, description="Latency SLO the batching must respect.")
-
-
-def create_http_app(dataplane: DataPlane, control: ModelControl, upstream: UpstreamHTTP,
-                    auth: TokenTable | None = None, lifecycle: ModelLifecycle | None = None,
-                    max_body_bytes: int = 256 * 1024 * 1024,
-                    routers: Sequence[APIRouter] = ()) -> Any:
-    app = FastAPI(title="infergate", description="KServe v2 / Triton-compatible gateway")
+def create_http_app(dataplane: DataPlane, control_app: Any, upstream: UpstreamHTTP,
+                    auth: TokenTable | None = None,
+                    max_body_bytes: int = 256 * 1024 * 1024) -> Any:
+    """The Python data plane's HTTP surface: inference and generation on their fast
+    paths, everything else falls through to the control plane's app."""
     auth = auth or TokenTable()
-    admin = Depends(requires(auth, Scope.ADMIN))
-    app.include_router(create_lifecycle_router(lifecycle, auth))
-    app.include_router(create_settings_router(control, upstream, auth))
-    app.include_router(create_tenants_router(dataplane.state, auth))
-    for router in routers:  # more control-plane surfaces (the data-plane snapshot feed)
-        app.include_router(router)
-
-    @app.exception_handler(GatewayError)
-    async def _on_gateway_error(_: Request, error: GatewayError) -> Response:
-        return relay(UpstreamResponse(*error_answer(error)))
-
-    async def model_call(model: str, request: Request) -> Response:
-        auth.require(api_key(request), Scope.PREDICT)
-        body = await request.body()
-        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-
-        async def call(member: PoolMember) -> UpstreamResponse:
-            return await upstream.request(member, request.method, path, body,
-                                          {"accept-encoding": "identity"})
-
-        return relay(await dataplane.forward(model, call, protocol="http", metered=False))
-
-    # JSON bodies as KServe's SDK reads them (Triton sends none; its clients read the status)
-    @app.get("/v2/health/live")
-    async def live() -> Response:
-        return JSONResponse({"live": True})
-
-    @app.get("/v2/health/ready")
-    async def ready() -> Response:
-        is_ready = dataplane.state.ready()
-        return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
-
-    @app.get("/v2")
-    async def server_metadata() -> Response:
-        return relay(await upstream.request(dataplane.state.any_member(), "GET", "/v2"))
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        await dataplane.refresh_gauges()
-        return Response(dataplane.metrics.render(),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    for suffix in ("", "/versions/{version}"):
-        base = "/v2/models/{model}" + suffix
-        for tail in ("", "/ready", "/config", "/stats"):
-            app.add_api_route(base + tail, _model_route(model_call), methods=["GET"],
-                              name=f"model{tail.replace('/', '_')}{suffix and '_version'}")
-
-    @app.post("/v2/repository/index", dependencies=[admin])
-    async def repository_index(request: Request) -> Response:
-        body = repository_index_body(await request.body())
-        answers = await control.index(
-            lambda m: upstream.request(m, "POST", "/v2/repository/index", body,
-                                       {"content-type": "application/json"})
-        )
-        merged: dict[tuple[str, str], Any] = {}
-        for answer in answers:
-            if answer.status != 200:
-                return relay(answer)
-            for entry in json.loads(answer.body):
-                merged.setdefault((entry.get("name"), entry.get("version", "")), entry)
-        return JSONResponse(list(merged.values()))
-
-    for action in ("load", "unload"):
-        app.add_api_route(f"/v2/repository/models/{{model}}/{action}",
-                          _repository_route(control, upstream, action), methods=["POST"],
-                          name=f"repository_{action}", dependencies=[admin])
-
-    @app.api_route("/v2/systemsharedmemory{rest:path}", methods=["GET", "POST"])
-    @app.api_route("/v2/cudasharedmemory{rest:path}", methods=["GET", "POST"])
-    async def shared_memory(rest: str) -> Response:
-        # no region is ever registered: status lists none, unregistering any is done
-        # (clients clean up defensively), registering is refused
-        if rest.endswith("/status"):
-            return JSONResponse([])
-        if rest.endswith("/unregister"):
-            return Response(status_code=200)
-        raise Unsupported("shared memory is not supported through the gateway (the gateway "
-                          "and Triton do not share memory with the client); send tensors "
-                          "in the request")
-
-    @app.post("/v1/models/{model}/batching", dependencies=[admin])
-    async def tune_batching(model: str, body: BatchingRequest) -> JSONResponse:
-        """Derive dynamic-batching settings from the SLO and measured batch latency, and
-        reload the model with them on every member that serves it."""
-        decision = await control.apply_batching(model, body.latency_slo_ms)
-        return JSONResponse({"model": model, **decision.__dict__,
-                             "dynamic_batching": decision.as_config()})
-
-    generate = GenerateFastPath(app, dataplane, upstream, auth, max_body_bytes)
+    generate = GenerateFastPath(control_app, dataplane, upstream, auth, max_body_bytes)
     return InferFastPath(generate, dataplane, upstream, auth, max_body_bytes)
-
-
-def _model_route(model_call: Callable[[str, Request], Awaitable[Response]]
-                 ) -> Callable[..., Awaitable[Response]]:
-    async def route(model: str, request: Request) -> Response:
-        return await model_call(model, request)
-
-    return route
-
-
-def _repository_route(control: ModelControl, upstream: UpstreamHTTP, action: str
-                      ) -> Callable[..., Awaitable[Response]]:
-    async def route(model: str, request: Request) -> Response:
-        body = await request.body()
-        path = f"/v2/repository/models/{model}/{action}"
-        answers = await control.broadcast(
-            model, lambda m: upstream.request(m, "POST", path, body,
-                                              {"content-type": "application/json"})
-        )
-        failed = next((a for a in answers if a.status >= 400), None)
-        return relay(failed or answers[0])
-
-    return route

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,3 +43,15 @@ class Held:
     async def __call__(self, member: PoolMember) -> str:
         await self.release.wait()
         return "ok"
+
+
+def gateway_app(dataplane: Any, control: Any, upstream: Any, auth: Any = None,
+                lifecycle: Any = None) -> Any:
+    """The HTTP app as the assembler builds it: the Python data plane's fast paths in
+    front of the control plane's app."""
+    from gateway.control.http_app import create_control_app
+    from gateway.python.http_api import create_http_app
+
+    return create_http_app(dataplane,
+                           create_control_app(dataplane.core, control, upstream, auth,
+                                              lifecycle), upstream, auth)

@@ -17,10 +17,10 @@ from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.control.model_control import ModelControl
 from gateway.python.dataplane import DataPlane
 from gateway.python.grpc_api import create_grpc_server
-from gateway.python.http_api import create_http_app
 from gateway.upstream.grpc import SERVICE, UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP
 from gateway.upstream.triton import MemberAdmin
+from tests.gateway.conftest import gateway_app
 
 ALL_ERRORS = [errors.GatewayError, *errors.GatewayError.__subclasses__()]
 # the canonical HTTP <-> gRPC correspondence (grpc-gateway / Google API design)
@@ -61,8 +61,8 @@ def test_error_reaches_http_and_grpc_clients_with_table_codes(
         upstream_grpc = create_autospec(UpstreamGRPC, instance=True)
         upstream_grpc.raw_infer.return_value = failing
         control = ModelControl(
-        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
-        app = create_http_app(dataplane, control, upstream_http)
+        dataplane.core, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
+        app = gateway_app(dataplane, control, upstream_http)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://gw") as client:
             resp = await client.post("/v2/models/m/infer", content=b"{}")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-import gateway.pools
+from gateway.config import load_gateway_config
 from gateway.metrics import create_metrics
 from scheduler.migparted import operator_configs
 from tests.k8s.conftest import K8S, Obj, container, find, of_kind, pod_spec
@@ -57,10 +57,7 @@ def gateway_pools(objects: list[Obj], tmp_path: Path) -> tuple[Any, ...]:
     """The pools ConfigMap, parsed by the gateway's own loader (as the pod will)."""
     path = tmp_path / "pools.yaml"
     path.write_text(find(objects, "ConfigMap", "infergate-pools")["data"]["pools.yaml"])
-    loader = getattr(gateway.pools, "load_gateway_config", None)
-    if loader is not None:
-        return tuple(loader(path).pools)
-    return tuple(gateway.pools.load_pools(path))  # the skeleton's loader
+    return tuple(load_gateway_config(path).pools)
 
 
 def cli_help(*module_args: str) -> str:
@@ -206,7 +203,7 @@ def test_pools_config_resolves_members_from_headless_services(
     for objects in rendered.values():
         for pool in gateway_pools(objects, tmp_path):
             # DNS gives addresses only: members get the pool's DNS ports (Triton's defaults).
-            ports_of_members = getattr(pool, "dns_ports", None) or gateway.pools.MemberSpec()
+            ports_of_members = pool.dns_ports
             assert pool.dns, pool.name
             service, namespace = pool.dns.split(".")[:2]
             svc = find(objects, "Service", service)

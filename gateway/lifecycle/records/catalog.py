@@ -15,13 +15,13 @@ from pathlib import Path
 from converters.repository import InvalidModelName, validate_model_name
 from gateway.config import GatewayConfig
 from gateway.config.lifecycle import KeepWarmPolicy
+from gateway.core import Core
 from gateway.errors import GatewayError, InvalidInput, ModelNotFound
 from gateway.lifecycle.intake.spec import UploadSpec
 from gateway.lifecycle.records import versions as repo_edits
 from gateway.lifecycle.records.jobs import JobRecord, LifecycleStore, ModelRecord, VersionRecord
 from gateway.lifecycle.warmup.deploy import Deployer
 from gateway.pools import pools_for_model
-from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
 
 POLICY_CACHE_S = 1.0  # the keep-warm loop asks several times a second
@@ -39,7 +39,7 @@ class ModelCatalog:
     repository: Path
     config: GatewayConfig
     store: LifecycleStore
-    dataplane: DataPlane
+    core: Core
     admin: MemberAdmin
     deployer: Deployer
     _policies: tuple[float, dict[str, KeepWarmPolicy]] = field(
@@ -69,7 +69,7 @@ class ModelCatalog:
         return self.store.jobs(model, limit=limit)
 
     def loading(self, model: str) -> bool:
-        return self.dataplane.state.not_ready_reason(model) is not None
+        return self.core.state.not_ready_reason(model) is not None
 
     def report_path(self, name: str, version: int) -> Path:
         model = checked_name(name)
@@ -131,7 +131,7 @@ class ModelCatalog:
 
     def _routable(self, model: str) -> bool:
         try:
-            self.dataplane.route(model)
+            self.core.state.serving_pools(model)
             self.deployer.members(model)
         except GatewayError:
             return False
@@ -141,7 +141,7 @@ class ModelCatalog:
     def target_pools(self, model: str, spec: UploadSpec) -> list[str]:
         """Where an upload of ``model`` goes: the spec's pools, else where the model lives
         now, else the pools that serve it by configuration."""
-        names = [p.name for p in self.dataplane.state.pools]
+        names = [p.name for p in self.core.state.pools]
         if spec.pools:
             unknown = [p for p in spec.pools if p not in names]
             if unknown:
@@ -150,7 +150,7 @@ class ModelCatalog:
         record = self.store.model(model)
         if record is not None and record.pools:
             return list(record.pools)
-        serving = [p.name for p in pools_for_model(self.dataplane.state.pools, model)]
+        serving = [p.name for p in pools_for_model(self.core.state.pools, model)]
         if not serving:
             raise InvalidInput(f"no pool serves {model!r} by configuration: name the target "
                                f"pools in the spec ('pools': one or more of {names})")
@@ -160,7 +160,7 @@ class ModelCatalog:
         """At start-up: every managed model goes back to the pools it was deployed to."""
         for record in self.store.models():
             if record.pools:
-                self.dataplane.state.serve(record.name, record.pools)
+                self.core.state.serve(record.name, record.pools)
 
     # -- policies --------------------------------------------------------------------------
     def keep_warm_policies(self) -> dict[str, KeepWarmPolicy]:

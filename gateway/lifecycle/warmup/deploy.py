@@ -26,11 +26,11 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from converters.triton_config import parse_model_config
+from gateway.core import Core
 from gateway.errors import Conflict, DeployFailed, GatewayError, ModelNotFound, Unavailable
 from gateway.lifecycle.records import versions as repo_edits
 from gateway.lifecycle.records.jobs import LifecycleStore, ModelRecord, VersionRecord
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin, override_for_version, synthetic_request
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,8 @@ def _no_steps(name: str, state: str, detail: str) -> None:
     pass
 
 
-def available_members(dataplane: DataPlane, model: str) -> list[PoolMember]:
-    members = dataplane.state.members_of(model)
+def available_members(core: Core, model: str) -> list[PoolMember]:
+    members = core.state.members_of(model)
     if not members:
         raise Unavailable(f"no healthy Triton member serves {model!r}")
     return members
@@ -61,7 +61,7 @@ async def load_on(admin: MemberAdmin, model: str, override: dict[str, Any] | Non
         raise failures[0]
 
 
-async def warm_on(dataplane: DataPlane, admin: MemberAdmin, model: str, version: int | None,
+async def warm_on(core: Core, admin: MemberAdmin, model: str, version: int | None,
                   config: mc.ModelConfig, batches: Sequence[int], member: PoolMember) -> None:
     """Synthetic requests at each batch size to one member (``traffic="warmup"``)."""
     for batch in batches:
@@ -71,7 +71,7 @@ async def warm_on(dataplane: DataPlane, admin: MemberAdmin, model: str, version:
                        headers: dict[str, str] = headers) -> tuple[int, bytes]:
             return await admin.infer(m, model, version, body, headers)
 
-        status, answer = await dataplane.send_to(
+        status, answer = await core.telemetry.synthetic(
             model, member, call, protocol="http", traffic="warmup",
             outcome=lambda r: "success" if r[0] == 200 else "upstream_error",
         )
@@ -84,30 +84,30 @@ def _batches(config: mc.ModelConfig, wanted: Sequence[int]) -> tuple[int, ...]:
     return tuple(b for b in wanted if b <= max(1, config.max_batch_size)) or (1,)
 
 
-async def load_as_configured(dataplane: DataPlane, admin: MemberAdmin, model: str,
+async def load_as_configured(core: Core, admin: MemberAdmin, model: str,
                              warm_batches: Sequence[int] = (1,)) -> None:
     """A model the lifecycle does not manage: load it as its ``config.pbtxt`` says on
     every member, then warm it (unversioned: whatever Triton serves)."""
-    members = available_members(dataplane, model)
+    members = available_members(core, model)
     await load_on(admin, model, None, members, [])
     config = await admin.config(members[0], model)
     batches = _batches(config, warm_batches)
-    await asyncio.gather(*(warm_on(dataplane, admin, model, None, config, batches, m)
+    await asyncio.gather(*(warm_on(core, admin, model, None, config, batches, m)
                            for m in members))
 
 
-async def restore_as_configured(dataplane: DataPlane, admin: MemberAdmin, member: PoolMember,
+async def restore_as_configured(core: Core, admin: MemberAdmin, member: PoolMember,
                                 model: str, warm_batches: Sequence[int] = (1,)) -> None:
     """Load a model on one member as its ``config.pbtxt`` says, then warm it there."""
     await load_on(admin, model, None, [member], [])
     config = await admin.config(member, model)
-    await warm_on(dataplane, admin, model, None, config, _batches(config, warm_batches),
+    await warm_on(core, admin, model, None, config, _batches(config, warm_batches),
                   member)
 
 
 @dataclass
 class Deployer:
-    dataplane: DataPlane
+    core: Core
     admin: MemberAdmin
     store: LifecycleStore
     repository: Path
@@ -118,7 +118,7 @@ class Deployer:
         return self.locks.setdefault(model, asyncio.Lock())
 
     def members(self, model: str) -> list[PoolMember]:
-        return available_members(self.dataplane, model)
+        return available_members(self.core, model)
 
     async def restore_on(self, member: PoolMember, model: str, version: int | None,
                          warm_batches: Sequence[int] = (1,)) -> None:
@@ -126,7 +126,7 @@ class Deployer:
         restarted Triton): ``version`` pinned as published, or the repository's config
         for a model the lifecycle does not manage (``version`` None)."""
         if version is None:
-            await restore_as_configured(self.dataplane, self.admin, member, model,
+            await restore_as_configured(self.core, self.admin, member, model,
                                         warm_batches)
             return
         target = self.store.version(model, version)
@@ -136,7 +136,7 @@ class Deployer:
         batches = _batches(config, warm_batches)
         await load_on(self.admin, model, override_for_version(config, version, batches),
                       [member], [])
-        await warm_on(self.dataplane, self.admin, model, version, config, batches, member)
+        await warm_on(self.core, self.admin, model, version, config, batches, member)
 
     # -- activation ------------------------------------------------------------------------
     async def activate(self, model: str, version: int, warm_batches: Sequence[int] = (1,),
@@ -147,15 +147,15 @@ class Deployer:
         if target is None:
             raise ModelNotFound(f"model {model!r} has no version {version}")
         if record.pools:
-            self.dataplane.state.serve(model, record.pools)
+            self.core.state.serve(model, record.pools)
         serving = record.serving_version
         members = self.members(model)
         config = parse_model_config(target.config)
         batches = _batches(config, warm_batches)
         if serving is None:
-            self.dataplane.state.mark_not_ready(model, f"version {version} is loading")
+            self.core.state.mark_not_ready(model, f"version {version} is loading")
             self.store.put_model(replace(record, state="loading", detail=""))
-        await self.dataplane.state.settle()
+        await self.core.state.settle()
         override = override_for_version(config, version, batches)
         loaded: list[PoolMember] = []
         try:
@@ -166,7 +166,7 @@ class Deployer:
             await load_on(self.admin, model, override, to_load, loaded)
             on_step("load", "done", "")
             on_step("warm", "running", f"batch sizes {list(batches)}")
-            await asyncio.gather(*(warm_on(self.dataplane, self.admin, model, version, config,
+            await asyncio.gather(*(warm_on(self.core, self.admin, model, version, config,
                                            batches, m) for m in members))
             on_step("warm", "done", "")
         except GatewayError as exc:
@@ -177,8 +177,8 @@ class Deployer:
                                f"{exc.message}") from exc
         finally:
             if serving is None:
-                self.dataplane.state.mark_ready(model)
-            await self.dataplane.state.settle()
+                self.core.state.mark_ready(model)
+            await self.core.state.settle()
         on_step("route", "done", f"version {version} is serving")
         return self._record_serving(record, target)
 

@@ -4,7 +4,7 @@ A model that has seen no user request for ``idle_after_s`` gets, every ``interva
 one request per configured batch size on each available member serving it (so every
 instance stays hot: caches, thread pools, on GPUs the clocks and the CUDA context).
 Busy models get nothing: real traffic keeps them warm. The requests go through
-:meth:`DataPlane.send_to` and are counted with ``traffic="warmup"``, apart from user
+:meth:`Core.send_to` and are counted with ``traffic="warmup"``, apart from user
 traffic and so out of SLO figures.
 
 The decision (:func:`due_models`) is a pure function of the policies, the last user
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from tritonclient.grpc import model_config_pb2 as mc
 
 from gateway.config.lifecycle import KeepWarmPolicy
+from gateway.core import Core
 from gateway.errors import GatewayError
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin, synthetic_request
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def due_models(policies: Mapping[str, KeepWarmPolicy], last_request: Mapping[str
 
 @dataclass
 class KeepWarm:
-    dataplane: DataPlane
+    core: Core
     admin: MemberAdmin
     policies: PolicySource
     tick_s: float = 0.5
@@ -68,9 +68,9 @@ class KeepWarm:
 
     async def tick(self) -> None:
         policies = {m: p for m, p in self.policies().items()
-                    if self.dataplane.state.not_ready_reason(m) is None}
-        now = self.dataplane.clock()
-        last_request = self.dataplane.state.last_used()
+                    if self.core.state.not_ready_reason(m) is None}
+        now = self.core.clock()
+        last_request = self.core.state.last_used()
         due = due_models(policies, last_request, self.last_ping, now)
         for model in due:
             self.last_ping[model] = now
@@ -78,7 +78,7 @@ class KeepWarm:
 
     async def ping(self, model: str, policy: KeepWarmPolicy) -> None:
         try:
-            members = self.dataplane.state.members_of(model)
+            members = self.core.state.members_of(model)
             if not members:
                 return
             config = self.configs.get(model)
@@ -100,7 +100,7 @@ class KeepWarm:
                 return await self.admin.infer(m, model, None, body, headers)
 
             try:
-                status, answer = await self.dataplane.send_to(
+                status, answer = await self.core.telemetry.synthetic(
                     model, member, call, protocol="http", traffic="warmup",
                     outcome=lambda r: "success" if r[0] == 200 else "upstream_error",
                 )

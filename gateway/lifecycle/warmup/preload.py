@@ -16,8 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from gateway.core import Core
 from gateway.errors import GatewayError
-from gateway.python.dataplane import DataPlane
 
 log = logging.getLogger(__name__)
 LoadOne = Callable[[str], Awaitable[None]]
@@ -25,7 +25,7 @@ LoadOne = Callable[[str], Awaitable[None]]
 
 @dataclass
 class Preloader:
-    dataplane: DataPlane
+    core: Core
     load: LoadOne  # loads and warms one model on all its members
     first_backoff_s: float = 1.0
     max_backoff_s: float = 30.0
@@ -35,16 +35,16 @@ class Preloader:
         """Hold readiness down until every model in ``models`` is loaded and warm."""
         if not models:
             return
-        self.dataplane.state.set_preloaded(False)
+        self.core.state.set_preloaded(False)
         for model in models:
-            self.dataplane.state.mark_not_ready(model, "preloading at gateway start-up")
+            self.core.state.mark_not_ready(model, "preloading at gateway start-up")
         try:
             await asyncio.gather(*(self._until_loaded(m) for m in models))
         finally:
             for model in models:
-                self.dataplane.state.mark_ready(model)
-        await self.dataplane.state.settle()  # HAProxy routes them before readiness turns true
-        self.dataplane.state.set_preloaded(True)
+                self.core.state.mark_ready(model)
+        await self.core.state.settle()  # HAProxy routes them before readiness turns true
+        self.core.state.set_preloaded(True)
         log.warning("preloaded %d model(s): %s", len(models), ", ".join(models))
 
     async def _until_loaded(self, model: str) -> None:
@@ -52,7 +52,7 @@ class Preloader:
         while True:
             try:
                 await self._load_reported(model)
-                self.dataplane.state.mark_ready(model)
+                self.core.state.mark_ready(model)
                 return
             except GatewayError as exc:
                 log.error("preloading %s failed (retry in %.0f s): %s", model, backoff,

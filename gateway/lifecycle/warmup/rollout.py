@@ -84,7 +84,7 @@ class Rollouts:
 
     @property
     def state(self) -> GatewayState:
-        return self.deployer.dataplane.state
+        return self.deployer.core.state
 
     # -- operators ---------------------------------------------------------------------
     def status(self, model: str) -> dict[str, Any]:
@@ -163,7 +163,7 @@ class Rollouts:
             now, now))
         control = self._control[model] = _Control()
         self.state.tally.watch(model)
-        gauge = self.deployer.dataplane.metrics.rollout_percent.labels(
+        gauge = self.deployer.core.metrics.rollout_percent.labels(
             model, str(stable), str(candidate))
         try:
             on_step("rollout", "running", f"version {candidate} beside {stable}: loading")
@@ -203,7 +203,7 @@ class Rollouts:
             await load_on(self.deployer.admin, model,
                           override_for_version(config, candidate, batches, also=(stable,)),
                           members, [])
-            await asyncio.gather(*(warm_on(self.deployer.dataplane, self.deployer.admin, model,
+            await asyncio.gather(*(warm_on(self.deployer.core, self.deployer.admin, model,
                                            candidate, config, batches, m) for m in members))
 
     def _config(self, model: str, version: int) -> mc.ModelConfig:
@@ -277,7 +277,7 @@ class Rollouts:
         entry = {"at": time.time(), "decision": decision, "reason": reason, **figures}
         log.info("rollout of %s (%d -> %d): %s: %s %s", record.model, record.stable,
                  record.candidate, decision, reason, figures)
-        self.deployer.dataplane.metrics.rollout_decisions.labels(record.model, decision).inc()
+        self.deployer.core.metrics.rollout_decisions.labels(record.model, decision).inc()
         state = {"rollback": "rolled_back", "abort": "aborted"}.get(decision, record.state)
         return self.store.put_rollout(replace(record, decisions=(*record.decisions, entry),
                                               state=state, detail=reason))
@@ -352,7 +352,7 @@ class Rollouts:
                            headers: dict[str, str] = headers) -> tuple[int, bytes]:
                 return await admin.infer(m, model, version, body, headers)
 
-            status, answer = await self.deployer.dataplane.send_to(
+            status, answer = await self.deployer.core.telemetry.synthetic(
                 model, member, call, protocol="http", traffic="rollout",
                 outcome=lambda r: "success" if r[0] == 200 else "upstream_error")
             if status != 200:

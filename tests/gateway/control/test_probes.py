@@ -26,13 +26,13 @@ from gateway.control.probes import (
     read_version,
     service_counters,
 )
+from gateway.core import Core
 from gateway.haproxy.changes import runtime_commands
 from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.render import render
 from gateway.haproxy.snapshot import Layout
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane
-from gateway.server import build_dataplane
 from infergate.triton.local import free_port
 
 
@@ -83,7 +83,7 @@ def member_server() -> Iterator[tuple[int, Answers]]:
 
 def _one_member(port: int, tmp_path: Path) -> tuple[DataPlane, PoolMember, Layout]:
     spec = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
-    dataplane = build_dataplane(GatewayConfig(pools=(PoolSpec(name="p", members=(spec,)),)))
+    dataplane = Core.for_config(GatewayConfig(pools=(PoolSpec(name="p", members=(spec,)),)))
     layout = Layout("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", tmp_path,
                     tmp_path / "log.sock")
     return dataplane, dataplane.state.members()[0], layout

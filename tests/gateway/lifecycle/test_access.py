@@ -29,10 +29,10 @@ from gateway.lifecycle.records.jobs import JobRecord, ModelRecord
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.python.dataplane import DataPlane
 from gateway.python.grpc_api import create_grpc_server
-from gateway.python.http_api import create_http_app
 from gateway.upstream.grpc import UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 from gateway.upstream.triton import MemberAdmin
+from tests.gateway.conftest import gateway_app
 
 TOKENS = {"predict": "predict-token-0123456789", "upload": "upload-token-0123456789",
           "admin": "admin-token-0123456789ab"}
@@ -174,8 +174,8 @@ def test_http_endpoints_admit_exactly_their_scopes_when_tokens_configured(
 ) -> None:
     dataplane = _dataplane()
     control = ModelControl(
-        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
-    app = create_http_app(dataplane, control, _upstream_http(), _table(), _lifecycle(tmp_path))
+        dataplane.core, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
+    app = gateway_app(dataplane, control, _upstream_http(), _table(), _lifecycle(tmp_path))
     matrix = _http_matrix(app)
     assert _verdicts(matrix, (401, 403)) == _expected({(m, p): s for m, p, s in HTTP_ENDPOINTS})
     # the allowed calls really went through (no error from the gateway itself)
@@ -186,8 +186,8 @@ def test_http_endpoints_admit_exactly_their_scopes_when_tokens_configured(
 def test_http_401_carries_bearer_challenge_when_token_missing(tmp_path: Path) -> None:
     dataplane = _dataplane()
     control = ModelControl(
-        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
-    app = create_http_app(dataplane, control, _upstream_http(), _table(), _lifecycle(tmp_path))
+        dataplane.core, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
+    app = gateway_app(dataplane, control, _upstream_http(), _table(), _lifecycle(tmp_path))
 
     async def run() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
@@ -203,8 +203,8 @@ def test_http_401_carries_bearer_challenge_when_token_missing(tmp_path: Path) ->
 def test_http_predict_needs_no_token_when_predict_open(tmp_path: Path) -> None:
     dataplane = _dataplane()
     control = ModelControl(
-        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
-    app = create_http_app(dataplane, control, _upstream_http(), _table(predict_open=True),
+        dataplane.core, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
+    app = gateway_app(dataplane, control, _upstream_http(), _table(predict_open=True),
                           _lifecycle(tmp_path))
     matrix = _http_matrix(app)
     assert matrix[("POST", "/v2/models/m/infer")] == dict.fromkeys(IDENTITIES, 200)
@@ -234,7 +234,7 @@ def _grpc_matrix(predict_open: bool = False) -> dict[str, dict[str, grpc.StatusC
         upstream.raw_infer.return_value = raw
         upstream.stub.return_value = _Stub()
         control = ModelControl(
-        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
+        dataplane.core, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
         server, port = create_grpc_server(dataplane, control, upstream, "127.0.0.1:0",
                                           _table(predict_open))
         await server.start()
@@ -288,6 +288,6 @@ def test_grpc_predict_needs_no_token_when_predict_open() -> None:
 def test_every_identity_reaches_health_when_probed(identity: str, tmp_path: Path) -> None:
     dataplane = _dataplane()
     control = ModelControl(
-        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
-    app = create_http_app(dataplane, control, _upstream_http(), _table(), _lifecycle(tmp_path))
+        dataplane.core, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
+    app = gateway_app(dataplane, control, _upstream_http(), _table(), _lifecycle(tmp_path))
     assert _http_matrix(app)[("GET", "/v2/health/live")][identity] == 200

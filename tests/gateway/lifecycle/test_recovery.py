@@ -17,10 +17,10 @@ from converters.tiny import TINY_MODEL_NAME
 from gateway.config import GatewayConfig
 from gateway.config.lifecycle import LifecycleSpec
 from gateway.config.pools import MemberSpec, PoolSpec
+from gateway.core import Core
 from gateway.lifecycle.assembly import build_lifecycle
 from gateway.lifecycle.records.jobs import LifecycleStore, ModelRecord, VersionRecord
 from gateway.lifecycle.service import RESTART_REASON
-from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
@@ -110,9 +110,9 @@ def test_restart_removes_version_published_but_never_served_when_job_died_deploy
 
     spec = LifecycleSpec(repository=repo, state_dir=tmp_path / "state")
     gateway = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),)),))
-    dataplane = DataPlane.for_config(gateway)
+    core = Core.for_config(gateway)
     admin: Any = create_autospec(MemberAdmin, instance=True)
-    lifecycle = build_lifecycle(spec, gateway, dataplane, admin,
+    lifecycle = build_lifecycle(spec, gateway, core, admin,
                                 on_version_changed=lambda model: None)
     store = lifecycle.catalog.store
     assert store.job("job-x").state != "failed"  # nothing happens before recover()

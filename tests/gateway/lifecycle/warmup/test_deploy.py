@@ -108,7 +108,7 @@ def test_prune_keeps_newest_serving_and_previous_when_over_retention(tmp_path: P
     for version in range(1, 7):
         store.put_version(VersionRecord(TINY, version, "available", text, 0.0))
     store.put_model(ModelRecord(TINY, "serving", 0.0, serving_version=2, previous_version=1))
-    deployer = Deployer(dataplane=None, admin=None, store=store,  # type: ignore[arg-type]
+    deployer = Deployer(core=None, admin=None, store=store,  # type: ignore[arg-type]
                         repository=repo, retention=3)
     assert deployer.prune(TINY) == [3]
     assert sorted(int(p.name) for p in (repo / TINY).iterdir() if p.name.isdigit()) == \

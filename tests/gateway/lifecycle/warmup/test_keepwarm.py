@@ -20,8 +20,8 @@ from converters.tiny import TINY_MODEL_NAME
 from gateway.config import GatewayConfig
 from gateway.config.lifecycle import KeepWarmPolicy
 from gateway.config.pools import MemberSpec, PoolSpec
+from gateway.core import Core
 from gateway.lifecycle.warmup.keepwarm import KeepWarm, due_models
-from gateway.python.dataplane import DataPlane
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton, TritonEndpoints
 from tests.conftest import triton_settings
@@ -55,7 +55,7 @@ def test_keepwarm_reaches_every_member_labelled_warmup_when_model_idle() -> None
         PoolSpec(name="b", members=(MemberSpec(grpc_port=3),)),
     ))
     clock = [1000.0]
-    dataplane = DataPlane.for_config(config, clock=lambda: clock[0])
+    core = Core.for_config(config, clock=lambda: clock[0])
     admin = create_autospec(MemberAdmin, instance=True)
     admin.config.return_value = _config()
     calls: list[tuple[str, int]] = []
@@ -65,13 +65,13 @@ def test_keepwarm_reaches_every_member_labelled_warmup_when_model_idle() -> None
         return 200, b"{}"
 
     admin.infer.side_effect = infer
-    keepwarm = KeepWarm(dataplane, admin, lambda: {"m": POLICY})
+    keepwarm = KeepWarm(core, admin, lambda: {"m": POLICY})
 
     async def scenario() -> None:
         await keepwarm.tick()  # idle since forever: ping
         clock[0] += 5
         await keepwarm.tick()  # interval not passed
-        dataplane.state.note_used("m", clock[0])
+        core.state.note_used("m", clock[0])
         clock[0] += 10
         await keepwarm.tick()  # busy 10 s ago: no ping
 
@@ -79,7 +79,7 @@ def test_keepwarm_reaches_every_member_labelled_warmup_when_model_idle() -> None
     # every member, batch sizes within max_batch_size (4 > 2 is skipped), once
     assert sorted(calls) == [("127.0.0.1:1", 1), ("127.0.0.1:2", 1), ("127.0.0.1:3", 1)]
     families = {f.name: f for f in text_string_to_metric_families(
-        dataplane.metrics.render().decode())}
+        core.metrics.render().decode())}
     warm = [s for s in families["infergate_requests"].samples
             if s.name.endswith("_total") and s.labels["traffic"] == "warmup"]
     assert sum(s.value for s in warm) == 3

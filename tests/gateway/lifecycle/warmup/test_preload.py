@@ -22,11 +22,11 @@ from gateway.control.model_control import ModelControl
 from gateway.errors import Unavailable
 from gateway.lifecycle.warmup.preload import Preloader
 from gateway.python.dataplane import DataPlane
-from gateway.python.http_api import create_http_app
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
+from tests.gateway.conftest import gateway_app
 from tests.gateway.lifecycle.conftest import eventually, spawn_gateway
 from tests.procs import pools_yaml
 
@@ -41,8 +41,8 @@ def _gateway() -> tuple[DataPlane, Any]:
 
     upstream.request.side_effect = answer
     control = ModelControl(
-        dataplane, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
-    return dataplane, create_http_app(dataplane, control, upstream)
+        dataplane.core, MemberAdmin(create_autospec(httpx.AsyncClient, instance=True)))
+    return dataplane, gateway_app(dataplane, control, upstream)
 
 
 def test_gateway_unready_and_model_503_while_preloading_then_ready_when_loaded() -> None:
@@ -57,7 +57,7 @@ def test_gateway_unready_and_model_503_while_preloading_then_ready_when_loaded()
                 raise Unavailable("member not up yet")  # retried with back-off
             await release.wait()
 
-        preloader = Preloader(dataplane, load, first_backoff_s=0.01)
+        preloader = Preloader(dataplane.core, load, first_backoff_s=0.01)
         task = asyncio.create_task(preloader.run(["m"]))
         seen = []
         transport = httpx.ASGITransport(app=app)
@@ -85,7 +85,7 @@ def test_gateway_unready_and_model_503_while_preloading_then_ready_when_loaded()
 def test_gateway_ready_at_once_when_nothing_to_preload() -> None:
     async def scenario() -> bool:
         dataplane, _ = _gateway()
-        await Preloader(dataplane, lambda m: asyncio.sleep(0)).run([])
+        await Preloader(dataplane.core, lambda m: asyncio.sleep(0)).run([])
         return dataplane.state.ready()
 
     assert asyncio.run(scenario())
@@ -139,7 +139,7 @@ def test_preloading_says_which_model_still_loads_when_a_load_takes_long(
         async def load(model: str) -> None:
             await release.wait()
 
-        preloader = Preloader(dataplane, load, report_every_s=0.01)
+        preloader = Preloader(dataplane.core, load, report_every_s=0.01)
         run = asyncio.create_task(preloader.run(["slow-model"]))
         deadline = time.monotonic() + 10
         while "preloading slow-model: still loading" not in caplog.text:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 from gateway.config.pools import MemberSpec, PoolSpec
+from gateway.policy.routing import RoutingPolicy
 from gateway.pools import Pool, PoolMember
-from gateway.python.routing import RoutingPolicy
 
 
 def _pool(name: str, n: int, weights: dict[str, float] | None = None) -> Pool:
