@@ -163,6 +163,7 @@ def test_rendered_maps_match_their_golden_file(case: str) -> None:
     _compare(GOLDEN / f"{case}.maps.json", _maps_text(_rendered(case, RUN_DIR)))
 
 
+@pytest.mark.integration  # runs the real HAProxy (haproxy -c): make test installs it
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_config_passes_haproxy_check_when_written(case: str, tmp_path: Path) -> None:
     """The golden configuration itself, its run directory moved to ``tmp_path`` (where

@@ -48,6 +48,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.integration  # starts the real HAProxy: make test installs it
 def test_haproxy_ends_with_its_starter_when_the_starter_is_killed(tmp_path: Path) -> None:
     assert grpc is not None
     starter = subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path)], cwd=ROOT,
