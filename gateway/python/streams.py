@@ -37,6 +37,7 @@ from tritonclient.grpc import service_pb2
 from gateway.errors import Unavailable, outcome_of_answer
 from gateway.metrics import GatewayMetrics
 from gateway.policy import parse_errors
+from gateway.policy.model_name import grpc_message_whole
 from gateway.pools import PoolMember
 from gateway.python.dataplane import DataPlane, RequestOptions
 
@@ -236,7 +237,9 @@ class StreamRelay:
         self.upstream = upstream
 
     def _pin(self, model: str, raw: bytes) -> bytes:
-        return self.dataplane.pin_grpc(model, raw)[0]
+        """A rollout's version appended to a message whole at its top level; one cut
+        short goes as sent (an appended field could complete it), as ``ModelInfer``."""
+        return self.dataplane.pin_grpc(model, raw)[0] if grpc_message_whole(raw) else raw
 
     async def relay(self, model: str, first: bytes, requests: AsyncIterator[bytes],
                     options: RequestOptions) -> AsyncGenerator[bytes | StreamEnd, None]:
