@@ -29,14 +29,12 @@ from gateway.haproxy.snapshot import (
     Snapshot,
     TenancyState,
     TenantState,
-    queue_weight,
     server_name,
-    top_pools,
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.policy.access import configured_digest
 from gateway.policy.rate import configured_classes
-from gateway.policy.routing import RoutingPolicy
+from gateway.policy.routing import RoutingPolicy, ranked_pools
 from gateway.pools import Pool
 from gateway.state import GatewayState
 from gateway.telemetry import read_haproxy
@@ -57,9 +55,7 @@ def snapshot_of(state: GatewayState, auth: TokenTable, now: float,
                 MemberState(
                     name=server_name(m.key), host=m.spec.host, http_port=m.spec.http_port,
                     grpc_port=m.spec.grpc_port, routable=m.healthy and not m.restoring,
-                    weight=queue_weight(m.upstream_queue
-                                        if now - m.queue_scraped_at <= policy.stale_after_s
-                                        else 0),
+                    weight=policy.weight(m, now),
                     triton_version=m.triton_version,
                 )
                 for m in pool.members
@@ -116,7 +112,7 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
         return None
     weights = {p.name: (p.spec.weight(model) if weigh else 1.0) for p in pools}
     live = {p: w for p, w in weights.items() if p in routable and w > 0}
-    chosen = top_pools(live or weights)  # none routable: let HAProxy answer 503
+    chosen = ranked_pools(live or weights)  # none routable: let HAProxy answer 503
     if not chosen:
         return None
     limits = state.admission_limits(model, pools)

@@ -13,20 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gateway.config.tenancy import Priority
 from gateway.policy.rate import RateClass
+from gateway.policy.routing import MAX_POOLS_PER_MODEL, MAX_WEIGHT
 from gateway.policy.tenancy import split_shares
 from gateway.upstream.triton_version import GrpcReuse
-
-# Canary splits: at most this many pools per model are rendered as split ranks; a model
-# assigned to more pools keeps its heaviest ones.
-MAX_POOLS_PER_MODEL = 4
-MAX_WEIGHT = 256  # HAProxy server weights are 0..256
 
 
 @dataclass(frozen=True)
@@ -202,19 +198,6 @@ def parse_tune(text: str) -> tuple[str, str]:
 def server_name(member_key: str) -> str:
     """``127.0.0.1:8001`` -> ``127.0.0.1_8001``: a valid HAProxy server name."""
     return _NOT_IDENTIFIER.sub("_", member_key)
-
-
-def queue_weight(queue_depth: int) -> int:
-    """Server weight from Triton's queue depth: an idle member weighs the most, and each
-    queued request halves the share it gets under least-connections balancing."""
-    return max(1, MAX_WEIGHT // (1 + max(0, queue_depth)))
-
-
-def top_pools(weights: Mapping[str, float] | Iterable[tuple[str, float]]
-              ) -> tuple[tuple[str, float], ...]:
-    items = weights.items() if isinstance(weights, Mapping) else weights
-    ranked = sorted(((p, w) for p, w in items if w > 0), key=lambda pw: (-pw[1], pw[0]))
-    return tuple(ranked[:MAX_POOLS_PER_MODEL])
 
 
 # -- the wire form: what the control plane publishes and every data-plane replica follows

@@ -8,8 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from gateway.haproxy.changes import runtime_commands
-from gateway.haproxy.snapshot import PoolState, RouteState, Snapshot, queue_weight
+from gateway.haproxy.snapshot import PoolState, RouteState, Snapshot
 from gateway.policy.rate import RateClass
+from gateway.policy.routing import queue_weight
 from gateway.upstream.triton_version import GrpcReuse
 from tests.gateway.haproxy.conftest import layout_in, member, snapshot
 

@@ -38,11 +38,11 @@ from gateway.haproxy.snapshot import (
     Snapshot,
     TenancyState,
     TenantState,
-    queue_weight,
     server_name,
 )
 from gateway.policy.access import key_digest
 from gateway.policy.rate import RateClass
+from gateway.policy.routing import queue_weight
 from gateway.upstream.triton_version import GrpcReuse
 from tests.gateway.haproxy.conftest import haproxy_check
 

@@ -16,7 +16,6 @@ from gateway.haproxy.snapshot import (
     PoolState,
     RouteState,
     parse_tune,
-    queue_weight,
 )
 from gateway.policy.access import key_digest
 from tests.gateway.haproxy.conftest import layout_in, member, snapshot
@@ -31,10 +30,6 @@ def test_config_never_holds_a_token_or_key_when_auth_and_rate_limits_configured(
     text = rendered.config + "".join(str(m) for m in rendered.maps.values())
     assert "s3cret" not in text and "batch-jobs" not in text
     assert rendered.maps["tokens"] == {digest: "predict;app"}
-
-
-def test_queue_weight_halves_share_per_queued_request() -> None:
-    assert [queue_weight(q) for q in (0, 1, 3, 1000)] == [256, 128, 64, 1]
 
 
 def test_snapshot_survives_its_wire_form_when_published_to_replicas() -> None:
