@@ -1,8 +1,8 @@
 """Carry a plan out: roll it out on a cluster, or write the manifests to a folder.
 
-On a cluster the order and the waiting are :mod:`scheduler.rollout`'s pure state
-machine; this module only runs it: :func:`run_rollout` reads a snapshot, asks
-:func:`scheduler.rollout.step` what to do, does it, and waits. :class:`KubernetesCluster`
+On a cluster the order and the waiting are :mod:`scheduler.changeover`'s pure state
+machine; this module only runs it: :func:`run_changeover` reads a snapshot, asks
+:func:`scheduler.changeover.step` what to do, does it, and waits. :class:`KubernetesCluster`
 is the thin layer over the Kubernetes API (reads and the six kinds of action); nothing in
 it decides anything. No test here reaches a real API server: the state machine is tested
 over recorded snapshots and a scripted cluster (``tests/scheduler/fake_cluster.py``).
@@ -21,6 +21,26 @@ from typing import Any, Protocol
 
 import yaml
 
+from scheduler.changeover import (
+    Action,
+    Apply,
+    Changeover,
+    ChangeoverSettings,
+    ChangeoverState,
+    ClusterSnapshot,
+    Cordon,
+    Delete,
+    DeploymentView,
+    Evict,
+    PodView,
+    Relabel,
+    SetRotation,
+    build_changeover,
+    managed_selector,
+    nodes_in,
+    pending_count,
+    step,
+)
 from scheduler.errors import ApplyFailed
 from scheduler.manifests import (
     NODE_LABEL,
@@ -33,26 +53,6 @@ from scheduler.manifests import (
 from scheduler.migparted import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, mig_parted_config
 from scheduler.plan import PlanRecord
 from scheduler.render import plan_svg
-from scheduler.rollout import (
-    Action,
-    Apply,
-    ClusterSnapshot,
-    Cordon,
-    Delete,
-    DeploymentView,
-    Evict,
-    PodView,
-    Relabel,
-    Rollout,
-    RolloutSettings,
-    RolloutState,
-    SetRotation,
-    build_rollout,
-    managed_selector,
-    nodes_in,
-    pending_count,
-    step,
-)
 
 FIELD_MANAGER = "infergate-scheduler"
 log = logging.getLogger(__name__)
@@ -140,10 +140,11 @@ class ClusterApplier:
 
 
 class Cluster(Protocol):
-    """What the rollout needs from a cluster: snapshots and actions."""
+    """What the changeover needs from a cluster: snapshots and actions."""
 
-    def observe(self, rollout: Rollout, at: float, refusals: dict[str, str]) -> ClusterSnapshot:
-        """The cluster as the rollout sees it now (quorum reads, not a cache)."""
+    def observe(self, changeover: Changeover, at: float,
+                refusals: dict[str, str]) -> ClusterSnapshot:
+        """The cluster as the changeover sees it now (quorum reads, not a cache)."""
         ...
 
     def execute(self, action: Action) -> str | None:
@@ -152,28 +153,28 @@ class Cluster(Protocol):
 
 
 @dataclass(frozen=True)
-class RolloutResult:
-    state: RolloutState
+class ChangeoverResult:
+    state: ChangeoverState
     applied: list[AppliedObject]
 
 
-def run_rollout(
-    rollout: Rollout,
+def run_changeover(
+    changeover: Changeover,
     cluster: Cluster,
-    settings: RolloutSettings | None = None,
+    settings: ChangeoverSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float | None = None,
-) -> RolloutResult:
-    """Step the rollout until it is done or failed; waits ``poll_s`` (default: the
+) -> ChangeoverResult:
+    """Step the changeover until it is done or failed; waits ``poll_s`` (default: the
     settings') while a phase waits."""
-    poll_s = poll_s if poll_s is not None else (settings or RolloutSettings()).poll_s
-    state = RolloutState()
+    poll_s = poll_s if poll_s is not None else (settings or ChangeoverSettings()).poll_s
+    state = ChangeoverState()
     refusals: dict[str, str] = {}
     applied: list[AppliedObject] = []
     while not state.finished:
-        snapshot = cluster.observe(rollout, clock(), refusals)
-        following, actions = step(rollout, state, snapshot, settings)
+        snapshot = cluster.observe(changeover, clock(), refusals)
+        following, actions = step(changeover, state, snapshot, settings)
         refusals = {}
         for action in actions:
             refused = cluster.execute(action)
@@ -186,25 +187,26 @@ def run_rollout(
                     for o in action.objects
                 ]  # fmt: skip
         if following.phase != state.phase:
-            log.info("rollout: %s -> %s", state.phase, following.phase)
+            log.info("changeover: %s -> %s", state.phase, following.phase)
         elif not following.finished:
             sleep(poll_s)
         state = following
-    return RolloutResult(state, applied)
+    return ChangeoverResult(state, applied)
 
 
 def apply_plan(
     record: PlanRecord,
     cluster: Cluster,
     settings: ManifestSettings | None = None,
-    rollout_settings: RolloutSettings | None = None,
+    changeover_settings: ChangeoverSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[AppliedObject]:
-    """Roll ``record`` out on ``cluster``; ApplyFailed with the rollout's reason."""
-    result = run_rollout(build_rollout(record, settings), cluster, rollout_settings, clock, sleep)
+    """Roll ``record`` out on ``cluster``; ApplyFailed with the changeover's reason."""
+    result = run_changeover(build_changeover(record, settings), cluster, changeover_settings,
+                            clock, sleep)
     if result.state.phase == "failed":
-        raise ApplyFailed(f"rollout of {record.plan.id} failed: {result.state.reason}")
+        raise ApplyFailed(f"changeover of {record.plan.id} failed: {result.state.reason}")
     return result.applied
 
 
@@ -237,9 +239,10 @@ class KubernetesCluster:
         self.applier = ClusterApplier(DynamicClient(api_client))
         self.namespace = namespace
 
-    def observe(self, rollout: Rollout, at: float, refusals: dict[str, str]) -> ClusterSnapshot:
+    def observe(self, changeover: Changeover, at: float,
+                refusals: dict[str, str]) -> ClusterSnapshot:
         labels, unschedulable, pods = {}, {}, []
-        for name in nodes_in(rollout):
+        for name in nodes_in(changeover):
             node = self.core.read_node(name)
             labels[name] = dict(node.metadata.labels or {})
             unschedulable[name] = bool(node.spec.unschedulable)

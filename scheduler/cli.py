@@ -17,12 +17,12 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler.apply import apply_plan, kubernetes_cluster, write_directory
+from scheduler.changeover import ChangeoverSettings
 from scheduler.errors import SchedulerError, exit_code
 from scheduler.plan import PlanRecord
 from scheduler.planner import plan_placement
 from scheduler.render import layout_table, plan_png, plan_svg, pools_table
 from scheduler.request import PlannerOptions, load_request
-from scheduler.rollout import RolloutSettings
 
 app = typer.Typer(
     help="MIG placement scheduler: slot-exact plans for Triton pools on MIG GPUs.",
@@ -170,9 +170,9 @@ def apply_command(
         else:
             raise typer.BadParameter("give --plan, or both --fleet and --pools")
         if kubeconfig is not None:
-            settings = RolloutSettings(mig_timeout_s=wait)
+            settings = ChangeoverSettings(mig_timeout_s=wait)
             cluster = kubernetes_cluster(kubeconfig, context)
-            done = apply_plan(record, cluster, rollout_settings=settings)
+            done = apply_plan(record, cluster, changeover_settings=settings)
         else:
             done = write_directory(record, out_dir / record.plan.id)
     except SchedulerError as e:

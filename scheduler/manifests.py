@@ -11,12 +11,12 @@ another pool of the same profile. Updates replace one pod at a time without a su
 (a surge pod would wait for a MIG device that does not exist).
 
 The Service selects ready pods that are *in rotation* (``infergate.io/rotation: in``):
-the rollout takes a pod out of the gateway's rotation by relabelling it before it is
+the changeover takes a pod out of the gateway's rotation by relabelling it before it is
 evicted, so in-flight requests finish while no new ones arrive. The PodDisruptionBudget
 (``maxUnavailable: 1``) is what evictions respect while the rest of the pool serves.
 
 A PriorityClass' ``value`` cannot change after creation (the API server rejects the
-update, server-side apply included); :mod:`scheduler.rollout` recreates a class whose
+update, server-side apply included); :mod:`scheduler.changeover` recreates a class whose
 value the plan changes.
 """
 

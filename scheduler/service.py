@@ -22,6 +22,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from scheduler.apply import Cluster, apply_plan, kubernetes_cluster, write_directory
+from scheduler.changeover import ChangeoverSettings
 from scheduler.errors import InvalidPlanningInput, PlanNotFound, SchedulerError, http_status
 from scheduler.manifests import ManifestSettings, build_manifests, to_yaml
 from scheduler.migparted import mig_parted_config, node_labels
@@ -29,7 +30,6 @@ from scheduler.plan import PlacementPlan, PlanRecord
 from scheduler.planner import plan_placement
 from scheduler.render import plan_png, plan_svg, plan_text
 from scheduler.request import PlanningRequest, check_request
-from scheduler.rollout import RolloutSettings
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class ServiceSettings:
     kube_context: str | None = None
     output_dir: Path = Path("scheduler-out")
     max_plans: int = 256
-    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    changeover: ChangeoverSettings = field(default_factory=ChangeoverSettings)
     manifests: ManifestSettings = field(default_factory=ManifestSettings)
 
 
@@ -176,7 +176,7 @@ def create_app(
             factory = cluster_factory
 
             def to_cluster() -> list[Any]:
-                return apply_plan(record, factory(), settings.manifests, settings.rollout)
+                return apply_plan(record, factory(), settings.manifests, settings.changeover)
 
             done = await run_in_threadpool(to_cluster)
             target = "cluster"

@@ -1,4 +1,4 @@
-"""A scripted cluster for rollout tests: no API server, behaviour from recorded sequences.
+"""A scripted cluster for changeover tests: no API server, behaviour from recorded sequences.
 
 What the MIG manager writes to ``nvidia.com/mig.config.state`` after a relabel comes from
 ``recorded/mig-manager-transitions.yaml``: sequences transcribed from what
@@ -6,7 +6,7 @@ NVIDIA/mig-parted's ``reconfigure-mig.sh`` does (``pending``, ``rebooting`` acro
 reboot, ``success`` or ``failed``; ``success`` at once when ``assert`` finds the config
 already applied), one value per observation. They are not captured from a live cluster.
 
-Kubernetes' side is modelled as far as the rollout depends on it: cordoning, pod labels,
+Kubernetes' side is modelled as far as the changeover depends on it: cordoning, pod labels,
 the Eviction API (refusals scripted per pod, as a PodDisruptionBudget would refuse),
 pods that terminate one observation after an eviction, Deployments that are ready one
 observation after they are applied, and PriorityClasses whose ``value`` is immutable.
@@ -20,12 +20,10 @@ from typing import Any
 
 import yaml
 
-from scheduler.errors import ApplyFailed
-from scheduler.manifests import NODE_LABEL
-from scheduler.migparted import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL
-from scheduler.rollout import (
+from scheduler.changeover import (
     Action,
     Apply,
+    Changeover,
     ClusterSnapshot,
     Cordon,
     Delete,
@@ -33,9 +31,11 @@ from scheduler.rollout import (
     Evict,
     PodView,
     Relabel,
-    Rollout,
     SetRotation,
 )
+from scheduler.errors import ApplyFailed
+from scheduler.manifests import NODE_LABEL
+from scheduler.migparted import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL
 
 TRANSITIONS = Path(__file__).parent / "recorded" / "mig-manager-transitions.yaml"
 
@@ -68,7 +68,8 @@ class ScriptedCluster:
     _leaving: set[str] = field(default_factory=set)
     _observed_at_action: list[int] = field(default_factory=list)
 
-    def observe(self, rollout: Rollout, at: float, refusals: dict[str, str]) -> ClusterSnapshot:
+    def observe(self, changeover: Changeover, at: float,
+                refusals: dict[str, str]) -> ClusterSnapshot:
         self.observations += 1
         for name in list(self._leaving):  # evicted pods are gone one observation later
             self.pods.pop(name, None)

@@ -12,18 +12,18 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from scheduler.apply import FIELD_MANAGER, ClusterApplier, KubernetesCluster, write_directory
-from scheduler.errors import ApplyFailed
-from scheduler.manifests import build_manifests
-from scheduler.plan import PlanRecord
-from scheduler.rollout import (
+from scheduler.changeover import (
+    Changeover,
     Cordon,
     DeploymentView,
     Evict,
     NodeChange,
     Relabel,
-    Rollout,
     SetRotation,
 )
+from scheduler.errors import ApplyFailed
+from scheduler.manifests import build_manifests
+from scheduler.plan import PlanRecord
 
 
 def dynamic_client() -> DynamicClient:
@@ -156,7 +156,7 @@ def test_observe_reads_pods_nodes_and_deployments_into_a_snapshot_when_listed() 
     cluster = kubernetes_cluster_with(core)
     cluster.apps, cluster.scheduling = apps, scheduling
     change = NodeChange("n1", "c", frozenset(), (), 0)
-    snap = cluster.observe(Rollout((), (change,), (), "infergate"), 3.0, {"p": "refused"})
+    snap = cluster.observe(Changeover((), (change,), (), "infergate"), 3.0, {"p": "refused"})
     assert snap.node_labels == {"n1": {"nvidia.com/mig.config": "c"}}
     assert snap.unschedulable == {"n1": True} and snap.priority_classes == {"pc": 7}
     seen, other = snap.pods  # the node's pods, then pool pods elsewhere (once each)

@@ -9,11 +9,11 @@ import httpx
 import pytest
 import yaml
 
+from scheduler.changeover import ChangeoverSettings, Relabel
 from scheduler.migparted import node_labels
 from scheduler.plan import PlacementPlan
 from scheduler.planner import plan_id
 from scheduler.request import PlanningRequest
-from scheduler.rollout import Relabel, RolloutSettings
 from scheduler.service import ServiceSettings, create_app
 from tests.scheduler.fake_cluster import ScriptedCluster
 
@@ -83,8 +83,8 @@ async def test_apply_rolls_out_on_the_cluster_when_one_is_configured(
 ) -> None:
     cluster = ScriptedCluster(node_labels={n.name: {} for n in example_request.fleet.nodes})
     # no settle wait: the gateway re-resolving its Service is not part of this test
-    settings = ServiceSettings(rollout=RolloutSettings(mig_timeout_s=60, rotation_settle_s=0.0,
-                                                       poll_s=0.05))
+    settings = ServiceSettings(changeover=ChangeoverSettings(
+        mig_timeout_s=60, rotation_settle_s=0.0, poll_s=0.05))
     app = create_app(settings, cluster_factory=lambda: cluster)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://s") as c:
         created = (await c.post("/v1/plans", json=body(example_request))).json()

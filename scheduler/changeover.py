@@ -14,12 +14,12 @@ whose GPUs the plan rebuilds goes through, one node at a time:
    probe loop), then until their in-flight requests reach 0 (or ``drain_grace_s``);
 4. **evict** them through the Eviction API, which respects the pool's
    PodDisruptionBudget while the rest of the pool serves; a refusal is retried until
-   ``evict_timeout_s``, then the rollout fails naming the pod that will not leave;
+   ``evict_timeout_s``, then the changeover fails naming the pod that will not leave;
 5. **relabel** the node with its ``nvidia.com/mig.config`` and, in the same patch, clear
    ``nvidia.com/mig.config.state``: a ``success`` left from the previous change can then
    never be taken for this one's;
 6. **await** this change's state: the label must show the new config, then ``pending`` /
-   ``rebooting`` while it applies, then ``success`` (done) or ``failed`` (the rollout
+   ``rebooting`` while it applies, then ``success`` (done) or ``failed`` (the changeover
    fails, the node stays cordoned for a person to look at); ``mig_timeout_s`` bounds it;
 7. **bring up**: delete the node's Deployments the plan no longer has, apply the plan's
    Deployments for the node, uncordon;
@@ -34,7 +34,7 @@ After them: the remaining Deployments, and managed Deployments no longer in the 
 deleted. Nodes that disrupt no pool instance go first (like nos and HAMi, idle capacity
 is rebuilt before busy capacity), and each node changes once, all its GPUs together.
 
-:func:`step` is pure: (rollout, state, snapshot) -> (state, actions). The code that
+:func:`step` is pure: (changeover, state, snapshot) -> (state, actions). The code that
 reads snapshots and performs actions (:mod:`scheduler.apply`) is thin. Snapshots must
 be read from the API server (GETs), not from a lagging cache.
 """
@@ -146,11 +146,11 @@ class Relabel:
 Action = Apply | Delete | Cordon | SetRotation | Evict | Relabel
 
 
-# -- the rollout ----------------------------------------------------------------------
+# -- the changeover ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class RolloutSettings:
+class ChangeoverSettings:
     rotation_settle_s: float = 15.0
     """Out of rotation at least this long before an eviction: the gateway re-resolves a
     pool's Service in its probe loop, so it may still send a request or two meanwhile."""
@@ -177,7 +177,7 @@ class NodeChange:
 
 
 @dataclass(frozen=True)
-class Rollout:
+class Changeover:
     prepare: tuple[Obj, ...]
     """PriorityClasses, ConfigMap, Services, PodDisruptionBudgets."""
     nodes: tuple[NodeChange, ...]
@@ -192,7 +192,7 @@ class Rollout:
         return frozenset(names)
 
 
-def build_rollout(record: PlanRecord, settings: ManifestSettings | None = None) -> Rollout:
+def build_changeover(record: PlanRecord, settings: ManifestSettings | None = None) -> Changeover:
     settings = settings or ManifestSettings()
     objects = build_manifests(record.plan, record.request.pools, settings)
     configs = node_configs(record.plan)
@@ -226,7 +226,7 @@ def build_rollout(record: PlanRecord, settings: ManifestSettings | None = None) 
         key=lambda c: (c.disrupted, c.node),
     )
     rebuilt = set(drains)
-    return Rollout(
+    return Changeover(
         prepare=tuple(o for o in objects if o["kind"] not in ("Node", "Deployment")),
         nodes=tuple(changes),
         other_deployments=tuple(
@@ -240,10 +240,10 @@ def build_rollout(record: PlanRecord, settings: ManifestSettings | None = None) 
 
 
 @dataclass(frozen=True)
-class RolloutState:
+class ChangeoverState:
     phase: str = "prepare"
     node: int = 0
-    """Index into ``Rollout.nodes`` of the node being changed."""
+    """Index into ``Changeover.nodes`` of the node being changed."""
     deadline: float = 0.0
     targets: tuple[str, ...] = ()
     """Pods being drained off the node."""
@@ -256,19 +256,19 @@ class RolloutState:
         return self.phase in ("done", "failed")
 
 
-Step = tuple[RolloutState, list[Action]]
+Step = tuple[ChangeoverState, list[Action]]
 
 
-def _grown_first(rollout: Rollout, snap: ClusterSnapshot) -> tuple[Obj, ...]:
+def _grown_first(changeover: Changeover, snap: ClusterSnapshot) -> tuple[Obj, ...]:
     have = {d.name: d.replicas for d in snap.deployments}
     return tuple(
         d
-        for d in rollout.other_deployments
+        for d in changeover.other_deployments
         if d["spec"]["replicas"] >= have.get(d["metadata"]["name"], 0)
     )
 
 
-def _prepare(rollout: Rollout, snap: ClusterSnapshot) -> list[Action]:
+def _prepare(changeover: Changeover, snap: ClusterSnapshot) -> list[Action]:
     # Pool pods from before the rotation label: label them first, or the Services applied
     # next (which select infergate.io/rotation=in) would drop them from every pool.
     actions: list[Action] = [
@@ -276,29 +276,29 @@ def _prepare(rollout: Rollout, snap: ClusterSnapshot) -> list[Action]:
         for p in snap.pods
         if p.pool is not None and not p.rotation_labelled and not p.terminating
     ]
-    for obj in rollout.prepare:
+    for obj in changeover.prepare:
         name = obj["metadata"]["name"]
         if obj["kind"] != "PriorityClass":
             continue
         if snap.priority_classes.get(name, obj["value"]) != obj["value"]:
             actions.append(Delete("PriorityClass", name))  # value is immutable
-    actions.append(Apply(rollout.prepare + _grown_first(rollout, snap)))
+    actions.append(Apply(changeover.prepare + _grown_first(changeover, snap)))
     return actions
 
 
-def _stale(rollout: Rollout, snap: ClusterSnapshot, node: str | None) -> list[Action]:
-    planned = rollout.planned_deployments
+def _stale(changeover: Changeover, snap: ClusterSnapshot, node: str | None) -> list[Action]:
+    planned = changeover.planned_deployments
     return [
         Delete("Deployment", d.name, d.namespace)
         for d in snap.deployments
         if d.managed
-        and d.namespace == rollout.namespace
+        and d.namespace == changeover.namespace
         and d.name not in planned
         and (node is None or d.node == node)
     ]
 
 
-def _fail(state: RolloutState, reason: str, actions: list[Action]) -> Step:
+def _fail(state: ChangeoverState, reason: str, actions: list[Action]) -> Step:
     return replace(state, phase="failed", reason=reason), actions
 
 
@@ -316,7 +316,7 @@ def _drain_targets(change: NodeChange, snap: ClusterSnapshot) -> tuple[str, ...]
     )
 
 
-def _rollback(change: NodeChange, state: RolloutState, snap: ClusterSnapshot) -> list[Action]:
+def _rollback(change: NodeChange, state: ChangeoverState, snap: ClusterSnapshot) -> list[Action]:
     """Before the relabel nothing changed on the GPUs: put the pods back, uncordon."""
     out: list[Action] = [
         SetRotation(p.name, p.namespace, True)
@@ -327,9 +327,9 @@ def _rollback(change: NodeChange, state: RolloutState, snap: ClusterSnapshot) ->
 
 
 def _drain(
-    rollout: Rollout, state: RolloutState, snap: ClusterSnapshot, s: RolloutSettings
+    changeover: Changeover, state: ChangeoverState, snap: ClusterSnapshot, s: ChangeoverSettings
 ) -> Step:
-    change = rollout.nodes[state.node]
+    change = changeover.nodes[state.node]
     pods = {p.name: p for p in snap.pods if p.name in state.targets and p.node == change.node}
     if state.phase == "cordon":
         if not snap.unschedulable.get(change.node, False):
@@ -364,8 +364,9 @@ def _drain(
     return state, [Evict(p.name, p.namespace) for p in pods.values() if not p.terminating]
 
 
-def _mig(rollout: Rollout, state: RolloutState, snap: ClusterSnapshot, s: RolloutSettings) -> Step:
-    change = rollout.nodes[state.node]
+def _mig(changeover: Changeover, state: ChangeoverState, snap: ClusterSnapshot,
+         s: ChangeoverSettings) -> Step:
+    change = changeover.nodes[state.node]
     labels = snap.node_labels.get(change.node, {})
     config, mig_state = labels.get(MIG_CONFIG_LABEL), labels.get(MIG_CONFIG_STATE_LABEL)
     if state.phase == "relabel":
@@ -406,11 +407,11 @@ def _mig(rollout: Rollout, state: RolloutState, snap: ClusterSnapshot, s: Rollou
 
 
 def _bring_up(
-    rollout: Rollout, state: RolloutState, snap: ClusterSnapshot, s: RolloutSettings
+    changeover: Changeover, state: ChangeoverState, snap: ClusterSnapshot, s: ChangeoverSettings
 ) -> Step:
-    change = rollout.nodes[state.node]
+    change = changeover.nodes[state.node]
     if state.phase == "bring-up":
-        actions: list[Action] = [*_stale(rollout, snap, change.node)]
+        actions: list[Action] = [*_stale(changeover, snap, change.node)]
         if change.deployments:
             actions.append(Apply(change.deployments))
         actions.append(Cordon(change.node, False))
@@ -430,8 +431,8 @@ def _bring_up(
     if not short and not out:
         nxt = state.node + 1
         done = (*state.completed, change.node)
-        phase = "cordon" if nxt < len(rollout.nodes) else "finish"
-        return RolloutState(phase=phase, node=nxt, completed=done), []
+        phase = "cordon" if nxt < len(changeover.nodes) else "finish"
+        return ChangeoverState(phase=phase, node=nxt, completed=done), []
     if snap.at >= state.deadline:
         return _fail(
             state,
@@ -443,30 +444,30 @@ def _bring_up(
 
 
 def step(
-    rollout: Rollout,
-    state: RolloutState,
+    changeover: Changeover,
+    state: ChangeoverState,
     snap: ClusterSnapshot,
-    settings: RolloutSettings | None = None,
+    settings: ChangeoverSettings | None = None,
 ) -> Step:
     """The next state and the actions that lead there, from what ``snap`` shows."""
-    s = settings or RolloutSettings()
+    s = settings or ChangeoverSettings()
     if state.finished:
         return state, []
     if state.phase == "prepare":
-        phase = "cordon" if rollout.nodes else "finish"
-        return replace(state, phase=phase), _prepare(rollout, snap)
+        phase = "cordon" if changeover.nodes else "finish"
+        return replace(state, phase=phase), _prepare(changeover, snap)
     if state.phase in ("cordon", "rotate-out", "quiesce", "evict"):
-        return _drain(rollout, state, snap, s)
+        return _drain(changeover, state, snap, s)
     if state.phase in ("relabel", "await-mig"):
-        return _mig(rollout, state, snap, s)
+        return _mig(changeover, state, snap, s)
     if state.phase in ("bring-up", "await-ready"):
-        return _bring_up(rollout, state, snap, s)
+        return _bring_up(changeover, state, snap, s)
     if state.phase == "finish":
         actions: list[Action] = []
-        if rollout.other_deployments:
-            actions.append(Apply(rollout.other_deployments))
-        return replace(state, phase="done"), [*actions, *_stale(rollout, snap, None)]
-    raise ValueError(f"unknown rollout phase {state.phase!r}")
+        if changeover.other_deployments:
+            actions.append(Apply(changeover.other_deployments))
+        return replace(state, phase="done"), [*actions, *_stale(changeover, snap, None)]
+    raise ValueError(f"unknown changeover phase {state.phase!r}")
 
 
 def managed_selector() -> str:
@@ -488,5 +489,5 @@ def pending_count(metrics_text: str) -> int | None:
     return int(total) if seen else None
 
 
-def nodes_in(rollout: Rollout) -> Sequence[str]:
-    return [n.node for n in rollout.nodes]
+def nodes_in(changeover: Changeover) -> Sequence[str]:
+    return [n.node for n in changeover.nodes]
