@@ -13,19 +13,22 @@ is ``--token`` (``$INFERGATE_TOKEN``), sent as ``Authorization: Bearer``.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, Annotated, Any, cast
 
-import httpx
 import typer
 from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
+
+from gateway.lifecycle.client import TERMINAL, LifecycleClient, LifecycleError
 
 app = typer.Typer(help="Upload, follow, roll back and delete model versions.",
                   no_args_is_help=True)
@@ -36,27 +39,20 @@ Url = Annotated[str, typer.Option(envvar="INFERGATE_URL", help="Gateway HTTP add
 Token = Annotated[str | None, typer.Option(envvar="INFERGATE_TOKEN", help="API token.",
                                            show_default=False)]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer.")]
-TERMINAL = ("succeeded", "failed")
 STEP_MARKS = {"done": "[green]✓[/]", "failed": "[red]✗[/]", "running": "[yellow]…[/]",
               "skipped": "[dim]-[/]"}
 
 
-def _client(url: str, token: str | None, timeout: float = 60.0) -> httpx.Client:
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout,
-                        trust_env=False)
-
-
-def _answer(resp: httpx.Response) -> Any:
+@contextlib.contextmanager
+def _client(url: str, token: str | None) -> Iterator[LifecycleClient]:
+    """The gateway's lifecycle API; a refusal is printed and ends the command (exit 2 for
+    a 4xx, 1 for a 5xx)."""
     try:
-        body = resp.json()
-    except ValueError:
-        body = {"error": resp.text}
-    if resp.status_code >= 400:
-        message = body.get("error") if isinstance(body, dict) else body
-        err_console.print(f"[red]error {resp.status_code}:[/] {message}")
-        raise typer.Exit(2 if resp.status_code < 500 else 1)
-    return body
+        with LifecycleClient(url, token) as client:
+            yield client
+    except LifecycleError as err:
+        err_console.print(f"[red]error {err.status}:[/] {err.message}")
+        raise typer.Exit(2 if err.status < 500 else 1) from None
 
 
 class _Counted:
@@ -101,12 +97,12 @@ def upload(
                       DownloadColumn(), TransferSpeedColumn(), console=err_console,
                       transient=True) as progress:
             task = progress.add_task(f"uploading {name}", total=total)
-            files = {k: (parts[k].name, _Counted(h, progress, task))  # type: ignore[union-attr]
-                     for k, h in handles.items()}
-            files["spec"] = ("spec.json", spec.read_bytes())  # type: ignore[assignment]
-            with _client(url, token, timeout=600.0) as client:
-                job = _answer(client.post(f"/v1/models/{name}/versions",
-                                          files=files))  # type: ignore[arg-type]
+            files = {k: (p.name, cast(IO[bytes], _Counted(handles[k], progress, task)))
+                     for k, p in parts.items() if p is not None}
+            with _client(url, token) as client:
+                job = client.upload(name, files["model"], spec.read_bytes(),
+                                    evaluation=files.get("evaluation"),
+                                    calibration=files.get("calibration"))
     finally:
         for handle in handles.values():
             handle.close()
@@ -126,12 +122,8 @@ def job_command(job_id: str, url: Url = "http://127.0.0.1:8000", token: Token = 
 def _follow(job_id: str, url: str, token: str | None, as_json: bool,
             poll_s: float = 0.5) -> None:
     with _client(url, token) as client, Live(console=err_console, transient=as_json) as live:
-        while True:
-            job = _answer(client.get(f"/v1/jobs/{job_id}"))
-            live.update(_job_table(job))
-            if job["state"] in TERMINAL:
-                break
-            time.sleep(poll_s)
+        job = client.wait(job_id, TERMINAL, poll_s=poll_s,
+                          seen=lambda job: live.update(_job_table(job)))
     if as_json:
         console.print_json(data=job)
     if job["state"] == "failed":
@@ -161,7 +153,7 @@ def list_models(url: Url = "http://127.0.0.1:8000", token: Token = None,
                 as_json: AsJson = False) -> None:
     """Models the gateway manages: serving version, state, versions kept."""
     with _client(url, token) as client:
-        answer = _answer(client.get("/v1/models"))
+        answer = client.models()
     if as_json:
         console.print_json(data=answer)
         return
@@ -179,7 +171,7 @@ def show(name: str, url: Url = "http://127.0.0.1:8000", token: Token = None,
          as_json: AsJson = False) -> None:
     """One model: versions with state, precision and report link; recent jobs."""
     with _client(url, token) as client:
-        answer = _answer(client.get(f"/v1/models/{name}"))
+        answer = client.model(name)
     if as_json:
         console.print_json(data=answer)
         return
@@ -198,9 +190,8 @@ def rollback(name: str,
              url: Url = "http://127.0.0.1:8000", token: Token = None,
              as_json: AsJson = False) -> None:
     """Serve the previous (or a given) version again: loaded, warmed, then routed."""
-    with _client(url, token, timeout=600.0) as client:
-        answer = _answer(client.post(f"/v1/models/{name}/rollback",
-                                     json={"version": version}))
+    with _client(url, token) as client:
+        answer = client.rollback(name, version)
     if as_json:
         console.print_json(data=answer)
         return
@@ -222,9 +213,9 @@ def rollout(action: RolloutCommand, name: str, url: Url = "http://127.0.0.1:8000
     or abort (stable takes all traffic again). pause, resume and abort need admin scope."""
     with _client(url, token) as client:
         if action is RolloutCommand.status:
-            answer = _answer(client.get(f"/v1/models/{name}/rollout"))
+            answer = client.rollout(name)
         else:
-            answer = _answer(client.post(f"/v1/models/{name}/rollout/{action.value}"))
+            answer = client.rollout_action(name, action.value)
     if as_json:
         console.print_json(data=answer)
         return
@@ -254,7 +245,7 @@ def delete(name: str, version: int, url: Url = "http://127.0.0.1:8000",
            token: Token = None, as_json: AsJson = False) -> None:
     """Delete a version that is not serving."""
     with _client(url, token) as client:
-        answer = _answer(client.delete(f"/v1/models/{name}/versions/{version}"))
+        answer = client.delete(name, version)
     if as_json:
         console.print_json(data=answer)
         return

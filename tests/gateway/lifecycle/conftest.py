@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import hashlib
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -32,6 +31,7 @@ from onnx import TensorProto, helper
 from converters.images import EFFICIENTNET_LITE, SAMPLE_PHOTOS, augmented_views, load_image
 from converters.images import sample_photo as photo
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from gateway.lifecycle.client import LifecycleClient
 from infergate.processes import ROOT, GatewayProcess, wait_until
 from infergate.triton.local import TritonEndpoints, free_port
 
@@ -291,35 +291,29 @@ def tree(repo: Path) -> dict[str, str]:
             for p in sorted(repo.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
 
 
+def client(url: str, scope: str = "upload") -> LifecycleClient:
+    """The lifecycle API of the gateway at ``url``, as the ``scope`` token."""
+    return LifecycleClient(url, TOKENS[scope], timeout=120)
+
+
 def upload(url: str, name: str, model: Path | bytes, spec: dict[str, Any],
            evaluation: bytes | None, calibration: bytes | None = None) -> dict[str, Any]:
     """``evaluation`` None: no evaluation part (FP32/FP16 are verified on synthetic inputs)."""
-    files: dict[str, Any] = {
-        "model": ("model.onnx", model.read_bytes() if isinstance(model, Path) else model),
-        "spec": ("spec.json", json.dumps(spec))}
-    if evaluation is not None:
-        files["evaluation"] = ("evaluation.npz", evaluation)
-    if calibration is not None:
-        files["calibration"] = ("calibration.npz", calibration)
-    resp = httpx.post(f"{url}/v1/models/{name}/versions", files=files,
-                      headers=bearer("upload"), timeout=120)
-    assert resp.status_code == 202, resp.text
-    return resp.json()  # type: ignore[no-any-return]
+    with client(url) as lifecycle:
+        return lifecycle.upload(name, model.read_bytes() if isinstance(model, Path) else model,
+                                spec, evaluation=evaluation, calibration=calibration)
 
 
 def job(url: str, job_id: str) -> dict[str, Any]:
-    return httpx.get(f"{url}/v1/jobs/{job_id}",  # type: ignore[no-any-return]
-                     headers=bearer("upload")).json()
+    with client(url) as lifecycle:
+        return lifecycle.job(job_id)
 
 
 def finished(url: str, job_id: str, timeout_s: float = 180) -> dict[str, Any]:
-    assert wait_until(lambda: job(url, job_id)["state"] in ("succeeded", "failed"),
-                      timeout_s, 0.2), job(url, job_id)
-    return job(url, job_id)
+    with client(url) as lifecycle:
+        return lifecycle.wait(job_id, timeout_s=timeout_s, poll_s=0.2)
 
 
 def show(url: str, name: str) -> dict[str, Any]:
-    return httpx.get(f"{url}/v1/models/{name}",  # type: ignore[no-any-return]
-                     headers=bearer("upload")).json()
-
-
+    with client(url) as lifecycle:
+        return lifecycle.model(name)
