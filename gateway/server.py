@@ -38,12 +38,12 @@ from gateway.control.model_control import ModelControl
 from gateway.control.probes import probe_forever
 from gateway.core import Core
 from gateway.embedded import EmbeddedServer
-from gateway.haproxy.controller import HAProxyDataPlane, default_layout
+from gateway.haproxy.controller import HAProxyController, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
-from gateway.lifecycle.assembly import build_control_plane
+from gateway.lifecycle.assembly import build_warmup
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane
+from gateway.python.forwarder import Forwarder
 from gateway.python.grpc_api import create_grpc_server
 from gateway.python.http_api import create_http_app
 from gateway.python.http_framing import GatewayHttpToolsProtocol
@@ -106,7 +106,7 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
 
     core = Core.for_config(config)
-    dataplane = DataPlane(core)  # the Python forwarder: with HAProxy in front, its fallback
+    forwarder = Forwarder(core)  # the Python forwarder: with HAProxy in front, its fallback
     upstream_http = UpstreamHTTP(timeout_s=settings.upstream_timeout_s)
     upstream_grpc = UpstreamGRPC()
     admin_client = httpx.AsyncClient(timeout=settings.upstream_timeout_s, trust_env=False)
@@ -123,17 +123,17 @@ async def serve(
     load_timeout_s = config.lifecycle.load_timeout_s if config.lifecycle else 600.0
     admin = MemberAdmin(admin_client, load_timeout_s, synthetic_infer)  # the one admin client
     control = ModelControl(core, admin)
-    control_plane = build_control_plane(config, core, admin)
+    warmup = build_warmup(config, core, admin)
     feed = SnapshotFeed(core, auth)  # for data-plane replicas elsewhere (agents)
     core.state.follow(feed.settle)
     history = TrafficHistory(core.metrics.registry)
-    console = Console(core, auth, history, Sessions(), control_plane.lifecycle,
+    console = Console(core, auth, history, Sessions(), warmup.lifecycle,
                       SchedulerPlans(settings.scheduler_url, admin_client)
                       if settings.scheduler_url else None)
-    control_app = create_control_app(core, control, upstream_http, auth, control_plane.lifecycle,
+    control_app = create_control_app(core, control, upstream_http, auth, warmup.lifecycle,
                                      routers=(feed_router(feed, auth),
                                               create_console_router(console)))
-    app = create_http_app(dataplane, control_app, upstream_http, auth,
+    app = create_http_app(forwarder, control_app, upstream_http, auth,
                           max_body_bytes=settings.max_request_bytes)
     native = settings.data_plane == "haproxy"
     # with HAProxy in front, this process serves on private loopback ports
@@ -157,11 +157,11 @@ async def serve(
         )
     )
     grpc_server, _ = create_grpc_server(
-        dataplane, control, upstream_grpc, f"{own_host}:{own_grpc}", auth,
+        forwarder, control, upstream_grpc, f"{own_host}:{own_grpc}", auth,
         max_message_bytes=settings.max_request_bytes,
     )
     await grpc_server.start()
-    control_plane.start()  # preloading holds readiness down until the models are warm
+    warmup.start()  # preloading holds readiness down until the models are warm
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(http_server.serve(), name="http"),
         asyncio.create_task(probe_forever(core, settings.probe_interval_s), name="probes"),
@@ -194,7 +194,7 @@ async def serve(
             await asyncio.to_thread(haproxy.stop, settings.drain_timeout_s)
             if haproxy.layout.run_dir != settings.haproxy_run_dir:  # a temporary folder
                 shutil.rmtree(haproxy.layout.run_dir, ignore_errors=True)
-        await control_plane.close()
+        await warmup.close()
         http_server.should_exit = True
         await grpc_server.stop(grace=1.0)
         for task in tasks[1:]:
@@ -207,7 +207,7 @@ async def serve(
 
 
 def _haproxy(settings: GatewaySettings, core: Core, auth: TokenTable,
-             control_http: str, control_grpc: str) -> HAProxyDataPlane:
+             control_http: str, control_grpc: str) -> HAProxyController:
     run_dir = settings.haproxy_run_dir
     too_long = run_dir is not None and len(str(run_dir / "master.sock")) > 100
     if too_long and settings.haproxy_external:
@@ -224,11 +224,11 @@ def _haproxy(settings: GatewaySettings, core: Core, auth: TokenTable,
     )
     process = HAProxyProcess(layout, settings.haproxy_binary,
                              external=settings.haproxy_external)
-    return HAProxyDataPlane(core, auth, layout, process)
+    return HAProxyController(core, auth, layout, process)
 
 
 async def _drain(core: Core, timeout_s: float,
-                 haproxy: HAProxyDataPlane | None = None) -> None:
+                 haproxy: HAProxyController | None = None) -> None:
     """Readiness false at once; wait (bounded) until no request is in flight, in this
     process or in HAProxy."""
     core.state.start_draining()

@@ -4,7 +4,7 @@ the gateway drains, when each model was last asked for.
 
 :class:`GatewayState` is changed through its methods only (a member's own state through
 :class:`~gateway.pools.PoolMember`'s). Both data planes follow it: the Python forwarder
-(``gateway/python/dataplane.py``) reads it on every request; the HAProxy controller
+(``gateway/python/forwarder.py``) reads it on every request; the HAProxy controller
 (``gateway/haproxy/controller.py``) renders a snapshot of it once per probe round and
 whenever a lifecycle step awaits :meth:`GatewayState.settle`. Its writers are the control
 plane's parts: the probes (members' health, queue depth, version; DNS membership), the

@@ -129,7 +129,7 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
 
 
 @dataclass
-class HAProxyDataPlane:
+class HAProxyController:
     """HAProxy carrying the hot path, programmed from the gateway's state."""
 
     core: Core

@@ -1,8 +1,8 @@
 """The lifecycle's one assembler, for one gateway process (called from ``serve``):
 :func:`build_lifecycle`, the upload/version core over one state folder and repository
-when a ``lifecycle:`` section is configured, and :func:`build_control_plane`, which adds
-the start-up preloader (readiness gate) and the keep-warm loop (both also without it,
-for models marked ``preload`` / ``keep_warm`` in the configuration).
+when a ``lifecycle:`` section is configured, and :func:`build_warmup`, which adds the
+start-up preloader (readiness gate), the keep-warm loop and member restores, with or
+without a lifecycle (:mod:`gateway.lifecycle.warmup.plan`).
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import GatewayConfig
-from gateway.config.lifecycle import KeepWarmPolicy, LifecycleSpec
+from gateway.config.lifecycle import LifecycleSpec
 from gateway.core import Core
 from gateway.lifecycle.conversion.workers import ConversionWorkers
 from gateway.lifecycle.intake.runner import JobRunner
 from gateway.lifecycle.records.catalog import ModelCatalog
 from gateway.lifecycle.records.jobs import LifecycleStore
 from gateway.lifecycle.service import ModelLifecycle
-from gateway.lifecycle.warmup.deploy import Deployer, load_as_configured, restore_as_configured
+from gateway.lifecycle.warmup.deploy import Deployer
 from gateway.lifecycle.warmup.keepwarm import KeepWarm
+from gateway.lifecycle.warmup.plan import ConfiguredLoader, ModelLoader, WarmupPlan
 from gateway.lifecycle.warmup.preload import Preloader
 from gateway.lifecycle.warmup.rollout import Rollouts
 from gateway.pools import PoolMember
@@ -33,47 +34,33 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class ControlPlane:
-    config: GatewayConfig
+class Warmup:
+    """Start-up preloading (the readiness gate), the keep-warm loop, and members that
+    come back from the dead restored before they take traffic: one policy
+    (:class:`WarmupPlan`), whichever loader (the lifecycle, or the configuration)."""
+
     core: Core
-    admin: MemberAdmin
+    plan: WarmupPlan
+    loader: ModelLoader
     keepwarm: KeepWarm
     lifecycle: ModelLifecycle | None = None
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     preloader: Preloader = field(init=False)
 
     def __post_init__(self) -> None:
-        self.preloader = Preloader(self.core, self.load_one)
-
-    def preload_models(self) -> list[str]:
-        if self.lifecycle is not None:
-            return self.lifecycle.catalog.preload_models()
-        return sorted(m for m, p in self.config.models.items() if p.preload)
-
-    async def load_one(self, model: str) -> None:
-        if self.lifecycle is not None:
-            await self.lifecycle.preload_one(model)
-            return
-        policy = self.config.models.get(model)
-        batches = policy.keep_warm.batch_sizes if policy and policy.keep_warm else (1,)
-        await load_as_configured(self.core, self.admin, model, batches)
+        self.preloader = Preloader(self.core, self.loader.preload_one)
 
     async def restore_member(self, member: PoolMember) -> None:
         """Reload what a member that came back empty must serve (see probes.py)."""
-        if self.lifecycle is not None:
-            await self.lifecycle.restore_member(member)
-            return
-        for model in self.preload_models():
+        for model in self.plan.preload_models():
             if self.core.state.serves(model, member):
-                policy = self.config.models.get(model)
-                batches = policy.keep_warm.batch_sizes if policy and policy.keep_warm else (1,)
-                await restore_as_configured(self.core, self.admin, member, model, batches)
+                await self.loader.restore_one(member, model)
 
     def start(self) -> None:
         """Start preloading (readiness turns true when it is done) and keep-warm, and
         have members that come back from the dead restored before they take traffic."""
         self.core.state.on_recovery(self.restore_member)
-        models = self.preload_models()
+        models = self.plan.preload_models()
         if models:
             self.core.state.set_preloaded(False)  # before the first readiness probe
         for job, name in ((self.preloader.run(models), "preload"),
@@ -98,21 +85,18 @@ def _report_failure(task: asyncio.Task[Any]) -> None:
         log.error("%s failed", task.get_name(), exc_info=task.exception())
 
 
-def build_control_plane(config: GatewayConfig, core: Core,
-                        admin: MemberAdmin) -> ControlPlane:
-    lifecycle: ModelLifecycle | None = None
-
-    def policies() -> dict[str, KeepWarmPolicy]:  # asked once the keep-warm loop runs
-        if lifecycle is not None:
-            return lifecycle.catalog.keep_warm_policies()
-        return {m: p.keep_warm for m, p in config.models.items() if p.keep_warm}
-
-    keepwarm = KeepWarm(core, admin, policies)
-    if config.lifecycle is not None:
-        lifecycle = build_lifecycle(config.lifecycle, config, core, admin,
-                                    on_version_changed=keepwarm.forget)
-        lifecycle.recover()  # explicit, at start-up, before any request is served
-    return ControlPlane(config, core, admin, keepwarm, lifecycle)
+def build_warmup(config: GatewayConfig, core: Core, admin: MemberAdmin) -> Warmup:
+    """The warm-up, over the lifecycle when one is configured (built and recovered
+    here, before any request is served)."""
+    plan = WarmupPlan(config)  # with a lifecycle, its catalog's (over its records) below
+    keepwarm = KeepWarm(core, admin, lambda: plan.keep_warm_policies())
+    if config.lifecycle is None:
+        return Warmup(core, plan, ConfiguredLoader(core, admin, plan), keepwarm)
+    lifecycle = build_lifecycle(config.lifecycle, config, core, admin,
+                                on_version_changed=keepwarm.forget)
+    lifecycle.recover()  # explicit, at start-up, before any request is served
+    plan = lifecycle.catalog.plan
+    return Warmup(core, plan, lifecycle, keepwarm, lifecycle)
 
 
 def build_lifecycle(spec: LifecycleSpec, config: GatewayConfig, core: Core,

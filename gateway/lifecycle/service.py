@@ -99,18 +99,15 @@ class ModelLifecycle:
         if repo_edits.existing_versions(self.catalog.repository, model):
             await self.catalog.adopt(model)
 
-    async def restore_member(self, member: PoolMember) -> None:
-        """A member back from the dead (e.g. a restarted Triton pod, nothing loaded):
-        load and warm there every preloaded model its pool serves, before it takes
-        traffic (the data plane keeps it out of routing meanwhile)."""
-        for model in self.catalog.preload_models():
-            if not self.core.state.serves(model, member):
-                continue
-            record = self.catalog.store.model(model)
-            version = record.serving_version if record is not None else None
-            async with self.deployer.lock(model):
-                await self.deployer.restore_on(member, model, version,
-                                               self.catalog.warm_batches(model))
+    async def restore_one(self, member: PoolMember, model: str) -> None:
+        """Load and warm ``model`` on a member that came back empty (a restarted Triton
+        pod): its serving version, pinned, or the repository's config for a model the
+        lifecycle does not manage."""
+        record = self.catalog.store.model(model)
+        version = record.serving_version if record is not None else None
+        async with self.deployer.lock(model):
+            await self.deployer.restore_on(member, model, version,
+                                           self.catalog.warm_batches(model))
 
     async def close(self) -> None:
         await self.jobs.close()

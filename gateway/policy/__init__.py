@@ -1,7 +1,7 @@
 """Request policy, written once: every rule an inference request passes before it
 reaches a Triton member, as plain data and pure functions that both data planes read.
 
-The Python forwarder (``gateway/python/dataplane.py`` and its adapters ``http_api.py``,
+The Python forwarder (``gateway/python/forwarder.py`` and its adapters ``http_api.py``,
 ``grpc_api.py``) calls these functions; HAProxy's renderer (``gateway/haproxy/config.py``)
 renders the same constants, patterns and message templates into its rules. A parity
 suite (``tests/gateway/test_parity.py``) sends one table of requests to both planes.

@@ -15,7 +15,7 @@ from gateway.auth import TokenTable
 from gateway.errors import PayloadTooLarge
 from gateway.policy.access import presented_token
 from gateway.policy.deadline import HTTP_TIMEOUT_HEADER, http_deadline_s
-from gateway.python.dataplane import DataPlane, RequestOptions
+from gateway.python.forwarder import Forwarder, RequestOptions
 from gateway.upstream.http import UpstreamHTTP
 
 ASGIScope = dict[str, Any]
@@ -35,10 +35,10 @@ class FastPath:
 
     path: re.Pattern[str]
 
-    def __init__(self, app: Any, dataplane: DataPlane, upstream: UpstreamHTTP,
+    def __init__(self, app: Any, forwarder: Forwarder, upstream: UpstreamHTTP,
                  auth: TokenTable | None = None,
                  max_body_bytes: int = 256 * 1024 * 1024) -> None:
-        self.app, self.dataplane, self.upstream = app, dataplane, upstream
+        self.app, self.forwarder, self.upstream = app, forwarder, upstream
         self.auth = auth or TokenTable()
         self.max_body_bytes = max_body_bytes
 

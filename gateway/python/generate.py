@@ -33,8 +33,8 @@ from gateway.errors import (
 from gateway.policy import parse_errors
 from gateway.policy.rollout import http_pinned_path
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane, RequestOptions
 from gateway.python.fast_path import FastPath, options_from_headers, read_body
+from gateway.python.forwarder import Forwarder, RequestOptions
 from gateway.upstream.http import UpstreamHTTP
 
 GENERATE_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/generate(_stream)?$")
@@ -83,9 +83,9 @@ class GenerateFastPath(FastPath):
             forwarded = {k: v for k, v in headers.items() if k in FORWARDED}
             path, version = scope["path"], None
             if match.group(2) is None:
-                version = self.dataplane.pin(match.group(1))  # a rollout's split
+                version = self.forwarder.pin(match.group(1))  # a rollout's split
                 path = path if version is None else http_pinned_path(path, version)
-            relay = _Relay(self.upstream, self.dataplane, match.group(1), path, body,
+            relay = _Relay(self.upstream, self.forwarder, match.group(1), path, body,
                            forwarded, options, stream)
             async for message in relay.run(receive):
                 started = True
@@ -102,13 +102,13 @@ class GenerateFastPath(FastPath):
 
 
 class _Relay:
-    """One generate request: the upstream call runs inside ``DataPlane.forward`` (so it
+    """One generate request: the upstream call runs inside ``Forwarder.forward`` (so it
     holds its admission slot while it streams); ASGI messages come out of ``out``."""
 
-    def __init__(self, upstream: UpstreamHTTP, dataplane: DataPlane, model: str, path: str,
+    def __init__(self, upstream: UpstreamHTTP, forwarder: Forwarder, model: str, path: str,
                  body: bytes, headers: dict[str, str], options: RequestOptions,
                  stream: bool) -> None:
-        self.upstream, self.dataplane = upstream, dataplane
+        self.upstream, self.forwarder = upstream, forwarder
         self.model, self.path, self.body, self.headers = model, path, body, headers
         self.options, self.stream = options, stream
         self.protocol = "http_generate_stream" if stream else "http_generate"
@@ -140,7 +140,7 @@ class _Relay:
 
     async def _forward(self) -> None:
         try:
-            await self.dataplane.forward(self.model, self._call, protocol=self.protocol,
+            await self.forwarder.forward(self.model, self._call, protocol=self.protocol,
                                          options=self.options, outcome=outcome_of_answer)
         finally:
             await self.out.put(_END)
@@ -181,7 +181,7 @@ class _Relay:
             raise DeadlineExceeded(f"no answer from member {member.key} in time") from exc
 
     async def _relay_events(self, resp: aiohttp.ClientResponse, sent_at: float) -> None:
-        metrics = self.dataplane.metrics
+        metrics = self.forwarder.metrics
         counter = EventCounter()
         try:
             async for chunk in resp.content.iter_any():

@@ -40,7 +40,7 @@ from gateway.errors import GatewayError, outcome_of_answer
 from gateway.policy.deadline import triton_timeout_us
 from gateway.policy.model_name import grpc_message_whole, grpc_model_name
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane, RequestOptions
+from gateway.python.forwarder import Forwarder, RequestOptions
 from gateway.python.streams import StreamEnd, StreamRelay
 from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
 
@@ -71,11 +71,11 @@ def _options(context: grpc.aio.ServicerContext) -> RequestOptions:
 class GatewayServicer(ControlServicer):
     """The control plane's servicer with the inference RPCs on the Python forwarder."""
 
-    def __init__(self, dataplane: DataPlane, control: ModelControl,
+    def __init__(self, forwarder: Forwarder, control: ModelControl,
                  upstream: UpstreamGRPC, auth: TokenTable | None = None) -> None:
-        super().__init__(dataplane.core, control, upstream, auth)
-        self.dataplane = dataplane
-        self.streams = StreamRelay(dataplane, upstream)
+        super().__init__(forwarder.core, control, upstream, auth)
+        self.forwarder = forwarder
+        self.streams = StreamRelay(forwarder, upstream)
 
     def _options(self, context: Any, scope: Scope) -> RequestOptions:
         self._require(context, scope)
@@ -92,7 +92,7 @@ class GatewayServicer(ControlServicer):
             if grpc_message_whole(request):
                 if options.deadline_s is not None:
                     request = with_timeout_parameter(request, options.deadline_s)
-                request, version = self.dataplane.pin_grpc(model, request)  # in a rollout
+                request, version = self.forwarder.pin_grpc(model, request)  # in a rollout
 
             async def call(member: PoolMember) -> bytes | RelayedError:
                 try:
@@ -101,7 +101,7 @@ class GatewayServicer(ControlServicer):
                 except RelayedError as relayed:
                     return relayed  # Triton's answer: counted by its code, then relayed
 
-            result = await self.dataplane.forward(model, call, protocol="grpc",
+            result = await self.forwarder.forward(model, call, protocol="grpc",
                                                   options=options, outcome=_outcome,
                                                   version=version)
             if isinstance(result, RelayedError):
@@ -135,7 +135,7 @@ class GatewayServicer(ControlServicer):
 
 
 def create_grpc_server(
-    dataplane: DataPlane, control: ModelControl, upstream: UpstreamGRPC, address: str,
+    forwarder: Forwarder, control: ModelControl, upstream: UpstreamGRPC, address: str,
     auth: TokenTable | None = None, max_message_bytes: int = 256 * 1024 * 1024,
 ) -> tuple[grpc.aio.Server, int]:
     """``max_message_bytes``: larger requests are refused by grpc-core itself with
@@ -145,7 +145,7 @@ def create_grpc_server(
         ("grpc.so_reuseport", 1),
         ("grpc.max_receive_message_length", max_message_bytes),
     ])
-    servicer = GatewayServicer(dataplane, control, upstream, auth)
+    servicer = GatewayServicer(forwarder, control, upstream, auth)
     handlers = method_handlers(servicer)
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer, request_deserializer=None, response_serializer=None

@@ -32,7 +32,6 @@ from gateway.policy.model_name import HTTP_INFER_PATTERN
 from gateway.policy.rollout import http_pinned_path
 from gateway.policy.shape import check_shapes
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane
 from gateway.python.fast_path import (
     ASGIReceive,
     ASGIScope,
@@ -41,6 +40,7 @@ from gateway.python.fast_path import (
     options_from_headers,
     read_body,
 )
+from gateway.python.forwarder import Forwarder
 from gateway.python.generate import GenerateFastPath
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 
@@ -125,7 +125,7 @@ class InferFastPath(FastPath):
         if self.auth.predict_gated:
             self.auth.require(options.api_key, Scope.PREDICT)
         path = scope["path"]
-        version = self.dataplane.pin(model) if unversioned else None
+        version = self.forwarder.pin(model) if unversioned else None
         if version is not None:  # a rollout: stable or candidate, by its split
             path = http_pinned_path(path, version)
         if scope.get("query_string"):
@@ -135,16 +135,16 @@ class InferFastPath(FastPath):
             return client_mistakes_as_400(await self.upstream.request(
                 member, "POST", path, body, forwarded, options.deadline_s))
 
-        resp = await self.dataplane.forward(model, call, protocol="http", options=options,
+        resp = await self.forwarder.forward(model, call, protocol="http", options=options,
                                             outcome=_outcome, version=version)
         return resp.status, resp.body, list(resp.headers)
 
 
-def create_http_app(dataplane: DataPlane, control_app: Any, upstream: UpstreamHTTP,
+def create_http_app(forwarder: Forwarder, control_app: Any, upstream: UpstreamHTTP,
                     auth: TokenTable | None = None,
                     max_body_bytes: int = 256 * 1024 * 1024) -> Any:
     """The Python data plane's HTTP surface: inference and generation on their fast
     paths, everything else falls through to the control plane's app."""
     auth = auth or TokenTable()
-    generate = GenerateFastPath(control_app, dataplane, upstream, auth, max_body_bytes)
-    return InferFastPath(generate, dataplane, upstream, auth, max_body_bytes)
+    generate = GenerateFastPath(control_app, forwarder, upstream, auth, max_body_bytes)
+    return InferFastPath(generate, forwarder, upstream, auth, max_body_bytes)

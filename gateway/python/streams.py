@@ -1,7 +1,7 @@
 """gRPC ``ModelStreamInfer`` relayed to one member as a stream for its whole life.
 
 The first request's model picks the member (admission, rate limit and routing as for
-``ModelInfer``: :meth:`DataPlane.forward`, where a stream holds one admission slot while
+``ModelInfer``: :meth:`Forwarder.forward`, where a stream holds one admission slot while
 it lives); every later request of the stream goes to the same member, pipelined: the
 client's requests are written upstream as they arrive, the member's responses are
 relayed as they arrive (many per request for a decoupled model). Messages travel as raw
@@ -39,7 +39,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy import parse_errors
 from gateway.policy.model_name import grpc_message_whole
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane, RequestOptions
+from gateway.python.forwarder import Forwarder, RequestOptions
 
 EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL = "triton_final_response"
@@ -232,27 +232,27 @@ class StreamSession:
 class StreamRelay:
     """What the gRPC adapter's ``ModelStreamInfer`` calls."""
 
-    def __init__(self, dataplane: DataPlane, upstream: Any) -> None:
-        self.dataplane = dataplane
+    def __init__(self, forwarder: Forwarder, upstream: Any) -> None:
+        self.forwarder = forwarder
         self.upstream = upstream
 
     def _pin(self, model: str, raw: bytes) -> bytes:
         """A rollout's version appended to a message whole at its top level; one cut
         short goes as sent (an appended field could complete it), as ``ModelInfer``."""
-        return self.dataplane.pin_grpc(model, raw)[0] if grpc_message_whole(raw) else raw
+        return self.forwarder.pin_grpc(model, raw)[0] if grpc_message_whole(raw) else raw
 
     async def relay(self, model: str, first: bytes, requests: AsyncIterator[bytes],
                     options: RequestOptions) -> AsyncGenerator[bytes | StreamEnd, None]:
         """The member's responses as raw bytes, then how the stream ended. Gateway
         errors before the stream is established (unknown model, overload, no member)
         are raised."""
-        session = StreamSession(self.upstream, self.dataplane.metrics, requests, first,
+        session = StreamSession(self.upstream, self.forwarder.metrics, requests, first,
                                 options, pin=self._pin)
         reader = asyncio.create_task(session.read_client())
 
         async def forward() -> StreamEnd:
             try:
-                return await self.dataplane.forward(model, session.run,
+                return await self.forwarder.forward(model, session.run,
                                                     protocol="grpc_stream",
                                                     options=options, outcome=stream_outcome)
             finally:

@@ -15,7 +15,7 @@ from gateway import errors
 from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.control.model_control import ModelControl
-from gateway.python.dataplane import DataPlane
+from gateway.python.forwarder import Forwarder
 from gateway.python.grpc_api import create_grpc_server
 from gateway.upstream.grpc import SERVICE, UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP
@@ -34,9 +34,9 @@ def _make(cls: type[errors.GatewayError]) -> errors.GatewayError:
     return cls(f"boom from {cls.__name__}")
 
 
-def _dataplane() -> DataPlane:
+def _dataplane() -> Forwarder:
     config = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),)),))
-    return DataPlane.for_config(config)
+    return Forwarder.for_config(config)
 
 
 @pytest.mark.parametrize("cls", ALL_ERRORS, ids=lambda c: c.__name__)

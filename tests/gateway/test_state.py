@@ -12,18 +12,18 @@ from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.errors import ModelNotFound
 from gateway.policy.upstream import HEALTH_FALL, EjectionPolicy
 from gateway.pools import PoolMember, build_pools
-from gateway.python.dataplane import DataPlane
+from gateway.python.forwarder import Forwarder
 from gateway.state import GatewayState
 
 
-def _dataplane() -> DataPlane:
+def _dataplane() -> Forwarder:
     config = GatewayConfig(pools=(
         PoolSpec(name="a", members=(MemberSpec(grpc_port=1),), models=("m",),
                  capacity_per_member=2),
         PoolSpec(name="b", members=(MemberSpec(grpc_port=2), MemberSpec(grpc_port=3)),
                  models=("other",), capacity_per_member=3),
     ))
-    return DataPlane.for_config(config, clock=lambda: 100.0)
+    return Forwarder.for_config(config, clock=lambda: 100.0)
 
 
 def test_serving_a_model_from_other_pools_moves_the_forwarders_route_when_assigned() -> None:

@@ -21,10 +21,9 @@ from gateway.lifecycle.intake.spec import UploadSpec
 from gateway.lifecycle.records import versions as repo_edits
 from gateway.lifecycle.records.jobs import JobRecord, LifecycleStore, ModelRecord, VersionRecord
 from gateway.lifecycle.warmup.deploy import Deployer
+from gateway.lifecycle.warmup.plan import WarmupPlan
 from gateway.pools import pools_for_model
 from gateway.upstream.triton import MemberAdmin
-
-POLICY_CACHE_S = 1.0  # the keep-warm loop asks several times a second
 
 
 def checked_name(name: str) -> str:
@@ -42,8 +41,10 @@ class ModelCatalog:
     core: Core
     admin: MemberAdmin
     deployer: Deployer
-    _policies: tuple[float, dict[str, KeepWarmPolicy]] = field(
-        default=(float("-inf"), {}), init=False)
+    plan: WarmupPlan = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.plan = WarmupPlan(self.config, self.store)
 
     # -- records ---------------------------------------------------------------------------
     def record(self, model: str) -> ModelRecord:
@@ -162,30 +163,15 @@ class ModelCatalog:
             if record.pools:
                 self.core.state.serve(record.name, record.pools)
 
-    # -- policies --------------------------------------------------------------------------
+    # -- policies (gateway/lifecycle/warmup/plan.py) -----------------------------------------
     def keep_warm_policies(self) -> dict[str, KeepWarmPolicy]:
-        """Configuration first; else what the model's upload spec asked for (read from the
-        store at most once per POLICY_CACHE_S)."""
-        now = time.monotonic()
-        if now - self._policies[0] < POLICY_CACHE_S:
-            return self._policies[1]
-        policies = {r.name: KeepWarmPolicy.model_validate(r.keep_warm)
-                    for r in self.store.models() if r.keep_warm and r.serving_version}
-        for model, policy in self.config.models.items():
-            if policy.keep_warm is not None:
-                policies[model] = policy.keep_warm
-        self._policies = (now, policies)
-        return policies
+        return self.plan.keep_warm_policies()
 
     def policies_changed(self) -> None:
-        """A record's keep-warm policy changed: the next read goes to the store."""
-        self._policies = (float("-inf"), {})
+        self.plan.policies_changed()
 
     def warm_batches(self, model: str) -> tuple[int, ...]:
-        policy = self.keep_warm_policies().get(model)
-        return policy.batch_sizes if policy else (1,)
+        return self.plan.warm_batches(model)
 
     def preload_models(self) -> list[str]:
-        managed = [r.name for r in self.store.models() if r.serving_version is not None]
-        configured = [m for m, p in self.config.models.items() if p.preload]
-        return sorted(set(managed) | set(configured))
+        return self.plan.preload_models()

@@ -32,7 +32,7 @@ from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.render import render
 from gateway.haproxy.snapshot import Layout
 from gateway.pools import PoolMember
-from gateway.python.dataplane import DataPlane
+from gateway.python.forwarder import Forwarder
 from infergate.triton.local import free_port
 
 
@@ -81,7 +81,7 @@ def member_server() -> Iterator[tuple[int, Answers]]:
         thread.join(timeout=10)
 
 
-def _one_member(port: int, tmp_path: Path) -> tuple[DataPlane, PoolMember, Layout]:
+def _one_member(port: int, tmp_path: Path) -> tuple[Forwarder, PoolMember, Layout]:
     spec = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
     dataplane = Core.for_config(GatewayConfig(pools=(PoolSpec(name="p", members=(spec,)),)))
     layout = Layout("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", tmp_path,

@@ -27,7 +27,7 @@ from gateway.lifecycle.intake.runner import JobRunner
 from gateway.lifecycle.records.catalog import ModelCatalog
 from gateway.lifecycle.records.jobs import JobRecord, ModelRecord
 from gateway.lifecycle.service import ModelLifecycle
-from gateway.python.dataplane import DataPlane
+from gateway.python.forwarder import Forwarder
 from gateway.python.grpc_api import create_grpc_server
 from gateway.upstream.grpc import UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
@@ -96,9 +96,9 @@ def _token(identity: str) -> str | None:
                                                                      TOKENS.get(identity))
 
 
-def _dataplane() -> DataPlane:
+def _dataplane() -> Forwarder:
     config = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),)),))
-    return DataPlane.for_config(config)
+    return Forwarder.for_config(config)
 
 
 def _upstream_http() -> Any:

@@ -11,14 +11,14 @@ import pytest
 from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.errors import DeadlineExceeded
-from gateway.python.dataplane import DataPlane, RequestOptions
+from gateway.python.forwarder import Forwarder, RequestOptions
 from tests.gateway.conftest import Held
 
 
-def _dataplane(capacity: int = 2) -> DataPlane:
+def _dataplane(capacity: int = 2) -> Forwarder:
     config = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(grpc_port=1),),
                                            capacity_per_member=capacity),))
-    return DataPlane.for_config(config, clock=lambda: 100.0)
+    return Forwarder.for_config(config, clock=lambda: 100.0)
 
 
 async def test_a_deadline_the_pool_cannot_meet_is_refused_before_the_member_sees_it() -> None:

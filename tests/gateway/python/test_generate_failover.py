@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
-from gateway.python.dataplane import DataPlane
+from gateway.python.forwarder import Forwarder
 from gateway.python.generate import GenerateFastPath
 from gateway.upstream.http import UpstreamHTTP
 from infergate.triton.local import free_port
@@ -41,12 +41,12 @@ async def _member(port: int, break_after: int | None = None) -> web.AppRunner:
     return runner
 
 
-async def _call(break_after: int | None = None) -> tuple[httpx.Response, DataPlane, Any]:
+async def _call(break_after: int | None = None) -> tuple[httpx.Response, Forwarder, Any]:
     live_port, dead_port = free_port(), free_port()
     members = (MemberSpec(http_port=dead_port, grpc_port=dead_port),
                MemberSpec(http_port=live_port, grpc_port=live_port))
     config = GatewayConfig(pools=(PoolSpec(name="p", members=members),))
-    dataplane = DataPlane.for_config(config)
+    dataplane = Forwarder.for_config(config)
     dead, live = dataplane.state.pools[0].members
     live.upstream_queue = 50  # the router prefers the (dead) idle member first
     live.queue_scraped_at = dataplane.clock()

@@ -14,7 +14,7 @@ from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.metrics import create_metrics
 from gateway.pools import PoolMember
-from gateway.python.dataplane import NO_OPTIONS, DataPlane, RequestOptions
+from gateway.python.forwarder import NO_OPTIONS, Forwarder, RequestOptions
 from gateway.python.streams import EMPTY_FINAL, StreamEnd, StreamRelay, StreamTally
 
 
@@ -84,10 +84,10 @@ class FakeUpstream:
         return open_call
 
 
-def _dataplane() -> DataPlane:
+def _dataplane() -> Forwarder:
     members = (MemberSpec(grpc_port=9001), MemberSpec(grpc_port=9002))
     config = GatewayConfig(pools=(PoolSpec(name="p", members=members),))
-    return DataPlane.for_config(config)
+    return Forwarder.for_config(config)
 
 
 def _request(request_id: str, empty_final: bool = False) -> bytes:

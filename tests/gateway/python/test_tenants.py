@@ -12,13 +12,13 @@ from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.config.tenancy import parse_tenancy
 from gateway.errors import Overloaded
 from gateway.policy import tenancy
-from gateway.python.dataplane import DataPlane, RequestOptions
+from gateway.python.forwarder import Forwarder, RequestOptions
 from tests.gateway.conftest import Held
 
 CAPACITY = 4  # one member: standard refused from 8, critical from 12, sheddable from 4
 
 
-def _dataplane(clock: Callable[[], float] = lambda: 100.0) -> DataPlane:
+def _dataplane(clock: Callable[[], float] = lambda: 100.0) -> Forwarder:
     config = GatewayConfig(
         pools=(PoolSpec(name="p", members=(MemberSpec(grpc_port=1),),
                         capacity_per_member=CAPACITY),),
@@ -30,12 +30,12 @@ def _dataplane(clock: Callable[[], float] = lambda: 100.0) -> DataPlane:
                         {"name": "batch", "priority": "sheddable", "keys": ["batch-key"]},
                         {"name": "pay", "priority": "critical", "keys": ["pay-key"],
                          "max_in_flight": 5}]}))
-    return DataPlane.for_config(config, clock=clock)
+    return Forwarder.for_config(config, clock=clock)
 
 
 
 
-async def _offer(dp: DataPlane, held: Held, key: str, n: int) -> list[asyncio.Task[str]]:
+async def _offer(dp: Forwarder, held: Held, key: str, n: int) -> list[asyncio.Task[str]]:
     tasks = [asyncio.create_task(dp.forward("m", held, protocol="http",
                                             options=RequestOptions(api_key=key)))
              for _ in range(n)]
@@ -158,7 +158,7 @@ async def test_the_models_bound_refuses_lower_classes_first_and_never_critical_f
         tenancy=parse_tenancy({"tenants": [
             {"name": "batch", "priority": "sheddable", "keys": ["batch-key"]},
             {"name": "pay", "priority": "critical", "keys": ["pay-key"]}]}))
-    dp, held = DataPlane.for_config(config, clock=lambda: 100.0), Held()
+    dp, held = Forwarder.for_config(config, clock=lambda: 100.0), Held()
     batch = await _offer(dp, held, "batch-key", 10)
     std = await _offer(dp, held, "", 10)
     # sheddable's bound is a third of 12 (4), standard's two thirds (8): counted over the

@@ -21,7 +21,7 @@ from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.control.model_control import ModelControl
 from gateway.errors import Unavailable
 from gateway.lifecycle.warmup.preload import Preloader
-from gateway.python.dataplane import DataPlane
+from gateway.python.forwarder import Forwarder
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton
@@ -31,9 +31,9 @@ from tests.gateway.lifecycle.conftest import eventually, spawn_gateway
 from tests.procs import pools_yaml
 
 
-def _gateway() -> tuple[DataPlane, Any]:
+def _gateway() -> tuple[Forwarder, Any]:
     config = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),)),))
-    dataplane = DataPlane.for_config(config)
+    dataplane = Forwarder.for_config(config)
     upstream = create_autospec(UpstreamHTTP, instance=True)
 
     async def answer(*args: Any, **kwargs: Any) -> UpstreamResponse:

@@ -1,6 +1,6 @@
 """The transport-free core of the gateway.
 
-``DataPlane.forward`` is what both the HTTP and the gRPC adapters call for every model
+``Forwarder.forward`` is what both the HTTP and the gRPC adapters call for every model
 request. It applies the request policy (``gateway/policy``) in its order, as HAProxy's
 rules do: the API key's rate limit, the model's route, its readiness, its admission
 limit (requests in the gateway, refused at once beyond it); then the routing policy's
@@ -79,7 +79,7 @@ class ModelRoute:
 
 
 @dataclass
-class DataPlane:
+class Forwarder:
     """The Python forwarder: reads what the gateway knows (``state``), owns only what it
     counts itself (per-model routes, rate windows, metric children)."""
 
@@ -102,7 +102,7 @@ class DataPlane:
 
     @classmethod
     def for_config(cls, config: GatewayConfig, metrics: GatewayMetrics | None = None,
-                   clock: Callable[[], float] = time.monotonic) -> DataPlane:
+                   clock: Callable[[], float] = time.monotonic) -> Forwarder:
         """A forwarder over a new state of ``config``'s pools (tests)."""
         return cls(Core.for_config(config, metrics, clock))
 
