@@ -25,9 +25,10 @@ from gateway.config.tenancy import TenancySpec
 from gateway.errors import ModelNotFound, Unavailable
 from gateway.policy import admission, deadline
 from gateway.policy.model_name import UNKNOWN_MODEL
-from gateway.policy.rollout import Split, VersionTally
+from gateway.policy.rollout import Split
 from gateway.policy.tenancy import Tenancy, TenantActivity, queued_elsewhere
 from gateway.pools import Pool, PoolMember, pools_for_model
+from gateway.telemetry import VersionTally
 
 Follower = Callable[[], Awaitable[None]]
 RecoveryHook = Callable[[PoolMember], Awaitable[None]]

@@ -12,6 +12,7 @@ per-request lines arrive through :mod:`gateway.haproxy.telemetry`.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
@@ -21,10 +22,12 @@ from typing import TypeVar
 from gateway.errors import GatewayError, outcome_name
 from gateway.haproxy.runtime import parse_csv_stats, parse_table
 from gateway.metrics import GatewayMetrics, create_metrics
+from gateway.policy.rollout import Window
 from gateway.pools import Pool, PoolMember
 
 T = TypeVar("T")
 GaugeSource = Callable[[], Awaitable[None]]
+MAX_TALLIED = 200_000  # answers kept per version between two reads of a window
 
 
 @dataclass(frozen=True)
@@ -143,3 +146,42 @@ class Telemetry:
         metrics.latency.labels(model, member.pool, protocol, traffic).observe(
             time.monotonic() - started)
         return result
+
+
+@dataclass(eq=False)
+class VersionTally:
+    """Answers to pinned requests of the models a rollout watches, per version: both
+    data planes record here (the Python forwarder as it answers; HAProxy's telemetry
+    thread from its log lines), the rollout reads a window per step. Thread-safe."""
+
+    _answers: dict[str, dict[int, list[tuple[float, bool, float]]]] = field(
+        default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def watch(self, model: str) -> None:
+        with self._lock:
+            self._answers.setdefault(model, {})
+
+    def forget(self, model: str) -> None:
+        with self._lock:
+            self._answers.pop(model, None)
+
+    def record(self, model: str, version: int, ok: bool, seconds: float, at: float,
+               count: int = 1) -> None:
+        versions = self._answers.get(model)
+        if versions is None:
+            return  # no rollout watches it
+        with self._lock:
+            answers = versions.setdefault(version, [])
+            answers.extend([(at, ok, seconds)] * count)
+            if len(answers) > MAX_TALLIED:  # unread for long: keep the newest half
+                del answers[: len(answers) // 2]
+
+    def window(self, model: str, version: int, since: float) -> Window:
+        """Answers of ``version`` recorded at or after ``since`` (older ones dropped)."""
+        with self._lock:
+            answers = self._answers.get(model, {}).get(version, [])
+            kept = [a for a in answers if a[0] >= since]
+            if model in self._answers:
+                self._answers[model][version] = kept
+        return Window.of([(ok, s) for _, ok, s in kept])

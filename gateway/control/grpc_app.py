@@ -48,7 +48,7 @@ async def invoke(method: Callable[..., Awaitable[Any]], request: Any, timeout: f
         return await method(request, timeout=timeout)
     except grpc.aio.AioRpcError as exc:
         details = parse_errors.bounded(exc.details() or "")
-        code = parse_errors.grpc_code(exc.code(), details)
+        code = grpc.StatusCode[parse_errors.grpc_code(exc.code().name, details)]
         if code == grpc.StatusCode.UNAVAILABLE:  # not Triton's answer about the request
             raise Unavailable(f"member unreachable: {exc.details()}") from exc
         raise RelayedError(code, details) from exc

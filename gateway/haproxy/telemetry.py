@@ -28,7 +28,7 @@ from typing import Any
 
 from gateway.errors import outcome_of_answer
 from gateway.metrics import GatewayMetrics, observe_many
-from gateway.policy.rollout import VersionTally
+from gateway.telemetry import VersionTally
 
 log = logging.getLogger(__name__)
 # outcomes HAProxy decided itself (``txn.out``); auth failures and unknown models are not

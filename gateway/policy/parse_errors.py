@@ -25,8 +25,6 @@ messages by ``tests/fuzz`` and ``tests/gateway/test_compat.py``.
 
 from __future__ import annotations
 
-import grpc
-
 # the start of Triton's message for a request it could not parse (HTTP JSON body or
 # gRPC message; "request params": a JSON value of the wrong type in the body; "parameter
 # key": a "parameters" key holding a NUL, which Triton's lookup cuts short)
@@ -58,16 +56,17 @@ def http_status(status: int, body: bytes) -> int:
     return 404 if NOT_IN_REPOSITORY in message else status
 
 
-def grpc_code(code: grpc.StatusCode, details: str) -> grpc.StatusCode:
-    """INVALID_ARGUMENT for Triton's INTERNAL about an unparseable request,
-    DEADLINE_EXCEEDED for its UNAVAILABLE of a request its queue dropped."""
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return grpc.StatusCode.DEADLINE_EXCEEDED if details.startswith(QUEUE_TIMEOUT) else code
-    if code != grpc.StatusCode.INTERNAL:
+def grpc_code(code: str, details: str) -> str:
+    """By status name (``grpc.StatusCode``'s): INVALID_ARGUMENT for Triton's INTERNAL
+    about an unparseable request, DEADLINE_EXCEEDED for its UNAVAILABLE of a request its
+    queue dropped; any other as it is."""
+    if code == "UNAVAILABLE":
+        return "DEADLINE_EXCEEDED" if details.startswith(QUEUE_TIMEOUT) else code
+    if code != "INTERNAL":
         return code
     if is_parse_error(details):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return grpc.StatusCode.NOT_FOUND if NOT_IN_REPOSITORY in details else code
+        return "INVALID_ARGUMENT"
+    return "NOT_FOUND" if NOT_IN_REPOSITORY in details else code
 
 
 # Triton quotes requests back in its messages (a 10,000-dimension shape in full); gRPC

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import enum
 import math
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,7 +35,6 @@ import numpy as np
 
 from gateway.config.rollout import RolloutSpec
 
-MAX_TALLIED = 200_000  # answers kept per version between two reads of a window
 # the p99s are compared once both versions have this many answers: over fewer, a "p99"
 # is the maximum, biased high against a version with many more answers (stable)
 P99_MIN_ANSWERS = 100
@@ -195,41 +193,3 @@ def agreement_of(stable: Sequence[np.ndarray], candidate: Sequence[np.ndarray],
         cosines.append(1.0 if norm == 0 and not a64.any() and not b64.any()
                        else float(a64 @ b64) / norm if norm else 0.0)
     return float(np.mean(cosines))
-
-
-class VersionTally:
-    """Answers to pinned requests of the models a rollout watches, per version: both
-    data planes record here (the Python forwarder as it answers; HAProxy's telemetry
-    thread from its log lines), the rollout reads a window per step. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._answers: dict[str, dict[int, list[tuple[float, bool, float]]]] = {}
-        self._lock = threading.Lock()
-
-    def watch(self, model: str) -> None:
-        with self._lock:
-            self._answers.setdefault(model, {})
-
-    def forget(self, model: str) -> None:
-        with self._lock:
-            self._answers.pop(model, None)
-
-    def record(self, model: str, version: int, ok: bool, seconds: float, at: float,
-               count: int = 1) -> None:
-        versions = self._answers.get(model)
-        if versions is None:
-            return  # no rollout watches it
-        with self._lock:
-            answers = versions.setdefault(version, [])
-            answers.extend([(at, ok, seconds)] * count)
-            if len(answers) > MAX_TALLIED:  # unread for long: keep the newest half
-                del answers[: len(answers) // 2]
-
-    def window(self, model: str, version: int, since: float) -> Window:
-        """Answers of ``version`` recorded at or after ``since`` (older ones dropped)."""
-        with self._lock:
-            answers = self._answers.get(model, {}).get(version, [])
-            kept = [a for a in answers if a[0] >= since]
-            if model in self._answers:
-                self._answers[model][version] = kept
-        return Window.of([(ok, s) for _, ok, s in kept])

@@ -196,7 +196,8 @@ class StreamSession:
                                  f"member {member.key} failed during the stream: "
                                  f"{exc.details()}")
             details = exc.details() or ""
-            return StreamEnd(parse_errors.grpc_code(exc.code(), details), details)
+            code = parse_errors.grpc_code(exc.code().name, details)
+            return StreamEnd(grpc.StatusCode[code], details)
         finally:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -36,7 +36,7 @@ from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import create_metrics
 from gateway.policy.access import key_digest
 from gateway.policy.rate import RateClass
-from gateway.policy.rollout import VersionTally
+from gateway.telemetry import VersionTally
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.procs import wait_until

@@ -14,7 +14,6 @@ from gateway.policy.model_name import grpc_model_name, grpc_names_version
 from gateway.policy.rollout import (
     Split,
     Verdict,
-    VersionTally,
     Window,
     agreement_of,
     effective,
@@ -156,18 +155,3 @@ def test_agreement_counts_top1_or_cosine_when_compared() -> None:
     assert agreement_of(a, b, "top1") == pytest.approx(2 / 3)
     assert agreement_of(a, a, "cosine") == pytest.approx(1.0)
     assert agreement_of([np.ones(4)], [-np.ones(4)], "cosine") == pytest.approx(-1.0)
-
-
-def test_tally_keeps_watched_models_per_version_when_recorded() -> None:
-    tally = VersionTally()
-    tally.record("m", 1, True, 0.01, at=1.0)  # not watched: dropped
-    tally.watch("m")
-    tally.record("m", 1, True, 0.01, at=2.0)
-    tally.record("m", 2, False, 0.02, at=3.0, count=3)
-    tally.record("m", 2, True, 0.02, at=5.0)
-    assert tally.window("m", 1, since=0.0).requests == 1
-    assert (tally.window("m", 2, since=4.0).requests, tally.window("m", 2, 4.0).errors) == (1, 0)
-    assert tally.window("m", 2, since=0.0).requests == 1  # older answers were dropped
-    tally.forget("m")
-    tally.record("m", 1, True, 0.01, at=9.0)
-    assert tally.window("m", 1, since=0.0).requests == 0
