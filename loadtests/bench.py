@@ -30,6 +30,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from loadtests.harness import table
+
 BENCHMARKS = (
     ("bench_gateway", "gateway overhead vs direct Triton"),
     ("bench_dataplane", "data planes (HAProxy in both gRPC connection modes, Python) vs "
@@ -118,9 +120,7 @@ def generic_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no rows)"
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(fmt(r.get(k, "")) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
+    return table(keys, ([fmt(r.get(k, "")) for k in keys] for r in rows))
 
 
 def fmt(value: Any) -> str:
@@ -138,17 +138,16 @@ def context(row: dict[str, Any]) -> str:
 
 
 def summary_table(outcomes: list[Outcome]) -> str:
-    lines = ["| benchmark | figure | ratio | measured for |", "|---|---|---|---|"]
+    cells: list[tuple[str, ...]] = []
     for o in outcomes:
         if o.status != "ok":
             why = o.note.strip().splitlines()[-1] if o.note.strip() else ""
-            lines.append(f"| {o.name} | {o.status} | | {why} |")
+            cells.append((o.name, o.status, "", why))
             continue
-        for row in o.rows:
-            for key, value in row.items():
-                if key.endswith("ratio") and isinstance(value, int | float):
-                    lines.append(f"| {o.name} | {key} | {value:.2f}x | {context(row)} |")
-    return "\n".join(lines)
+        cells += [(o.name, key, f"{value:.2f}x", context(row)) for row in o.rows
+                  for key, value in row.items()
+                  if key.endswith("ratio") and isinstance(value, int | float)]
+    return table(("benchmark", "figure", "ratio", "measured for"), cells)
 
 
 def report(outcomes: list[Outcome]) -> str:

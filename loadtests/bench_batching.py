@@ -24,7 +24,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from converters.samples import cat_input
-from loadtests.benchkit import closed_loop, median, triton, write_variant
+from loadtests.benchkit import closed_loop, write_variant
+from loadtests.harness import figure, median, table, triton
 
 ON, OFF = "effnet_batching", "effnet_nobatch"
 # (client batch size, concurrent clients): batch-size sweep at concurrency 1 (what one
@@ -41,9 +42,8 @@ def run(rounds: int = 5, seconds: float = 2.0,
         repo.mkdir()
         write_variant(repo, ON, lambda c: None)
         write_variant(repo, OFF, lambda c: c.ClearField("dynamic_batching"))
-        with triton(repo, Path(tmp), (ON, OFF)) as server:
-            assert server.endpoints is not None
-            url = server.endpoints.grpc_url
+        with triton(repo, Path(tmp), (ON, OFF)) as member:
+            url = member.grpc_url
             stats_client = grpcclient.InferenceServerClient(url)
             for batch, concurrency in cells:
                 x = np.repeat(cat_input(), batch, axis=0)
@@ -120,50 +120,39 @@ def _row(batch: int, concurrency: int, figures: dict[str, dict[str, list[float]]
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| client batch | clients | batching | images/s | p50 ms | p99 ms "
-        "| images per execution | compute ms/image "
-        "| throughput on/off | p50 on/off | p99 on/off | compute/image on/off |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        for side in ("on", "off"):
-            ratios = (f"{r['throughput_ratio']:.2f}x | {r['p50_ratio']:.2f}x | "
-                      f"{r['p99_ratio']:.2f}x | {r['compute_per_image_ratio']:.2f}x"
-                      if side == "on" else " | | | ")
-            lines.append(
-                f"| {r['batch_size']} | {r['concurrency']} | {side} | "
-                f"{r[f'{side}_images_per_s']:.1f} | {r[f'{side}_p50_ms']:.1f} | "
-                f"{r[f'{side}_p99_ms']:.1f} | {r[f'{side}_images_per_execution']:.2f} | "
-                f"{r[f'{side}_compute_ms_per_image']:.1f} | {ratios} |"
-            )
-    return "\n".join(lines)
+    def ratios(r: dict[str, Any], side: str) -> list[str]:
+        if side != "on":
+            return [""] * 4
+        return [f"{r[k]:.2f}x" for k in ("throughput_ratio", "p50_ratio", "p99_ratio",
+                                         "compute_per_image_ratio")]
+
+    return table(
+        ("client batch", "clients", "batching", "images/s", "p50 ms", "p99 ms",
+         "images per execution", "compute ms/image", "throughput on/off", "p50 on/off",
+         "p99 on/off", "compute/image on/off"),
+        ([r["batch_size"], r["concurrency"], side, f"{r[f'{side}_images_per_s']:.1f}",
+          f"{r[f'{side}_p50_ms']:.1f}", f"{r[f'{side}_p99_ms']:.1f}",
+          f"{r[f'{side}_images_per_execution']:.2f}",
+          f"{r[f'{side}_compute_ms_per_image']:.1f}", *ratios(r, side)]
+         for r in rows for side in ("on", "off")))
 
 
 def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [f"b{r['batch_size']}x{r['concurrency']}" for r in rows]
     positions = np.arange(len(rows))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for offset, side, label in ((-0.2, "on", "dynamic batching on"), (0.2, "off", "off")):
-        ax1.bar(positions + offset, [float(r[f"{side}_images_per_s"]) for r in rows], 0.4,
-                label=label)
-        ax2.bar(positions + offset, [float(r[f"{side}_p99_ms"]) for r in rows], 0.4,
-                label=label)
-    for ax, title in ((ax1, "throughput (images/s)"), (ax2, "p99 latency (ms)")):
-        ax.set_xticks(positions, labels)
-        ax.set_xlabel("client batch size x concurrent clients")
-        ax.set_title(title)
-        ax.legend()
-    fig.suptitle("EfficientNet-Lite0 on Triton (CPU): dynamic batching on vs off")
-    fig.tight_layout()
     path = out / "bench_batching.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(11, 4)) as (fig, (ax1, ax2)):
+        for offset, side, label in ((-0.2, "on", "dynamic batching on"), (0.2, "off", "off")):
+            ax1.bar(positions + offset, [float(r[f"{side}_images_per_s"]) for r in rows], 0.4,
+                    label=label)
+            ax2.bar(positions + offset, [float(r[f"{side}_p99_ms"]) for r in rows], 0.4,
+                    label=label)
+        for ax, title in ((ax1, "throughput (images/s)"), (ax2, "p99 latency (ms)")):
+            ax.set_xticks(positions, labels)
+            ax.set_xlabel("client batch size x concurrent clients")
+            ax.set_title(title)
+            ax.legend()
+        fig.suptitle("EfficientNet-Lite0 on Triton (CPU): dynamic batching on vs off")
     return [path]
 
 

@@ -25,7 +25,8 @@ from typing import Any
 import tritonclient.grpc as grpcclient
 
 from converters.samples import cat_input
-from loadtests.benchkit import infer_input, median, percentile, triton, write_variant
+from loadtests.benchkit import infer_input, write_variant
+from loadtests.harness import figure, median, percentile, table, triton
 
 WARM, COLD = "effnet_warmup", "effnet_nowarmup"
 
@@ -60,9 +61,8 @@ def run(rounds: int = 5, steady: int = 20) -> list[dict[str, Any]]:
         repo.mkdir()
         write_variant(repo, WARM, lambda c: None)
         write_variant(repo, COLD, lambda c: c.ClearField("model_warmup"))
-        with triton(repo, Path(tmp), ()) as server:
-            assert server.endpoints is not None
-            client = grpcclient.InferenceServerClient(server.endpoints.grpc_url)
+        with triton(repo, Path(tmp), ()) as member:
+            client = grpcclient.InferenceServerClient(member.grpc_url)
             try:
                 for r in range(rounds):
                     for model in (WARM, COLD) if r % 2 == 0 else (COLD, WARM):
@@ -92,17 +92,12 @@ def run(rounds: int = 5, steady: int = 20) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| variant | model_warmup | load s | first request ms | steady p50 ms "
-        "| first / steady p50 |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['variant']} | {'yes' if r['model_warmup'] else 'no'} | {r['load_s']:.2f} "
-            f"| {r['first_request_ms']:.1f} | {r['steady_p50_ms']:.1f} "
-            f"| {r['first_to_steady_ratio']:.2f}x |"
-        )
+    lines = [table(
+        ("variant", "model_warmup", "load s", "first request ms", "steady p50 ms",
+         "first / steady p50"),
+        ((r["variant"], "yes" if r["model_warmup"] else "no", f"{r['load_s']:.2f}",
+          f"{r['first_request_ms']:.1f}", f"{r['steady_p50_ms']:.1f}",
+          f"{r['first_to_steady_ratio']:.2f}x") for r in rows))]
     warm = rows[0]
     lines += [
         "",
@@ -114,26 +109,18 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
     labels = [f"{'with' if r['model_warmup'] else 'without'} model_warmup" for r in rows]
     firsts = [float(r["first_request_ms"]) for r in rows]
     steadies = [float(r["steady_p50_ms"]) for r in rows]
     xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], firsts, 0.4, label="first request after load")
-    ax.bar([x + 0.2 for x in xs], steadies, 0.4, label="steady p50")
-    ax.set_xticks(list(xs), labels)
-    ax.set_ylabel("latency (ms)")
-    ax.set_title("EfficientNet-Lite0 on Triton (CPU): cold start")
-    ax.legend()
-    fig.tight_layout()
     path = out / "bench_coldstart.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(6, 4)) as (_, ax):
+        ax.bar([x - 0.2 for x in xs], firsts, 0.4, label="first request after load")
+        ax.bar([x + 0.2 for x in xs], steadies, 0.4, label="steady p50")
+        ax.set_xticks(list(xs), labels)
+        ax.set_ylabel("latency (ms)")
+        ax.set_title("EfficientNet-Lite0 on Triton (CPU): cold start")
+        ax.legend()
     return [path]
 
 

@@ -56,6 +56,7 @@ from converters.quantize import Calibration, StaticInt8Recipe, StaticQuantizer
 from converters.runtime import MIXED_PRECISION_DISABLED_OPTIMIZERS, RuntimeSettings, open_session
 from converters.samples import export_efficientnet_lite0
 from converters.spec import parse_input_spec
+from loadtests.harness import figure, table
 
 IMAGE_SPEC = parse_input_spec("input:float32[batch,3,224,224]")
 TEXT_SPEC = parse_input_spec(
@@ -357,10 +358,7 @@ def _side_by_side(variants: Mapping[str, tuple[Path, Sequence[str]]], samples: S
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["| model | technique | batch | FP32 p50 ms | INT8 p50 ms | speed-up "
-             "| top-1 agree [95% CI] | photo-bootstrap CI | decided views | changed (undecided) "
-             "| cosine | float layers | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    cells = []
     for r in rows:
         speedup = f"{r['speedup_ratio']:.2f}x" if r.get("speedup_ratio") else "–"
         agree = (f"{r['agreement']:.1%} [{r['ci_low']:.1%}, {r['ci_high']:.1%}]"
@@ -371,11 +369,12 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         decided = f"{r['decided_agreement']:.1%}" if r.get("decided_agreement") is not None \
             else "–"
         changed = f"{r['changed']} ({r['undecided']})" if r.get("changed") is not None else "–"
-        lines.append(
-            f"| {r['model']} | {r['variant']} | {r['batch']} | {r.get('fp32_p50_ms', 0):.2f} "
-            f"| {r.get('int8_p50_ms', 0):.2f} | {speedup} | {agree} | {photo} | {decided} "
-            f"| {changed} "
-            f"| {cosine} | {r.get('float_layers', '–')} | {r.get('note', '')} |")
+        cells.append((r["model"], r["variant"], r["batch"], f"{r.get('fp32_p50_ms', 0):.2f}",
+                      f"{r.get('int8_p50_ms', 0):.2f}", speedup, agree, photo, decided, changed,
+                      cosine, r.get("float_layers", "–"), r.get("note", "")))
+    lines = [table(("model", "technique", "batch", "FP32 p50 ms", "INT8 p50 ms", "speed-up",
+                    "top-1 agree [95% CI]", "photo-bootstrap CI", "decided views",
+                    "changed (undecided)", "cosine", "float layers", "note"), cells)]
     effnet = next((r for r in rows if r["model"] == "EfficientNet-Lite0"), {})
     lines.append("")
     lines.append(f"EfficientNet: {effnet.get('samples', '?')} evaluation views of "
@@ -390,31 +389,23 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def plot(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
     """Speed-up over FP32 per variant and batch, labelled with its agreement."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     measured = [r for r in rows if r.get("speedup_ratio")]
     if not measured:
         return []
-    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
     labels = [f"{r['model'].split(' ')[0]}\n{r['variant'].split(' (')[0]}\nb{r['batch']}"
               for r in measured]
-    bars = ax.bar(range(len(measured)), [r["speedup_ratio"] for r in measured])
-    for bar, r in zip(bars, measured, strict=True):
-        quality = f"{r['agreement']:.1%} top-1" if r.get("agreement") is not None \
-            else f"cos {r['cosine']:.4f}"
-        ax.annotate(quality, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=7)
-    ax.axhline(1.8, color="red", linestyle=":", label="goal 1.8x")
-    ax.set_xticks(range(len(measured)), labels, fontsize=7)
-    ax.set_ylabel("speed-up over FP32 (median p50)")
-    ax.legend()
-    fig.tight_layout()
     path = out_dir / "bench_converter.png"
-    fig.savefig(path)
-    plt.close(fig)
+    with figure(path, figsize=(8, 4), dpi=100) as (_, ax):
+        bars = ax.bar(range(len(measured)), [r["speedup_ratio"] for r in measured])
+        for bar, r in zip(bars, measured, strict=True):
+            quality = f"{r['agreement']:.1%} top-1" if r.get("agreement") is not None \
+                else f"cos {r['cosine']:.4f}"
+            ax.annotate(quality, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=7)
+        ax.axhline(1.8, color="red", linestyle=":", label="goal 1.8x")
+        ax.set_xticks(range(len(measured)), labels, fontsize=7)
+        ax.set_ylabel("speed-up over FP32 (median p50)")
+        ax.legend()
     return [path]
 
 

@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import math
 import os
 import shlex
 import shutil
@@ -48,7 +46,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,17 +56,31 @@ import numpy as np
 
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
-from infergate.processes import ROOT, pools_yaml, run_gateway
-from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
+from infergate.processes import ROOT
+from infergate.triton.local import TritonEndpoints
 from loadtests.h2load import (
     H2loadSummary,
     Workload,
     h2load_command,
-    h2load_gist,
-    parse_h2load,
-    parse_log,
+    run_h2load,
     status_counts,
     write_workload,
+)
+from loadtests.harness import (
+    GatewayFailed,
+    figure,
+    finite_median,
+    gateway,
+    gateway_yaml,
+    log_tail,
+    num,
+    publish,
+    reporter,
+    settle,
+    spread,
+    table,
+    triton,
+    with_range,
 )
 from loadtests.proc_cpu import (
     cpu_us_per_request,
@@ -86,8 +98,7 @@ GOALS: dict[str, tuple[float, float, float | None]] = {
 }
 
 
-def say(line: str) -> None:
-    print(f"[bench_dataplane] {line}", flush=True)
+say = reporter("bench_dataplane")
 
 
 # -- Triton's count of what it served -------------------------------------------------
@@ -106,16 +117,8 @@ def served_by_triton(http_url: str, model: str) -> int:
 def settled_count(http_url: str, model: str, quiet_s: float, timeout_s: float = 20.0) -> int:
     """Triton's count once it has not moved for ``quiet_s``: requests a client gave up on
     at the end of a run still finish, and statistics land just after each answer."""
-    last, since = served_by_triton(http_url, model), time.monotonic()
-    deadline = since + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        now = served_by_triton(http_url, model)
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            break
-    return last
+    count, _ = settle(lambda: served_by_triton(http_url, model), quiet_s, timeout_s, 0.05)
+    return count
 
 
 def served_check(h2: H2loadSummary, served: int, statuses: Mapping[int, int]) -> str:
@@ -177,26 +180,23 @@ class Sample:
 
 def measure(target: Target, work: Workload, protocol: str, in_flight: int, seconds: float,
             triton_http: str, scratch: Path) -> Sample:
-    log_file = scratch / "h2load.tsv"
-    log_file.unlink(missing_ok=True)  # h2load appends to it
     cmd = h2load_command(work, protocol, target.endpoints, in_flight,
-                         f"{round(seconds * 1000)}ms", log_file)
+                         f"{round(seconds * 1000)}ms", scratch / "h2load.tsv")
     before = served_by_triton(triton_http, work.model)
     ticks0 = ticks_by_name(target.pid, read_proc_stats()) if target.pid else Counter()
     began = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120,
-                          check=False)
+    done = run_h2load(cmd, seconds + 120)
     wall = time.monotonic() - began
     ticks1 = ticks_by_name(target.pid, read_proc_stats()) if target.pid else Counter()
-    if done.returncode != 0:
-        raise RunFailed(f"h2load exited {done.returncode}: "
-                        f"{h2load_gist(done.stdout, done.stderr)}", cmd)
-    h2 = parse_h2load(done.stdout)
-    log = parse_log(log_file.read_text())
-    latencies = [us for status, us in log if 200 <= status < 300]
+    if done.cut_off or done.returncode != 0:
+        raise RunFailed(("h2load cut off" if done.cut_off else
+                         f"h2load exited {done.returncode}") + f": {done.gist()}", cmd)
+    h2 = done.summary()
+    log = done.log
+    latencies = done.ok_us()
     if not latencies:
         raise RunFailed(f"no request succeeded: HTTP statuses {status_counts(log)} (-1: no "
-                        f"answer); {h2load_gist(done.stdout, done.stderr)}", cmd)
+                        f"answer); {done.gist()}", cmd)
     # a batch Triton is still computing can take as long as the slowest answer did
     served = settled_count(triton_http, work.model,
                            max(0.3, 2e-6 * max(us for _, us in log))) - before
@@ -216,7 +216,7 @@ def attempt(target: Target, work: Workload, protocol: str, in_flight: int, secon
     end of that gateway's log printed). Direct Triton failing ends the benchmark."""
     try:
         return measure(target, work, protocol, in_flight, seconds, triton_http, scratch)
-    except (RunFailed, ValueError, subprocess.TimeoutExpired) as err:
+    except (RunFailed, ValueError) as err:
         if target.pid is None:
             raise
         if target.name not in failed_before:
@@ -225,13 +225,6 @@ def attempt(target: Target, work: Workload, protocol: str, in_flight: int, secon
             say(f"data plane {target.name} failed on {work.model} {protocol} x{in_flight}: "
                 f"{str(err)[:400]}{command}\n{log_tail(target.log)}")
         return Sample.failed(f"{work.model} {protocol} x{in_flight}: {str(err)[:200]}")
-
-
-def log_tail(log: Path | None, lines: int = 15) -> str:
-    if log is None or not log.is_file():
-        return "(no gateway log)"
-    tail = log.read_text(errors="replace").splitlines()[-lines:]
-    return "\n".join(f"    | {line}" for line in tail) or "    (gateway log empty)"
 
 
 @dataclass(frozen=True)
@@ -329,12 +322,6 @@ def judged(goal: str, value: float | None, met: bool) -> str:
     return f"{goal} {'n/a' if value is None else 'met' if met else 'MISSED'}"
 
 
-def finite_median(values: Iterable[float | None]) -> float | None:
-    """Median of the values that were measured (None when none was)."""
-    kept = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.median(kept) if kept else None
-
-
 def summarise(samples: Mapping[tuple[str, str, int, str], Sequence[Sample]],
               planes: Sequence[str],
               idle_cpu_pct: Mapping[str, Mapping[str, float]] | None = None
@@ -393,22 +380,6 @@ def cell_row(model: str, protocol: str, in_flight: int, plane: str,
     }
 
 
-def spread(values: Iterable[float]) -> list[float] | None:
-    """[lowest, highest] of the measured values (None when fewer than two)."""
-    kept = [v for v in values if math.isfinite(v)]
-    return [min(kept), max(kept)] if len(kept) > 1 else None
-
-
-def with_range(row: Mapping[str, Any], key: str, spec: str, unit: str = "") -> str:
-    text = num(row[key], spec) + unit
-    low_high = row.get(f"{key}_range")
-    return f"{text} ({num(low_high[0], spec)}..{num(low_high[1], spec)})" if low_high else text
-
-
-def num(value: float | None, spec: str) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
-
-
 def cpu_cell(row: Mapping[str, Any]) -> str:
     above = row.get("gateway_cpu_split_above_idle_us") or {}
     split = ", ".join(f"{name} {num(us, '.0f')}"
@@ -418,29 +389,28 @@ def cpu_cell(row: Mapping[str, Any]) -> str:
     return f"{text} ({split}) {row.get('cpu_goal', '')}" if split else text
 
 
+def served_cell(r: Mapping[str, Any]) -> str:
+    problems = r.get("problems", [])
+    checked = "yes" if r["verified"] else "NO: " + problems[0][:160] + (
+        f" (+{len(problems) - 1} more in the JSON)" if len(problems) > 1 else "")
+    if r["triton_extra_served"]:
+        checked += f" (Triton served {r['triton_extra_served']} more than sent)"
+    return str(checked)
+
+
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "(no gateway data plane started: nothing to compare)"
-    lines = [
-        "| model | protocol | in flight | data plane | direct req/s | gateway req/s "
-        "| gateway/direct | direct p50 ms | gateway p50 ms | added p50 ms "
-        "| gateway CPU us/req (by process) | served checked |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        problems = r.get("problems", [])
-        checked = "yes" if r["verified"] else "NO: " + problems[0][:160] + (
-            f" (+{len(problems) - 1} more in the JSON)" if len(problems) > 1 else "")
-        if r["triton_extra_served"]:
-            checked += f" (Triton served {r['triton_extra_served']} more than sent)"
-        lines.append(
-            f"| {r['model']} | {r['protocol']} | {r['in_flight']} | {r['data_plane']} "
-            f"| {num(r['direct_rps'], '.0f')} | {num(r['gateway_rps'], '.0f')} "
-            f"| {with_range(r, 'throughput_ratio', '.2f', 'x')} {r.get('throughput_goal', '')} "
-            f"| {num(r['direct_p50_ms'], '.3f')} | {num(r['gateway_p50_ms'], '.3f')} "
-            f"| {with_range(r, 'added_p50_ms', '+.3f')} {r.get('latency_goal', '')} "
-            f"| {cpu_cell(r)} | {checked} |"
-        )
+    lines = [table(
+        ("model", "protocol", "in flight", "data plane", "direct req/s", "gateway req/s",
+         "gateway/direct", "direct p50 ms", "gateway p50 ms", "added p50 ms",
+         "gateway CPU us/req (by process)", "served checked"),
+        ((r["model"], r["protocol"], r["in_flight"], r["data_plane"],
+          num(r["direct_rps"], ".0f"), num(r["gateway_rps"], ".0f"),
+          f"{with_range(r, 'throughput_ratio', '.2f', 'x')} {r.get('throughput_goal', '')}",
+          num(r["direct_p50_ms"], ".3f"), num(r["gateway_p50_ms"], ".3f"),
+          f"{with_range(r, 'added_p50_ms', '+.3f')} {r.get('latency_goal', '')}",
+          cpu_cell(r), served_cell(r)) for r in rows))]
     lines.append("\ngRPC at 16 in flight: 4 HTTP/2 connections x 4 streams; HTTP: one HTTP/1.1 "
                  "connection per request in flight. p50: h2load's per-request log, successes "
                  "only; medians over rounds. Ratio and added p50: median over rounds of each "
@@ -462,37 +432,30 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
 def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
     if not rows:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     planes = list(dict.fromkeys(str(r["data_plane"]) for r in rows))
     groups = list(dict.fromkeys((str(r["model"]), str(r["protocol"])) for r in rows))
     positions = np.arange(len(groups))
     width = 0.8 / len(planes)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    panels = ((ax1, 16, "throughput_ratio", 0, "gateway / direct throughput, 16 in flight"),
-              (ax2, 1, "added_p50_ms", 1, "added p50 latency (ms), 1 in flight"))
-    for ax, in_flight, key, goal_index, title in panels:
-        for i, plane in enumerate(planes):
-            by_group = {(r["model"], r["protocol"]): np.nan if r[key] is None else float(r[key])
-                        for r in rows if r["data_plane"] == plane and r["in_flight"] == in_flight}
-            ax.bar(positions + (i - (len(planes) - 1) / 2) * width,
-                   [by_group.get(g, np.nan) for g in groups], width, label=plane)
-        for x, (model, _) in zip(positions, groups, strict=True):
-            goal = GOALS.get(model, (None, None, None))[goal_index]
-            if goal is not None:
-                ax.hlines(goal, x - 0.45, x + 0.45, colors="k", linestyles="dashed")
-        ax.set_xticks(positions, [f"{m.replace('efficientnet_', 'effnet-')}\n{p}"
-                                  for m, p in groups])
-        ax.set_title(title)
-        ax.legend()
-    fig.suptitle("Gateway data planes vs direct Triton (h2load; dashed: the goals)")
-    fig.tight_layout()
     path = out / "bench_dataplane.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(11, 4)) as (fig, (ax1, ax2)):
+        panels = ((ax1, 16, "throughput_ratio", 0, "gateway / direct throughput, 16 in flight"),
+                  (ax2, 1, "added_p50_ms", 1, "added p50 latency (ms), 1 in flight"))
+        for ax, in_flight, key, goal_index, title in panels:
+            for i, plane in enumerate(planes):
+                by_group = {(r["model"], r["protocol"]): np.nan if r[key] is None
+                            else float(r[key]) for r in rows
+                            if r["data_plane"] == plane and r["in_flight"] == in_flight}
+                ax.bar(positions + (i - (len(planes) - 1) / 2) * width,
+                       [by_group.get(g, np.nan) for g in groups], width, label=plane)
+            for x, (model, _) in zip(positions, groups, strict=True):
+                goal = GOALS.get(model, (None, None, None))[goal_index]
+                if goal is not None:
+                    ax.hlines(goal, x - 0.45, x + 0.45, colors="k", linestyles="dashed")
+            ax.set_xticks(positions, [f"{m.replace('efficientnet_', 'effnet-')}\n{p}"
+                                      for m, p in groups])
+            ax.set_title(title)
+            ax.legend()
+        fig.suptitle("Gateway data planes vs direct Triton (h2load; dashed: the goals)")
     return [path]
 
 
@@ -531,12 +494,6 @@ def serve_help() -> str:
     return done.stdout + done.stderr
 
 
-def last_words(log_tail: str) -> str:
-    """The last line of a log tail that says something (not a box drawn around it)."""
-    lines = [ln.strip(" │╭╮╰╯─|") for ln in log_tail.splitlines()]
-    return next((ln for ln in reversed(lines) if any(c.isalnum() for c in ln)), "?")[:300]
-
-
 def describe_tree(plane: str, pid: int) -> None:
     """Say whose CPU is counted: a process outside the gateway's tree would be missed."""
     members = process_tree(pid, read_proc_stats())
@@ -551,25 +508,19 @@ def stack(workdir: Path, planes: Sequence[Plane]) -> Iterator[tuple[TritonEndpoi
     repo = workdir / "model_repo"
     build_sample_model(repo)
     build_tiny_model(repo)
-    settings = TritonSettings(
-        model_repository=repo, runtime_env=ROOT / ".venv-triton",
-        log_file=workdir / "triton.log", models=(SAMPLE_MODEL_NAME, TINY_MODEL_NAME),
-    )
-    with LocalTriton(settings) as triton, contextlib.ExitStack() as gateways:
-        ep: TritonEndpoints = triton.endpoints  # type: ignore[assignment]
-        pools = pools_yaml(workdir / "pools.yaml", {"local": [ep]})
+    with triton(repo, workdir, (SAMPLE_MODEL_NAME, TINY_MODEL_NAME)) as ep, \
+            contextlib.ExitStack() as gateways:
+        pools = gateway_yaml(workdir / "pools.yaml", {"local": [ep]})
         targets = [Target("direct", ep, None)]
         for name, args in planes:
-            log_dir = workdir / f"gateway-{name}"
-            log_dir.mkdir()
             try:
-                gateway = gateways.enter_context(run_gateway(pools, log_dir, *args))
-            except RuntimeError as err:
+                gw = gateways.enter_context(gateway(pools, workdir / f"gateway-{name}", *args))
+            except GatewayFailed as err:
                 say(f"skipped data plane {name}: the gateway with {list(args)} did not start "
-                    f"({last_words(str(err))})")
+                    f"({err})")
                 continue
-            targets.append(Target(name, gateway, gateway.proc.pid, gateway.log))
-            describe_tree(name, gateway.proc.pid)
+            targets.append(Target(name, gw, gw.proc.pid, gw.log))
+            describe_tree(name, gw.proc.pid)
         yield ep, targets
 
 
@@ -621,13 +572,7 @@ def main() -> None:
     cells = Cells(tuple(args.model or Cells().models), tuple(args.protocol or PROTOCOLS),
                   tuple(args.in_flight or IN_FLIGHT))
     rows = run(args.rounds, args.seconds, args.plane, cells)
-    table = markdown(rows)
-    print(table)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_dataplane.json").write_text(json.dumps(rows, indent=2) + "\n")
-        (args.out / "bench_dataplane.md").write_text(table + "\n")
-        plot(rows, args.out)
+    publish(rows, markdown, plot, args.out, "bench_dataplane", say)
 
 
 if __name__ == "__main__":

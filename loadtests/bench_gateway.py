@@ -29,14 +29,12 @@ from pathlib import Path
 import aiohttp
 import grpc
 import numpy as np
-from tritonclient.grpc import service_pb2
 
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
-from infergate.processes import ROOT, pools_yaml, run_gateway
-from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
-
-INFER = "/inference.GRPCInferenceService/ModelInfer"
+from loadtests.h2load import INFER, grpc_request_bytes
+from loadtests.harness import stack as gateway_stack
+from loadtests.harness import table
 
 
 @dataclass(frozen=True)
@@ -44,13 +42,6 @@ class Target:
     name: str
     grpc: str
     http: str
-
-
-def grpc_request_bytes(model: str, x: np.ndarray, input_name: str) -> bytes:
-    request = service_pb2.ModelInferRequest(model_name=model)
-    request.inputs.add(name=input_name, datatype="FP32", shape=list(x.shape))
-    request.raw_input_contents.append(x.astype(np.float32).tobytes())
-    return request.SerializeToString()
 
 
 async def closed_loop(
@@ -155,16 +146,10 @@ def stack(workdir: Path, gateway_args: tuple[str, ...] = ()) -> Iterator[tuple[T
     repo = workdir / "model_repo"
     build_sample_model(repo)
     build_tiny_model(repo)
-    settings = TritonSettings(
-        model_repository=repo, runtime_env=ROOT / ".venv-triton",
-        log_file=workdir / "triton.log", models=(SAMPLE_MODEL_NAME, TINY_MODEL_NAME),
-    )
-    with LocalTriton(settings) as triton:
-        ep: TritonEndpoints = triton.endpoints  # type: ignore[assignment]
-        pools = pools_yaml(workdir / "pools.yaml", {"local": [ep]})
-        with run_gateway(pools, workdir, *gateway_args) as gw:
-            yield (Target("direct", ep.grpc_url, ep.http_url),
-                   Target("gateway", gw.grpc_url, gw.http_url))
+    with gateway_stack(workdir, repo, (SAMPLE_MODEL_NAME, TINY_MODEL_NAME),
+                       *gateway_args) as st:
+        yield (Target("direct", st.member.grpc_url, st.member.http_url),
+               Target("gateway", st.gateway.grpc_url, st.gateway.http_url))
 
 
 def run(rounds: int = 5, seconds: float = 3.0, protocols: tuple[str, ...] = ("grpc", "http"),
@@ -191,18 +176,12 @@ def run(rounds: int = 5, seconds: float = 3.0, protocols: tuple[str, ...] = ("gr
 
 
 def markdown(rows: list[dict[str, object]]) -> str:
-    lines = [
-        "| model | protocol | direct p50 ms | gateway p50 ms | added p50 ms | direct rps c16 "
-        "| gateway rps c16 | throughput ratio |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['protocol']} | {r['direct_p50_ms']:.2f} | "
-            f"{r['gateway_p50_ms']:.2f} | {r['added_p50_ms']:+.2f} | {r['direct_rps_c16']:.0f} | "
-            f"{r['gateway_rps_c16']:.0f} | {r['throughput_ratio']:.2f}x |"
-        )
-    return "\n".join(lines)
+    return table(
+        ("model", "protocol", "direct p50 ms", "gateway p50 ms", "added p50 ms",
+         "direct rps c16", "gateway rps c16", "throughput ratio"),
+        ((r["model"], r["protocol"], f"{r['direct_p50_ms']:.2f}", f"{r['gateway_p50_ms']:.2f}",
+          f"{r['added_p50_ms']:+.2f}", f"{r['direct_rps_c16']:.0f}",
+          f"{r['gateway_rps_c16']:.0f}", f"{r['throughput_ratio']:.2f}x") for r in rows))
 
 
 def main() -> None:

@@ -34,22 +34,32 @@ import io
 import json
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from converters.images import EFFICIENTNET_LITE, SAMPLE_PHOTOS, augmented_views, load_image
 from converters.images import sample_photo as photo_path
 from converters.samples import INPUT_NAME
-from infergate.processes import run_agent, run_gateway
+from gateway.lifecycle.client import JobTimeout, LifecycleClient
+from infergate.processes import run_agent
 from infergate.triton.local import TritonEndpoints
-from loadtests.benchkit import median, percentile, sample_model_dir, triton
+from loadtests.harness import (
+    gateway,
+    gateway_yaml,
+    median,
+    page,
+    percentile,
+    sample_model_dir,
+    stack,
+    table,
+    totals,
+    triton,
+)
 
 WARM, COLD, HEAVY = "effnet_keepwarm", "effnet_cold", "effnet_int8"
 # On these (virtualised, shared) machines a model left alone answers its next request
@@ -83,43 +93,21 @@ def _spec(precisions: list[str], keep_warm: bool, max_batch_size: int = 8) -> di
     return spec
 
 
-def _config(folder: Path, endpoints: TritonEndpoints, repo: Path) -> Path:
-    member = {"host": endpoints.host, "http_port": endpoints.http_port,
-              "grpc_port": endpoints.grpc_port, "metrics_port": endpoints.metrics_port}
-    path = folder / "gateway.yaml"
-    path.write_text(yaml.safe_dump({
-        "pools": [{"name": "local", "members": [member]}],
-        "lifecycle": {"repository": str(repo), "state_dir": str(folder / "state")},
-    }))
-    return path
+def lifecycle_config(repo: Path) -> Callable[[Path, TritonEndpoints], Path]:
+    """A gateway with the lifecycle over ``repo`` (no tokens: uploads open)."""
+    return lambda path, member: gateway_yaml(path, {"local": [member]}, lifecycle=repo)
 
 
-def _upload(client: httpx.Client, name: str, model: Path, spec: dict[str, Any],
+def _upload(client: LifecycleClient, name: str, model: Path, spec: dict[str, Any],
             evaluation: bytes, calibration: bytes | None = None) -> str:
-    files: dict[str, Any] = {"model": ("model.onnx", model.open("rb")),
-                             "spec": ("spec.json", json.dumps(spec)),
-                             "evaluation": ("evaluation.npz", evaluation)}
-    if calibration is not None:
-        files["calibration"] = ("calibration.npz", calibration)
-    resp = client.post(f"/v1/models/{name}/versions", files=files, timeout=600)
-    resp.raise_for_status()
-    return str(resp.json()["id"])
+    return str(client.upload(name, model, spec, evaluation=evaluation,
+                             calibration=calibration)["id"])
 
 
-def _warmup_requests(client: httpx.Client) -> dict[str, float]:
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == "infergate_requests_total" and \
-                    sample.labels.get("traffic") == "warmup":
-                model = sample.labels["model"]
-                counts[model] = counts.get(model, 0.0) + sample.value
-    return counts
-
-
-def _job(client: httpx.Client, job_id: str) -> dict[str, Any]:
-    job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
-    return job
+def _warmup_requests(url: str) -> dict[str, float]:
+    """Warm-up-labelled requests the gateway counted, by model."""
+    return totals(page(f"{url}/metrics"), "infergate_requests_total", "model",
+                  traffic="warmup")
 
 
 def _infer_body() -> bytes:
@@ -156,7 +144,7 @@ class Predictor:
         return latencies
 
 
-def upload_to_first_prediction(client: httpx.Client, predictor: Predictor, model: Path,
+def upload_to_first_prediction(client: LifecycleClient, predictor: Predictor, model: Path,
                                name: str, keep_warm: bool, evaluation: bytes) -> float:
     started = time.perf_counter()
     # max batch 1: no dynamic-batching queue delay, so "steady" is the model's own time
@@ -169,7 +157,7 @@ def upload_to_first_prediction(client: httpx.Client, predictor: Predictor, model
             predictor.once(name)
             return time.perf_counter() - started
         except RuntimeError:
-            job = _job(client, job_id)
+            job = client.job(job_id)
             if job["state"] == "failed":
                 raise RuntimeError(f"{name}: {job['error']}") from None
             time.sleep(0.05)
@@ -189,32 +177,28 @@ def idle_round(predictor: Predictor, idle_s: float, steady: int, order: tuple[st
     return {m: (first[m], p50[m]) for m in order}
 
 
-def predict_during_conversion(client: httpx.Client, predictor: Predictor, model: Path,
+def predict_during_conversion(client: LifecycleClient, predictor: Predictor, model: Path,
                               seconds: float, evaluation: bytes, calibration: bytes
                               ) -> dict[str, Any]:
     quiet = predictor.closed_loop(WARM, seconds)
     job_id = _upload(client, HEAVY, model, _spec(["fp32", "int8"], False), evaluation,
                      calibration)
     busy: list[float] = []  # only while the worker converts (not during load/warm-up)
-    while _job(client, job_id)["state"] in ("queued", "converting"):
+    while client.job(job_id)["state"] in ("queued", "converting"):
         busy.extend(predictor.closed_loop(WARM, 1.0))
-    job = _job(client, job_id)
-    deadline = time.monotonic() + 900
-    while job["state"] not in ("succeeded", "failed") and time.monotonic() < deadline:
-        time.sleep(0.5)
-        job = _job(client, job_id)
+    try:
+        job = client.wait(job_id, timeout_s=900)
+    except JobTimeout as late:
+        job = late.job
     return {"quiet": quiet, "busy": busy, "job": job}
 
 
 @contextmanager
-def stack(folder: Path) -> Iterator[tuple[str, Path]]:
+def lifecycle_stack(folder: Path) -> Iterator[tuple[str, Path]]:
     repo = folder / "repo"
     repo.mkdir()
-    with triton(repo, folder, ()) as server:
-        assert server.endpoints is not None
-        config = _config(folder, server.endpoints, repo)
-        with run_gateway(config, folder) as gateway:
-            yield f"http://{gateway.http_url}", repo
+    with stack(folder, repo, config=lifecycle_config(repo)) as st:
+        yield st.url, repo
 
 
 def run(rounds: int = 5, idle_s: float = 10.0, steady: int = 30,
@@ -222,8 +206,8 @@ def run(rounds: int = 5, idle_s: float = 10.0, steady: int = 30,
     model = sample_model_dir() / "1" / "model.onnx"
     evaluation, calibration = _samples(24, seed=1), _samples(48, seed=100)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, stack(Path(tmp)) as (url, _):
-        client = httpx.Client(base_url=url, timeout=60, trust_env=False)
+    with tempfile.TemporaryDirectory() as tmp, lifecycle_stack(Path(tmp)) as (url, _):
+        client = LifecycleClient(url)
         predictor = Predictor(url)
         for name, keep in ((WARM, True), (COLD, False)):
             seconds = upload_to_first_prediction(client, predictor, model, name, keep,
@@ -240,7 +224,7 @@ def run(rounds: int = 5, idle_s: float = 10.0, steady: int = 30,
                 ratios[m].append(first / p50)
                 print(f"[bench_lifecycle] round {r + 1} {m}: first {first:.1f} ms, "
                       f"steady p50 {p50:.1f} ms, ratio {first / p50:.2f}x", flush=True)
-        warmups = _warmup_requests(client)
+        warmups = _warmup_requests(url)
         for name, label in ((WARM, "with keep-warm"), (COLD, "without keep-warm")):
             rows.append({"figure": f"first request after {idle_s:g} s idle / steady p50",
                          "model": f"{name} ({label}; {warmups.get(name, 0):.0f} warmup-"
@@ -271,13 +255,11 @@ def run_split(predict_s: float = 20.0) -> list[dict[str, Any]]:
         folder = Path(tmp)
         repo = folder / "repo"
         repo.mkdir()
-        with triton(repo, folder, ()) as server:
-            assert server.endpoints is not None
-            config = _config(folder, server.endpoints, repo)
-            with run_gateway(config, folder, data_plane="python") as control, \
+        with triton(repo, folder, ()) as member:
+            config = lifecycle_config(repo)(folder / "gateway.yaml", member)
+            with gateway(config, folder / "control", data_plane="python") as control, \
                     run_agent(control, folder / "a") as a, run_agent(control, folder / "b") as b:
-                client = httpx.Client(base_url=f"http://{a.http_url}", timeout=60,
-                                      trust_env=False)
+                client = LifecycleClient(f"http://{a.http_url}")
                 predictor = Predictor(f"http://{b.http_url}")
                 seconds = upload_to_first_prediction(client, predictor, model, WARM, False,
                                                      evaluation)
@@ -299,8 +281,7 @@ def run_split(predict_s: float = 20.0) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| figure | model | value |", "|---|---|---|"]
-    for row in rows:
+    def value(row: dict[str, Any]) -> str:
         extra = ""
         if "p50_ms" in row:
             extra = f" (p50 {row['p50_ms']} ms, {row['requests']} requests)"
@@ -308,9 +289,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             extra = f" (rounds {row['rounds']})"
         if row.get("state"):
             extra = f" ({row['state']}{': ' + row['error'] if row.get('error') else ''})"
-        lines.append(f"| {row['figure']} | {row['model']} | {row['value']} {row['unit']}"
-                     f"{extra} |")
-    return "\n".join(lines)
+        return f"{row['value']} {row['unit']}{extra}"
+
+    return table(("figure", "model", "value"),
+                 ((row["figure"], row["model"], value(row)) for row in rows))
 
 
 def main() -> None:

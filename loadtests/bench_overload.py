@@ -90,35 +90,39 @@ import contextlib
 import dataclasses
 import math
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
-import yaml
 from google.protobuf import text_format
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 
 from converters.samples import SAMPLE_MODEL_NAME, cat_input
 from converters.tiny import TINY_WIDTH, build_tiny_model
-from infergate.processes import GatewayProcess, pools_yaml, run_gateway, stop_process
+from infergate.processes import GatewayProcess
 from infergate.triton.local import TritonEndpoints
-from loadtests.benchkit import median, percentile, sample_model_dir, triton, write_results
-from loadtests.h2load import (
-    Workload,
-    h2load_command,
-    h2load_gist,
-    parse_h2load,
-    parse_log,
-    write_workload,
+from loadtests import harness
+from loadtests.h2load import Workload, h2load_command, run_h2load, write_workload
+from loadtests.harness import (
+    figure,
+    finite_median,
+    gateway_yaml,
+    median,
+    num,
+    page,
+    percentile,
+    publish,
+    reporter,
+    sample_model_dir,
+    settle,
+    table,
+    total,
+    totals,
+    with_range,
 )
 
 POOL = "p"
@@ -158,8 +162,7 @@ MODELS = {
 }
 
 
-def say(line: str) -> None:
-    print(f"[bench_overload] {line}", flush=True)
+say = reporter("bench_overload")
 
 
 # -- pure arithmetic ------------------------------------------------------------------
@@ -252,12 +255,6 @@ def deadline_headers(protocol: str, deadline: int | None) -> tuple[str, ...]:
         f"X-Request-Timeout-Ms: {deadline}",)
 
 
-def complete_log(text: str) -> list[tuple[int, float]]:
-    """:func:`parse_log` over the lines h2load finished writing (an interrupted run may
-    end mid-line)."""
-    return parse_log(text[:text.rfind("\n") + 1])
-
-
 # -- what Triton and the gateway counted ----------------------------------------------
 
 @dataclass(frozen=True)
@@ -288,28 +285,19 @@ class Counts:
 
 def parse_counts(triton_text: str, gateway_text: str, model: str) -> Counts:
     """The model's counters in Triton's and the gateway's Prometheus pages."""
-    triton: defaultdict[str, float] = defaultdict(float)
-    for family in text_string_to_metric_families(triton_text):
-        for s in family.samples:  # the parser names a counter's samples NAME_total
-            if s.labels.get("model") == model and s.name in (family.name,
-                                                             f"{family.name}_total"):
-                triton[family.name] += s.value
-    outcomes: defaultdict[tuple[str, str], float] = defaultdict(float)
-    shed: float = 0.0
-    in_flight: float = 0.0
-    for family in text_string_to_metric_families(gateway_text):
-        for s in family.samples:
-            if s.labels.get("model") != model:
-                continue
-            if s.name == "infergate_requests_total" and s.labels.get("traffic") == "user":
-                outcomes[(s.labels.get("protocol", "?"), s.labels.get("outcome", "?"))] += s.value
-            elif (s.name == "infergate_rejected_requests_total"
-                  and s.labels.get("reason") == "deadline"):
-                shed += s.value
-            elif s.name == "infergate_in_flight_requests":
-                in_flight += s.value
-    return Counts(triton["nv_inference_request_success"], triton["nv_inference_request_failure"],
-                  triton["nv_inference_pending_request_count"], dict(outcomes), shed, in_flight)
+    def triton(name: str) -> float:
+        return total(triton_text, name, model=model)
+
+    outcomes = {(protocol, outcome): n for protocol in PROTOCOLS
+                for outcome, n in totals(gateway_text, "infergate_requests_total", "outcome",
+                                         model=model, protocol=protocol,
+                                         traffic="user").items()}
+    return Counts(triton("nv_inference_request_success"),
+                  triton("nv_inference_request_failure"),
+                  triton("nv_inference_pending_request_count"), outcomes,
+                  total(gateway_text, "infergate_rejected_requests_total", model=model,
+                        reason="deadline"),
+                  total(gateway_text, "infergate_in_flight_requests", model=model))
 
 
 # -- one run and its figures ----------------------------------------------------------
@@ -379,9 +367,8 @@ class Stack:
     scratch: Path
 
     def counts(self) -> Counts:
-        triton_page = httpx.get(self.member.metrics_url, timeout=10).text
-        gateway_page = httpx.get(f"http://{self.gateway.http_url}/metrics", timeout=10).text
-        return parse_counts(triton_page, gateway_page, self.work.model)
+        return parse_counts(page(self.member.metrics_url),
+                            page(f"http://{self.gateway.http_url}/metrics"), self.work.model)
 
 
 def settled(read: Callable[[], Counts], quiet_s: float = SETTLE_QUIET_S,
@@ -389,18 +376,13 @@ def settled(read: Callable[[], Counts], quiet_s: float = SETTLE_QUIET_S,
     """The counts once nothing is in flight or queued and no counter moved for
     ``quiet_s``: requests a client gave up on still finish in Triton, and the HAProxy
     plane's counts arrive through its telemetry lines just after each answer."""
-    last, since = read(), time.monotonic()
-    deadline = since + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = read()
-        if now.counters() != last.counters() or now.pending or now.in_flight:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return now
-    say(f"counts did not settle within {timeout_s:g} s (Triton pending {last.pending:g}, "
-        f"gateway in flight {last.in_flight:g}): the next run may start behind a queue")
-    return last
+    counts, still = settle(read, quiet_s, timeout_s, key=Counts.counters,
+                           busy=lambda c: bool(c.pending or c.in_flight))
+    if still:
+        return counts
+    say(f"counts did not settle within {timeout_s:g} s (Triton pending {counts.pending:g}, "
+        f"gateway in flight {counts.in_flight:g}): the next run may start behind a queue")
+    return counts
 
 
 def tiny_work_model(repo: Path) -> None:
@@ -424,11 +406,8 @@ def prepare(repo: Path, scratch: Path, setup: ModelSetup) -> Workload:
 
 
 def write_config(path: Path, member: TritonEndpoints, setup: ModelSetup) -> Path:
-    data = yaml.safe_load(pools_yaml(path, {POOL: [member]},
-                                     capacity_per_member=setup.capacity_per_member).read_text())
-    data["models"] = {setup.name: {"max_queue": setup.max_queue}}
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return gateway_yaml(path, {POOL: [member]}, capacity_per_member=setup.capacity_per_member,
+                        models={setup.name: {"max_queue": setup.max_queue}})
 
 
 @contextlib.contextmanager
@@ -436,70 +415,47 @@ def stack(scratch: Path, setup: ModelSetup, data_plane: str) -> Iterator[Stack]:
     repo = scratch / "model_repo"
     repo.mkdir()
     work = prepare(repo, scratch, setup)
-    with triton(repo, scratch, (setup.name,)) as server:
-        member: TritonEndpoints = server.endpoints  # type: ignore[assignment]
-        folder = scratch / "gateway"
-        folder.mkdir()
-        config = write_config(folder / "gateway.yaml", member, setup)
-        with run_gateway(config, folder, data_plane=data_plane) as gw:
-            yield Stack(gw, member, work, scratch)
+    with harness.stack(scratch, repo, (setup.name,), data_plane=data_plane,
+                       config=lambda path, member: write_config(path, member, setup)) as st:
+        yield Stack(st.gateway, st.member, work, scratch)
 
 
 # -- measuring ------------------------------------------------------------------------
 
-def run_h2load(cmd: list[str], scratch: Path, limit_s: float) -> tuple[str, str, bool]:
-    """h2load's stdout and stderr, and whether it was interrupted at ``limit_s``."""
-    out, err = scratch / "h2load.out", scratch / "h2load.err"
-    with out.open("wb") as o, err.open("wb") as e:
-        proc = subprocess.Popen(cmd, stdout=o, stderr=e)
-        try:
-            proc.wait(timeout=limit_s)
-            cut = False
-        except subprocess.TimeoutExpired:
-            cut = True
-            stop_process(proc, 5, signal.SIGINT)  # h2load prints its summary on SIGINT
-    return out.read_text(errors="replace"), err.read_text(errors="replace"), cut
-
-
 def closed_loop(stack: Stack, protocol: str, in_flight: int, seconds: float
                 ) -> tuple[float, float]:
     """(successes per second, p50 ms of the HTTP-200 answers), no deadline."""
-    log_file = stack.scratch / "closed.tsv"
-    log_file.unlink(missing_ok=True)  # h2load appends to it
     before = settled(stack.counts)
     cmd = h2load_command(stack.work, protocol, stack.gateway, in_flight,
-                         f"{round(seconds * 1000)}ms", log_file)
-    stdout, stderr, _ = run_h2load(cmd, stack.scratch, seconds + 120)
+                         f"{round(seconds * 1000)}ms", stack.scratch / "closed.tsv")
+    done = run_h2load(cmd, seconds + 120)
     delta = settled(stack.counts).minus(before)
-    log = complete_log(log_file.read_text()) if log_file.is_file() else []
-    ok = [us for status, us in log if status == 200]
+    ok = [us for status, us in done.log if status == 200]
     if not ok:
         raise RuntimeError(f"{stack.work.model} {protocol} x{in_flight}: no answer: "
-                           f"{h2load_gist(stdout, stderr)}")
+                           f"{done.gist()}")
     successes = delta.outcome(protocol, "success") if protocol == "grpc" else len(ok)
-    return successes / parse_h2load(stdout).seconds, percentile(ok, 50) / 1e3
+    return successes / done.summary().seconds, percentile(ok, 50) / 1e3
 
 
 def open_loop(stack: Stack, protocol: str, load_x: int, arm: str, round_: int,
               plan: Schedule, deadline: int) -> ArmRun:
-    log_file = stack.scratch / "open.tsv"
-    log_file.unlink(missing_ok=True)
     before = settled(stack.counts)
-    cmd = open_loop_command(stack.work, protocol, stack.gateway, plan, log_file,
+    cmd = open_loop_command(stack.work, protocol, stack.gateway, plan,
+                            stack.scratch / "open.tsv",
                             deadline_headers(protocol, deadline if arm == ON else None))
     # the arm without shedding works off up to (x - 1) x capacity x seconds afterwards
     limit = plan.seconds * (1 + max(LOADS)) + RUN_LIMIT_SLACK_S
-    stdout, stderr, cut = run_h2load(cmd, stack.scratch, limit)
+    done = run_h2load(cmd, limit)
     delta = settled(stack.counts).minus(before)
-    log = complete_log(log_file.read_text()) if log_file.is_file() else []
-    problem = f"h2load interrupted after {limit:.0f} s" if cut else ""
-    if not cut:
+    problem = f"h2load interrupted after {limit:.0f} s" if done.cut_off else ""
+    if not done.cut_off:
         try:
-            parse_h2load(stdout)
+            done.summary()
         except ValueError:
-            problem = f"h2load printed no summary: {h2load_gist(stdout, stderr)}"
-    return ArmRun(protocol, load_x, arm, round_, deadline, plan, tuple(log), delta, cut,
-                  problem)
+            problem = f"h2load printed no summary: {done.gist()}"
+    return ArmRun(protocol, load_x, arm, round_, deadline, plan, done.log, delta,
+                  done.cut_off, problem)
 
 
 @dataclass(frozen=True)
@@ -588,11 +544,6 @@ def summarise(runs: Sequence[ArmRun], bases: Mapping[str, Baseline], model: str,
     return rows
 
 
-def finite_median(values: Sequence[float]) -> float | None:
-    kept = [v for v in values if math.isfinite(v)]
-    return median(kept) if kept else None
-
-
 def verdict(row: Mapping[str, Any]) -> tuple[str, str]:
     """(goal, met?) for a shedding-on row; none for the arm without shedding."""
     if row["arm"] != ON:
@@ -612,32 +563,26 @@ def verdict(row: Mapping[str, Any]) -> tuple[str, str]:
 
 # -- output ---------------------------------------------------------------------------
 
-def num(value: float | None, spec: str) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
+def cells(r: Mapping[str, Any]) -> list[object]:
+    """One row of the table; '<=' (and '>=' on the wasted share) where figures are bounds."""
+    bound = "" if r["latency"] == EXACT else "<="
+    ratio = with_range(r, "goodput_ratio", ".2f")
+    wasted = num(None if r["wasted_share"] is None else 100 * r["wasted_share"], ".1f")
+    if wasted != "n/a":
+        wasted = (">=" if bound else "") + wasted + "%"
+    return [r["model"], r["protocol"], f"{r['offered_x']}x", r["arm"],
+            f"{r['offered_per_s']:.0f}", bound + num(r["goodput_per_s"], ".1f"), bound + ratio,
+            num(r["shed_per_s"], ".1f"), num(r["refused_per_s"], ".1f"),
+            num(r["unanswered_per_s"], ".1f"), bound + num(r["p50_ms"], ".1f"),
+            bound + num(r["p99_ms"], ".1f"), wasted, r["goal"], r["met"]]
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "(nothing measured)"
-    lines = ["| model | protocol | offered | shedding | offered/s | goodput/s | ratio vs 1x on "
-             "| shed/s | refused/s | no answer/s | p50 ms | p99 ms | wasted | goal | met? |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        bound = "" if r["latency"] == EXACT else "<="
-        ratio = num(r["goodput_ratio"], ".2f")
-        if r.get("goodput_ratio_range"):
-            low, high = r["goodput_ratio_range"]
-            ratio += f" ({low:.2f}..{high:.2f})"
-        wasted = num(None if r["wasted_share"] is None else 100 * r["wasted_share"], ".1f")
-        lines.append(
-            f"| {r['model']} | {r['protocol']} | {r['offered_x']}x | {r['arm']} "
-            f"| {r['offered_per_s']:.0f} | {bound}{num(r['goodput_per_s'], '.1f')} "
-            f"| {bound}{ratio} | {num(r['shed_per_s'], '.1f')} "
-            f"| {num(r['refused_per_s'], '.1f')} "
-            f"| {num(r['unanswered_per_s'], '.1f')} | {bound}{num(r['p50_ms'], '.1f')} "
-            f"| {bound}{num(r['p99_ms'], '.1f')} "
-            f"| {'>=' if bound and wasted != 'n/a' else ''}{wasted}"
-            f"{'%' if wasted != 'n/a' else ''} | {r['goal']} | {r['met']} |")
+    lines = [table(("model", "protocol", "offered", "shedding", "offered/s", "goodput/s",
+                    "ratio vs 1x on", "shed/s", "refused/s", "no answer/s", "p50 ms", "p99 ms",
+                    "wasted", "goal", "met?"), (cells(r) for r in rows))]
     first = rows[0]
     protocols = dict.fromkeys((r["protocol"], r["deadline_ms"], r["alone_p50_ms"],
                                r["capacity_per_s"], r.get("capacity_after_per_s"))
@@ -673,31 +618,23 @@ def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
     """Goodput against offered load, both arms, per protocol."""
     if not rows:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for protocol in dict.fromkeys(r["protocol"] for r in rows):
-        for arm, style in ((ON, "-o"), (OFF, "--s")):
-            mine = sorted((r for r in rows if r["protocol"] == protocol and r["arm"] == arm),
-                          key=lambda r: r["offered_per_s"])
-            if mine:
-                ax.plot([r["offered_per_s"] for r in mine],
-                        [r["goodput_per_s"] for r in mine], style,
-                        label=f"{protocol}, shedding {arm}")
-        capacity = next(r["capacity_per_s"] for r in rows if r["protocol"] == protocol)
-        ax.axhline(capacity, color="grey", linestyle="dotted", linewidth=1)
-    ax.set_xlabel("offered load (req/s, open loop)")
-    ax.set_ylabel("goodput (answers within D per s)")
-    ax.set_title(f"{rows[0]['model']}: goodput under overload (dotted: capacity)")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
     path = out / "bench_overload.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(7, 4.5)) as (_, ax):
+        for protocol in dict.fromkeys(r["protocol"] for r in rows):
+            for arm, style in ((ON, "-o"), (OFF, "--s")):
+                mine = sorted((r for r in rows if r["protocol"] == protocol and r["arm"] == arm),
+                              key=lambda r: r["offered_per_s"])
+                if mine:
+                    ax.plot([r["offered_per_s"] for r in mine],
+                            [r["goodput_per_s"] for r in mine], style,
+                            label=f"{protocol}, shedding {arm}")
+            capacity = next(r["capacity_per_s"] for r in rows if r["protocol"] == protocol)
+            ax.axhline(capacity, color="grey", linestyle="dotted", linewidth=1)
+        ax.set_xlabel("offered load (req/s, open loop)")
+        ax.set_ylabel("goodput (answers within D per s)")
+        ax.set_title(f"{rows[0]['model']}: goodput under overload (dotted: capacity)")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
     return [path]
 
 
@@ -753,11 +690,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                PROTOCOLS if protocol == "both" else (protocol,),
                args.rounds or (1 if args.quick else 3),
                args.seconds or 2.0, args.data_plane)
-    table = markdown(rows)
-    print(table)
-    if args.out is not None:
-        for path in write_results(args.out, "bench_overload", rows, table, plot):
-            say(f"wrote {path}")
+    publish(rows, markdown, plot, args.out, "bench_overload", say)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,6 @@ import json
 import math
 import shutil
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -69,21 +68,26 @@ from typing import Any
 import httpx
 import numpy as np
 import tritonclient.grpc as grpcclient
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from converters.tiny import TINY_WIDTH, build_tiny_model
-from infergate.processes import GatewayProcess, run_gateway, wait_until
-from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
-from loadtests.bench_dataplane import num, spread, with_range
-from loadtests.benchkit import RUNTIME_ENV, percentile
-from loadtests.h2load import (
-    Workload,
-    h2load_command,
-    h2load_gist,
-    parse_h2load,
-    parse_log,
-    write_workload,
+from gateway.lifecycle.client import JobTimeout, LifecycleClient, LifecycleError
+from infergate.processes import GatewayProcess, wait_until
+from infergate.triton.local import TritonEndpoints
+from loadtests.h2load import Workload, h2load_command, run_h2load, write_workload
+from loadtests.harness import (
+    Stack,
+    figure,
+    gateway_yaml,
+    num,
+    percentile,
+    publish,
+    reporter,
+    settle,
+    spread,
+    stack,
+    table,
+    totals,
+    with_range,
 )
 from loadtests.rollout_models import affine_onnx, erroring_onnx, flipped_onnx, slow_onnx
 
@@ -104,8 +108,7 @@ JOB_TIMEOUT_S = 300.0
 Answer = tuple[float, bool, int | None]  # (time.time(), ok, the version that answered)
 
 
-def say(line: str) -> None:
-    print(f"[bench_rollout] {line}", flush=True)
+say = reporter("bench_rollout")
 
 
 @dataclass(frozen=True)
@@ -287,20 +290,13 @@ def detour_rows(runs: Sequence[DetourRun], in_flight: int,
 def gateway_outcomes(metrics_text: str, model: str, protocol: str) -> dict[str, float]:
     """``infergate_requests_total`` of user traffic for ``model`` over ``protocol``, by
     outcome (summed over every other label)."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for s in family.samples:
-            if (s.name == "infergate_requests_total" and s.labels.get("model") == model
-                    and s.labels.get("protocol") == protocol
-                    and s.labels.get("traffic", "user") == "user"):
-                key = s.labels.get("outcome", "?")
-                out[key] = out.get(key, 0.0) + s.value
-    return out
+    return totals(metrics_text, "infergate_requests_total", "outcome", model=model,
+                  protocol=protocol, traffic="user")
 
 
 # -- pure: the table ------------------------------------------------------------------
 
-def scenario_line(r: Mapping[str, Any]) -> str:
+def scenario_cells(r: Mapping[str, Any]) -> list[object]:
     errors = ""
     if "expected_failures" in r:
         late = r.get("failures_after_verdict", 0)
@@ -308,21 +304,21 @@ def scenario_line(r: Mapping[str, Any]) -> str:
                   f"(<= {r['failure_bound']:g}; {r['step1_requests']} requests in step 1"
                   + (f"; {late} after the verdict)" if late else ")"))
     reason = str(r["reason"]).replace("|", "/")
-    return (f"| {r['scenario']} | {r['outcome']} | {reason} "
-            f"| {r['ended_step']} ({num(r['ended_percent'], '.0f')}%) "
-            f"| {r['wall_s']:.1f} / {r['planned_s']:g} | {r['requests']} "
-            f"| {r['candidate_answers']} | {r['failures']} "
-            f"| {r['longest_gap_s']:.2f} (at {r['longest_gap_at_s']:+.1f} s) | {errors} |")
+    return [r["scenario"], r["outcome"], reason,
+            f"{r['ended_step']} ({num(r['ended_percent'], '.0f')}%)",
+            f"{r['wall_s']:.1f} / {r['planned_s']:g}", r["requests"], r["candidate_answers"],
+            r["failures"], f"{r['longest_gap_s']:.2f} (at {r['longest_gap_at_s']:+.1f} s)",
+            errors]
 
 
-def detour_line(r: Mapping[str, Any]) -> str:
+def detour_cells(r: Mapping[str, Any]) -> list[object]:
     seen = r.get("candidate_share_seen")
-    return (f"| {r['protocol']} | {r['in_flight']} | {num(r['plain_per_s'], '.0f')} "
-            f"| {num(r['rollout_per_s'], '.0f')} | {with_range(r, 'throughput_ratio', '.2f', 'x')} "
-            f"| {num(r['plain_p50_ms'], '.2f')} | {num(r['rollout_p50_ms'], '.2f')} "
-            f"| {with_range(r, 'p50_latency_ratio', '.2f', 'x')} "
-            f"| {r['plain_failed']} / {r['rollout_failed']} "
-            f"| {'n/a' if seen is None else f'{100 * seen:.0f}%'} |")
+    return [r["protocol"], r["in_flight"], num(r["plain_per_s"], ".0f"),
+            num(r["rollout_per_s"], ".0f"), with_range(r, "throughput_ratio", ".2f", "x"),
+            num(r["plain_p50_ms"], ".2f"), num(r["rollout_p50_ms"], ".2f"),
+            with_range(r, "p50_latency_ratio", ".2f", "x"),
+            f"{r['plain_failed']} / {r['rollout_failed']}",
+            "n/a" if seen is None else f"{100 * seen:.0f}%"]
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -335,10 +331,10 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             f"Rollouts: steps {first['steps']}, {first['step_seconds']:g} s each, "
             f"min_requests {MIN_REQUESTS}; one client, unversioned HTTP, back to back.",
             "",
-            "| scenario | outcome | final verdict | ended at step | wall s / planned s "
-            "| requests | candidate answers | failures | longest wait s | failures vs expected |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-            *(scenario_line(r) for r in scenarios),
+            table(("scenario", "outcome", "final verdict", "ended at step",
+                   "wall s / planned s", "requests", "candidate answers", "failures",
+                   "longest wait s", "failures vs expected"),
+                  (scenario_cells(r) for r in scenarios)),
             "",
             "Wall: from step 1's start to the final verdict (loading the candidate beside "
             "stable not counted); planned: steps x step_seconds. Longest wait: the longest "
@@ -354,54 +350,35 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             f"round(s) x {d['seconds']:g} s; a model without rollout vs one held at 50 % "
             "(paused).",
             "",
-            "| protocol | in flight | req/s no rollout | req/s rollout | throughput ratio "
-            "| p50 ms no rollout | p50 ms rollout | p50 ratio | failed (no / rollout) "
-            "| candidate share seen |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-            *(detour_line(r) for r in detours),
+            table(("protocol", "in flight", "req/s no rollout", "req/s rollout",
+                   "throughput ratio", "p50 ms no rollout", "p50 ms rollout", "p50 ratio",
+                   "failed (no / rollout)", "candidate share seen"),
+                  (detour_cells(r) for r in detours)),
         ]
     return "\n".join(lines) if lines else "(nothing measured)"
 
 
 # -- the stack ------------------------------------------------------------------------
 
-def bearer(scope: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {TOKENS[scope]}"}
-
-
-def write_config(folder: Path, member: TritonEndpoints, repo: Path,
-                 models: Sequence[str]) -> Path:
-    """A gateway with a lifecycle section over ``repo``, tokens for upload and admin,
-    inference open, ``models`` adopted at start-up."""
-    tokens = folder / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({"tokens": [
-        {"name": scope, "scopes": [scope], "token": token} for scope, token in TOKENS.items()]}))
-    config = folder / "gateway.yaml"
-    config.write_text(yaml.safe_dump({
-        "pools": [{"name": "local", "members": [
-            {"host": member.host, "http_port": member.http_port,
-             "grpc_port": member.grpc_port, "metrics_port": member.metrics_port}]}],
-        "lifecycle": {"repository": str(repo), "state_dir": str(folder / "state")},
-        "auth": {"predict": "open", "tokens_file": str(tokens)},
-        "models": {m: {"preload": True} for m in models},
-    }))
-    return config
+def lifecycle(url: str, scope: str = "upload") -> LifecycleClient:
+    return LifecycleClient(url, TOKENS[scope], timeout=120)
 
 
 @contextlib.contextmanager
-def stack(scratch: Path, models: Sequence[str]) -> Iterator[GatewayProcess]:
-    """Triton (nothing loaded) and an HAProxy-plane gateway that adopts ``models``,
-    each the tiny model pre-published as version 1."""
+def rollout_stack(scratch: Path, models: Sequence[str]) -> Iterator[Stack]:
+    """Triton (nothing loaded) and an HAProxy-plane gateway with a lifecycle section,
+    tokens for upload and admin, inference open, adopting ``models`` at start-up, each
+    the tiny model pre-published as version 1."""
     repo = scratch / "model_repo"
     for model in models:
         build_tiny_model(repo, model)
-    settings = TritonSettings(model_repository=repo, runtime_env=RUNTIME_ENV,
-                              log_file=scratch / "triton.log")
-    with LocalTriton(settings) as server:
-        assert server.endpoints is not None
-        config = write_config(scratch, server.endpoints, repo, models)
-        with run_gateway(config, scratch, data_plane="haproxy") as gw:
-            yield gw
+
+    def config(path: Path, member: TritonEndpoints) -> Path:
+        return gateway_yaml(path, {"local": [member]}, lifecycle=repo, tokens=TOKENS,
+                            models={m: {"preload": True} for m in models})
+
+    with stack(scratch, repo, data_plane="haproxy", config=config) as st:
+        yield st
 
 
 def npz(arrays: Mapping[str, np.ndarray]) -> bytes:
@@ -416,44 +393,30 @@ def evaluation_set(calm: bool) -> bytes:
     return npz({"x": x.astype(np.float32)})
 
 
-def upload(url: str, model: str, onnx_path: Path, rollout: Mapping[str, Any],
+def upload(client: LifecycleClient, model: str, onnx_path: Path, rollout: Mapping[str, Any],
            evaluation: bytes, extra: Mapping[str, Any] | None = None) -> str:
     """The job id of an upload of ``onnx_path`` with ``rollout`` (and ``extra`` spec
     fields)."""
-    files: dict[str, tuple[str, bytes | str]] = {
-        "model": ("model.onnx", onnx_path.read_bytes()),
-        "spec": ("spec.json", json.dumps({**TINY_SPEC, **(extra or {}),
-                                           "rollout": dict(rollout)})),
-        "evaluation": ("evaluation.npz", evaluation)}
-    resp = httpx.post(f"{url}/v1/models/{model}/versions", files=files,
-                      headers=bearer("upload"), timeout=120)
-    if resp.status_code != 202:
-        raise RuntimeError(f"upload of {model} answered {resp.status_code}: {resp.text[:500]}")
-    return str(resp.json()["id"])
+    spec = {**TINY_SPEC, **(extra or {}), "rollout": dict(rollout)}
+    try:
+        job = client.upload(model, onnx_path.read_bytes(), spec, evaluation=evaluation)
+    except LifecycleError as err:
+        raise RuntimeError(f"upload of {model} answered {err.status}: "
+                           f"{str(err.message)[:500]}") from err
+    return str(job["id"])
 
 
-def job_of(url: str, job_id: str) -> dict[str, Any]:
-    resp = httpx.get(f"{url}/v1/jobs/{job_id}", headers=bearer("upload"), timeout=30)
-    resp.raise_for_status()
-    return dict(resp.json())
-
-
-def wait_job(url: str, job_id: str, states: Sequence[str]) -> dict[str, Any]:
-    seen: list[dict[str, Any]] = [{}]
-
-    def reached() -> bool:
-        seen[0] = job_of(url, job_id)
-        return seen[0].get("state") in states
-
-    if not wait_until(reached, JOB_TIMEOUT_S, 0.1):
-        job = seen[0]
+def wait_job(client: LifecycleClient, job_id: str, states: Sequence[str]) -> dict[str, Any]:
+    try:
+        return client.wait(job_id, states, JOB_TIMEOUT_S, 0.1)
+    except JobTimeout as late:
+        job = late.job
         rollout = job.get("rollout") or {}
         raise RuntimeError(
             f"job {job_id} not {'/'.join(states)} within {JOB_TIMEOUT_S:g} s: state "
             f"{job.get('state')}, last step {json.dumps((job.get('steps') or [None])[-1])}, "
             f"rollout {rollout.get('state')} at {rollout.get('percent')} %, last decisions "
-            f"{json.dumps(rollout.get('decisions', [])[-3:])[:1500]}")
-    return seen[0]
+            f"{json.dumps(rollout.get('decisions', [])[-3:])[:1500]}") from None
 
 
 def infer_body(n: int) -> dict[str, Any]:
@@ -501,22 +464,21 @@ class Client:
                 self.answers.append((time.time(), ok, version))
 
 
-def run_scenario(gw: GatewayProcess, scenario: Scenario, step_seconds: float,
-                 scratch: Path) -> dict[str, Any]:
-    url = f"http://{gw.http_url}"
+def run_scenario(st: Stack, scenario: Scenario, step_seconds: float) -> dict[str, Any]:
     rollout = {"steps": list(STEPS), "step_seconds": step_seconds,
                "min_requests": MIN_REQUESTS, **scenario.spec}
-    candidate = scenario.build(scratch / f"{scenario.name}.onnx")
-    job_id = upload(url, scenario.model, candidate, rollout,
-                    evaluation_set(scenario.calm_evaluation), scenario.upload)
-    say(f"{scenario.name}: uploaded (job {job_id}), converting")
-    wait_job(url, job_id, ("rolling_out", "succeeded", "failed"))
-    with Client(url, scenario.model) as client:
-        done = wait_job(url, job_id, ("succeeded", "failed"))
-        ended = time.time()
-        if not wait_until(lambda: bool(client.answers) and client.answers[-1][0] >= ended
-                          + TAIL_S, 60, 0.05):
-            raise RuntimeError(f"{scenario.name}: the client got no answer after the end")
+    candidate = scenario.build(st.folder / f"{scenario.name}.onnx")
+    with lifecycle(st.url) as api:
+        job_id = upload(api, scenario.model, candidate, rollout,
+                        evaluation_set(scenario.calm_evaluation), scenario.upload)
+        say(f"{scenario.name}: uploaded (job {job_id}), converting")
+        wait_job(api, job_id, ("rolling_out", "succeeded", "failed"))
+        with Client(st.url, scenario.model) as client:
+            done = wait_job(api, job_id, ("succeeded", "failed"))
+            ended = time.time()
+            if not wait_until(lambda: bool(client.answers) and client.answers[-1][0] >= ended
+                              + TAIL_S, 60, 0.05):
+                raise RuntimeError(f"{scenario.name}: the client got no answer after the end")
     if "rollout" not in done:
         raise RuntimeError(f"{scenario.name}: the job ended without a rollout: "
                            f"{json.dumps(done)[:1500]}")
@@ -528,9 +490,11 @@ def run_scenario(gw: GatewayProcess, scenario: Scenario, step_seconds: float,
 
 # -- the detour -----------------------------------------------------------------------
 
-def percent_now(url: str, model: str) -> int:
-    resp = httpx.get(f"{url}/v1/models/{model}/rollout", headers=bearer("upload"), timeout=30)
-    return int(resp.json()["percent"]) if resp.status_code == 200 else -1
+def percent_now(client: LifecycleClient, model: str) -> int:
+    try:
+        return int(client.rollout(model)["percent"])
+    except LifecycleError:
+        return -1
 
 
 def versions_seen(gw: GatewayProcess, model: str, protocol: str, n: int = 40) -> list[int]:
@@ -550,52 +514,46 @@ def versions_seen(gw: GatewayProcess, model: str, protocol: str, n: int = 40) ->
         client.close()
 
 
-def settled_failed(gw: GatewayProcess, model: str, protocol: str) -> float:
+def settled_failed(st: Stack, model: str, protocol: str) -> float:
     """Requests of ``model`` over ``protocol`` the gateway did not count a success, once
     its counts of them have stopped moving (HAProxy's telemetry arrives a little after
     each answer): two reads 0.5 s apart agree."""
-    reads: list[dict[str, float]] = []
-
-    def still() -> bool:
-        text = httpx.get(f"http://{gw.http_url}/metrics", timeout=30).text
-        reads.append(gateway_outcomes(text, model, protocol))
-        return len(reads) > 1 and reads[-1] == reads[-2]
-
-    wait_until(still, 10, 0.5)
-    return sum(v for k, v in reads[-1].items() if k != "success")
+    outcomes, _ = settle(lambda: gateway_outcomes(st.metrics(), model, protocol),
+                         quiet_s=0.5, timeout_s=10, interval_s=0.5)
+    return sum(v for k, v in outcomes.items() if k != "success")
 
 
 def h2load_run(gw: GatewayProcess, work: Workload, protocol: str, in_flight: int,
                seconds: float, scratch: Path) -> tuple[float, int, float]:
     """(seconds, 2xx answers, p50 ms of the 2xx) of one closed-loop h2load run."""
-    log = scratch / "h2load.tsv"
-    log.unlink(missing_ok=True)  # h2load appends
-    cmd = h2load_command(work, protocol, gw, in_flight, f"{round(seconds * 1000)}ms", log)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120,
-                          check=False)
+    run = run_h2load(h2load_command(work, protocol, gw, in_flight, f"{round(seconds * 1000)}ms",
+                                    scratch / "h2load.tsv"), seconds + 120)
     try:
-        summary = parse_h2load(proc.stdout)
+        summary = run.summary()
     except ValueError as err:
-        raise RuntimeError(f"h2load: {h2load_gist(proc.stdout, proc.stderr)}") from err
-    ok_us = [us for status, us in parse_log(log.read_text()) if 200 <= status < 300]
+        raise RuntimeError(f"h2load: {run.gist()}") from err
+    ok_us = run.ok_us()
     return summary.seconds, len(ok_us), percentile(ok_us, 50) / 1e3 if ok_us else math.nan
 
 
-def measure_detour(gw: GatewayProcess, scratch: Path, rounds: int, seconds: float,
-                   in_flight: int) -> tuple[list[DetourRun], dict[str, float | None]]:
-    url = f"http://{gw.http_url}"
+def measure_detour(st: Stack, rounds: int, seconds: float, in_flight: int
+                   ) -> tuple[list[DetourRun], dict[str, float | None]]:
+    with lifecycle(st.url) as api, lifecycle(st.url, "admin") as admin:
+        return detour(st, api, admin, rounds, seconds, in_flight)
+
+
+def detour(st: Stack, api: LifecycleClient, admin: LifecycleClient, rounds: int,
+           seconds: float, in_flight: int) -> tuple[list[DetourRun], dict[str, float | None]]:
+    gw, scratch = st.gateway, st.folder
     rollout = {"steps": [50, 100], "step_seconds": 3600, "min_requests": 10}
-    job_id = upload(url, DETOUR_SPLIT, affine_onnx(scratch / "detour.onnx", GOOD_SLOPE),
+    job_id = upload(api, DETOUR_SPLIT, affine_onnx(scratch / "detour.onnx", GOOD_SLOPE),
                     rollout, evaluation_set(False))
     say(f"detour: {DETOUR_SPLIT} uploaded (job {job_id}), waiting for its 50 % step")
     try:
-        if not wait_until(lambda: percent_now(url, DETOUR_SPLIT) == 50, JOB_TIMEOUT_S, 0.2):
+        if not wait_until(lambda: percent_now(api, DETOUR_SPLIT) == 50, JOB_TIMEOUT_S, 0.2):
             raise RuntimeError(f"{DETOUR_SPLIT} never reached 50 %: "
-                               f"{json.dumps(job_of(url, job_id))[:1500]}")
-        paused = httpx.post(f"{url}/v1/models/{DETOUR_SPLIT}/rollout/pause",
-                            headers=bearer("admin"), timeout=30)
-        if paused.status_code != 200:
-            raise RuntimeError(f"pause answered {paused.status_code}: {paused.text[:300]}")
+                               f"{json.dumps(api.job(job_id))[:1500]}")
+        admin.rollout_action(DETOUR_SPLIT, "pause")
         seen: dict[str, float | None] = {}
         for protocol in PROTOCOLS:
             versions = versions_seen(gw, DETOUR_SPLIT, protocol)
@@ -612,10 +570,10 @@ def measure_detour(gw: GatewayProcess, scratch: Path, rounds: int, seconds: floa
             for protocol in PROTOCOLS:
                 order = (DETOUR_PLAIN, DETOUR_SPLIT)
                 for model in order if r % 2 == 0 else order[::-1]:
-                    before = settled_failed(gw, model, protocol)
+                    before = settled_failed(st, model, protocol)
                     took, ok, p50 = h2load_run(gw, works[model], protocol, in_flight,
                                                seconds, scratch)
-                    failed = round(settled_failed(gw, model, protocol) - before)
+                    failed = round(settled_failed(st, model, protocol) - before)
                     run = DetourRun(r, protocol, model == DETOUR_SPLIT, took,
                                     max(0, ok - failed), failed, p50)
                     runs.append(run)
@@ -623,11 +581,10 @@ def measure_detour(gw: GatewayProcess, scratch: Path, rounds: int, seconds: floa
                         f"{run.per_s:.0f} req/s, p50 {p50:.2f} ms, {failed} failed")
         return runs, seen
     finally:
-        with contextlib.suppress(httpx.HTTPError):
-            httpx.post(f"{url}/v1/models/{DETOUR_SPLIT}/rollout/abort",
-                       headers=bearer("admin"), timeout=30)
+        with contextlib.suppress(LifecycleError, httpx.HTTPError):
+            admin.rollout_action(DETOUR_SPLIT, "abort")
         with contextlib.suppress(RuntimeError, httpx.HTTPError):
-            done = wait_job(url, job_id, ("succeeded", "failed"))
+            done = wait_job(api, job_id, ("succeeded", "failed"))
             say(f"detour: rollout {done.get('rollout', {}).get('state')}")
 
 
@@ -643,10 +600,11 @@ def run(step_seconds: float = 5.0, rounds: int = 5, seconds: float = 3.0,
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench_rollout-") as tmp:
         scratch = Path(tmp)
-        with stack(scratch, [*(s.model for s in chosen), DETOUR_PLAIN, DETOUR_SPLIT]) as gw:
+        with rollout_stack(scratch, [*(s.model for s in chosen), DETOUR_PLAIN,
+                                     DETOUR_SPLIT]) as st:
             for scenario in chosen:
-                rows.append(run_scenario(gw, scenario, step_seconds, scratch))
-            runs, seen = measure_detour(gw, scratch, rounds, seconds, in_flight)
+                rows.append(run_scenario(st, scenario, step_seconds))
+            runs, seen = measure_detour(st, rounds, seconds, in_flight)
             rows += detour_rows(runs, in_flight, seen)
     say(f"measured in {time.monotonic() - started:.0f} s")
     return rows
@@ -656,56 +614,53 @@ def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
     scenarios = [r for r in rows if r["part"] == "scenario"]
     if not scenarios:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cols = 2 if len(scenarios) > 1 else 1
-    fig, axes = plt.subplots(math.ceil(len(scenarios) / cols), cols, squeeze=False,
-                             figsize=(6 * cols, 3.4 * math.ceil(len(scenarios) / cols)))
-    for ax, r in zip(axes.flat, scenarios, strict=False):
-        tl = r["timeline"]
-        share = [math.nan if s is None else s for s in tl["share"]]
-        centres = [t + BIN_S / 2 for t in tl["t"]]
-        ax.plot(centres, share, "o-", color="tab:blue", markersize=3,
-                label="candidate share (1 s bins)")
-        sched_t = [0.0 if not tl["schedule"] else tl["schedule"][0][0] - LEAD_S,
-                   *(t for t, _ in tl["schedule"]), tl["end"], tl["end"] + TAIL_S]
-        sched_p = [0.0, *(p / 100 for _, p in tl["schedule"]), tl["final_percent"] / 100,
-                   tl["final_percent"] / 100]
-        ax.step(sched_t, sched_p, where="post", color="k", linestyle="--", linewidth=1,
-                label="step schedule")
-        promoted = r["outcome"] == "promoted"
-        colour = "tab:green" if promoted else "tab:red"
-        ax.axvline(tl["end"], color=colour, linewidth=1)
-        ax.plot([tl["end"]], [tl["final_percent"] / 100], marker="*", markersize=14,
-                color=colour, label="promoted" if promoted else "rolled back")
-        ax.set_ylim(-0.05, 1.1)
-        ax.set_xlabel("seconds since step 1 began")
-        ax.set_ylabel("candidate share")
-        twin = ax.twinx()
-        twin.plot(centres, tl["failures_per_s"], color="tab:orange", linewidth=1.2,
-                  label="client failures / s")
-        twin.set_ylabel("failures / s", color="tab:orange")
-        top = max(5.0, max(tl["failures_per_s"], default=0) * 1.2)
-        twin.set_ylim(-top * 0.05 / 1.1, top)  # its 0 level with the share's
-        ax.set_title(f"{r['scenario']}: {r['outcome']} at step {r['ended_step']} "
-                     f"({r['wall_s']:.1f} s of {r['planned_s']:g} planned)", fontsize=10)
-        handles, labels = ax.get_legend_handles_labels()
-        more, more_labels = twin.get_legend_handles_labels()
-        ax.legend(handles + more, labels + more_labels, fontsize=7, loc="center left")
-    for ax in list(axes.flat)[len(scenarios):]:
-        ax.set_visible(False)
-    fig.suptitle(f"Rollouts, steps {scenarios[0]['steps']} % x "
-                 f"{scenarios[0]['step_seconds']:g} s: the candidate's share of one "
-                 "client's unversioned requests")
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
+    lines = math.ceil(len(scenarios) / cols)
     path = out / "rollout_share.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, lines, cols, squeeze=False, figsize=(6 * cols, 3.4 * lines)) as (fig, axes):
+        for ax, r in zip(axes.flat, scenarios, strict=False):
+            share_panel(ax, r)
+        for ax in list(axes.flat)[len(scenarios):]:
+            ax.set_visible(False)
+        fig.suptitle(f"Rollouts, steps {scenarios[0]['steps']} % x "
+                     f"{scenarios[0]['step_seconds']:g} s: the candidate's share of one "
+                     "client's unversioned requests")
     return [path]
+
+
+def share_panel(ax: Any, r: Mapping[str, Any]) -> None:
+    """One scenario: the candidate's share per bin, the step schedule, the end, and the
+    client's failures per second."""
+    tl = r["timeline"]
+    share = [math.nan if s is None else s for s in tl["share"]]
+    centres = [t + BIN_S / 2 for t in tl["t"]]
+    ax.plot(centres, share, "o-", color="tab:blue", markersize=3,
+            label="candidate share (1 s bins)")
+    sched_t = [0.0 if not tl["schedule"] else tl["schedule"][0][0] - LEAD_S,
+               *(t for t, _ in tl["schedule"]), tl["end"], tl["end"] + TAIL_S]
+    sched_p = [0.0, *(p / 100 for _, p in tl["schedule"]), tl["final_percent"] / 100,
+               tl["final_percent"] / 100]
+    ax.step(sched_t, sched_p, where="post", color="k", linestyle="--", linewidth=1,
+            label="step schedule")
+    promoted = r["outcome"] == "promoted"
+    colour = "tab:green" if promoted else "tab:red"
+    ax.axvline(tl["end"], color=colour, linewidth=1)
+    ax.plot([tl["end"]], [tl["final_percent"] / 100], marker="*", markersize=14,
+            color=colour, label="promoted" if promoted else "rolled back")
+    ax.set_ylim(-0.05, 1.1)
+    ax.set_xlabel("seconds since step 1 began")
+    ax.set_ylabel("candidate share")
+    twin = ax.twinx()
+    twin.plot(centres, tl["failures_per_s"], color="tab:orange", linewidth=1.2,
+              label="client failures / s")
+    twin.set_ylabel("failures / s", color="tab:orange")
+    top = max(5.0, max(tl["failures_per_s"], default=0) * 1.2)
+    twin.set_ylim(-top * 0.05 / 1.1, top)  # its 0 level with the share's
+    ax.set_title(f"{r['scenario']}: {r['outcome']} at step {r['ended_step']} "
+                 f"({r['wall_s']:.1f} s of {r['planned_s']:g} planned)", fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    more, more_labels = twin.get_legend_handles_labels()
+    ax.legend(handles + more, labels + more_labels, fontsize=7, loc="center left")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -726,13 +681,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                args.rounds or (1 if args.quick else 5),
                args.seconds or 3.0, args.in_flight,
                args.scenario or SCENARIO_NAMES)
-    table = markdown(rows)
-    print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rollout.md").write_text(table + "\n")
-    (args.out / "rollout.json").write_text(json.dumps(rows, indent=2) + "\n")
-    for path in plot(rows, args.out):
-        say(f"wrote {path}")
+    publish(rows, markdown, plot, args.out, "rollout", say)
     say(f"wrote {args.out / 'rollout.md'}")
 
 

@@ -24,6 +24,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from loadtests.harness import table
 from scheduler.exact import solve_exact
 from scheduler.heuristic import solve_heuristic
 from scheduler.objective import score
@@ -276,11 +277,11 @@ def run() -> list[Row]:
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = ["| metric | value | goal | met | detail |", "|---|---|---|---|---|"]
-    for r in rows:
-        met = "-" if r["met"] is None else ("yes" if r["met"] else "no")
-        lines.append(f"| {r['metric']} | {r['value']} | {r['goal']} | {met} | {r['detail']} |")
-    return "\n".join(lines)
+    def met(r: Row) -> str:
+        return "-" if r["met"] is None else ("yes" if r["met"] else "no")
+
+    return table(("metric", "value", "goal", "met", "detail"),
+                 ((r["metric"], r["value"], r["goal"], met(r), r["detail"]) for r in rows))
 
 
 def main() -> None:

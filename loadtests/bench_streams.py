@@ -31,8 +31,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from converters.decoupled import DECOUPLED_MODEL_NAME, build_decoupled_model
-from infergate.processes import pools_yaml, run_gateway
-from loadtests.benchkit import median, percentile, triton
+from loadtests.harness import gateway, gateway_yaml, median, percentile, table, triton
 
 MODEL = DECOUPLED_MODEL_NAME
 PLANES = ("haproxy", "python")
@@ -111,14 +110,11 @@ def _stack(tmp: Path) -> Iterator[dict[str, tuple[str, str]]]:
     """Targets: name -> (gRPC url, HTTP url)."""
     repo = tmp / "repo"
     build_decoupled_model(repo)
-    with triton(repo, tmp, (MODEL,)) as server, contextlib.ExitStack() as stack:
-        assert server.endpoints is not None
-        targets = {"direct": (server.endpoints.grpc_url, server.endpoints.http_url)}
+    with triton(repo, tmp, (MODEL,)) as member, contextlib.ExitStack() as stack:
+        targets = {"direct": (member.grpc_url, member.http_url)}
+        pools = gateway_yaml(tmp / "pools.yaml", {"bench": [member]})
         for plane in PLANES:
-            log_dir = tmp / plane
-            log_dir.mkdir()
-            pools = pools_yaml(log_dir / "pools.yaml", {"bench": [server.endpoints]})
-            gw = stack.enter_context(run_gateway(pools, log_dir, data_plane=plane))
+            gw = stack.enter_context(gateway(pools, tmp / plane, data_plane=plane))
             targets[plane] = (gw.grpc_url, gw.http_url)
         yield targets
 
@@ -152,17 +148,18 @@ def run(rounds: int = 3, requests: int = 20, count: int = 16,
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| target | protocol | TTFR p50 ms | TTFR p99 ms | gap p50 ms | gap p99 ms | "
-             "TTFR ratio | gap ratio | TTFR added ms | gap added ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        extra = (f"{r['ttfr_ratio']:.2f}x | {r['gap_ratio']:.2f}x | "
-                 f"{r['ttfr_added_ms']:+.2f} | {r['gap_added_ms']:+.2f}"
-                 if "ttfr_ratio" in r else "- | - | - | -")
-        lines.append(f"| {r['target']} | {r['protocol']} | {r['ttfr_p50_ms']:.2f} | "
-                     f"{r['ttfr_p99_ms']:.2f} | {r['gap_p50_ms']:.2f} | {r['gap_p99_ms']:.2f} | "
-                     f"{extra} |")
-    return "\n".join(lines)
+    def versus_direct(r: dict[str, Any]) -> list[str]:
+        if "ttfr_ratio" not in r:
+            return ["-"] * 4
+        return [f"{r['ttfr_ratio']:.2f}x", f"{r['gap_ratio']:.2f}x",
+                f"{r['ttfr_added_ms']:+.2f}", f"{r['gap_added_ms']:+.2f}"]
+
+    return table(("target", "protocol", "TTFR p50 ms", "TTFR p99 ms", "gap p50 ms",
+                  "gap p99 ms", "TTFR ratio", "gap ratio", "TTFR added ms", "gap added ms"),
+                 ([r["target"], r["protocol"],
+                   *(f"{r[k]:.2f}" for k in ("ttfr_p50_ms", "ttfr_p99_ms", "gap_p50_ms",
+                                             "gap_p99_ms")),
+                   *versus_direct(r)] for r in rows))
 
 
 def main() -> None:

@@ -62,7 +62,6 @@ import contextlib
 import importlib.util
 import math
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -70,34 +69,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from converters.repository import existing_versions
 from converters.samples import SAMPLE_MODEL_NAME, cat_input
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.console.traffic import quantile
-from infergate.processes import GatewayProcess, pools_yaml, run_gateway
+from infergate.processes import GatewayProcess
 from infergate.triton.local import TritonEndpoints
-from loadtests.bench_dataplane import (
-    finite_median,
-    last_words,
-    log_tail,
-    num,
-    spread,
-    with_range,
-)
-from loadtests.benchkit import SAMPLE_REPO, percentile, sample_model_dir, triton, write_results
+from loadtests import harness
 from loadtests.h2load import (
     Workload,
     h2load_command,
-    h2load_gist,
-    parse_h2load,
-    parse_log,
+    run_h2load,
+    run_h2loads,
     status_counts,
     write_workload,
+)
+from loadtests.harness import (
+    SAMPLE_REPO,
+    GatewayFailed,
+    figure,
+    finite_median,
+    gateway_yaml,
+    log_tail,
+    metric_samples,
+    num,
+    page,
+    percentile,
+    publish,
+    reporter,
+    sample_model_dir,
+    settle,
+    spread,
+    table,
+    triton,
+    with_range,
 )
 from loadtests.proc_cpu import process_tree, read_proc_stats
 
@@ -136,8 +143,7 @@ LATENCY_KINDS = (EXACT, UPPER_BOUND, ALL_ANSWERS)
 LATENCY_MARKS = {EXACT: "", UPPER_BOUND: "<=", ALL_ANSWERS: "~"}
 
 
-def say(line: str) -> None:
-    print(f"[bench_tenants] {line}", flush=True)
+say = reporter("bench_tenants")
 
 
 # -- pure arithmetic ------------------------------------------------------------------
@@ -209,25 +215,24 @@ def tenant_counts(metrics_text: str) -> TenantCounts:
     by_tenant: dict[str, dict[str, float]] = {}
     families: set[str] = set()
     in_flight: float | None = None
-    for family in text_string_to_metric_families(metrics_text):
-        for s in family.samples:
-            if s.name == GATEWAY_IN_FLIGHT:
-                in_flight = (in_flight or 0.0) + s.value
-                continue
-            tenant = s.labels.get("tenant", "?")
-            if s.name == TENANT_REQUESTS:
-                key = s.labels.get("outcome", "?")
-            elif s.name == TENANT_LATENCY:
-                key = LATENCY_KEY + s.labels.get("le", "+Inf")
-            elif s.name in TENANT_REFUSED:
-                key = "refused:" + s.labels.get("reason", "?")
-            elif s.name == GATEWAY_REQUESTS and s.labels.get("traffic", "user") == "user":
-                tenant, key = WHOLE_GATEWAY, s.labels.get("outcome", "?")
-            else:
-                continue
-            families.add(s.name)
-            counts = by_tenant.setdefault(tenant, {})
-            counts[key] = counts.get(key, 0.0) + s.value
+    for s in metric_samples(metrics_text):
+        if s.name == GATEWAY_IN_FLIGHT:
+            in_flight = (in_flight or 0.0) + s.value
+            continue
+        tenant = s.labels.get("tenant", "?")
+        if s.name == TENANT_REQUESTS:
+            key = s.labels.get("outcome", "?")
+        elif s.name == TENANT_LATENCY:
+            key = LATENCY_KEY + s.labels.get("le", "+Inf")
+        elif s.name in TENANT_REFUSED:
+            key = "refused:" + s.labels.get("reason", "?")
+        elif s.name == GATEWAY_REQUESTS and s.labels.get("traffic", "user") == "user":
+            tenant, key = WHOLE_GATEWAY, s.labels.get("outcome", "?")
+        else:
+            continue
+        families.add(s.name)
+        counts = by_tenant.setdefault(tenant, {})
+        counts[key] = counts.get(key, 0.0) + s.value
     return TenantCounts(by_tenant, frozenset(families), in_flight)
 
 
@@ -342,13 +347,9 @@ def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
 
 def write_config(path: Path, member: TritonEndpoints, capacity: int,
                  tenants: Sequence[TenantLoad] | None) -> Path:
-    data = yaml.safe_load(pools_yaml(path, {POOL: [member]},
-                                     capacity_per_member=capacity).read_text())
-    data["queue_factor"] = QUEUE_FACTOR
-    if tenants is not None:
-        data["tenancy"] = tenancy_section(tenants)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    tenancy: dict[str, Any] = {} if tenants is None else {"tenancy": tenancy_section(tenants)}
+    return gateway_yaml(path, {POOL: [member]}, capacity_per_member=capacity,
+                        queue_factor=QUEUE_FACTOR, **tenancy)
 
 
 # -- one measured run -----------------------------------------------------------------
@@ -422,7 +423,7 @@ def figures(m: Measured) -> Figures:
 
 
 def metrics_text(gateway: GatewayProcess) -> str:
-    return httpx.get(f"http://{gateway.http_url}/metrics", timeout=10).text
+    return page(f"http://{gateway.http_url}/metrics")
 
 
 def settled_counts(gateway: GatewayProcess, quiet_s: float = SETTLE_QUIET_S,
@@ -431,51 +432,14 @@ def settled_counts(gateway: GatewayProcess, quiet_s: float = SETTLE_QUIET_S,
     has nothing in flight (requests admitted before a client stopped still finish in
     Triton; the HAProxy data plane's counts arrive through its telemetry lines, a little
     after each answer)."""
-    last, since = tenant_counts(metrics_text(gateway)), time.monotonic()
     if quiet_s <= 0:
-        return last
-    deadline = since + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = tenant_counts(metrics_text(gateway))
-        if now.total() != last.total() or now.in_flight:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return last
-    say(f"the gateway's counts did not settle within {timeout_s:g} s (in flight: "
-        f"{last.in_flight}): the next run may start with requests still in Triton")
-    return last
-
-
-@dataclass
-class Running:
-    load: TenantLoad
-    command: list[str]
-    log: Path
-    out: Path
-    err: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-
-@contextlib.contextmanager
-def h2load_processes(runs: Sequence[Running]) -> Iterator[None]:
-    """Start every tenant's h2load at once; on the way out, any still running (an
-    interrupted run) is killed by its own handle."""
-    handles: list[Any] = []
-    try:
-        for r in runs:
-            r.log.unlink(missing_ok=True)  # h2load appends to it
-            out, err = r.out.open("wb"), r.err.open("wb")
-            handles += [out, err]
-            r.proc = subprocess.Popen(r.command, stdout=out, stderr=err)
-        yield
-    finally:
-        for r in runs:
-            if r.proc is not None and r.proc.poll() is None:
-                r.proc.kill()
-                r.proc.wait(timeout=10)
-        for h in handles:
-            h.close()
+        return tenant_counts(metrics_text(gateway))
+    counts, still = settle(lambda: tenant_counts(metrics_text(gateway)), quiet_s, timeout_s,
+                           key=TenantCounts.total, busy=lambda c: bool(c.in_flight))
+    if not still:
+        say(f"the gateway's counts did not settle within {timeout_s:g} s (in flight: "
+            f"{counts.in_flight}): the next run may start with requests still in Triton")
+    return counts
 
 
 def run_phase(gateway: GatewayProcess, work: Workload, protocol: str,
@@ -492,37 +456,27 @@ def run_phase(gateway: GatewayProcess, work: Workload, protocol: str,
             raise ValueError(f"{load.tenant} is paced: Triton's throughput is needed")
         return load.paced * direct_per_s
 
-    runs = [Running(load, h2load_command(work, protocol, gateway, load.in_flight, duration,
-                                         scratch / f"{load.tenant}.tsv",
-                                         () if anonymous else load.headers, rate(load)),
-                    scratch / f"{load.tenant}.tsv", scratch / f"{load.tenant}.out",
-                    scratch / f"{load.tenant}.err")
-            for load in loads]
-    with h2load_processes(runs):
-        for r in runs:
-            assert r.proc is not None
-            r.proc.wait(timeout=seconds + 120)
+    runs = run_h2loads([h2load_command(work, protocol, gateway, load.in_flight, duration,
+                                       scratch / f"{load.tenant}.tsv",
+                                       () if anonymous else load.headers, rate(load))
+                        for load in loads], seconds + 120)
     delta = settled_counts(gateway).minus(before)
     measured = {}
-    for r in runs:
-        assert r.proc is not None
-        stdout, stderr = r.out.read_text(errors="replace"), r.err.read_text(errors="replace")
-        log = parse_log(r.log.read_text()) if r.log.is_file() else []
+    for load, r in zip(loads, runs, strict=True):
         problem = ""
         try:
-            h2_seconds = parse_h2load(stdout).seconds
+            h2_seconds = r.summary().seconds
         except ValueError:
             h2_seconds = seconds
-            problem = f"h2load printed no summary (exit {r.proc.returncode})"
-        if r.proc.returncode != 0:
-            problem = (f"h2load exited {r.proc.returncode}: {h2load_gist(stdout, stderr)}; "
-                       f"$ {' '.join(r.command)}")
-        measured[r.load.tenant] = Measured(
-            r.load.tenant, protocol, r.load.in_flight, h2_seconds, status_counts(log),
-            tuple(us for status, us in log if status == 200),
-            outcomes(delta, r.load.tenant, alone=len(runs) == 1), problem,
-            tuple(us for status, us in log if status == 429), rate(r.load),
-            latency_buckets(delta, r.load.tenant))
+            problem = f"h2load printed no summary (exit {r.returncode})"
+        if r.returncode != 0:
+            problem = f"h2load exited {r.returncode}: {r.gist()}; $ {' '.join(r.command)}"
+        measured[load.tenant] = Measured(
+            load.tenant, protocol, load.in_flight, h2_seconds, status_counts(r.log),
+            tuple(us for status, us in r.log if status == 200),
+            outcomes(delta, load.tenant, alone=len(runs) == 1), problem,
+            tuple(us for status, us in r.log if status == 429), rate(load),
+            latency_buckets(delta, load.tenant))
     return measured
 
 
@@ -536,12 +490,11 @@ def latency_buckets(counts: TenantCounts, tenant: str) -> dict[float, float] | N
 def direct_throughput(member: TritonEndpoints, work: Workload, protocol: str,
                       in_flight: int, seconds: float, scratch: Path) -> float:
     """Triton's own requests per second, closed loop straight at the member."""
-    out = subprocess.run(h2load_command(work, protocol, member, in_flight,
-                                        f"{round(seconds * 1000)}ms", None),
-                         capture_output=True, text=True, timeout=seconds + 120, check=False)
+    out = run_h2load(h2load_command(work, protocol, member, in_flight,
+                                    f"{round(seconds * 1000)}ms", None), seconds + 120)
     if out.returncode != 0:
-        raise RuntimeError(f"h2load at Triton failed: {h2load_gist(out.stdout, out.stderr)}")
-    return parse_h2load(out.stdout).req_per_s
+        raise RuntimeError(f"h2load at Triton failed: {out.gist()}")
+    return out.summary().req_per_s
 
 
 # -- the stack ------------------------------------------------------------------------
@@ -599,11 +552,11 @@ def gateway(scratch: Path, name: str, member: TritonEndpoints, capacity: int,
     config = write_config(folder / "gateway.yaml", member, capacity, tenants)
     with contextlib.ExitStack() as stack:
         try:
-            gw = stack.enter_context(run_gateway(config, folder, data_plane=data_plane))
-        except RuntimeError as err:
+            gw = stack.enter_context(harness.gateway(config, folder, data_plane=data_plane))
+        except GatewayFailed as err:
             raise RuntimeError(
                 f"gateway '{name}' ({'no tenancy' if tenants is None else 'with tenancy'}) "
-                f"did not start: {last_words(str(err))}") from err
+                f"did not start: {err}") from err
         yield gw
 
 
@@ -677,8 +630,7 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
             say("no model to measure")
             return []
         works = workloads(scratch, ready)
-        with triton(repo, scratch, tuple(ready)) as server:
-            member: TritonEndpoints = server.endpoints  # type: ignore[assignment]
+        with triton(repo, scratch, tuple(ready)) as member:
             say(f"pool '{POOL}': 1 member x capacity_per_member {capacity}; offered, in "
                 "multiples of capacity: " + ", ".join(
                     f"{p.scenario} {sum(t.in_flight for t in p.loads) / capacity:.1f}x"
@@ -919,11 +871,7 @@ def offered(row: Mapping[str, Any]) -> str:
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "(nothing measured)"
-    lines = [
-        "| scenario | model | protocol | tenant | offered | admitted/s | refused "
-        "| success % | p50 ms | p99 ms | gateway's p50/p99 ms | ratio vs alone | goal | met? |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    cells = []
     notes: list[str] = []
     for r in rows:
         bound = LATENCY_MARKS[r.get("latency", EXACT)]
@@ -937,15 +885,18 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         else:
             ratio = ""
         phase = "" if r["phase"] == "mixed" else f" ({r['phase']})"
-        lines.append(
-            f"| {r['scenario']}{phase} | {r['model']} | {r['protocol']} | {r['tenant']} "
-            f"| {offered(r)} | {num(r.get('admitted_per_s'), '.0f')} "
-            f"| {num(r.get('refused'), '.0f') if 'refused' in r else ''} "
-            f"| {num(r.get('success_pct'), '.2f') if 'success_pct' in r else ''} "
-            f"| {bounded(r, 'p50_ms', bound)} | {bounded(r, 'p99_ms', bound)} "
-            f"| {gateway_figures(r)} | {ratio} | {r.get('goal', '')} | {r.get('met', '')} |")
+        cells.append((
+            f"{r['scenario']}{phase}", r["model"], r["protocol"], r["tenant"], offered(r),
+            num(r.get("admitted_per_s"), ".0f"),
+            num(r.get("refused"), ".0f") if "refused" in r else "",
+            num(r.get("success_pct"), ".2f") if "success_pct" in r else "",
+            bounded(r, "p50_ms", bound), bounded(r, "p99_ms", bound), gateway_figures(r),
+            ratio, r.get("goal", ""), r.get("met", "")))
         notes += [f"{r['scenario']}/{r['phase']} {r['model']} {r['protocol']} {r['tenant']}: {n}"
                   for n in r.get("notes", [])]
+    lines = [table(("scenario", "model", "protocol", "tenant", "offered", "admitted/s",
+                    "refused", "success %", "p50 ms", "p99 ms", "gateway's p50/p99 ms",
+                    "ratio vs alone", "goal", "met?"), cells)]
     seconds, rounds = rows[0].get("seconds"), rows[0].get("rounds")
     plane = rows[0].get("data_plane", "?")
     lines.append(
@@ -989,51 +940,42 @@ def plotted(rows: Sequence[Mapping[str, Any]], key: str, scenario: str, tenant: 
 def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
     if not rows:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cells = list(dict.fromkeys((str(r["model"]), str(r["protocol"])) for r in rows))
     x = np.arange(len(cells))
     labels = [f"{m.replace('efficientnet_', 'effnet-')}\n{p}" for m, p in cells]
-
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    panels = (
-        (axes[0][0], "success_pct", (("noisy", "light"), ("priority", "critical"),
-                                     ("noisy-paced", "paced-light"),
-                                     ("priority-paced", "paced-critical"),
-                                     ("noisy", "heavy"), ("priority", "sheddable")),
-         SUCCESS_GOAL_PCT, "success % under overload"),
-        (axes[0][1], "p99_vs_alone_ratio", (("noisy", "light"), ("priority", "critical"),
-                                            ("noisy-paced", "paced-light"),
-                                            ("priority-paced", "paced-critical")),
-         P99_GOAL_RATIO, "p99 / p99 alone"),
-        (axes[1][0], "jain_index", (("fairness", "all"),), JAIN_GOAL,
-         "Jain's index of admitted throughput"),
-        (axes[1][1], "throughput_ratio", (("cost", "solo"),), None,
-         "throughput with tenancy / without"),
-    )
-    for ax, key, series, goal, title in panels:
-        width = 0.8 / len(series)
-        for i, (scenario, tenant) in enumerate(series):
-            ax.bar(x + (i - (len(series) - 1) / 2) * width,
-                   plotted(rows, key, scenario, tenant, cells), width,
-                   label=f"{scenario}: {tenant}")
-        if goal is not None:
-            ax.axhline(goal, color="k", linestyle="dashed", linewidth=1)
-        else:  # no goal: 1.0 for reference
-            ax.axhline(1.0, color="grey", linestyle="dotted", linewidth=1)
-        ax.set_xticks(x, labels)
-        ax.set_title(title)
-        if len(series) > 1:
-            ax.legend(fontsize=8)
-    fig.suptitle("Tenants and priorities at ~2x a pool's capacity (h2load per tenant; "
-                 "dashed: goals)")
-    fig.tight_layout()
     path = out / "bench_tenants.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, 2, 2, figsize=(11, 7)) as (fig, axes):
+        panels = (
+            (axes[0][0], "success_pct", (("noisy", "light"), ("priority", "critical"),
+                                         ("noisy-paced", "paced-light"),
+                                         ("priority-paced", "paced-critical"),
+                                         ("noisy", "heavy"), ("priority", "sheddable")),
+             SUCCESS_GOAL_PCT, "success % under overload"),
+            (axes[0][1], "p99_vs_alone_ratio", (("noisy", "light"), ("priority", "critical"),
+                                                ("noisy-paced", "paced-light"),
+                                                ("priority-paced", "paced-critical")),
+             P99_GOAL_RATIO, "p99 / p99 alone"),
+            (axes[1][0], "jain_index", (("fairness", "all"),), JAIN_GOAL,
+             "Jain's index of admitted throughput"),
+            (axes[1][1], "throughput_ratio", (("cost", "solo"),), None,
+             "throughput with tenancy / without"),
+        )
+        for ax, key, series, goal, title in panels:
+            width = 0.8 / len(series)
+            for i, (scenario, tenant) in enumerate(series):
+                ax.bar(x + (i - (len(series) - 1) / 2) * width,
+                       plotted(rows, key, scenario, tenant, cells), width,
+                       label=f"{scenario}: {tenant}")
+            if goal is not None:
+                ax.axhline(goal, color="k", linestyle="dashed", linewidth=1)
+            else:  # no goal: 1.0 for reference
+                ax.axhline(1.0, color="grey", linestyle="dotted", linewidth=1)
+            ax.set_xticks(x, labels)
+            ax.set_title(title)
+            if len(series) > 1:
+                ax.legend(fontsize=8)
+        fig.suptitle("Tenants and priorities at ~2x a pool's capacity (h2load per tenant; "
+                     "dashed: goals)")
     return [path]
 
 
@@ -1060,11 +1002,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     models = tuple(args.model or ((TINY_MODEL_NAME,) if args.quick else MODELS))
     rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.capacity,
                args.data_plane)
-    table = markdown(rows)
-    print(table)
-    if args.out is not None:
-        for path in write_results(args.out, "bench_tenants", rows, table, plot):
-            say(f"wrote {path}")
+    publish(rows, markdown, plot, args.out, "bench_tenants", say)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Shared pieces of the Triton benchmarks (bench_batching, bench_coldstart): variants of
-the sample model in a scratch repository, a local Triton, and a closed-loop gRPC client.
+"""The Triton-only benchmarks' pieces (bench_batching, bench_coldstart): variants of the
+sample model in a scratch repository and a closed-loop gRPC client (the rest they share
+with every benchmark: :mod:`loadtests.harness`).
 
 Variants are the same ONNX model and ``model.py`` with one config field changed, so a
 side-by-side comparison isolates that field.
@@ -8,48 +9,22 @@ side-by-side comparison isolates that field.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
-import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from converters.samples import INPUT_NAME, SAMPLE_MODEL_NAME, build_sample_model
-from infergate.triton.local import LocalTriton, TritonSettings
-
-ROOT = Path(__file__).resolve().parent.parent
-RUNTIME_ENV = ROOT / ".venv-triton"
-SAMPLE_REPO = ROOT / "model_repo"
+from converters.samples import INPUT_NAME
+from loadtests.harness import percentile, sample_model_dir
 
 ConfigEdit = Callable[[mc.ModelConfig], None]
-
-
-Row = TypeVar("Row")
-
-
-def write_results(out: Path, name: str, rows: Sequence[Row], table: str,
-                  plot: Callable[[Sequence[Row], Path], list[Path]]) -> list[Path]:
-    """A benchmark's ``--out``: ``<name>.json`` (its rows), ``<name>.md`` (its table)
-    and its plots; the plots' paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (out / f"{name}.md").write_text(table + "\n")
-    return plot(rows, out)
-
-
-def sample_model_dir() -> Path:
-    """The sample model in ./model_repo (exported there first if absent, as `make run`)."""
-    build_sample_model(SAMPLE_REPO)
-    return SAMPLE_REPO / SAMPLE_MODEL_NAME
 
 
 def write_variant(repo: Path, name: str, edit: ConfigEdit) -> None:
@@ -61,30 +36,6 @@ def write_variant(repo: Path, name: str, edit: ConfigEdit) -> None:
     config.name = name
     edit(config)
     (target / "config.pbtxt").write_text(text_format.MessageToString(config))
-
-
-@contextlib.contextmanager
-def triton(repo: Path, log_dir: Path, models: tuple[str, ...]) -> Iterator[LocalTriton]:
-    server = LocalTriton(TritonSettings(
-        model_repository=repo, runtime_env=RUNTIME_ENV, log_file=log_dir / "triton.log",
-        models=models,
-    ))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, int(np.ceil(q / 100 * len(ordered))))
-    return ordered[rank - 1]
-
-
-def median(values: list[float]) -> float:
-    return float(statistics.median(values))
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,16 @@
 """h2load, the C load generator the benchmarks drive: its command lines for gRPC
-``ModelInfer`` and HTTP binary-tensor requests, and what it prints (the summary and the
-per-request ``--log-file``)."""
+``ModelInfer`` and HTTP binary-tensor requests, running it (one or several at once), and
+what it prints (the summary and the per-request ``--log-file``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
+import subprocess
+import tempfile
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tritonclient.grpc import service_pb2
 
-from loadtests.bench_gateway import INFER, grpc_request_bytes
+from infergate.processes import stop_process
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 @dataclass(frozen=True)
@@ -71,8 +79,22 @@ def parse_log(log_text: str) -> list[tuple[int, float]]:
     return [(int(cols[1]), float(cols[2])) for cols in rows]
 
 
+def complete_log(text: str) -> list[tuple[int, float]]:
+    """:func:`parse_log` over the lines h2load finished writing (an interrupted run may
+    end mid-line)."""
+    return parse_log(text[:text.rfind("\n") + 1])
+
+
 def status_counts(log: Sequence[tuple[int, float]]) -> dict[int, int]:
     return dict(sorted(Counter(status for status, _ in log).items()))
+
+
+def grpc_request_bytes(model: str, x: np.ndarray, input_name: str) -> bytes:
+    """A serialised ``ModelInferRequest`` of one FP32 input, its tensor as raw contents."""
+    request = service_pb2.ModelInferRequest(model_name=model)
+    request.inputs.add(name=input_name, datatype="FP32", shape=list(x.shape))
+    request.raw_input_contents.append(x.astype(np.float32).tobytes())
+    return request.SerializeToString()
 
 
 @dataclass(frozen=True)
@@ -130,3 +152,78 @@ def h2load_command(work: Workload, protocol: str, target: Any,
                 "-H", "Content-Type: application/octet-stream", *extra,
                 f"http://{target.http_url}/v2/models/{work.model}/infer"]
     return cmd
+
+
+# -- running it -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class H2loadRun:
+    """One h2load process, ended: what it printed and logged."""
+
+    command: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    log: tuple[tuple[int, float], ...]  # --log-file: (HTTP status, us) per request
+    cut_off: bool = False  # interrupted at its time limit (SIGINT: its summary printed)
+
+    def summary(self) -> H2loadSummary:
+        """Its summary; ValueError when it printed none."""
+        return parse_h2load(self.stdout)
+
+    def gist(self) -> str:
+        return h2load_gist(self.stdout, self.stderr)
+
+    def ok_us(self) -> list[float]:
+        """Latencies of the 2xx answers (us)."""
+        return [us for status, us in self.log if 200 <= status < 300]
+
+
+def log_file_of(command: Sequence[str]) -> Path | None:
+    return Path(command[command.index("--log-file") + 1]) if "--log-file" in command else None
+
+
+def run_h2loads(commands: Sequence[Sequence[str]], limit_s: float) -> list[H2loadRun]:
+    """The h2load ``commands`` started at once, each interrupted (SIGINT: it prints its
+    summary) if still running ``limit_s`` after the start. Each ``--log-file`` is emptied
+    first (h2load appends to it)."""
+    logs = [log_file_of(cmd) for cmd in commands]
+    for log in logs:
+        if log is not None:
+            log.unlink(missing_ok=True)
+    with contextlib.ExitStack() as files:
+        outputs = [(files.enter_context(tempfile.TemporaryFile()),
+                    files.enter_context(tempfile.TemporaryFile())) for _ in commands]
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for cmd, (out, err) in zip(commands, outputs, strict=True):
+                procs.append(subprocess.Popen(list(cmd), stdout=out, stderr=err))
+            ends = time.monotonic() + limit_s
+            cut = []
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(0.0, ends - time.monotonic()))
+                    cut.append(False)
+                except subprocess.TimeoutExpired:
+                    stop_process(proc, 5, signal.SIGINT)
+                    cut.append(True)
+        finally:
+            for proc in procs:  # an interrupted benchmark leaves none behind
+                if proc.poll() is None:
+                    stop_process(proc, 5)
+        runs = []
+        for cmd, proc, (out, err), log, was_cut in zip(commands, procs, outputs, logs, cut,
+                                                       strict=True):
+            out.seek(0)
+            err.seek(0)
+            runs.append(H2loadRun(
+                tuple(cmd), proc.returncode, out.read().decode(errors="replace"),
+                err.read().decode(errors="replace"),
+                tuple(complete_log(log.read_text())) if log is not None and log.is_file()
+                else (), was_cut))
+    return runs
+
+
+def run_h2load(command: Sequence[str], limit_s: float) -> H2loadRun:
+    """One h2load run (:func:`run_h2loads`)."""
+    return run_h2loads([command], limit_s)[0]

@@ -39,6 +39,8 @@ import psutil
 from tritonclient.grpc import service_pb2
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
+from loadtests import harness
+from loadtests.harness import figure, stack
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_FAULTS = ("INTERNAL", "UNKNOWN", "DATA_LOSS")
@@ -58,11 +60,7 @@ BAD_GRPC = [b"\x0a\x04tiny\xff\xff\xff", b"\x0a\x02\xff\xfe", b"\x0a\x04tiny\x1a
 # -- pure parts (tests/loadtests/test_soak.py) ----------------------------------------
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in [0, 100]); 0 for no values."""
-    if not values:
-        return 0.0
-    ranked = sorted(values)
-    rank = max(1, int(np.ceil(q / 100 * len(ranked))))
-    return float(ranked[rank - 1])
+    return float(harness.percentile(values, q)) if values else 0.0
 
 
 def is_fault(answer: str) -> bool:
@@ -143,26 +141,18 @@ def write_csv(path: Path, samples: Sequence[Sample]) -> None:
 
 
 def plot(path: Path, samples: Sequence[Sample], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     t = [s.t_s / 60 for s in samples]
-    fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
-    axes[0].plot(t, [s.rss_mb for s in samples])
-    axes[0].set_ylabel("RSS (MiB)")
-    axes[1].plot(t, [s.open_fds for s in samples])
-    axes[1].set_ylabel("open fds")
-    axes[2].plot(t, [s.p99_ms for s in samples], label="p99")
-    axes[2].plot(t, [s.p50_ms for s in samples], label="p50")
-    axes[2].set_ylabel("latency (ms)")
-    axes[2].set_xlabel("minutes")
-    axes[2].legend()
-    axes[0].set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, 3, 1, dpi=100, figsize=(8, 7), sharex=True) as (_, axes):
+        axes[0].plot(t, [s.rss_mb for s in samples])
+        axes[0].set_ylabel("RSS (MiB)")
+        axes[1].plot(t, [s.open_fds for s in samples])
+        axes[1].set_ylabel("open fds")
+        axes[2].plot(t, [s.p99_ms for s in samples], label="p99")
+        axes[2].plot(t, [s.p50_ms for s in samples], label="p50")
+        axes[2].set_ylabel("latency (ms)")
+        axes[2].set_xlabel("minutes")
+        axes[2].legend()
+        axes[0].set_title(title)
 
 
 def footprint(pid: int) -> tuple[int, int]:
@@ -249,20 +239,13 @@ async def soak(http: str, grpc_target: str, pid: int, minutes: float, interval_s
 def own_gateway(data_plane: str) -> Iterator[tuple[str, str, int]]:
     """A Triton with the tiny model and a gateway over it (stopped on exit)."""
     from converters.tiny import build_tiny_model
-    from infergate.processes import pools_yaml, run_gateway
-    from infergate.triton.local import LocalTriton, TritonSettings
 
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         root = Path(tmp)
         build_tiny_model(root / "model_repo")
-        settings = TritonSettings(model_repository=root / "model_repo",
-                                  runtime_env=Path(".venv-triton").resolve(),
-                                  log_file=root / "triton.log", models=(TINY_MODEL_NAME,))
-        with LocalTriton(settings) as triton:
-            assert triton.endpoints is not None
-            pools = pools_yaml(root / "pools.yaml", {"local": [triton.endpoints]})
-            with run_gateway(pools, root, data_plane=data_plane) as gw:
-                yield gw.http_url, gw.grpc_url, gw.proc.pid
+        with stack(root, root / "model_repo", (TINY_MODEL_NAME,),
+                   data_plane=data_plane) as st:
+            yield st.gateway.http_url, st.gateway.grpc_url, st.gateway.proc.pid
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -12,11 +12,6 @@ from loadtests.h2load import parse_h2load
 from tests.loadtests.test_h2load import H2LOAD_OUT
 
 
-def test_last_words_skips_the_box_a_cli_error_is_drawn_in() -> None:
-    tail = "Usage: gateway serve\n╭─ Error ─╮\n│ No such option: --nope │\n╰─────────╯\n"
-    assert bd.last_words(tail) == "No such option: --nope"
-
-
 def test_success_count_sums_versions_when_triton_reports_several() -> None:
     stats = {"model_stats": [
         {"name": "tiny", "version": "1", "inference_stats": {"success": {"count": 5}}},

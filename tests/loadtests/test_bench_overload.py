@@ -10,9 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from loadtests import bench_overload as bo
-from loadtests.h2load import Workload
+from loadtests.h2load import Workload, complete_log
 
 D = 100  # ms, the deadline of the synthetic runs
 
@@ -37,16 +38,10 @@ def test_deadline_is_five_alone_p50s_and_never_under_the_floor() -> None:
 
 
 def test_answered_within_counts_200s_up_to_the_deadline_inclusive() -> None:
-    log = bo.complete_log(h2load_log(LOG))
+    log = complete_log(h2load_log(LOG))
     assert len(log) == len(LOG)
     assert bo.answered_within(log, D) == 6  # the 504s are fast or late, never answers
     assert bo.answered_within(log, 10) == 0 and bo.answered_within(log, 1000) == 8
-
-
-def test_complete_log_drops_a_line_h2load_was_interrupted_writing() -> None:
-    text = h2load_log(LOG[:3]) + "1796117577999999\t20"
-    assert bo.complete_log(text) == [(200, 20_000.0)] * 3
-    assert bo.complete_log("") == []
 
 
 def test_grpc_answers_in_time_are_bounded_by_sheds_and_successes() -> None:
@@ -119,7 +114,7 @@ def test_written_config_is_one_pool_of_one_member_with_the_models_bound(
     member = bo.TritonEndpoints("127.0.0.1", 1, 2, 3)
     setup = bo.MODELS["tiny"]
     path = bo.write_config(tmp_path / "gateway.yaml", member, setup)
-    config = GatewayConfig.model_validate(bo.yaml.safe_load(path.read_text()))
+    config = GatewayConfig.model_validate(yaml.safe_load(path.read_text()))
     [pool] = config.pools
     assert pool.capacity_per_member == setup.capacity_per_member == 1
     assert len(pool.members) == 1 and config.queue_factor == 2.0  # the default

@@ -13,7 +13,7 @@ import yaml
 
 from loadtests import bench_tenants as bt
 from loadtests import h2load
-from loadtests.benchkit import percentile
+from loadtests.harness import percentile
 
 METRICS_BEFORE = """\
 # HELP infergate_tenant_requests_total Requests by tenant, priority and outcome.

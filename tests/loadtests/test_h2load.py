@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,20 @@ time to 1st byte:     3.52ms      3.58ms      3.56ms        26us    75.00%
 req/s           :    3132.81     3166.34     3154.07       15.95    75.00%
 """  # noqa: E501 - h2load's own lines
 
-
+# h2load as far as the runner sees it: it appends to its --log-file (the last line cut
+# short), sleeps argv[1] seconds unless interrupted, then prints its summary
+FAKE_H2LOAD = f"""
+import signal, sys, time
+def interrupted(*_): raise InterruptedError
+signal.signal(signal.SIGINT, interrupted)
+with open(sys.argv[sys.argv.index("--log-file") + 1], "a") as log:
+    log.write("1796117577143390\\t200\\t1500\\n1796117577143391\\t429\\t20\\n17961175")
+try:
+    time.sleep(float(sys.argv[1]))
+except InterruptedError:
+    pass
+print({H2LOAD_OUT!r})
+"""
 
 def test_parse_h2load_reads_rate_counts_and_mean_when_output_is_real() -> None:
     h2 = h2load.parse_h2load(H2LOAD_OUT)
@@ -51,6 +65,26 @@ def test_parse_log_reads_status_and_time_when_lines_are_tab_separated() -> None:
                        "1796117577143392\t200\t99\n")
     assert log == [(200, 2839.0), (503, 120.0), (200, 99.0)]
     assert h2load.status_counts(log) == {200: 2, 503: 1}
+
+
+def test_complete_log_drops_a_line_h2load_was_interrupted_writing() -> None:
+    text = "1796117577000000\t200\t20000\n" * 3 + "1796117577999999\t20"
+    assert h2load.complete_log(text) == [(200, 20_000.0)] * 3
+    assert h2load.complete_log("") == []
+
+
+def test_runs_start_at_once_on_empty_logs_and_one_past_its_limit_is_interrupted(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a.tsv").write_text("1796117570000000\t503\t1\n")  # an earlier run's
+    quick, slow = h2load.run_h2loads(
+        [[sys.executable, "-c", FAKE_H2LOAD, sleep, "--log-file", str(tmp_path / name)]
+         for sleep, name in (("0", "a.tsv"), ("60", "b.tsv"))], limit_s=1.5)
+    assert not quick.cut_off and quick.returncode == 0
+    assert quick.log == ((200, 1500.0), (429, 20.0)) == slow.log
+    assert quick.ok_us() == [1500.0] and quick.summary().succeeded == 25240
+    assert slow.cut_off and slow.summary().done == 25242  # SIGINT: it still printed it
+    assert h2load.run_h2load(["true"], 5).log == ()  # no --log-file: no log
 
 
 def test_h2load_gist_keeps_counts_and_error_lines_when_a_run_fails() -> None:
