@@ -2,8 +2,10 @@
 
 - :mod:`.service`: :class:`~.service.ModelLifecycle`, the transport-free whole the HTTP
   view (:mod:`gateway.control.lifecycle_http`) calls; :mod:`.assembly` builds it (the one
-  assembler) with the preloader and keep-warm loop;
-- :mod:`.config`: the ``lifecycle:``, ``auth:`` and keep-warm sections of the YAML;
+  assembler) and the warm-up (preloading, keep-warm, member restores);
+- :mod:`.client`: the lifecycle's HTTP API from the other side (the models CLI, tests
+  and benchmarks call it); the ``lifecycle:``, ``auth:`` and keep-warm sections of the
+  YAML are :mod:`gateway.config`;
 - :mod:`.intake`: what comes in: the upload spec (:mod:`.intake.spec`), multipart
   streamed to disk under limits and safe extraction (:mod:`.intake.uploads`), uploads as
   jobs and their start-up recovery (:mod:`.intake.runner`);
@@ -15,8 +17,10 @@
   the managed models (:mod:`.records.catalog`), repository edits beyond publishing
   (:mod:`.records.versions`);
 - :mod:`.warmup`: load -> warm -> route on every member, rollback, retention
-  (:mod:`.warmup.deploy`), start-up preloading, the readiness gate
-  (:mod:`.warmup.preload`), synthetic requests to idle models (:mod:`.warmup.keepwarm`).
+  (:mod:`.warmup.deploy`), what is preloaded and kept warm (:mod:`.warmup.plan`),
+  start-up preloading, the readiness gate (:mod:`.warmup.preload`), synthetic requests
+  to idle models (:mod:`.warmup.keepwarm`), progressive delivery's driver
+  (:mod:`.warmup.rollout`).
 
 API tokens are :mod:`gateway.auth`; the Triton calls all of the above make on one member
 are :mod:`gateway.upstream.triton`.

@@ -217,7 +217,7 @@ class Rollouts:
         model, stable, candidate = record.model, record.stable, record.candidate
         tally, baseline = self.state.tally, None
         for index, percent in enumerate(spec.steps):
-            record = self._set_percent(record, index, percent, gauge)
+            record = await self._set_percent(record, index, percent, gauge)
             on_step("rollout", "running", f"step {index + 1} of {len(spec.steps)}: "
                     f"{percent}% to version {candidate}")
             started = time.monotonic()
@@ -265,9 +265,10 @@ class Rollouts:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(control.changed.wait(), timeout_s)
 
-    def _set_percent(self, record: RolloutRecord, index: int, percent: int,
-                     gauge: Any) -> RolloutRecord:
+    async def _set_percent(self, record: RolloutRecord, index: int, percent: int,
+                           gauge: Any) -> RolloutRecord:
         self.state.set_split(record.model, Split(record.stable, record.candidate, percent))
+        await self.state.settle()  # the step is on record once both planes route by it
         gauge.set(percent)
         return self.store.put_rollout(replace(record, step=index, percent=percent))
 
