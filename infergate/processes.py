@@ -98,10 +98,12 @@ LOG_LEVEL = os.environ.get("INFERGATE_TEST_LOG_LEVEL", "warning")
 def run_gateway(pools_file: Path, log_dir: Path, *args: str,
                 data_plane: str | None = None,
                 ports: tuple[int, int] | None = None,
-                until: str = "ready") -> Iterator[GatewayProcess]:
+                until: str = "ready", source: Path | None = None) -> Iterator[GatewayProcess]:
     """``data_plane``: ``haproxy`` or ``python`` (None: the gateway's default, auto);
     ``ports``: (HTTP, gRPC), default free ones; ``until``: the health endpoint to wait
-    for, ``ready`` or ``live`` (a gateway whose preloading cannot finish)."""
+    for, ``ready`` or ``live`` (a gateway whose preloading cannot finish); ``source``:
+    the checkout whose gateway runs (another commit's, for a benchmark of before and
+    after in one run; default this one)."""
     http_port, grpc_port = ports or (free_port(), free_port())
     if data_plane is not None:
         args = ("--data-plane", data_plane, *args)
@@ -113,7 +115,7 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
             [sys.executable, "-m", "gateway", "serve", "--pools", str(pools_file),
              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
              "--probe-interval", "0.5", "--log-level", LOG_LEVEL, *args],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            cwd=source or ROOT, stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     gateway = GatewayProcess(proc, http_port, grpc_port, log, data_plane or "auto")

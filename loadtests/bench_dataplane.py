@@ -25,11 +25,13 @@ serving more than was sent is reported, not failed: the other gateways' warm-up
 requests reach the same Triton.)
 
     python -m loadtests.bench_dataplane [--rounds 3] [--seconds 3] [--out DIR] \
-        [--plane haproxy --plane python --plane 'plain='] \
+        [--plane haproxy --plane python --plane 'plain='] [--source NAME=DIR] \
         [--model tiny] [--protocol grpc] [--in-flight 16]
 
 ``--plane NAME`` starts ``gateway serve --data-plane NAME``; ``NAME=ARGS`` passes ARGS
-instead (none after ``=``: the gateway's default). A data plane whose gateway does not
+instead (none after ``=``: the gateway's default). ``--source NAME=DIR`` runs that
+plane's gateway from another checkout (``git worktree add DIR REV``): before and after a
+change, side by side in one run. A data plane whose gateway does not
 start is skipped with a printed line; a run it fails counts as 0 req/s.
 """
 
@@ -472,6 +474,15 @@ def parse_plane(spec: str) -> Plane:
     return name.strip(), tuple(shlex.split(args)) if sep else ("--data-plane", name.strip())
 
 
+def parse_source(spec: str) -> tuple[str, Path]:
+    """'before=/tmp/before' -> ('before', Path('/tmp/before')), a checkout that exists."""
+    name, sep, folder = spec.partition("=")
+    source = Path(folder).expanduser().resolve()
+    if not (name.strip() and sep and (source / "gateway" / "__main__.py").is_file()):
+        raise ValueError(f"{spec!r}: expected NAME=DIR, DIR a checkout of this project")
+    return name.strip(), source
+
+
 # both gRPC connection modes of the HAProxy data plane (the default decides per member
 # from its Triton version: one request per connection before 2.57.0), and Python
 SHARED_PLANE = "haproxy-shared=--data-plane haproxy --grpc-upstream-reuse shared"
@@ -503,7 +514,8 @@ def describe_tree(plane: str, pid: int) -> None:
 
 
 @contextlib.contextmanager
-def stack(workdir: Path, planes: Sequence[Plane]) -> Iterator[tuple[TritonEndpoints, list[Target]]]:
+def stack(workdir: Path, planes: Sequence[Plane], sources: Mapping[str, Path] | None = None
+          ) -> Iterator[tuple[TritonEndpoints, list[Target]]]:
     """A local Triton with both models, and one gateway per data plane in front of it."""
     repo = workdir / "model_repo"
     build_sample_model(repo)
@@ -514,7 +526,8 @@ def stack(workdir: Path, planes: Sequence[Plane]) -> Iterator[tuple[TritonEndpoi
         targets = [Target("direct", ep, None)]
         for name, args in planes:
             try:
-                gw = gateways.enter_context(gateway(pools, workdir / f"gateway-{name}", *args))
+                gw = gateways.enter_context(gateway(pools, workdir / f"gateway-{name}", *args,
+                                                    source=(sources or {}).get(name)))
             except GatewayFailed as err:
                 say(f"skipped data plane {name}: the gateway with {list(args)} did not start "
                     f"({err})")
@@ -525,12 +538,14 @@ def stack(workdir: Path, planes: Sequence[Plane]) -> Iterator[tuple[TritonEndpoi
 
 
 def run(rounds: int = 3, seconds: float = 3.0, planes: Sequence[Plane] | None = None,
-        cells: Cells = Cells()) -> list[dict[str, Any]]:
+        cells: Cells = Cells(), sources: Mapping[str, Path] | None = None
+        ) -> list[dict[str, Any]]:
     if shutil.which("h2load") is None:
         raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
     chosen = list(planes) if planes is not None else default_planes(serve_help())
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp, stack(Path(tmp), chosen) as (triton, targets):
+    with tempfile.TemporaryDirectory() as tmp, \
+            stack(Path(tmp), chosen, sources) as (triton, targets):
         scratch = Path(tmp)
         works = [work for work in (
             write_workload(scratch, TINY_MODEL_NAME, np.ones((1, TINY_WIDTH), np.float32),
@@ -560,6 +575,10 @@ def main() -> None:
                              "(extra gateway arguments, may be empty); repeatable. Default: "
                              "haproxy and python, or the plain gateway if it has no "
                              "--data-plane option")
+    parser.add_argument("--source", action="append", type=parse_source, default=[],
+                        help="NAME=DIR: the data plane NAME runs the gateway of the checkout "
+                             "DIR (e.g. 'git worktree add DIR REV'), for before and after "
+                             "in one run; repeatable")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write bench_dataplane.json/.md/.png into this folder")
     parser.add_argument("--model", action="append", choices=Cells().models,
@@ -571,7 +590,7 @@ def main() -> None:
     args = parser.parse_args()
     cells = Cells(tuple(args.model or Cells().models), tuple(args.protocol or PROTOCOLS),
                   tuple(args.in_flight or IN_FLIGHT))
-    rows = run(args.rounds, args.seconds, args.plane, cells)
+    rows = run(args.rounds, args.seconds, args.plane, cells, dict(args.source))
     publish(rows, markdown, plot, args.out, "bench_dataplane", say)
 
 

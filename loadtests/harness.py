@@ -246,15 +246,16 @@ class GatewayFailed(RuntimeError):
 
 
 @contextlib.contextmanager
-def gateway(config: Path, log_dir: Path, *args: str,
-            data_plane: str | None = None) -> Iterator[GatewayProcess]:
+def gateway(config: Path, log_dir: Path, *args: str, data_plane: str | None = None,
+            source: Path | None = None) -> Iterator[GatewayProcess]:
     """``gateway serve`` over ``config`` (extra ``args``), its log and HAProxy's files in
     ``log_dir``; ready when yielded, stopped on exit. One that does not start raises
-    :class:`GatewayFailed`."""
+    :class:`GatewayFailed`. ``source``: another checkout's gateway (default this one)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as started:
         try:
-            gw = started.enter_context(run_gateway(config, log_dir, *args, data_plane=data_plane))
+            gw = started.enter_context(run_gateway(config, log_dir, *args, data_plane=data_plane,
+                                                  source=source))
         except RuntimeError as err:
             raise GatewayFailed(last_words(str(err))) from err
         yield gw
