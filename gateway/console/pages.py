@@ -10,7 +10,7 @@ state, behind the API's tokens and scopes.
 | ``/ui/pools`` | upload | members with health, queue and saturation; the scheduler's MIG plan |
 
 Pages read the same objects the API reads (the lifecycle's catalog and job store, the
-data plane's state, the traffic history) and act through the same calls
+gateway's state and telemetry, the traffic history) and act through the same calls
 (:class:`~gateway.lifecycle.service.ModelLifecycle`), so the console can do nothing the
 API would refuse, and refuses it with the API's own message. Forms work without
 JavaScript; ``static/console.js`` only refreshes the live parts of a page.

@@ -3,9 +3,10 @@
 A model that has seen no user request for ``idle_after_s`` gets, every ``interval_s``,
 one request per configured batch size on each available member serving it (so every
 instance stays hot: caches, thread pools, on GPUs the clocks and the CUDA context).
-Busy models get nothing: real traffic keeps them warm. The requests go through
-:meth:`Core.send_to` and are counted with ``traffic="warmup"``, apart from user
-traffic and so out of SLO figures.
+Busy models get nothing: real traffic keeps them warm. The requests go through the
+upstream client to the member itself and are counted by
+:meth:`gateway.telemetry.Telemetry.synthetic` with ``traffic="warmup"``, apart from
+user traffic and so out of SLO figures.
 
 The decision (:func:`due_models`) is a pure function of the policies, the last user
 request per model and the clock; :class:`KeepWarm` does the I/O.
