@@ -28,7 +28,7 @@ from tests.gateway.lifecycle.conftest import (
     tiny_samples,
     upload,
 )
-from tests.procs import run_gateway, wait_until
+from tests.procs import end_in_background, run_gateway, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -84,10 +84,13 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
 
             control.proc.send_signal(signal.SIGKILL)
             control.proc.wait(10)
+            # the snapshot may have moved since (a probe round measures the service time
+            # of the requests above): each replica keeps the last one it had
+            last = {agent.status_port: agent.status()["version"] for agent in (agent_a, agent_b)}
             for agent in (agent_a, agent_b):  # both keep routing on their last snapshot
                 assert _infers(agent.http_url, "owned"), agent.log.read_text()[-1500:]
                 assert tiny_infers_over_grpc(agent.grpc_url, "owned")
-                assert agent.status()["version"] == version
+                assert agent.status()["version"] == last[agent.status_port] != ""
                 ready = httpx.get(f"http://127.0.0.1:{agent.status_port}/ready")
                 assert ready.status_code == 200  # the replica stays in its Service
             down = httpx.get(f"http://{agent_a.http_url}/v1/jobs/{accepted['id']}",
@@ -101,5 +104,4 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
                 assert job(url_a, accepted["id"])["state"] == "succeeded"  # told truthfully
                 assert _infers(agent_b.http_url, "owned")
     finally:
-        a.stop()
-        b.stop()
+        end_in_background(a, b)
