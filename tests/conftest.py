@@ -15,7 +15,14 @@ from converters.decoupled import DECOUPLED_MODEL_NAME, build_decoupled_model
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model
 from converters.tiny import TINY_MODEL_NAME, build_tiny_model
 from infergate.triton.local import LocalTriton, TritonSettings
-from tests.procs import ROOT, GatewayProcess, pools_yaml, run_gateway, triton_processes
+from tests.procs import (
+    ROOT,
+    GatewayProcess,
+    join_ended,
+    pools_yaml,
+    run_gateway,
+    triton_processes,
+)
 
 RUNTIME_ENV = ROOT / ".venv-triton"
 
@@ -81,5 +88,6 @@ def no_leftover_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     # Every repository the tests serve lives under this session's base temp dir.
     marker = str(tmp_path_factory.getbasetemp())
     yield
+    join_ended()  # the Tritons tests were done with, stopping in the background
     left = triton_processes(marker=marker)
     assert not left, f"tritonserver processes left behind: {left}"

@@ -15,9 +15,9 @@ from converters.datasets import load_samples
 from converters.images import EFFICIENTNET_LITE
 from converters.spec import parse_input_spec
 from converters.triton_config import parse_model_config
-from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.converters.conftest import Conversion
+from tests.procs import started_triton
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ def test_converted_models_answer_like_onnxruntime_when_served_by_triton(
                           "evaluation", EFFICIENTNET_LITE)
     tokens = load_samples(token_sets[1], parse_input_spec(
         "input_ids:int64[batch,sequence];attention_mask:int64[batch,sequence]"), "evaluation")
-    with LocalTriton(triton_settings(repo, tmp_path, effnet.name, minilm.name)) as server:
+    with started_triton(triton_settings(repo, tmp_path, effnet.name, minilm.name)) as server:
         assert server.endpoints is not None
         client = httpclient.InferenceServerClient(server.endpoints.http_url)
         served = client.get_model_config(effnet.name)

@@ -24,7 +24,7 @@ from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.fuzz.conftest import fuzzing
 from tests.fuzz.tally import Tally, cases
-from tests.procs import GatewayProcess, pools_yaml, run_gateway
+from tests.procs import GatewayProcess, pools_yaml, run_gateway, started_triton
 
 pytestmark = pytest.mark.integration
 SERVICE = "/inference.GRPCInferenceService"
@@ -241,7 +241,7 @@ def test_concurrent_unparseable_grpc_through_haproxy_leaves_triton_serving(
     has a connection of its own: every answer is the one Triton gives directly."""
     repo = tmp_path / "model_repo"
     build_tiny_model(repo)
-    with LocalTriton(triton_settings(repo, tmp_path, TINY_MODEL_NAME)) as triton:
+    with started_triton(triton_settings(repo, tmp_path, TINY_MODEL_NAME)) as triton:
         assert triton.endpoints is not None
         pools = pools_yaml(tmp_path / "pools.yaml", {"local": [triton.endpoints]})
         with run_gateway(pools, tmp_path, data_plane="haproxy") as gw:

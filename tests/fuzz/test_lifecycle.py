@@ -24,13 +24,12 @@ from schemathesis import Case
 
 from converters.tiny import TINY_MODEL_NAME, build_tiny_model
 from infergate.processes import GatewayProcess
-from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.fuzz.conftest import fuzzing
 from tests.fuzz.tally import Tally, cases
 from tests.fuzz.test_http_schemas import run_schema
 from tests.gateway.lifecycle.conftest import TINY_SPEC, TOKENS, bearer, lifecycle_config, tree
-from tests.procs import run_gateway
+from tests.procs import run_gateway, started_triton
 
 pytestmark = pytest.mark.integration
 Upload = tuple[str, dict[str, str], bytes]  # model name, headers, body
@@ -42,7 +41,7 @@ def lifecycle_gateway(tmp_path_factory: pytest.TempPathFactory
     tmp = tmp_path_factory.mktemp("fuzz-lifecycle")
     repo = tmp / "model_repo"
     build_tiny_model(repo)
-    with LocalTriton(triton_settings(repo, tmp, TINY_MODEL_NAME)) as triton:
+    with started_triton(triton_settings(repo, tmp, TINY_MODEL_NAME)) as triton:
         assert triton.endpoints is not None
         config = lifecycle_config(tmp / "gateway.yaml", {"local": [triton.endpoints]}, repo,
                                   lifecycle={"limits": {"max_model_bytes": 1 << 20,

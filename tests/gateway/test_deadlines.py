@@ -32,7 +32,7 @@ from converters.tiny import TINY_WIDTH, build_tiny_model
 from infergate.processes import GatewayProcess
 from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES, triton_settings
-from tests.procs import pools_yaml, run_gateway, wait_until
+from tests.procs import pools_yaml, run_gateway, started_triton, wait_until
 
 pytestmark = [pytest.mark.integration]
 SLOW, SLO, HELD, HOLD_S = "slow", "slo", "held", 8.0
@@ -51,7 +51,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     # shorter timeout): the default queue timeout far beyond any test's deadline
     build_tiny_model(repo, HELD, max_queue_delay_us=int(HOLD_S * 1e6),
                      queue_timeout_us=60_000_000)
-    with LocalTriton(triton_settings(repo, tmp, SLOW, SLO, HELD)) as server:
+    with started_triton(triton_settings(repo, tmp, SLOW, SLO, HELD)) as server:
         yield server
 
 

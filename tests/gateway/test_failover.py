@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
-from tests.procs import pools_yaml, run_gateway, wait_until
+from tests.procs import end_in_background, pools_yaml, run_gateway, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -99,6 +99,4 @@ def test_gateway_loses_no_request_when_member_killed_and_rejoins_when_restarted(
             stats = httpx.get(f"http://{ea.http_url}/v2/models/{TINY_MODEL_NAME}/stats").json()
             assert stats["model_stats"][0]["inference_count"] > 0  # traffic reached it again
     finally:
-        for server in (a, b, restarted):
-            if server is not None:
-                server.stop()
+        end_in_background(a, b, restarted)

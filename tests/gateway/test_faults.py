@@ -38,7 +38,14 @@ from tests.gateway.lifecycle.conftest import (
     tiny_samples,
     tree,
 )
-from tests.procs import GatewayProcess, pools_yaml, run_gateway, wait_until
+from tests.procs import (
+    GatewayProcess,
+    end_in_background,
+    pools_yaml,
+    run_gateway,
+    started_triton,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DEADLINE_S = 1.0
@@ -177,13 +184,13 @@ def test_hung_member_costs_no_request_its_deadline_and_is_ejected_then_back(
         for server in (a, b):
             with contextlib.suppress(ProcessLookupError, TypeError):
                 os.kill(server.pid or 0, signal.SIGCONT)
-            server.stop()
+        end_in_background(a, b)
 
 
 def test_sigterm_under_load_fails_no_request_the_gateway_had_taken(
     tiny_repo: Path, tmp_path: Path, data_plane: str,
 ) -> None:
-    with LocalTriton(triton_settings(tiny_repo, tmp_path, TINY_MODEL_NAME)) as triton:
+    with started_triton(triton_settings(tiny_repo, tmp_path, TINY_MODEL_NAME)) as triton:
         assert triton.endpoints is not None
         pools = pools_yaml(tmp_path / "pools.yaml", {"local": [triton.endpoints]})
         with run_gateway(pools, tmp_path, data_plane=data_plane) as gw, \
@@ -233,7 +240,7 @@ def test_gateway_killed_during_upload_leaves_repository_whole_and_job_failed(
 ) -> None:
     repo = tmp_path / "model_repo"
     build_tiny_model(repo)
-    with LocalTriton(triton_settings(repo, tmp_path, TINY_MODEL_NAME)) as triton:
+    with started_triton(triton_settings(repo, tmp_path, TINY_MODEL_NAME)) as triton:
         assert triton.endpoints is not None
         config = lifecycle_config(tmp_path / "gateway.yaml", {"local": [triton.endpoints]},
                                   repo)

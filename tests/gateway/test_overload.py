@@ -21,9 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from infergate.processes import GatewayProcess
-from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES, triton_settings
-from tests.procs import run_gateway, wait_until
+from tests.procs import run_gateway, started_triton, wait_until
 
 pytestmark = [pytest.mark.integration]
 MAX_CONCURRENCY, MAX_QUEUE = 2, 2
@@ -33,7 +32,7 @@ MAX_CONCURRENCY, MAX_QUEUE = 2, 2
 def limited_gateway(request: pytest.FixtureRequest, tiny_repo: Path,
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp(f"overload-{request.param}")
-    with LocalTriton(triton_settings(tiny_repo, tmp, TINY_MODEL_NAME)) as triton:
+    with started_triton(triton_settings(tiny_repo, tmp, TINY_MODEL_NAME)) as triton:
         e = triton.endpoints
         assert e is not None
         config = {

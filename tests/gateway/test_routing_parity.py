@@ -27,7 +27,7 @@ from converters.tiny import TINY_MODEL_NAME as TINY
 from converters.tiny import TINY_WIDTH, build_tiny_model
 from infergate.triton.local import LocalTriton, TritonEndpoints
 from tests.conftest import triton_settings
-from tests.procs import run_gateway
+from tests.procs import end_in_background, run_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +87,6 @@ def test_both_planes_spread_a_skewed_load_alike_across_members(tmp_path: Path) -
         shares = {plane: fast_share(plane, slow, fast, tmp_path)
                   for plane in ("haproxy", "python")}
     finally:
-        slow_server.stop()
-        fast_server.stop()
+        end_in_background(slow_server, fast_server)
     assert min(shares.values()) > 0.6, shares
     assert abs(shares["haproxy"] - shares["python"]) <= TOLERANCE, shares

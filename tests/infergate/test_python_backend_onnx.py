@@ -19,7 +19,7 @@ from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from converters.triton_config import parse_model_config
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
-from tests.procs import wait_until
+from tests.procs import started_triton, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def own_triton(sample_repo: Path, tmp_path_factory: pytest.TempPathFactory
     config = parse_model_config(config_path.read_text())
     config.dynamic_batching.max_queue_delay_microseconds = 2_000_000
     config_path.write_text(text_format.MessageToString(config))
-    with LocalTriton(triton_settings(repo, tmp, SAMPLE_MODEL_NAME)) as server:
+    with started_triton(triton_settings(repo, tmp, SAMPLE_MODEL_NAME)) as server:
         yield server
 
 

@@ -19,10 +19,11 @@ import pytest
 
 from converters.tiny import TINY_MODEL_NAME, build_tiny_model
 from infergate.processes import ROOT, run_gateway, stop_process, wait_until
-from infergate.triton.local import LocalTriton, free_port
+from infergate.triton.local import free_port
 from scheduler.request import load_request
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import TOKENS, lifecycle_config
+from tests.procs import started_triton
 
 EXAMPLES = ROOT / "scheduler" / "examples"
 MAX_MODEL_BYTES = 200_000  # the console's oversized-upload case passes it
@@ -77,7 +78,7 @@ def console_stack(tmp: Path, data_plane: str = "haproxy",
     build_tiny_model(repo)
     if prepare is not None:
         prepare(repo)
-    with LocalTriton(triton_settings(repo, tmp, TINY_MODEL_NAME)) as triton, \
+    with started_triton(triton_settings(repo, tmp, TINY_MODEL_NAME)) as triton, \
             scheduler_process(tmp) as scheduler:
         assert triton.endpoints is not None
         plan_id = example_plan(scheduler)

@@ -20,13 +20,13 @@ from converters.samples import SAMPLE_MODEL_NAME
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
-from tests.procs import pools_yaml, run_gateway, wait_until
+from tests.procs import pools_yaml, run_gateway, started_triton, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 def test_gateway_applies_batching_policy_when_slo_given(tiny_repo: Path, tmp_path: Path) -> None:
-    with LocalTriton(triton_settings(tiny_repo, tmp_path, TINY_MODEL_NAME)) as triton:
+    with started_triton(triton_settings(tiny_repo, tmp_path, TINY_MODEL_NAME)) as triton:
         assert triton.endpoints is not None
         pools = pools_yaml(tmp_path / "p.yaml", {"local": [triton.endpoints]})
         with run_gateway(pools, tmp_path) as gw:
@@ -61,7 +61,7 @@ def test_gateway_applies_batching_policy_when_slo_given(tiny_repo: Path, tmp_pat
 def test_gateway_finds_members_by_dns_when_pool_declares_service_name(
     tiny_repo: Path, tmp_path: Path, data_plane: str
 ) -> None:
-    with LocalTriton(triton_settings(tiny_repo, tmp_path, TINY_MODEL_NAME)) as triton:
+    with started_triton(triton_settings(tiny_repo, tmp_path, TINY_MODEL_NAME)) as triton:
         e = triton.endpoints
         assert e is not None
         config = {"pools": [{"name": "headless", "dns": "localhost", "dns_ports": {

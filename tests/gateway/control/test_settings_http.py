@@ -21,7 +21,7 @@ from converters.decoupled import DECOUPLED_MODEL_NAME, build_decoupled_model
 from converters.tiny import TINY_MODEL_NAME, build_tiny_model
 from infergate.triton.local import LocalTriton, TritonEndpoints, free_port
 from tests.conftest import triton_settings
-from tests.procs import GatewayProcess, pools_yaml, run_gateway
+from tests.procs import GatewayProcess, pools_yaml, run_gateway, started_triton
 
 pytestmark = pytest.mark.integration
 
@@ -90,12 +90,8 @@ def index_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTrit
     repo = tmp / "repo"
     build_decoupled_model(repo)
     build_tiny_model(repo)
-    server = LocalTriton(triton_settings(repo, tmp, DECOUPLED_MODEL_NAME))
-    server.start()
-    try:
+    with started_triton(triton_settings(repo, tmp, DECOUPLED_MODEL_NAME)) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

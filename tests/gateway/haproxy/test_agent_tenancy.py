@@ -17,9 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.haproxy.runtime import RuntimeAPI
 from infergate.processes import AgentProcess, run_agent
-from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
-from tests.procs import pools_yaml, run_gateway, wait_until
+from tests.procs import pools_yaml, run_gateway, started_triton, wait_until
 
 pytestmark = [pytest.mark.integration]
 HELD, HOLD_S = "held", 6.0
@@ -32,7 +31,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
     repo = tmp / "model_repo"
     build_tiny_model(repo)
     build_tiny_model(repo, HELD, max_queue_delay_us=int(HOLD_S * 1e6))
-    with LocalTriton(triton_settings(repo, tmp, TINY_MODEL_NAME, HELD)) as triton:
+    with started_triton(triton_settings(repo, tmp, TINY_MODEL_NAME, HELD)) as triton:
         assert triton.endpoints is not None
         pools = pools_yaml(tmp / "pools.yaml", {"p": [triton.endpoints]}, capacity_per_member=2)
         tenants = tmp / "tenants.yaml"

@@ -16,9 +16,8 @@ import tritonclient.http as httpclient
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from gateway.haproxy.process import find_haproxy
-from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
-from tests.procs import pools_yaml, run_gateway
+from tests.procs import pools_yaml, run_gateway, started_triton
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +35,7 @@ def test_control_plane_programs_a_separately_started_haproxy_when_external(
     log = (tmp_path / "haproxy.log").open("wb")
     haproxy = subprocess.Popen(["/bin/sh", "-c", script], stdout=log, stderr=subprocess.STDOUT)
     try:
-        with LocalTriton(triton_settings(tiny_repo, tmp_path, TINY_MODEL_NAME)) as triton:
+        with started_triton(triton_settings(tiny_repo, tmp_path, TINY_MODEL_NAME)) as triton:
             assert triton.endpoints is not None
             pools = pools_yaml(tmp_path / "p.yaml", {"local": [triton.endpoints]})
             with run_gateway(pools, tmp_path, "--haproxy-external", "--haproxy-run-dir",

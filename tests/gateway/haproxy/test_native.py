@@ -37,9 +37,8 @@ from gateway.metrics import create_metrics
 from gateway.policy.access import key_digest
 from gateway.policy.rate import RateClass
 from gateway.telemetry import VersionTally
-from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
-from tests.procs import wait_until
+from tests.procs import started_triton, wait_until
 
 pytestmark = pytest.mark.integration
 MAX_BODY = 64 * 1024
@@ -113,7 +112,7 @@ def hung_member() -> Iterator[int]:
 @pytest.fixture(scope="module")
 def native(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Native]:
     tmp = tmp_path_factory.mktemp("native")
-    with LocalTriton(triton_settings(tiny_repo, tmp, TINY_MODEL_NAME)) as triton, \
+    with started_triton(triton_settings(tiny_repo, tmp, TINY_MODEL_NAME)) as triton, \
             hung_member() as hung_port:
         e = triton.endpoints
         assert e is not None

@@ -22,7 +22,6 @@ from gateway.lifecycle.assembly import build_lifecycle
 from gateway.lifecycle.records.jobs import LifecycleStore, ModelRecord, VersionRecord
 from gateway.lifecycle.service import RESTART_REASON
 from gateway.upstream.triton import MemberAdmin
-from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import (
     EFFNET_SPEC,
@@ -36,7 +35,7 @@ from tests.gateway.lifecycle.conftest import (
     tree,
     upload,
 )
-from tests.procs import run_gateway, wait_until
+from tests.procs import run_gateway, started_triton, wait_until
 
 TINY = TINY_MODEL_NAME
 
@@ -55,7 +54,7 @@ def test_restarted_gateway_reports_jobs_truthfully_when_killed_mid_conversion(
     two_version_repo: Path, sample_repo: Path, tmp_path: Path
 ) -> None:
     repo = two_version_repo  # tiny 1 (2x+1) and 2 (3x+1); Triton serves 2
-    with LocalTriton(triton_settings(repo, tmp_path, TINY)) as triton:
+    with started_triton(triton_settings(repo, tmp_path, TINY)) as triton:
         assert triton.endpoints is not None
         config = lifecycle_config(tmp_path / "gateway.yaml", {"local": [triton.endpoints]},
                                   repo)

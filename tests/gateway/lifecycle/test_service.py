@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 from converters.tiny import TINY_MODEL_NAME
-from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import bearer, lifecycle_config, stop
-from tests.procs import run_gateway, wait_until
+from tests.procs import run_gateway, started_triton, wait_until
 
 pytestmark = pytest.mark.integration
 TINY = TINY_MODEL_NAME
@@ -89,7 +88,7 @@ BAD_UPLOADS = [
 
 @pytest.fixture
 def gateway_over_tiny(two_version_repo: Path, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    with LocalTriton(triton_settings(two_version_repo, tmp_path, TINY)) as triton:
+    with started_triton(triton_settings(two_version_repo, tmp_path, TINY)) as triton:
         assert triton.endpoints is not None
         config = lifecycle_config(tmp_path / "gateway.yaml", {"local": [triton.endpoints]},
                                   two_version_repo,

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from converters.decoupled import DECOUPLED_MODEL_NAME, build_decoupled_model
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
-from tests.procs import GatewayProcess, pools_yaml, run_gateway, wait_until
+from tests.procs import GatewayProcess, pools_yaml, run_gateway, started_triton, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = DECOUPLED_MODEL_NAME
@@ -248,12 +248,8 @@ def test_stream_metrics_count_responses_per_request_when_decoupled(
 def own_triton(tmp_path: Path) -> Iterator[LocalTriton]:
     repo = tmp_path / "repo"
     build_decoupled_model(repo)
-    server = LocalTriton(triton_settings(repo, tmp_path, MODEL))
-    server.start()
-    try:
+    with started_triton(triton_settings(repo, tmp_path, MODEL)) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_stream_ends_with_unavailable_when_member_dies_after_client_half_closed(

@@ -24,7 +24,6 @@ from typer.testing import CliRunner
 from converters.samples import SAMPLE_MODEL_NAME, cat_input
 from converters.tiny import TINY_MODEL_NAME, build_tiny_model, tiny_onnx
 from gateway.models_cli import app as models_app
-from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import (
     EFFNET_SPEC,
@@ -43,7 +42,7 @@ from tests.gateway.lifecycle.conftest import (
     tree,
     upload,
 )
-from tests.procs import run_gateway, wait_until
+from tests.procs import run_gateway, started_triton, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TINY = TINY_MODEL_NAME
@@ -65,7 +64,7 @@ def stack(sample_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     folder = tmp_path_factory.mktemp("conversion")
     repo = folder / "model_repo"
     build_tiny_model(repo)
-    with LocalTriton(triton_settings(repo, folder, TINY)) as triton:
+    with started_triton(triton_settings(repo, folder, TINY)) as triton:
         assert triton.endpoints is not None
         config = lifecycle_config(folder / "gateway.yaml", {"local": [triton.endpoints]}, repo)
         with run_gateway(config, folder) as gw:

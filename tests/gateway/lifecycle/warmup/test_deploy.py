@@ -16,7 +16,6 @@ from gateway.errors import Conflict
 from gateway.lifecycle.records.jobs import LifecycleStore, ModelRecord, VersionRecord
 from gateway.lifecycle.warmup.deploy import Deployer
 from gateway.models_cli import app as models_app
-from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import (
     TOKENS,
@@ -25,7 +24,7 @@ from tests.gateway.lifecycle.conftest import (
     lifecycle_config,
     stop,
 )
-from tests.procs import run_gateway, triton_processes, wait_until
+from tests.procs import run_gateway, started_triton, triton_processes, wait_until
 
 TINY = TINY_MODEL_NAME
 
@@ -47,7 +46,7 @@ def test_versions_roll_back_and_forth_with_no_failed_request_when_admin_asks(
     two_version_repo: Path, tmp_path: Path, steady_load: Any
 ) -> None:
     repo = two_version_repo
-    with LocalTriton(triton_settings(repo, tmp_path, TINY)) as triton:  # serves v2 (latest)
+    with started_triton(triton_settings(repo, tmp_path, TINY)) as triton:  # serves v2 (latest)
         assert triton.endpoints is not None
         config = lifecycle_config(tmp_path / "gateway.yaml", {"local": [triton.endpoints]},
                                   repo)

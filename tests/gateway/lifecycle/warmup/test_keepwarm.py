@@ -23,10 +23,10 @@ from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.core import Core
 from gateway.lifecycle.warmup.keepwarm import KeepWarm, due_models
 from gateway.upstream.triton import MemberAdmin
-from infergate.triton.local import LocalTriton, TritonEndpoints
+from infergate.triton.local import TritonEndpoints
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import stop
-from tests.procs import pools_yaml, run_gateway, wait_until
+from tests.procs import pools_yaml, run_gateway, started_triton, wait_until
 
 POLICY = KeepWarmPolicy(interval_s=10, idle_after_s=30, batch_sizes=(1, 4))
 
@@ -104,7 +104,7 @@ def test_keepwarm_pings_every_member_while_idle_and_stops_when_busy(
     tiny_repo: Path, tmp_path: Path, steady_load: Any
 ) -> None:
     with contextlib.ExitStack() as stack:
-        members = [stack.enter_context(LocalTriton(triton_settings(
+        members = [stack.enter_context(started_triton(triton_settings(
             tiny_repo, tmp_path / f"t{i}", TINY_MODEL_NAME))) for i in range(2)]
         endpoints = [m.endpoints for m in members if m.endpoints is not None]
         config = tmp_path / "gateway.yaml"

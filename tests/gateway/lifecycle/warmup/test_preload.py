@@ -24,11 +24,10 @@ from gateway.lifecycle.warmup.preload import Preloader
 from gateway.python.forwarder import Forwarder
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 from gateway.upstream.triton import MemberAdmin
-from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.gateway.conftest import gateway_app
 from tests.gateway.lifecycle.conftest import eventually, spawn_gateway
-from tests.procs import pools_yaml
+from tests.procs import pools_yaml, started_triton
 
 
 def _gateway() -> tuple[Forwarder, Any]:
@@ -98,7 +97,7 @@ def test_gateway_reports_ready_only_after_preloading_into_real_triton(
     repo = tmp_path / "model_repo"
     for model in (SAMPLE_MODEL_NAME, TINY_MODEL_NAME):
         shutil.copytree(sample_repo / model, repo / model)
-    with LocalTriton(triton_settings(repo, tmp_path)) as triton:  # starts with no model
+    with started_triton(triton_settings(repo, tmp_path)) as triton:  # starts with no model
         assert triton.endpoints is not None
         config = tmp_path / "gateway.yaml"
         pools_yaml(config, {"local": [triton.endpoints]})

@@ -15,7 +15,7 @@ from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import bearer, lifecycle_config, stop
 from tests.gateway.test_failover import member_health
-from tests.procs import run_gateway, wait_until
+from tests.procs import end_in_background, run_gateway, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -59,6 +59,4 @@ def test_restarted_member_serves_the_serving_version_before_taking_traffic(
             counts = {s["version"]: s["inference_count"] for s in stats["model_stats"]}
             assert counts.get("1", 0) > 0  # the restarted member took traffic again
     finally:
-        for server in (a, b, restarted):
-            if server is not None:
-                server.stop()
+        end_in_background(a, b, restarted)

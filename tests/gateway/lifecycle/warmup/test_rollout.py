@@ -24,7 +24,6 @@ from typer.testing import CliRunner
 from converters.tiny import TINY_WIDTH, build_tiny_model
 from gateway.models_cli import app as models_app
 from infergate.processes import GatewayProcess
-from infergate.triton.local import LocalTriton
 from loadtests.rollout_models import erroring_onnx, flipped_onnx, slow_onnx
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import (
@@ -40,7 +39,7 @@ from tests.gateway.lifecycle.conftest import (
     tiny_samples,
     upload,
 )
-from tests.procs import run_gateway, wait_until
+from tests.procs import run_gateway, started_triton, wait_until
 
 pytestmark = pytest.mark.integration
 BAD_EVERY = 5  # one request in five has x[0] = 0.9, which the erroring version fails on
@@ -132,7 +131,7 @@ def shared_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pa
     repo = root / "model_repo"
     for model in MODELS:
         build_tiny_model(repo, model)
-    with LocalTriton(triton_settings(repo, root)) as triton:
+    with started_triton(triton_settings(repo, root)) as triton:
         assert triton.endpoints is not None
         yield repo, triton.endpoints
 
