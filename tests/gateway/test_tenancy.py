@@ -5,7 +5,8 @@ change of tenants through ``PUT /v1/tenants`` drops no request; a malformed one 
 refused whole.
 
 The pool's requests are held in Triton by a model whose dynamic batcher waits
-``HOLD_S`` for a batch: the load is known while the test asks."""
+``HOLD_S`` for a batch: the load is known while the test asks. Once it has asked, a full
+batch sent to Triton itself ends the hold (:func:`_release`)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from infergate.processes import GatewayProcess
 from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES, triton_settings
-from tests.procs import run_gateway, wait_until
+from tests.procs import run_gateway, started_triton, wait_until
 
 pytestmark = [pytest.mark.integration]
 SLOW, CAPPED, HOLD_S = "held", "capped", 8.0
@@ -40,31 +41,38 @@ TENANCY = {
 }
 
 
-@pytest.fixture(scope="module", params=DATA_PLANES)
-def gateway(request: pytest.FixtureRequest,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    tmp = tmp_path_factory.mktemp(f"tenancy-{request.param}")
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    """One Triton for both planes' gateways (each test leaves nothing held)."""
+    tmp = tmp_path_factory.mktemp("tenancy-triton")
     repo = tmp / "model_repo"
     build_tiny_model(repo)
     build_tiny_model(repo, SLOW, max_queue_delay_us=int(HOLD_S * 1e6))
     build_tiny_model(repo, CAPPED, max_queue_delay_us=int(HOLD_S * 1e6))
-    with LocalTriton(triton_settings(repo, tmp, TINY_MODEL_NAME, SLOW, CAPPED)) as triton:
-        e = triton.endpoints
-        assert e is not None
-        # capacity 2, queue_factor 2: sheddable refused from load 2, standard from 4,
-        # critical from 6 (the model's own bound too)
-        config = {"pools": [{"name": "p", "capacity_per_member": 2,
-                             "members": [{"host": e.host, "http_port": e.http_port,
-                                          "grpc_port": e.grpc_port,
-                                          "metrics_port": e.metrics_port}]}],
-                  # the model's own bound 3: critical 3, standard 2, sheddable 1
-                  "models": {CAPPED: {"max_concurrency": 1, "max_queue": 2}},
-                  "queue_factor": 2.0}
-        (tmp / "gw.yaml").write_text(yaml.safe_dump(config))
-        (tmp / "tenants.yaml").write_text(yaml.safe_dump(TENANCY))
-        with run_gateway(tmp / "gw.yaml", tmp, "--tenants", str(tmp / "tenants.yaml"),
-                         data_plane=request.param) as gw:
-            yield gw
+    with started_triton(triton_settings(repo, tmp, TINY_MODEL_NAME, SLOW, CAPPED)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=DATA_PLANES)
+def gateway(request: pytest.FixtureRequest, triton: LocalTriton,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    tmp = tmp_path_factory.mktemp(f"tenancy-{request.param}")
+    e = triton.endpoints
+    assert e is not None
+    # capacity 2, queue_factor 2: sheddable refused from load 2, standard from 4,
+    # critical from 6 (the model's own bound too)
+    config = {"pools": [{"name": "p", "capacity_per_member": 2,
+                         "members": [{"host": e.host, "http_port": e.http_port,
+                                      "grpc_port": e.grpc_port,
+                                      "metrics_port": e.metrics_port}]}],
+              # the model's own bound 3: critical 3, standard 2, sheddable 1
+              "models": {CAPPED: {"max_concurrency": 1, "max_queue": 2}},
+              "queue_factor": 2.0}
+    (tmp / "gw.yaml").write_text(yaml.safe_dump(config))
+    (tmp / "tenants.yaml").write_text(yaml.safe_dump(TENANCY))
+    with run_gateway(tmp / "gw.yaml", tmp, "--tenants", str(tmp / "tenants.yaml"),
+                     data_plane=request.param) as gw:
+        yield gw
 
 
 def _body() -> bytes:
@@ -91,6 +99,42 @@ def _in_flight(gw: GatewayProcess, tenant: str) -> float:
     return _samples(gw, "infergate_tenant_in_flight_requests", tenant=tenant)
 
 
+def _pending(triton: LocalTriton, model: str) -> float:
+    """Requests Triton holds for ``model`` (its queue and its batches)."""
+    assert triton.endpoints is not None
+    text = httpx.get(triton.endpoints.metrics_url).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "nv_inference_pending_request_count"
+               and s.labels.get("model") == model)
+
+
+async def _held(triton: LocalTriton, model: str,
+                tasks: list[asyncio.Task[httpx.Response]]) -> None:
+    """Until Triton holds every request of ``tasks`` not answered yet (at most 20 s)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while loop.time() < deadline:
+        waiting = sum(not task.done() for task in tasks)
+        if not waiting or await asyncio.to_thread(_pending, triton, model) >= waiting:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _release(triton: LocalTriton, model: str,
+                   tasks: list[asyncio.Task[httpx.Response]]) -> None:
+    """End the hold of ``tasks`` now rather than after ``HOLD_S``: once Triton holds
+    them, a full batch (the tiny model's max_batch_size, 64) sent to Triton itself makes
+    its dynamic batcher run what waits. The gateway never sees that batch."""
+    await _held(triton, model, tasks)
+    assert triton.endpoints is not None
+    full = {"inputs": [{"name": "x", "shape": [64, TINY_WIDTH], "datatype": "FP32",
+                        "data": [1.0] * (64 * TINY_WIDTH)}]}
+    answer = await asyncio.to_thread(
+        httpx.post, f"http://{triton.endpoints.http_url}/v2/models/{model}/infer",
+        json=full, timeout=30)
+    assert answer.status_code == 200, answer.text
+
+
 def _grpc_infer(gw: GatewayProcess, model: str, key: str) -> grpc.StatusCode | None:
     client = grpcclient.InferenceServerClient(gw.grpc_url)
     try:
@@ -108,7 +152,7 @@ def _grpc_infer(gw: GatewayProcess, model: str, key: str) -> grpc.StatusCode | N
 
 
 async def test_at_overload_sheddable_goes_first_and_critical_keeps_its_room(
-        gateway: GatewayProcess) -> None:
+        gateway: GatewayProcess, triton: LocalTriton) -> None:
     url = f"http://{gateway.http_url}/v2/models/{SLOW}/infer"
     async with httpx.AsyncClient(timeout=60) as client:
         post = _poster(client, url)
@@ -129,6 +173,7 @@ async def test_at_overload_sheddable_goes_first_and_critical_keeps_its_room(
         assert default.status_code == 429
         assert default.json()["error"] == ("pool 'p' is saturated: load 5 for capacity 2; "
                                            "standard requests are refused from load 4")
+        await _release(triton, SLOW, held)
         answers = await asyncio.gather(*held)
     assert [r.status_code for r in answers] == [200] * 5
 
@@ -217,7 +262,7 @@ def _shares(gw: GatewayProcess) -> dict[str, int]:
 
 
 async def test_a_lone_tenant_uses_the_pool_and_shares_shrink_when_another_arrives(
-        gateway: GatewayProcess) -> None:
+        gateway: GatewayProcess, triton: LocalTriton) -> None:
     base = f"http://{gateway.http_url}"
     held_url, quick_url = f"{base}/v2/models/{SLOW}/infer", \
         f"{base}/v2/models/{TINY_MODEL_NAME}/infer"
@@ -254,16 +299,23 @@ async def test_a_lone_tenant_uses_the_pool_and_shares_shrink_when_another_arrive
         # follows within a probe round of what GET /v1/tenants shows)
         assert await asyncio.to_thread(wait_until, lambda: _shares(gateway)["heavy"] == 4, 20)
         deadline = asyncio.get_running_loop().time() + 20
-        while (again := await post(HEAVY)).status_code == 429:
-            assert "share in flight (2)" in again.text, again.text
-            assert asyncio.get_running_loop().time() < deadline, again.text
+        while True:
+            attempt = post(HEAVY)
+            await _held(triton, SLOW, [*held, attempt])  # taken: held beside the 3
+            if not attempt.done():
+                break
+            refused = attempt.result()
+            assert refused.status_code == 429, refused.text
+            assert "share in flight (2)" in refused.text, refused.text
+            assert asyncio.get_running_loop().time() < deadline, refused.text
             await asyncio.sleep(0.1)
-        answers = [again, *await asyncio.gather(*held)]
+        await _release(triton, SLOW, [*held, attempt])
+        answers = [await attempt, *await asyncio.gather(*held)]
     assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
 
 
 async def test_the_models_bound_refuses_lower_classes_first_never_critical_for_them(
-        gateway: GatewayProcess) -> None:
+        gateway: GatewayProcess, triton: LocalTriton) -> None:
     url = f"http://{gateway.http_url}/v2/models/{CAPPED}/infer"
     async with httpx.AsyncClient(timeout=60) as client:
         post = _poster(client, url)
@@ -281,5 +333,6 @@ async def test_the_models_bound_refuses_lower_classes_first_never_critical_for_t
                                             "gateway (limit 2)")
         # critical counts critical only: the sheddable request holds none of its room
         held.append(post(PAY))
+        await _release(triton, CAPPED, held)
         answers = await asyncio.gather(*held)
     assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
