@@ -171,8 +171,8 @@ def _input_moments(model: onnx.ModelProto, layers: list[_Layer], samples: Sample
             patches = _patches(layer, values[layer.node.input[0]], rng)
             if patches is None:
                 continue
-            if layer.depthwise:  # [P, C, K]
-                moment = np.einsum("pck,pcl->ckl", patches, patches)
+            if layer.depthwise:  # [P, C, K]: per channel [K, P] @ [P, K] (BLAS, not einsum)
+                moment = patches.transpose(1, 2, 0) @ patches.transpose(1, 0, 2)
             else:  # [P, K]
                 moment = patches.T @ patches
             sums[layer.node.name] = sums.get(layer.node.name, 0) + moment
