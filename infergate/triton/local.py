@@ -203,6 +203,10 @@ class LocalTriton:
             f"--model-repository={s.model_repository.resolve()}",
             f"--backend-directory={backends}",
             "--model-control-mode=explicit",
+            # Our configs are complete (converters/triton_config.py), and the Python backend
+            # asks a stub of its own to auto-complete each model it loads: 1.3 s a load on
+            # 2 cores (a Triton ready with 3 models: 2.5 s -> 1 s), the same config served
+            "--disable-auto-complete-config",
             *[f"--load-model={m}" for m in s.models],
             f"--http-address={s.host}",
             f"--http-port={ports[0]}",
