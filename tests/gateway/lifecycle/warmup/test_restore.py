@@ -24,7 +24,10 @@ def test_restarted_member_serves_the_serving_version_before_taking_traffic(
     two_version_repo: Path, tmp_path: Path, steady_load: Any
 ) -> None:
     repo = two_version_repo
-    a = LocalTriton(triton_settings(repo, tmp_path / "a", TINY))
+    # stopped below: Triton's exit waits for the HTTP connections still open to it (the
+    # gateway's idle keep-alive ones too) up to its exit timeout, 10 s; 1 s is plenty here
+    a = LocalTriton(replace(triton_settings(repo, tmp_path / "a", TINY),
+                            extra_args=("--exit-timeout-secs=1",)))
     b = LocalTriton(triton_settings(repo, tmp_path / "b", TINY))
     restarted: LocalTriton | None = None
     try:
