@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.auth import TokenTable
+from gateway.config.tenancy import Priority
 from gateway.core import Core
 from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
@@ -235,6 +236,10 @@ class HAProxyController:
             for t in tenancy.tenants:
                 metrics.tenant_in_flight.labels(t.name, t.priority.value).set(
                     counts.tenants.get(t.name, 0))
+                for other in Priority:  # a tenant moved to another class leaves no series
+                    if other is not t.priority:
+                        with contextlib.suppress(KeyError):
+                            metrics.tenant_in_flight.remove(t.name, other.value)
 
     async def in_flight(self) -> int:
         """Inference requests HAProxy holds now (at members or in its queues)."""
