@@ -7,7 +7,7 @@ carries the live state the router reads (in-flight count, scraped queue depth, h
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +30,8 @@ class PoolMember:
     pool: str
     spec: MemberSpec
     in_flight: int = 0
+    # of them, per model (an eviction waits for its model's to end)
+    model_in_flight: Counter[str] = field(default_factory=Counter)
     # requests HAProxy has at this member right now (the native data plane's count)
     external_in_flight: int = 0
     upstream_queue: int = 0  # nv_inference_pending_request_count summed over models
@@ -130,11 +132,17 @@ class PoolMember:
         self.restoring = False
 
     # -- what the data planes saw --------------------------------------------------------
-    def request_started(self) -> None:
+    def request_started(self, model: str | None = None) -> None:
         self.in_flight += 1
+        if model is not None:
+            self.model_in_flight[model] += 1
 
-    def request_ended(self) -> None:
+    def request_ended(self, model: str | None = None) -> None:
         self.in_flight -= 1
+        if model is not None:
+            self.model_in_flight[model] -= 1
+            if not self.model_in_flight[model]:
+                del self.model_in_flight[model]
 
     def answered(self) -> None:
         self.consecutive_failures = 0

@@ -132,7 +132,8 @@ async def serve(
                       if settings.scheduler_url else None)
     control_app = create_control_app(core, control, upstream_http, auth, warmup.lifecycle,
                                      routers=(feed_router(feed, auth),
-                                              create_console_router(console)))
+                                              create_console_router(console)),
+                                     residency=warmup.residency)
     app = create_http_app(forwarder, control_app, upstream_http, auth,
                           max_body_bytes=settings.max_request_bytes)
     native = settings.data_plane == "haproxy"
@@ -161,7 +162,8 @@ async def serve(
         max_message_bytes=settings.max_request_bytes,
     )
     await grpc_server.start()
-    warmup.start()  # preloading holds readiness down until the models are warm
+    # preloading holds readiness down until the models are warm
+    warmup.start(settings.probe_interval_s)
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(http_server.serve(), name="http"),
         asyncio.create_task(probe_forever(core, settings.probe_interval_s), name="probes"),

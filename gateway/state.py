@@ -32,6 +32,11 @@ from gateway.telemetry import VersionTally
 
 Follower = Callable[[], Awaitable[None]]
 RecoveryHook = Callable[[PoolMember], Awaitable[None]]
+# (model, the client's seconds left or None): returns once the model has a member that
+# holds it, or raises (the residency's waiting room, gateway.residency)
+MissHandler = Callable[[str, float | None], Awaitable[None]]
+# (model, member): requests of the model a data plane has at the member now
+InFlightReader = Callable[[str, PoolMember], Awaitable[int]]
 
 
 class GatewayState:
@@ -51,6 +56,11 @@ class GatewayState:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tenancy: Tenancy | None = None
         self._splits: dict[str, Split] = {}
+        # models of pools with residency: the member keys that hold each and may take its
+        # requests (absent: none, a miss)
+        self._holders: dict[str, frozenset[str]] = {}
+        self._miss_handler: MissHandler | None = None
+        self._in_flight_readers: list[InFlightReader] = []
         # answers per version of the models under rollout (both data planes record)
         self.tally = VersionTally()
         self._activity = TenantActivity()
@@ -69,11 +79,30 @@ class GatewayState:
         return [p for p in self.pools if p.name in assigned]
 
     def members_of(self, model: str, available: bool = True) -> list[PoolMember]:
-        """The members of ``model``'s pools (only those available now, by default);
-        ModelNotFound when no pool serves it."""
+        """The members of ``model``'s pools that hold it (every member, where a pool has
+        no residency; only those available now, by default); ModelNotFound when no pool
+        serves it."""
         pools = self.serving_pools(model)
         now = self.clock()
-        return [m for p in pools for m in p.members if not available or m.available(now)]
+        holders = self.holders(model)
+        return [m for p in pools for m in p.members
+                if (not available or m.available(now))
+                and (holders is None or m.key in holders)]
+
+    def resident(self, model: str) -> bool:
+        """Whether ``model`` may take requests without a load (True outside residency)."""
+        return self.holders(model) is None or bool(self.members_of(model))
+
+    def managed(self, model: str) -> bool:
+        """Whether one of ``model``'s pools decides where it lives (residency)."""
+        return any(p.spec.residency is not None for p in self.pools_for(model))
+
+    def holders(self, model: str) -> frozenset[str] | None:
+        """The member keys that hold ``model`` and may take its requests, for a model
+        of a pool with residency; None: every member of its pools (no residency)."""
+        if not self.managed(model):
+            return None
+        return self._holders.get(model, frozenset())
 
     def serving_pools(self, model: str) -> list[Pool]:
         """:meth:`pools_for`, ModelNotFound when no pool serves ``model``."""
@@ -188,6 +217,15 @@ class GatewayState:
         self._assigned[model] = tuple(pool_names)
         self._changed()
 
+    def set_holders(self, model: str, members: Iterable[str]) -> None:
+        """``model``'s requests go to these members only from now on (the residency's
+        one call: a member is added once the model is loaded and warm there, removed
+        before it is unloaded)."""
+        keys = frozenset(members)
+        if self._holders.get(model) != keys:
+            self._holders[model] = keys
+            self._changed()
+
     def mark_not_ready(self, model: str, reason: str) -> None:
         """``model`` answers 503 + Retry-After (first load, warm-up) until marked ready."""
         self._not_ready[model] = reason
@@ -255,6 +293,34 @@ class GatewayState:
     def _changed(self) -> None:
         for watcher in self._watchers:
             watcher()
+
+    # -- misses: requests for a model no member holds --------------------------------------
+    def on_miss(self, handler: MissHandler) -> None:
+        """``handler`` holds a request for a model no member holds until one does (the
+        residency's waiting room)."""
+        self._miss_handler = handler
+
+    async def wait_resident(self, model: str, deadline_s: float | None) -> None:
+        """Return once ``model`` may take requests (at once when it may); raises what
+        the waiting room answers when it cannot load in time."""
+        if self.resident(model):
+            return
+        if self._miss_handler is None:
+            raise Unavailable(f"no member holds model '{model}' and nothing loads it")
+        await self._miss_handler(model, deadline_s)
+
+    def count_in_flight(self, reader: InFlightReader) -> None:
+        """``reader`` says how many requests of a model a data plane has at a member
+        (HAProxy's; the Python forwarder's are counted on the member itself)."""
+        self._in_flight_readers.append(reader)
+
+    async def in_flight_at(self, model: str, member: PoolMember) -> int:
+        """Requests of ``model`` at ``member`` now, every data plane together: an
+        eviction unloads once this is 0."""
+        total = member.model_in_flight.get(model, 0)
+        for reader in self._in_flight_readers:
+            total += await reader(model, member)
+        return total
 
     # -- members back from the dead ------------------------------------------------------
     def on_recovery(self, hook: RecoveryHook) -> None:

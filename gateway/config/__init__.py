@@ -6,6 +6,7 @@
 - :mod:`.tenancy`: tenants and priority classes;
 - :mod:`.lifecycle`: uploads, conversions, keep-warm;
 - :mod:`.rollout`: progressive delivery;
+- :mod:`.residency`: members holding only some models, within a memory budget;
 - here: model policies and the file itself (:func:`load_gateway_config`).
 
 Nothing here decides anything (that is :mod:`gateway.policy`, pure functions over this
@@ -41,6 +42,12 @@ class ModelPolicy(BaseModel):
     keep_warm: KeepWarmPolicy | None = None
     # how a new uploaded version goes live: a progressive rollout, or "none" (at once)
     rollout: Annotated[Rollout, BeforeValidator(parse_rollout)] = None
+    # in a pool with residency: loaded only where and when its use asks for it
+    # (min_replicas 0 unless set); else it is pinned on every member
+    on_demand: bool = False
+    min_replicas: int | None = Field(None, ge=0)
+    # bytes it takes once loaded, when larger than what the converter measured
+    footprint_bytes: int | None = Field(None, ge=1)
 
 
 class RateLimits(BaseModel):
@@ -88,6 +95,12 @@ def load_gateway_config(path: Path) -> GatewayConfig:
             "repository": base / config.lifecycle.repository,
             "state_dir": base / config.lifecycle.state_dir,
         })})
+    if any(p.residency and p.residency.demand_file for p in config.pools):
+        config = config.model_copy(update={"pools": tuple(
+            p if not (p.residency and p.residency.demand_file) else p.model_copy(update={
+                "residency": p.residency.model_copy(update={
+                    "demand_file": base / p.residency.demand_file})})
+            for p in config.pools)})
     if config.auth.tokens_file is not None:
         config = config.model_copy(update={"auth": config.auth.model_copy(update={
             "tokens_file": base / config.auth.tokens_file,

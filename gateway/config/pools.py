@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.config.residency import ResidencySpec
+
 
 class MemberSpec(BaseModel):
     """One Triton server: host plus its HTTP, gRPC and metrics ports."""
@@ -38,6 +40,9 @@ class PoolSpec(BaseModel):
     weights: dict[str, float] = Field(default_factory=dict)
     # requests the pool can have in flight per member before it is saturated
     capacity_per_member: int = Field(8, ge=1)
+    # each member holds only some of the models, within a memory budget
+    # (gateway.config.residency); absent: every model on every member
+    residency: ResidencySpec | None = None
 
     @field_validator("weights")
     @classmethod

@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from gateway.auth import Scope, TokenTable
 from gateway.control.lifecycle_http import api_key, create_lifecycle_router, requires
 from gateway.control.model_control import ModelControl
+from gateway.control.residency_http import create_residency_router
 from gateway.control.settings_http import create_settings_router
 from gateway.control.tenants_http import create_tenants_router
 from gateway.core import Core
@@ -29,6 +30,7 @@ from gateway.errors import GatewayError, InvalidInput, Unsupported, error_answer
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.policy import parse_errors
 from gateway.pools import PoolMember
+from gateway.residency.manager import Residency
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 
 
@@ -64,7 +66,8 @@ class BatchingRequest(BaseModel):
 
 def create_control_app(core: Core, control: ModelControl, upstream: UpstreamHTTP,
                        auth: TokenTable | None = None, lifecycle: ModelLifecycle | None = None,
-                       routers: Sequence[APIRouter] = ()) -> FastAPI:
+                       routers: Sequence[APIRouter] = (),
+                       residency: Residency | None = None) -> FastAPI:
     """Every HTTP route but inference's (the data planes serve those)."""
     app = FastAPI(title="infergate", description="KServe v2 / Triton-compatible gateway")
     auth = auth or TokenTable()
@@ -72,6 +75,7 @@ def create_control_app(core: Core, control: ModelControl, upstream: UpstreamHTTP
     app.include_router(create_lifecycle_router(lifecycle, auth))
     app.include_router(create_settings_router(control, upstream, auth))
     app.include_router(create_tenants_router(core.state, auth))
+    app.include_router(create_residency_router(residency, auth))
     for router in routers:  # more control-plane surfaces (the data-plane snapshot feed)
         app.include_router(router)
 

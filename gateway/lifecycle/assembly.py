@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from gateway.lifecycle.warmup.plan import ConfiguredLoader, ModelLoader, WarmupP
 from gateway.lifecycle.warmup.preload import Preloader
 from gateway.lifecycle.warmup.rollout import Rollouts
 from gateway.pools import PoolMember
+from gateway.residency.manager import Residency, build_residency
 from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class Warmup:
     loader: ModelLoader
     keepwarm: KeepWarm
     lifecycle: ModelLifecycle | None = None
+    # which models each member holds, in pools with a memory budget (gateway.residency)
+    residency: Residency | None = None
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     preloader: Preloader = field(init=False)
 
@@ -51,29 +54,50 @@ class Warmup:
         self.preloader = Preloader(self.core, self.loader.preload_one)
 
     async def restore_member(self, member: PoolMember) -> None:
-        """Reload what a member that came back empty must serve (see probes.py)."""
-        for model in self.plan.preload_models():
+        """Reload what a member that came back empty must serve (see probes.py); in a
+        pool with residency, the residency reloads what the member should hold."""
+        for model in self._preload_models():
             if self.core.state.serves(model, member):
                 await self.loader.restore_one(member, model)
 
-    def start(self) -> None:
-        """Start preloading (readiness turns true when it is done) and keep-warm, and
-        have members that come back from the dead restored before they take traffic."""
+    def _preload_models(self) -> list[str]:
+        """The plan's, less the models whose pools have residency (it places those)."""
+        return [m for m in self.plan.preload_models() if not self.core.state.managed(m)]
+
+    def start(self, interval_s: float = 1.0) -> None:
+        """Start preloading (readiness turns true when it is done, the residency's pinned
+        models included), keep-warm and the residency's rounds (every ``interval_s``),
+        and have members that come back from the dead restored before they take
+        traffic."""
         self.core.state.on_recovery(self.restore_member)
-        models = self.plan.preload_models()
-        if models:
+        models = self._preload_models()
+        residency = self.residency
+        if models or residency is not None:
             self.core.state.set_preloaded(False)  # before the first readiness probe
-        for job, name in ((self.preloader.run(models), "preload"),
-                          (self.keepwarm.run_forever(), "keep-warm")):
+        jobs: list[tuple[Coroutine[Any, Any, None], str]] = [
+            (self.preloader.run(models, residency.preload() if residency else None),
+             "preload"),
+            (self.keepwarm.run_forever(), "keep-warm")]
+        if residency is not None:
+            jobs.append((self._residency_rounds(residency, interval_s), "residency"))
+        for job, name in jobs:
             task = asyncio.create_task(job, name=name)
             task.add_done_callback(_report_failure)
             self.tasks.append(task)
+
+    async def _residency_rounds(self, residency: Residency, interval_s: float) -> None:
+        """The residency's rounds, once its preloading is done (it runs rounds itself)."""
+        while not self.core.state.preloaded:
+            await asyncio.sleep(interval_s / 4)
+        await residency.run_forever(interval_s)
 
     async def close(self) -> None:
         for task in self.tasks:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.residency is not None:
+            await self.residency.close()
         if self.lifecycle is not None:
             await self.lifecycle.close()
 
@@ -91,12 +115,16 @@ def build_warmup(config: GatewayConfig, core: Core, admin: MemberAdmin) -> Warmu
     plan = WarmupPlan(config)  # with a lifecycle, its catalog's (over its records) below
     keepwarm = KeepWarm(core, admin, lambda: plan.keep_warm_policies())
     if config.lifecycle is None:
-        return Warmup(core, plan, ConfiguredLoader(core, admin, plan), keepwarm)
+        loader = ConfiguredLoader(core, admin, plan)
+        return Warmup(core, plan, loader, keepwarm,
+                      residency=build_residency(config, core, admin, loader.restore_one))
     lifecycle = build_lifecycle(config.lifecycle, config, core, admin,
                                 on_version_changed=keepwarm.forget)
     lifecycle.recover()  # explicit, at start-up, before any request is served
     plan = lifecycle.catalog.plan
-    return Warmup(core, plan, lifecycle, keepwarm, lifecycle)
+    residency = build_residency(config, core, admin, lifecycle.restore_one)
+    lifecycle.deployer.placement = residency
+    return Warmup(core, plan, lifecycle, keepwarm, lifecycle, residency=residency)
 
 
 def build_lifecycle(spec: LifecycleSpec, config: GatewayConfig, core: Core,

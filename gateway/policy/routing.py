@@ -5,7 +5,8 @@ per request, HAProxy is given it as data (``gateway/haproxy/controller.py``).
    a weight above 0 (canary splits), the heaviest :data:`MAX_POOLS_PER_MODEL` of them
    (:func:`ranked_pools`); one is drawn in proportion to its weight. HAProxy draws
    ``rand(1000)`` against the same weights (maps ``route<k>`` / ``cut<k>``).
-2. **The member.** The least loaded routable member of that pool, where a member's
+2. **The member.** The least loaded routable member of that pool (of those that hold
+   the model, in a pool with residency: :mod:`gateway.policy.residency`), where a member's
    load is ``(requests in flight there + 1) / weight`` and its weight falls with
    Triton's queue depth there (:func:`queue_weight`, 256 for an empty queue, halved per
    queued request; a scrape older than ``stale_after_s`` counts as an empty queue:
@@ -62,10 +63,12 @@ class RoutingPolicy:
         return (member.in_flight + 1) / self.weight(member, now)
 
     def choose_pool(self, pools: Sequence[Pool], model: str, now: float,
-                    rng: random.Random, exclude: Collection[str] = ()) -> Pool | None:
-        """Step 1: a pool with an available member, by weight."""
+                    rng: random.Random, exclude: Collection[str] = (),
+                    holders: Collection[str] | None = None) -> Pool | None:
+        """Step 1: a pool with an available member (that holds the model, where
+        ``holders`` says which do), by weight."""
         by_name = {pool.name: pool for pool in pools
-                   if self._members(pool, now, exclude)}
+                   if self._members(pool, now, exclude, holders)}
         ranked = ranked_pools((name, pool.spec.weight(model)) for name, pool in by_name.items())
         if len(ranked) <= 1:
             return by_name[ranked[0][0]] if ranked else None
@@ -78,12 +81,14 @@ class RoutingPolicy:
         now: float,
         rng: random.Random,
         exclude: Collection[str] = (),
+        holders: Collection[str] | None = None,
     ) -> PoolMember | None:
-        """Step 2: the least loaded member of the chosen pool."""
-        pool = self.choose_pool(pools, model, now, rng, exclude)
+        """Step 2: the least loaded member of the chosen pool (of ``holders``, when
+        given: the member keys that hold the model)."""
+        pool = self.choose_pool(pools, model, now, rng, exclude, holders)
         if pool is None:
             return None
-        members = self._members(pool, now, exclude)
+        members = self._members(pool, now, exclude, holders)
         if len(members) == 1:
             return members[0]
         loads = [self.load(m, now) for m in members]
@@ -91,5 +96,7 @@ class RoutingPolicy:
         return rng.choice([m for m, load in zip(members, loads, strict=True) if load == least])
 
     @staticmethod
-    def _members(pool: Pool, now: float, exclude: Collection[str]) -> list[PoolMember]:
-        return [m for m in pool.members if m.available(now) and m.key not in exclude]
+    def _members(pool: Pool, now: float, exclude: Collection[str],
+                 holders: Collection[str] | None = None) -> list[PoolMember]:
+        return [m for m in pool.members if m.available(now) and m.key not in exclude
+                and (holders is None or m.key in holders)]

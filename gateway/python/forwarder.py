@@ -3,7 +3,8 @@
 ``Forwarder.forward`` is what both the HTTP and the gRPC adapters call for every model
 request. It applies the request policy (``gateway/policy``) in its order, as HAProxy's
 rules do: the API key's rate limit, the model's route, its readiness, its admission
-limit (requests in the gateway, refused at once beyond it); then the routing policy's
+limit (requests in the gateway, refused at once beyond it); a model no member holds
+(residency) waits for its load first; then the routing policy's
 choice of member, the upstream call supplied by the adapter (bytes in, bytes out), one
 retry on another member when the first fails with :class:`Unavailable`, passive
 ejection of the failed member, and metrics.
@@ -18,7 +19,8 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from gateway.config import GatewayConfig
@@ -46,6 +48,10 @@ from gateway.state import GatewayState
 T = TypeVar("T")
 
 UpstreamCall = Callable[[PoolMember], Awaitable[T]]
+# milliseconds the current request waited for its model to load (a miss; unset: a hit):
+# the transports answer it in the ``infergate-load-wait-ms`` header / trailing metadata
+LOAD_WAIT_MS: ContextVar[int | None] = ContextVar("infergate_load_wait_ms", default=None)
+LOAD_WAIT_HEADER = "infergate-load-wait-ms"
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,8 @@ class ModelRoute:
     model: str
     pools: list[Pool]
     limits: admission.AdmissionLimits
+    # the member keys that hold it, in a pool with residency (None: every member)
+    holders: frozenset[str] | None = None
     in_system: int = 0  # requests of this model in the gateway now
     by_class: Counter[str] = field(default_factory=Counter)  # of them, per tenant class
     children: dict[tuple[str, ...], Any] = field(default_factory=dict)
@@ -76,6 +84,7 @@ class ModelRoute:
     def follow(self, state: GatewayState) -> None:
         self.pools = state.pools_for(self.model)
         self.limits = state.admission_limits(self.model, self.pools)
+        self.holders = state.holders(self.model)
 
 
 @dataclass
@@ -124,7 +133,8 @@ class Forwarder:
         if route is None:
             pools = self.state.serving_pools(model)
             route = self.routes[model] = ModelRoute(
-                model, pools, self.state.admission_limits(model, pools))
+                model, pools, self.state.admission_limits(model, pools),
+                holders=self.state.holders(model))
         return route
 
     def _refresh_routes(self) -> None:
@@ -169,6 +179,8 @@ class Forwarder:
         started = self.clock()
         if options.traffic == "user":
             self.state.note_used(model, started)
+        if route.holders is not None and not self.state.resident(model):
+            options = await self._wait_resident(route, protocol, options, tenant)
         try:
             pool = self._admit(route, options, tenant)
         except GatewayError as err:
@@ -196,6 +208,23 @@ class Forwarder:
             self._tenant_child("requests", tenant, outcome_label).inc()
             self._tenant_child("latency", tenant).observe(elapsed)
         return result
+
+    async def _wait_resident(self, route: ModelRoute, protocol: str, options: RequestOptions,
+                             tenant: Tenant | None) -> RequestOptions:
+        """A miss: no member holds the model. Wait in the residency's waiting room while
+        it loads (bounded by the room's size and by the request's deadline); the options
+        with the deadline that is left. The wait is said in :data:`LOAD_WAIT_MS`."""
+        began = self.clock()
+        try:
+            await self.state.wait_resident(route.model, options.deadline_s)
+        except GatewayError as err:
+            self._refused(route, protocol, options, err, tenant, "loading")
+            raise
+        waited = self.clock() - began
+        LOAD_WAIT_MS.set(round(waited * 1000))
+        if options.deadline_s is None:
+            return options
+        return replace(options, deadline_s=options.deadline_s - waited)
 
     def pin(self, model: str) -> int | None:
         """The version an unversioned request of ``model`` goes to while it is rolled
@@ -297,7 +326,8 @@ class Forwarder:
         tried: list[str] = []
         for attempt in range(1 + RETRIES):  # inference is idempotent: retried elsewhere
             pools = [pool] if pool is not None and not tried else route.pools
-            member = self.policy.choose(pools, route.model, self.clock(), self.rng, tried)
+            member = self.policy.choose(pools, route.model, self.clock(), self.rng, tried,
+                                        route.holders)
             if member is None:
                 if tried:
                     break
@@ -305,7 +335,7 @@ class Forwarder:
                 raise Unavailable(f"no healthy Triton member serves model '{route.model}'")
             tried.append(member.key)
             gauge = self._child(route, ("in_flight", member.pool))
-            member.request_started()
+            member.request_started(route.model)
             gauge.inc()
             try:
                 result = await call(member)
@@ -316,7 +346,7 @@ class Forwarder:
                 self._count(route, member.pool, protocol, "unavailable", options.traffic)
                 raise
             finally:
-                member.request_ended()
+                member.request_ended(route.model)
                 gauge.dec()
             member.answered()
             return result, member.pool

@@ -40,7 +40,7 @@ from gateway.errors import GatewayError, outcome_of_answer
 from gateway.policy.deadline import triton_timeout_us
 from gateway.policy.model_name import grpc_message_whole, grpc_model_name
 from gateway.pools import PoolMember
-from gateway.python.forwarder import Forwarder, RequestOptions
+from gateway.python.forwarder import LOAD_WAIT_HEADER, LOAD_WAIT_MS, Forwarder, RequestOptions
 from gateway.python.streams import StreamEnd, StreamRelay
 from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
 
@@ -101,9 +101,13 @@ class GatewayServicer(ControlServicer):
                 except RelayedError as relayed:
                     return relayed  # Triton's answer: counted by its code, then relayed
 
+            LOAD_WAIT_MS.set(None)
             result = await self.forwarder.forward(model, call, protocol="grpc",
                                                   options=options, outcome=_outcome,
                                                   version=version)
+            waited = LOAD_WAIT_MS.get()
+            if waited is not None:  # a miss: it waited for its model to load
+                context.set_trailing_metadata(((LOAD_WAIT_HEADER, str(waited)),))
             if isinstance(result, RelayedError):
                 raise result
             return result

@@ -40,7 +40,7 @@ from gateway.python.fast_path import (
     options_from_headers,
     read_body,
 )
-from gateway.python.forwarder import Forwarder
+from gateway.python.forwarder import LOAD_WAIT_HEADER, LOAD_WAIT_MS, Forwarder
 from gateway.python.generate import GenerateFastPath
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 
@@ -135,9 +135,14 @@ class InferFastPath(FastPath):
             return client_mistakes_as_400(await self.upstream.request(
                 member, "POST", path, body, forwarded, options.deadline_s))
 
+        LOAD_WAIT_MS.set(None)
         resp = await self.forwarder.forward(model, call, protocol="http", options=options,
                                             outcome=_outcome, version=version)
-        return resp.status, resp.body, list(resp.headers)
+        headers = list(resp.headers)
+        waited = LOAD_WAIT_MS.get()
+        if waited is not None:  # a miss: it waited for its model to load
+            headers.append((LOAD_WAIT_HEADER.encode(), str(waited).encode()))
+        return resp.status, resp.body, headers
 
 
 def create_http_app(forwarder: Forwarder, control_app: Any, upstream: UpstreamHTTP,

@@ -89,6 +89,13 @@ class MemberAdmin:
         resp = await self._post(member, path, body, headers)
         return resp.status_code, resp.content
 
+    async def repository_index(self, member: PoolMember) -> list[dict[str, Any]]:
+        """Triton's repository index: every model of its repository, with ``state``
+        ``READY`` for those loaded and ready (explicit model control)."""
+        resp = await self._request(member, "POST", "/v2/repository/index", b"{}")
+        entries = resp.json()
+        return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
     async def get_json(self, member: PoolMember, path: str) -> dict[str, Any]:
         """GET ``path`` on the member's HTTP port. Triton's 404 / 400 (an unknown model,
         a bad version) is the caller's mistake; any other error answer is Unavailable."""

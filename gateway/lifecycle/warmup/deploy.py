@@ -9,6 +9,9 @@ no serving version yet answers 503 + Retry-After meanwhile. If any member refuse
 fails warm-up, the members that took the new version go back to the serving one (or
 unload it, for a first version) and the deploy fails; the serving version still serves.
 
+In a pool with residency, a version is loaded on the members that hold the model; on
+one the residency picks (:class:`Placement`) when none does.
+
 Rollback is activation of an older version; retention keeps the newest N versions plus
 the serving and previous ones. One lock per model serialises all of it.
 """
@@ -18,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -105,6 +108,17 @@ async def restore_as_configured(core: Core, admin: MemberAdmin, member: PoolMemb
                   member)
 
 
+class Placement(Protocol):
+    """Where a model of a pool with residency is loaded when no member holds it
+    (``gateway.residency``)."""
+
+    async def reserve(self, model: str) -> list[PoolMember]:
+        """Members to load it on, room made there."""
+
+    def deployed(self, model: str, members: Collection[PoolMember], ok: bool) -> None:
+        """The load on reserved members ended (``ok``: it holds the model now)."""
+
+
 @dataclass
 class Deployer:
     core: Core
@@ -113,6 +127,7 @@ class Deployer:
     repository: Path
     retention: int = 3
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    placement: Placement | None = None  # set when a pool has residency
 
     def lock(self, model: str) -> asyncio.Lock:
         return self.locks.setdefault(model, asyncio.Lock())
@@ -149,7 +164,12 @@ class Deployer:
         if record.pools:
             self.core.state.serve(model, record.pools)
         serving = record.serving_version
-        members = self.members(model)
+        reserved: list[PoolMember] = []
+        if self.placement is not None and self.core.state.managed(model) and \
+                not self.core.state.members_of(model):
+            members = reserved = await self.placement.reserve(model)  # resident nowhere
+        else:
+            members = self.members(model)
         config = parse_model_config(target.config)
         batches = _batches(config, warm_batches)
         if serving is None:
@@ -173,8 +193,13 @@ class Deployer:
             await self._revert(model, serving, loaded)
             self.store.put_model(replace(record, state="serving" if serving else "failed",
                                          detail=f"version {version} failed: {exc.message}"))
+            if reserved and self.placement is not None:
+                self.placement.deployed(model, reserved, ok=False)
             raise DeployFailed(f"version {version} of {model!r} did not go live: "
                                f"{exc.message}") from exc
+        else:
+            if reserved and self.placement is not None:
+                self.placement.deployed(model, reserved, ok=True)
         finally:
             if serving is None:
                 self.core.state.mark_ready(model)

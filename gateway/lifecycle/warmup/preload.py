@@ -31,21 +31,24 @@ class Preloader:
     max_backoff_s: float = 30.0
     report_every_s: float = 30.0  # a load still running is logged this often
 
-    async def run(self, models: Sequence[str]) -> None:
-        """Hold readiness down until every model in ``models`` is loaded and warm."""
-        if not models:
+    async def run(self, models: Sequence[str], also: Awaitable[None] | None = None) -> None:
+        """Hold readiness down until every model in ``models`` is loaded and warm, and
+        ``also`` is done (the residency's preloading of its pinned models)."""
+        if not models and also is None:
             return
         self.core.state.set_preloaded(False)
         for model in models:
             self.core.state.mark_not_ready(model, "preloading at gateway start-up")
         try:
-            await asyncio.gather(*(self._until_loaded(m) for m in models))
+            await asyncio.gather(*(self._until_loaded(m) for m in models),
+                                 *(() if also is None else (also,)))
         finally:
             for model in models:
                 self.core.state.mark_ready(model)
         await self.core.state.settle()  # HAProxy routes them before readiness turns true
         self.core.state.set_preloaded(True)
-        log.warning("preloaded %d model(s): %s", len(models), ", ".join(models))
+        if models:
+            log.warning("preloaded %d model(s): %s", len(models), ", ".join(models))
 
     async def _until_loaded(self, model: str) -> None:
         backoff = self.first_backoff_s

@@ -1,0 +1,61 @@
+"""Model residency as declared (issue 29): a pool whose members each hold only some of
+its models, within a memory budget per member. The policy that decides which is
+:mod:`gateway.policy.residency`; the control plane that carries it out is
+:mod:`gateway.residency`.
+
+A pool without ``residency:`` keeps every model it serves on every member (the
+behaviour before residency existed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class WaitingRoomSpec(BaseModel):
+    """Requests for a model resident nowhere (misses) wait here while it loads."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # misses held at once, all models of the pool together; beyond: 503 + Retry-After
+    max_requests: int = Field(64, ge=0)
+    # a miss without a deadline of its own waits at most this long for its model
+    max_wait_s: float = Field(30.0, gt=0)
+
+
+class ResidencySpec(BaseModel):
+    """A pool's residency: a memory budget per member and the policy's knobs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # per member: in Kubernetes the MIG profile's memory (1g.10gb: 10 GB) minus headroom
+    memory_budget_bytes: int = Field(ge=1)
+    # kept free of the budget (the runtime's own allocations, fragmentation)
+    headroom_bytes: int = Field(0, ge=0)
+    min_resident_s: float = Field(30.0, ge=0)  # no eviction within this of a load
+    # smoothed requests per second one member carries before the model gets another
+    rps_per_replica: float = Field(50.0, gt=0)
+    demand_half_life_s: float = Field(30.0, gt=0)  # smoothing of requests per second
+    # a member a load failed on is not tried for that model again before this
+    failed_retry_s: float = Field(60.0, ge=0)
+    # loads at once per member (Triton loads in the background; each costs CPU)
+    loads_per_member: int = Field(1, ge=1)
+    waiting_room: WaitingRoomSpec = Field(default_factory=WaitingRoomSpec)
+    # where each model's measured demand is recorded, so that a restarted gateway
+    # preloads by use (relative to the configuration file); default: the lifecycle's
+    # state folder, else not recorded
+    demand_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _room_left(self) -> ResidencySpec:
+        if self.headroom_bytes >= self.memory_budget_bytes:
+            raise ValueError(f"headroom_bytes ({self.headroom_bytes}) leaves nothing of "
+                             f"memory_budget_bytes ({self.memory_budget_bytes})")
+        return self
+
+    @property
+    def usable_bytes(self) -> int:
+        """What a member's models may take together: the budget less the headroom."""
+        return self.memory_budget_bytes - self.headroom_bytes

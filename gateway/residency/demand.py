@@ -1,0 +1,87 @@
+"""Each model's demand: user requests per second, smoothed, read once per round from the
+request counter both data planes feed (``infergate_requests_total{traffic="user"}``:
+the Python forwarder counts its own, HAProxy's log lines count its), and recorded to a
+file so that a restarted gateway preloads by the use it measured before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from gateway.metrics import GatewayMetrics
+from gateway.policy.residency import smoothed_rate
+
+log = logging.getLogger(__name__)
+
+
+class DemandMeter:
+    def __init__(self, metrics: GatewayMetrics, half_life_s: float,
+                 path: Path | None = None) -> None:
+        self.metrics = metrics
+        self.half_life_s = half_life_s
+        self.path = path
+        self._seen: dict[str, float] | None = None  # counter totals at the last read
+        self._read_at = 0.0
+        self._rates: dict[str, tuple[float, float]] = {}  # model -> (rps, when)
+        self._recorded = self._load()
+
+    def _load(self) -> dict[str, float]:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+            return {str(m): float(r) for m, r in data.get("models", {}).items() if r > 0}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("recorded demand %s unreadable, starting without: %r", self.path, exc)
+            return {}
+
+    def recorded(self) -> dict[str, float]:
+        """What the last process measured (model -> requests per second)."""
+        return dict(self._recorded)
+
+    def _totals(self) -> dict[str, float]:
+        totals: dict[str, float] = defaultdict(float)
+        for family in self.metrics.requests.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels.get("traffic") == "user":
+                    totals[sample.labels["model"]] += sample.value
+        return totals
+
+    def read(self, now: float) -> None:
+        """Fold the requests counted since the last read into each model's rate."""
+        totals = self._totals()
+        if self._seen is None:  # the first read: what came before is not a burst now
+            self._seen, self._read_at = totals, now
+            for model, rps in self._recorded.items():
+                self._rates[model] = (rps, now)
+            return
+        for model in totals.keys() | self._rates.keys():
+            count = max(0.0, totals.get(model, 0.0) - self._seen.get(model, 0.0))
+            rps, since = self._rates.get(model, (0.0, self._read_at))
+            self._rates[model] = (smoothed_rate(rps, since, count, now, self.half_life_s), now)
+        self._seen, self._read_at = totals, now
+
+    def rate(self, model: str) -> float:
+        return self._rates.get(model, (0.0, 0.0))[0]
+
+    def rates(self) -> dict[str, float]:
+        return {m: r for m, (r, _) in self._rates.items()}
+
+    def record(self) -> None:
+        """Write the rates measured now (atomically: a crash leaves the last whole file)."""
+        if self.path is None:
+            return
+        rates = {m: round(r, 6) for m, r in self.rates().items() if r > 1e-6}
+        text = json.dumps({"saved_at": time.time(), "models": rates}, sort_keys=True)
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("recording demand to %s failed: %r", self.path, exc)

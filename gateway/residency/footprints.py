@@ -1,0 +1,109 @@
+"""Each model's memory footprint: measured, not guessed.
+
+A model's footprint is the largest of what is known of it:
+- ``footprint_bytes`` in its model policy (the operator's word);
+- the converter's measurement of the variant it published (its report,
+  :func:`converters.model_dir.read_footprint`);
+- what a member reported once it was loaded there (:mod:`.memory`: its stubs' memory
+  on this host, the change of GPU memory across the load elsewhere), the largest seen.
+A model nothing is known of yet counts as the largest footprint known in its pool (one
+eighth of a member's budget when none is known), until its first load measures it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import httpx
+
+from converters.model_dir import read_footprint
+from gateway.config import GatewayConfig
+from gateway.pools import Pool, PoolMember
+from gateway.residency.memory import gpu_memory_used, is_loopback, measured_footprints
+
+log = logging.getLogger(__name__)
+
+
+class Footprints:
+    def __init__(self, config: GatewayConfig, client: httpx.AsyncClient,
+                 repository: Path | None = None) -> None:
+        self.config = config
+        self.client = client
+        self.repository = repository
+        self._converter: dict[str, tuple[float, int | None]] = {}  # model -> (mtime, bytes)
+        self._measured: dict[str, int] = {}
+
+    def refresh(self, models: list[str]) -> None:
+        """Read the converter's figure of each model whose repository folder changed."""
+        if self.repository is None:
+            return
+        for model in models:
+            folder = self.repository / model
+            try:
+                mtime = max((p.stat().st_mtime for p in (folder, *folder.iterdir())
+                             if p.is_dir()), default=0.0)
+            except OSError:
+                continue
+            cached = self._converter.get(model)
+            if cached is None or cached[0] != mtime:
+                self._converter[model] = (mtime, read_footprint(folder))
+
+    def of(self, model: str, pool: Pool) -> tuple[int, str]:
+        """(bytes, where the figure comes from: configured, converter, measured or
+        estimate)."""
+        policy = self.config.models.get(model)
+        known = [(size, source) for size, source in (
+            (policy.footprint_bytes if policy else None, "configured"),
+            (self._converter.get(model, (0.0, None))[1], "converter"),
+            (self._measured.get(model), "measured")) if size]
+        if known:
+            size, source = max(known)
+            return int(size), source
+        figures = [s for m in self._measured.keys() | self._converter.keys()
+                   if (s := self._known(m))]
+        if figures:
+            return max(figures), "estimate"
+        spec = pool.spec.residency
+        return (spec.usable_bytes // 8 if spec else 0), "estimate"
+
+    def _known(self, model: str) -> int | None:
+        figures = [self._measured.get(model), self._converter.get(model, (0.0, None))[1]]
+        return max((f for f in figures if f), default=None)
+
+    def bytes(self, model: str, pool: Pool) -> int:
+        return self.of(model, pool)[0]
+
+    def measured(self, model: str, size: int) -> None:
+        """A member reported ``size`` bytes for ``model``: the largest seen stays."""
+        if size > self._measured.get(model, 0):
+            self._measured[model] = size
+
+    async def gpu_before(self, member: PoolMember) -> int | None:
+        """A remote member's GPU memory in use before a load (None: none read)."""
+        if is_loopback(member.spec.host):
+            return None
+        return await self._gpu_used(member)
+
+    async def measure(self, member: PoolMember, model: str,
+                      gpu_before: int | None = None) -> None:
+        """What ``member`` reports of ``model`` once loaded (see the module's sources)."""
+        try:
+            if is_loopback(member.spec.host):
+                for name, size in (await measured_footprints(member.spec, self.client,
+                                                             [model])).items():
+                    self.measured(name, size)
+            elif gpu_before is not None:
+                after = await self._gpu_used(member)
+                if after is not None and after > gpu_before:
+                    self.measured(model, after - gpu_before)
+        except Exception as exc:  # noqa: BLE001 - a figure missed, the next load measures
+            log.info("measuring %s on %s failed: %r", model, member.key, exc)
+
+    async def _gpu_used(self, member: PoolMember) -> int | None:
+        url = f"http://{member.spec.host}:{member.spec.metrics_port}/metrics"
+        try:
+            resp = await self.client.get(url)
+        except httpx.HTTPError:
+            return None
+        return gpu_memory_used(resp.text) if resp.status_code == 200 else None

@@ -1,0 +1,223 @@
+"""Residency on real Triton members, through both data planes: a miss loads its model
+and is served (HTTP and gRPC), the budget is never exceeded, an eviction under load
+loses no request, a failing load is answered clearly, and a restarted gateway preloads
+by the use it recorded."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import yaml
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from converters.tiny import TINY_WIDTH, build_tiny_model
+from infergate.triton.local import LocalTriton, TritonEndpoints
+from tests.conftest import triton_settings
+from tests.gateway.lifecycle.conftest import SteadyLoad, infer_body, stop
+from tests.procs import end_in_background, run_gateway, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODELS = ("m0", "m1", "m2", "m3", "m4")
+FOOTPRINT = 200_000_000  # configured per model: at least what a tiny model's stub takes
+BUDGET = 450_000_000  # two models per member, not three
+LOAD_WAIT = "infergate-load-wait-ms"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("residency") / "model_repo"
+    for name in MODELS:
+        build_tiny_model(repo, name)
+    build_tiny_model(repo, "broken")
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not an ONNX model")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def members(repo: Path, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[list[TritonEndpoints]]:
+    """Two Tritons in explicit model control, nothing loaded."""
+    servers = [LocalTriton(triton_settings(repo, tmp_path_factory.mktemp(f"t{i}")))
+               for i in range(2)]
+    try:
+        yield [s.start() for s in servers]
+    finally:
+        end_in_background(*servers)
+
+
+def ready_models(member: TritonEndpoints) -> set[str]:
+    index = httpx.post(f"http://{member.http_url}/v2/repository/index", json={}).json()
+    return {e["name"] for e in index if e.get("state") == "READY"}
+
+
+def unload_all(members: list[TritonEndpoints]) -> None:
+    for member in members:
+        for model in ready_models(member):
+            httpx.post(f"http://{member.http_url}/v2/repository/models/{model}/unload",
+                       json={}, timeout=60)
+    assert wait_until(lambda: not any(ready_models(m) for m in members), 30)
+
+
+def config(path: Path, members: list[TritonEndpoints], **residency: Any) -> Path:
+    models: dict[str, Any] = {m: {"on_demand": True, "footprint_bytes": FOOTPRINT}
+                              for m in (*MODELS, "broken")}
+    data = {"pools": [{
+        "name": "shared",
+        "members": [{"host": e.host, "http_port": e.http_port, "grpc_port": e.grpc_port,
+                     "metrics_port": e.metrics_port} for e in members],
+        "residency": {"memory_budget_bytes": BUDGET, "min_resident_s": 0,
+                      "rps_per_replica": 1000, **residency},
+    }], "models": models}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def infer(url: str, model: str) -> httpx.Response:
+    return httpx.post(f"{url}/v2/models/{model}/infer", json=infer_body(), timeout=60)
+
+
+def grpc_infer(grpc_url: str, model: str) -> dict[str, str]:
+    """One gRPC ModelInfer: its trailing metadata (it must answer 2x+1)."""
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[1, TINY_WIDTH])
+    tensor.contents.fp32_contents.extend([1.0] * TINY_WIDTH)
+    with grpc.insecure_channel(grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response, call = stub.ModelInfer.with_call(request, timeout=60)
+    out = np.frombuffer(response.raw_output_contents[0], np.float32)
+    assert out[0] == 3.0
+    return dict(call.trailing_metadata() or ())
+
+
+def residency(url: str) -> dict[str, Any]:
+    answer: dict[str, Any] = httpx.get(f"{url}/v1/residency").json()
+    return answer
+
+
+def within_budget(url: str, members: list[TritonEndpoints]) -> bool:
+    """Neither the gateway's accounting nor Triton's own index exceeds two models."""
+    report = residency(url)
+    accounted = all(m["used_bytes"] <= m["usable_bytes"]
+                    for p in report["pools"] for m in p["members"])
+    return accounted and all(len(ready_models(m)) <= BUDGET // FOOTPRINT for m in members)
+
+
+def test_misses_load_their_models_within_the_budget_on_both_protocols(
+    repo: Path, members: list[TritonEndpoints], tmp_path: Path, data_plane: str
+) -> None:
+    unload_all(members)
+    with run_gateway(config(tmp_path / "gw.yaml", members), tmp_path,
+                     data_plane=data_plane) as gw:
+        url = f"http://{gw.http_url}"
+        first = infer(url, "m0")
+        assert first.status_code == 200, first.text
+        assert int(first.headers[LOAD_WAIT]) > 0  # it waited for the load
+        again = infer(url, "m0")
+        assert again.status_code == 200 and LOAD_WAIT not in again.headers  # a hit
+        assert sum("m0" in ready_models(m) for m in members) == 1  # one replica: little use
+
+        assert LOAD_WAIT in grpc_infer(gw.grpc_url, "m1")  # a miss over gRPC
+        assert LOAD_WAIT not in grpc_infer(gw.grpc_url, "m1")
+
+        # five models, room for four: misses evict the coldest, every request answered
+        for _ in range(2):
+            for model in MODELS:
+                resp = infer(url, model)
+                assert resp.status_code == 200, resp.text
+                assert within_budget(url, members)
+        report = residency(url)
+        assert report["models"]["m4"]["members"]  # the last asked for lives somewhere
+        assert report["models"]["m0"]["footprint_source"] == "configured"
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'infergate_model_loads_total{model="m0",reason="miss"}' in metrics
+        assert "infergate_model_evictions_total" in metrics
+
+
+def test_an_eviction_under_load_loses_no_request(
+    repo: Path, members: list[TritonEndpoints], tmp_path: Path, data_plane: str
+) -> None:
+    unload_all(members)
+    path = config(tmp_path / "gw.yaml", members)
+    data = yaml.safe_load(path.read_text())
+    data["models"]["m0"]["min_replicas"] = 2  # pinned on both members
+    path.write_text(yaml.safe_dump(data))
+    with run_gateway(path, tmp_path, data_plane=data_plane) as gw:
+        url = f"http://{gw.http_url}"
+        keys = [f"{m.host}:{m.grpc_port}" for m in members]
+        assert sorted(residency(url)["models"]["m0"]["members"]) == sorted(keys)
+        load = SteadyLoad(url, model="m0")
+        thread = threading.Thread(target=load.run, daemon=True)
+        thread.start()
+        try:
+            assert wait_until(lambda: len(load.answers) > 50, 30)
+            evicted = httpx.post(f"{url}/v1/residency/m0/evict", json={"member": keys[0]},
+                                 timeout=60)
+            assert evicted.status_code == 200, evicted.text
+            metrics = httpx.get(f"{url}/metrics").text
+            assert 'infergate_model_evictions_total{model="m0",reason="operator"} 1.0' \
+                in metrics  # drained and unloaded before the answer
+            # pinned on both: the policy loads it back on the member it left
+            assert wait_until(lambda: sorted(residency(url)["models"]["m0"]["members"])
+                              == sorted(keys), 30)
+            stop(load, answers=50)
+        finally:
+            load._stop.set()
+            thread.join(timeout=30)
+        assert load.failures == []
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'infergate_model_loads_total{model="m0",reason="pinned"} 3.0' in metrics
+
+
+def test_a_failing_load_is_answered_clearly_and_disturbs_nothing(
+    repo: Path, members: list[TritonEndpoints], tmp_path: Path, data_plane: str
+) -> None:
+    unload_all(members)
+    with run_gateway(config(tmp_path / "gw.yaml", members), tmp_path,
+                     data_plane=data_plane) as gw:
+        url = f"http://{gw.http_url}"
+        assert infer(url, "m0").status_code == 200
+        resp = infer(url, "broken")
+        assert resp.status_code == 503, resp.text
+        message = resp.json()["error"]
+        assert "'broken' could not be loaded" in message
+        assert all(f"{m.host}:{m.grpc_port}" in message for m in members)  # tried both
+        held = residency(url)["pools"][0]["members"]
+        assert all(any(x["model"] == "broken" and x["state"] == "failed" for x in m["models"])
+                   for m in held)
+        again = infer(url, "m0")
+        assert again.status_code == 200 and LOAD_WAIT not in again.headers
+        unknown = infer(url, "no-such-model")
+        assert unknown.status_code == 404, unknown.text
+
+
+def test_a_restarted_gateway_preloads_by_recorded_use(
+    repo: Path, members: list[TritonEndpoints], tmp_path: Path
+) -> None:
+    unload_all(members)
+    path = config(tmp_path / "gw.yaml", members, demand_file="demand.json")
+    data = yaml.safe_load(path.read_text())
+    data["models"]["m1"]["min_replicas"] = 2  # pinned: ready waits for it on both
+    path.write_text(yaml.safe_dump(data))
+    with run_gateway(path, tmp_path, data_plane="python") as gw:
+        url = f"http://{gw.http_url}"
+        for _ in range(20):
+            assert infer(url, "m3").status_code == 200
+        assert wait_until(lambda: residency(url)["models"]["m3"]["demand_rps"] > 0, 10)
+    assert "m3" in (tmp_path / "demand.json").read_text()  # recorded at shutdown
+    unload_all(members)  # the members restart empty as well
+    with run_gateway(path, tmp_path, data_plane="python") as gw:
+        url = f"http://{gw.http_url}"
+        assert all("m1" in ready_models(m) for m in members)  # pinned: loaded before ready
+        assert wait_until(lambda: residency(url)["models"]["m3"]["members"], 30)
+        never_asked = residency(url)["models"]["m2"]
+        assert never_asked["members"] == []  # no recorded use: not preloaded
+        resp = infer(url, "m3")
+        assert resp.status_code == 200 and LOAD_WAIT not in resp.headers  # preloaded: a hit
