@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import platform
 import shutil
 from collections.abc import Mapping
@@ -120,3 +121,24 @@ def _write_warmup(
             dims[input_name] = tuple(int(d) for d in one.shape[1:])
         samples.append(WarmupSample(batch_size=batch_size, files=files, dims=dims))
     return tuple(samples)
+
+
+def read_footprint(model_dir: Path) -> int | None:
+    """The memory footprint (bytes) the converter measured for the newest version of the
+    model in ``model_dir`` (``<version>/report/report.json``); None when that version has
+    no report, or its report no footprint (a model not made by the converter, a
+    measurement that failed). An older version's figure is never used: it measured
+    another variant."""
+    versions = [int(p.name) for p in model_dir.glob("[0-9]*")
+                if p.is_dir() and p.name.isdigit()]
+    if not versions:
+        return None
+    report = model_dir / str(max(versions)) / "report" / "report.json"
+    try:
+        stored = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return None
+    footprint = stored.get("footprint") if isinstance(stored, dict) else None
+    if not isinstance(footprint, dict) or not isinstance(footprint.get("bytes"), int):
+        return None
+    return int(footprint["bytes"])

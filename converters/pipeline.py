@@ -38,7 +38,7 @@ from converters.steps.base import (
     StepState,
 )
 from converters.steps.build import BuildVariant, PrepareQuantization, RepairVariant, VerifyVariants
-from converters.steps.measure import ProfileVariants, SelectVariant
+from converters.steps.measure import MeasureFootprint, ProfileVariants, SelectVariant
 from converters.steps.prepare import (
     CheckModel,
     ComputeReference,
@@ -121,7 +121,8 @@ def build_pipeline(request: ConversionRequest) -> list[Step[Any, Any]]:
     int8 = sorted((p for p in plans if p.precision == "int8"),
                   key=lambda p: p.kind != "int8-dynamic")
     steps += [RepairVariant(p) for p in int8]
-    steps += [ProfileVariants(), SelectVariant(), BuildEngines(), BuildReport(), Publish()]
+    steps += [ProfileVariants(), SelectVariant(), MeasureFootprint(), BuildEngines(),
+              BuildReport(), Publish()]
     return steps
 
 

@@ -70,6 +70,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         *(["- synthetic inputs:"] if evaluation.get("ranges") else []),
         *(f"  - `{r['name']}`: {_value_range(r)}" for r in evaluation.get("ranges") or ()),
         f"- serving: {report['serving']['reason']}" if report.get("serving") else "",
+        _footprint(report.get("footprint")),
         "",
         "## Variants",
         "",
@@ -118,6 +119,13 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if report.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _footprint(footprint: Mapping[str, Any] | None) -> str:
+    if not footprint:
+        return "- memory footprint: not measured (see the notes)"
+    return (f"- memory footprint: {footprint['bytes'] / 2**20:.1f} MiB "
+            f"({footprint['bytes']} bytes; {footprint['method']})")
 
 
 def _evaluation(evaluation: Mapping[str, Any]) -> str:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 import numpy as np
 
 from converters.datasets import SampleSet
+from converters.footprint import Footprint
 from converters.graph import ModelFacts
 from converters.images import ImagePreprocessing
 from converters.metrics import Accuracy, AccuracyBudget
@@ -129,6 +130,7 @@ class ConversionState:
     profiles: Mapping[str, VariantProfile] = field(default_factory=dict)
     selection: Selection | None = None
     serving: ServingPlan | None = None
+    footprint: Footprint | None = None  # the chosen variant's, measured
     engines: tuple[EngineRecord, ...] = ()
     report: Mapping[str, Any] = field(default_factory=dict)
     report_files: Mapping[str, Path] = field(default_factory=dict)

@@ -1,12 +1,14 @@
-"""Profile the variants and choose one within the budget (TensorRT engines:
-:mod:`converters.steps.tensorrt`)."""
+"""Profile the variants, choose one within the budget and measure the memory it takes
+(TensorRT engines: :mod:`converters.steps.tensorrt`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from converters.datasets import SampleSet
+from converters.footprint import Footprint, measure_footprint
 from converters.metrics import AccuracyBudget
 from converters.profile import (
     ProfileTarget,
@@ -14,6 +16,7 @@ from converters.profile import (
     batch_sizes_up_to,
     profile_variants,
 )
+from converters.runtime import RuntimeSettings
 from converters.select import Candidate, Selection, ServingPlan, select_variant, serving_plan
 from converters.steps.base import ConversionState, Step, StepContext
 
@@ -103,3 +106,40 @@ class SelectVariant(Step[SelectInputs, SelectOutput]):
     def summary(self, output: SelectOutput) -> str:
         chosen = output.selection.verdict(output.selection.chosen)
         return f"{chosen.variant}: {chosen.reason}; {output.serving.reason}"
+
+
+@dataclass(frozen=True)
+class FootprintInputs:
+    model: Path
+    runtime: RuntimeSettings
+    samples: SampleSet
+    batch: int
+
+
+class MeasureFootprint(Step[FootprintInputs, Footprint]):
+    """The chosen variant's resident memory at its largest served batch, measured in a
+    fresh process (:mod:`converters.footprint`): what the gateway budgets a member's
+    memory by. Not fatal: without it the gateway falls back to a configured footprint."""
+
+    name, title = "footprint", "Measure the memory footprint"
+    fatal = False
+
+    def inputs(self, state: ConversionState) -> FootprintInputs:
+        selection = state.require(state.selection, "selection")
+        variant = state.variants[selection.chosen]
+        return FootprintInputs(variant.path, variant.runtime,
+                               state.require(state.evaluation, "evaluation set"),
+                               state.require(state.serving, "serving plan").max_batch_size)
+
+    def run(self, inputs: FootprintInputs, ctx: StepContext) -> Footprint:
+        return measure_footprint(inputs.model, inputs.runtime,
+                                 inputs.samples.first_batch(inputs.batch))
+
+    def apply(self, state: ConversionState, output: Footprint) -> ConversionState:
+        return replace(state, footprint=output)
+
+    def on_failure(self, state: ConversionState, reason: str) -> ConversionState:
+        return replace(state, notes=(*state.notes, f"memory footprint not measured: {reason}"))
+
+    def summary(self, output: Footprint) -> str:
+        return f"{output.bytes / 2**20:.1f} MiB at batch {output.batch}"

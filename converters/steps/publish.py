@@ -14,6 +14,7 @@ import numpy as np
 from converters.confidence import wilson
 from converters.datasets import SampleSet
 from converters.errors import TargetUnavailable
+from converters.footprint import Footprint
 from converters.graph import ModelFacts
 from converters.metrics import Accuracy, AccuracyBudget
 from converters.model_dir import (
@@ -89,6 +90,7 @@ class ReportInputs:
     repairs: Mapping[str, RepairOutcome]
     selection: Selection | None
     serving: ServingPlan | None
+    footprint: Footprint | None
     engines: tuple[EngineRecord, ...]
     records: tuple[StepRecord, ...]
     notes: tuple[str, ...]
@@ -101,7 +103,8 @@ class ReportInputs:
             state.require(state.source, "source"), source_sha256(state), state.classify,
             state.calibration, state.evaluation, state.spec, state.export_info, state.facts,
             state.plans, state.variants, state.failures, state.accuracy, state.profiles,
-            state.repairs, state.selection, state.serving, state.engines, state.records,
+            state.repairs, state.selection, state.serving, state.footprint, state.engines,
+            state.records,
             state.notes,
         )
 
@@ -146,6 +149,7 @@ def report_dict(inputs: ReportInputs) -> dict[str, Any]:
         "repairs": {name: _repair_dict(o) for name, o in inputs.repairs.items()},
         "chosen": selection.chosen if selection else None,
         "serving": inputs.serving.to_dict() if inputs.serving else None,
+        "footprint": inputs.footprint.to_dict() if inputs.footprint else None,
         "tensorrt": [_engine_dict(e) for e in inputs.engines],
         "steps": [rec.to_dict() for rec in inputs.records],
         "notes": list(inputs.notes),

@@ -113,7 +113,7 @@ def test_build_pipeline_adds_per_variant_steps_when_int8_requested(tmp_path: Pat
                           "prepare-int8"]
     assert labels[7:11] == ["build-fp32", "build-fp16", "build-int8", "build-int8-dynamic"]
     assert labels[11:] == ["verify", "repair-int8-dynamic", "repair-int8", "profile", "select",
-                           "tensorrt", "report", "publish"]
+                           "footprint", "tensorrt", "report", "publish"]
     assert labels[-1] == "publish"  # the repository is written last, or not at all
 
 

@@ -1,0 +1,136 @@
+"""What a member reports of the memory a loaded model takes.
+
+Which source applies where:
+
+- **A member on this host** (a loopback ``host``: ``127.0.0.1``, ``::1``, ``localhost``;
+  the embedded and test deployments): :func:`measured_footprints`. The tritonserver is
+  the process listening on the member's HTTP port; a Python-backend model (the ``cpu``
+  target) runs in ``triton_python_backend_stub`` children of it, one per model instance,
+  whose command line names the model's file::
+
+      triton_python_backend_stub <repo>/<model>/<version>/model.py <shm region>
+          <shm default bytes> <shm growth bytes> <tritonserver pid> <backend dir>
+          <ipc handle> <model>_<group>_<instance> DEFAULT
+
+  (tritonserver 2.51). A model's footprint is the sum over its stubs (every instance,
+  and both versions while a new one replaces the old) of their unique set size (USS:
+  what ending them frees; the shared libraries' pages are counted by no one), or of their
+  resident set size where USS cannot be read. A model served inside tritonserver itself
+  (ONNX Runtime or TensorRT backends) has no stub and is left out.
+- **A remote member** (any other host, a Kubernetes pod): its processes are not ours to
+  read, so :func:`measured_footprints` answers ``{}``; the control plane takes the change
+  of :func:`gpu_memory_used` (``nv_gpu_memory_used_bytes`` off the member's metrics page,
+  summed over its GPUs) across a load it alone runs on that member.
+- Neither: the converter's measurement (:func:`converters.model_dir.read_footprint`) or
+  the configured ``footprint_bytes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+from collections.abc import Collection
+from pathlib import Path
+
+import httpx
+import psutil
+
+from gateway.config.pools import MemberSpec
+
+STUB_NAME = "triton_python_backend_stub"
+GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a DNS name: another machine as far as we can tell
+
+
+async def measured_footprints(member_spec: MemberSpec, client: httpx.AsyncClient,
+                              models: Collection[str]) -> dict[str, int]:
+    """Bytes each of ``models`` takes on a member on this host, for those the member
+    reports loaded and ready and that run in stubs of their own; ``{}`` for a remote
+    member or one that cannot be asked."""
+    if not models or not is_loopback(member_spec.host):
+        return {}
+    ready = await _ready_models(member_spec, client)
+    wanted = set(models) & ready
+    if not wanted:
+        return {}
+    return await asyncio.to_thread(_stub_memory, member_spec.http_port, wanted)
+
+
+async def _ready_models(spec: MemberSpec, client: httpx.AsyncClient) -> set[str]:
+    """The member's READY models (any version), from its repository index."""
+    url = f"http://{spec.host}:{spec.http_port}/v2/repository/index"
+    try:
+        resp = await client.post(url, json={"ready": True})
+        entries = resp.json() if resp.status_code == 200 else []
+    except (httpx.HTTPError, ValueError):
+        return set()
+    return {e["name"] for e in entries
+            if isinstance(e, dict) and e.get("state") == "READY" and "name" in e}
+
+
+def _stub_memory(http_port: int, models: set[str]) -> dict[str, int]:
+    server = listening_process(http_port)
+    if server is None:
+        return {}
+    totals: dict[str, int] = {}
+    for child in server.children():
+        with contextlib.suppress(psutil.Error):
+            model = stub_model(child.cmdline())
+            if model in models:
+                totals[model] = totals.get(model, 0) + _process_bytes(child)
+    return totals
+
+
+def listening_process(port: int) -> psutil.Process | None:
+    """The process with a TCP socket listening on ``port`` (None: none, or not ours to
+    see)."""
+    with contextlib.suppress(psutil.Error):
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port \
+                    and conn.pid is not None:
+                return psutil.Process(conn.pid)
+    return None
+
+
+def stub_model(cmdline: list[str]) -> str | None:
+    """The model a Python-backend stub serves: its first argument is
+    ``<repo>/<model>/<version>/<file>`` (None: not a stub)."""
+    if len(cmdline) < 2 or Path(cmdline[0]).name != STUB_NAME:
+        return None
+    parts = Path(cmdline[1]).parts
+    return parts[-3] if len(parts) >= 3 else None
+
+
+def _process_bytes(process: psutil.Process) -> int:
+    try:
+        return int(process.memory_full_info().uss)
+    except (psutil.AccessDenied, AttributeError):
+        return int(process.memory_info().rss)
+
+
+def gpu_memory_used(metrics_text: str) -> int | None:
+    """Bytes in use on the member's GPUs (``nv_gpu_memory_used_bytes`` summed over its
+    ``gpu_uuid`` series); None when the page has none (a CPU-only Triton, GPU metrics
+    off). Read off the text, as :func:`gateway.control.probes.pending_requests` does."""
+    total, seen = 0.0, False
+    for line in metrics_text.splitlines():
+        if not line.startswith(GPU_MEMORY_USED):
+            continue
+        rest = line[len(GPU_MEMORY_USED):]
+        if rest[:1] == "{":
+            rest = rest[rest.rfind("}") + 1:]
+        elif rest[:1] not in (" ", "\t"):
+            continue  # another metric whose name starts alike
+        with contextlib.suppress(IndexError, ValueError):
+            total += float(rest.split()[0])
+            seen = True
+    return int(total) if seen else None

@@ -1,0 +1,159 @@
+"""What a member reports of the memory a loaded model takes: the Python-backend stubs of
+a real tritonserver, attributed per model, and the GPU memory off a metrics page."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from converters.model_dir import (
+    ModelArtifact,
+    ModelDirectoryRequest,
+    sha256_file,
+    write_model_directory,
+)
+from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model, tiny_config
+from gateway.config.pools import MemberSpec
+from gateway.residency.memory import gpu_memory_used, is_loopback, measured_footprints, stub_model
+from infergate.triton.local import LocalTriton, free_port
+from tests.conftest import triton_settings
+from tests.procs import started_triton
+
+pytestmark = pytest.mark.integration
+
+HEAVY = "heavy"
+HEAVY_WEIGHTS = 4096 * 4096 * 4  # bytes of its one large matrix
+
+
+def heavy_onnx(path: Path) -> Path:
+    """FP32 ``[batch, 16] -> [batch, 16]`` through a 4096 x 4096 matrix (64 MiB)."""
+    rng = np.random.default_rng(0)
+
+    def weights(name: str, *shape: int) -> onnx.TensorProto:
+        return onnx.numpy_helper.from_array(
+            (rng.standard_normal(shape) * 0.01).astype(np.float32), name)
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "up"], ["h"]),
+         helper.make_node("MatMul", ["h", "square"], ["h2"]),
+         helper.make_node("MatMul", ["h2", "down"], ["y"])],
+        HEAVY,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", TINY_WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", TINY_WIDTH])],
+        initializer=[weights("up", TINY_WIDTH, 4096), weights("square", 4096, 4096),
+                     weights("down", 4096, TINY_WIDTH)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def build_heavy_model(repo: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = heavy_onnx(Path(tmp) / "model.onnx")
+        write_model_directory(ModelDirectoryRequest(
+            repo=repo, config=tiny_config(HEAVY),
+            artifact=ModelArtifact({"model.onnx": path}, sha256_file(path))))
+
+
+@pytest.fixture(scope="module")
+def member(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemberSpec]:
+    """A Triton holding ``tiny`` in two instances and ``heavy`` in one."""
+    repo = tmp_path_factory.mktemp("memory") / "model_repo"
+    build_tiny_model(repo, instance_count=2)
+    build_heavy_model(repo)
+    settings = triton_settings(repo, tmp_path_factory.mktemp("triton"), TINY_MODEL_NAME,
+                               HEAVY)
+    with started_triton(settings) as server:
+        yield spec_of(server)
+
+
+def spec_of(server: LocalTriton) -> MemberSpec:
+    assert server.endpoints is not None
+    e = server.endpoints
+    return MemberSpec(host=e.host, http_port=e.http_port, grpc_port=e.grpc_port,
+                      metrics_port=e.metrics_port)
+
+
+async def test_measured_footprints_attributes_each_model_its_stubs_when_two_are_loaded(
+        member: MemberSpec) -> None:
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        footprints = await measured_footprints(member, client, {TINY_MODEL_NAME, HEAVY,
+                                                                "absent"})
+    assert set(footprints) == {TINY_MODEL_NAME, HEAVY}
+    assert footprints[TINY_MODEL_NAME] > 0 and footprints[HEAVY] > 0
+    # tiny's figure is two stubs' (instance_count 2), heavy's one stub's and its matrix
+    one_tiny_stub = footprints[TINY_MODEL_NAME] / 2
+    assert footprints[HEAVY] - one_tiny_stub >= 0.9 * HEAVY_WEIGHTS
+    assert footprints[HEAVY] < one_tiny_stub + 3 * HEAVY_WEIGHTS
+
+
+async def test_measured_footprints_leaves_a_model_out_when_it_is_unloaded(
+        tmp_path: Path) -> None:
+    repo = tmp_path / "model_repo"
+    build_tiny_model(repo)
+    build_tiny_model(repo, "other")
+    with started_triton(triton_settings(repo, tmp_path, TINY_MODEL_NAME, "other")) as server:
+        spec = spec_of(server)
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            both = await measured_footprints(spec, client, (TINY_MODEL_NAME, "other"))
+            assert set(both) == {TINY_MODEL_NAME, "other"}
+            unloaded = await client.post(
+                f"http://{spec.host}:{spec.http_port}/v2/repository/models/other/unload")
+            assert unloaded.status_code == 200
+            after = await measured_footprints(spec, client, (TINY_MODEL_NAME, "other"))
+    assert set(after) == {TINY_MODEL_NAME}
+    # the same stub, read twice: within 10% (its heap moves a little between reads)
+    assert abs(after[TINY_MODEL_NAME] - both[TINY_MODEL_NAME]) < 0.1 * both[TINY_MODEL_NAME]
+
+
+async def test_measured_footprints_is_empty_when_the_member_is_remote_or_gone() -> None:
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        remote = MemberSpec(host="10.1.2.3", http_port=8000)
+        assert await measured_footprints(remote, client, (TINY_MODEL_NAME,)) == {}
+        nobody = MemberSpec(host="127.0.0.1", http_port=free_port())
+        assert await measured_footprints(nobody, client, (TINY_MODEL_NAME,)) == {}
+
+
+def test_stub_model_reads_the_model_folder_when_given_a_stub_command_line() -> None:
+    stub = "/opt/tritonserver/backends/python/triton_python_backend_stub"
+    argv = [stub, "/repo/my_model_0/3/model.py", "triton_python_backend_shm_region_x",
+            "1048576", "1048576", "77", "/opt/tritonserver/backends/python", "336",
+            "my_model_0_0_1", "DEFAULT"]
+    assert stub_model(argv) == "my_model_0"
+    assert stub_model(["/usr/bin/python3", "/repo/m/1/model.py"]) is None
+    assert stub_model([stub]) is None
+
+
+def test_is_loopback_when_given_addresses_and_names() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("10.0.0.7") and not is_loopback("triton-0.triton.svc")
+
+
+def test_gpu_memory_used_sums_the_gpus_when_the_page_has_them() -> None:
+    page = "\n".join([
+        "# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes",
+        "# TYPE nv_gpu_memory_used_bytes gauge",
+        'nv_gpu_memory_used_bytes{gpu_uuid="GPU-aaaa"} 1073741824',
+        'nv_gpu_memory_used_bytes{gpu_uuid="GPU-bbbb"} 5.36870912e+08',
+        'nv_gpu_memory_total_bytes{gpu_uuid="GPU-aaaa"} 85899345920',
+        "nv_gpu_memory_used_bytes_other 7",
+        'nv_inference_count{model="m",version="1"} 3',
+    ])
+    assert gpu_memory_used(page) == 1073741824 + 536870912
+
+
+def test_gpu_memory_used_is_none_when_the_page_has_no_gpu(member: MemberSpec) -> None:
+    """A real CPU-only Triton's page: no GPU series at all."""
+    page = httpx.get(f"http://{member.host}:{member.metrics_port}/metrics").text
+    assert "nv_inference_count" in page or "nv_cpu" in page
+    assert gpu_memory_used(page) is None
+    assert gpu_memory_used("") is None
