@@ -167,10 +167,10 @@ class GatewayState:
 
     def known_models(self) -> set[str]:
         """Every model the gateway has a word about: named by a pool or a policy, assigned,
-        not ready, or asked for."""
+        not ready, asked for, or one a pool with residency may hold."""
         named = {m for p in self.pools for m in p.spec.models if m != "*"}
         return (named | set(self.config.models) | set(self._assigned) | set(self._not_ready)
-                | set(self._last_used))
+                | set(self._last_used) | set(self._holders))
 
     def last_used(self) -> Mapping[str, float]:
         """Model -> when a user request for it last arrived (keep-warm's idleness clock)."""

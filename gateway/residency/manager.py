@@ -93,6 +93,7 @@ class Residency:
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _recorded_at: float = field(default=float("-inf"))
     _load_seconds: dict[str, float] = field(default_factory=dict)  # model -> last load took
+    _published: set[str] = field(default_factory=set)  # models whose holders the state has
 
     @property
     def state(self) -> GatewayState:
@@ -188,6 +189,9 @@ class Residency:
                 if pool in self.state.pools_for(model):
                     holdings[model] = Holding("resident", now, "found loaded")
                     changed.add(model)
+        # every model the pool may hold has a route of its own (HAProxy: its backend),
+        # held or not: a request for one held nowhere is a miss, not an unknown model
+        changed |= set(self.models(pool)) - self._published
         for model in changed:
             self._publish(model)
 
@@ -201,6 +205,7 @@ class Residency:
 
     def _publish(self, model: str) -> None:
         """The model's holders in the gateway's state: the members it is resident on."""
+        self._published.add(model)
         self.state.set_holders(model, [key for key, holdings in self.held.items()
                                        if (h := holdings.get(model)) and h.state == "resident"])
         self.metrics.resident(model, {k: (h := hs.get(model)) is not None and h.state == "resident"

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from converters.model_dir import read_footprint
 from gateway.auth import Principal
 from gateway.config.lifecycle import LifecycleSpec
 from gateway.config.rollout import RolloutSpec
@@ -261,6 +262,7 @@ class JobRunner:
             self.store.update_job(job.id, worker_pid=pid)
 
         outcome = await self.workers.run(task, on_step, on_start)
+        self._check_footprint(model)
         self.store.put_version(VersionRecord(
             model, outcome.version, "available", outcome.config, time.time(),
             precision=outcome.precision, job_id=job.id, metadata=outcome.metadata,
@@ -296,6 +298,15 @@ class JobRunner:
         detail = f"version {outcome.version} serving" + (
             f"; retention removed versions {removed}" if removed else "")
         return self._finish(self.store.job(job.id), "succeeded", None, detail=detail)
+
+    def _check_footprint(self, model: str) -> None:
+        """A version whose measured footprint fits no member of its pool (residency) is
+        refused: the job fails with both figures and the version is taken back out."""
+        placement = self.deployer.placement
+        size = read_footprint(self.repository / model)
+        why = placement.fits(model, size) if placement is not None and size else None
+        if why is not None:
+            raise InvalidInput(why)
 
     def _keep_samples(self, job_id: str, path: str | None) -> Path | None:
         """The worker's evaluation sample, moved out of the job's folder (removed when the

@@ -118,6 +118,9 @@ class Placement(Protocol):
     def deployed(self, model: str, members: Collection[PoolMember], ok: bool) -> None:
         """The load on reserved members ended (``ok``: it holds the model now)."""
 
+    def fits(self, model: str, footprint_bytes: int) -> str | None:
+        """Why a model of ``footprint_bytes`` fits no member (None: it fits one)."""
+
 
 @dataclass
 class Deployer:
