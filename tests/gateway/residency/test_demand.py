@@ -1,0 +1,57 @@
+"""Demand: requests per second per model from the counter both data planes feed,
+smoothed, recorded for the next start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.metrics import GatewayMetrics, create_metrics
+from gateway.residency.demand import DemandMeter
+
+
+def count(metrics: GatewayMetrics, model: str, n: int, traffic: str = "user") -> None:
+    metrics.requests.labels(model, "p", "http", "success", traffic).inc(n)
+
+
+def test_the_rate_follows_user_requests_only_and_smooths() -> None:
+    metrics = create_metrics()
+    meter = DemandMeter(metrics, half_life_s=10.0)
+    count(metrics, "a", 500)  # before the first read: not a burst now
+    meter.read(0.0)
+    assert meter.rate("a") == 0.0
+    for second in range(1, 61):  # a steady 20 rps for a minute, warm-up traffic beside it
+        count(metrics, "a", 20)
+        count(metrics, "a", 1000, traffic="warmup")
+        meter.read(float(second))
+    assert meter.rate("a") == pytest.approx(20.0, rel=0.02)
+    for second in range(61, 71):  # silence for one half-life
+        meter.read(float(second))
+    assert meter.rate("a") == pytest.approx(10.0, rel=0.02)
+    assert meter.rate("never") == 0.0
+
+
+def test_recorded_demand_is_what_the_next_start_begins_with(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "demand.json"
+    metrics = create_metrics()
+    meter = DemandMeter(metrics, half_life_s=1.0, path=path)
+    meter.read(0.0)
+    count(metrics, "hot", 40)
+    count(metrics, "warm", 4)
+    meter.read(2.0)
+    meter.record()
+    saved = json.loads(path.read_text())["models"]
+    assert saved["hot"] > saved["warm"] > 0
+
+    again = DemandMeter(create_metrics(), half_life_s=1.0, path=path)
+    assert again.recorded() == pytest.approx(saved)
+    again.read(100.0)
+    assert again.rate("hot") == pytest.approx(saved["hot"])  # until requests say otherwise
+
+
+def test_an_unreadable_record_starts_empty(tmp_path: Path) -> None:
+    path = tmp_path / "demand.json"
+    path.write_text("{not json")
+    assert DemandMeter(create_metrics(), 1.0, path).recorded() == {}
