@@ -32,7 +32,9 @@ MAX_TALLIED = 200_000  # answers kept per version between two reads of a window
 
 @dataclass(frozen=True)
 class HAProxyCounts:
-    """What one HAProxy says now. Keys are its names: backends ``<proto>_<pool>``,
+    """What one HAProxy says now. Keys are its names: backends ``<proto>_<pool>``, and
+    under model residency ``<proto>_<pool>.<suffix>`` per managed model
+    (:func:`gateway.haproxy.snapshot.residency_suffix`), counted toward their pool;
     servers by :func:`gateway.haproxy.snapshot.server_name`; ``st_route``'s keys are
     ``model/pool``, with tenancy rules ``model/pool/tenant``."""
 
@@ -47,6 +49,9 @@ class HAProxyCounts:
     tenants: dict[str, int]
     # (pool, tenant) with requests in flight or one arrived within the table's window
     active: frozenset[tuple[str, str]]
+    # (pool, a managed model's backend suffix, server) -> its requests at that server
+    # (both protocols): a model's requests at a member it leaves have drained at 0
+    at_model_server: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
 
 def read_haproxy(stats_text: str, routes_text: str, tenancy_rules: bool) -> HAProxyCounts:
@@ -55,8 +60,10 @@ def read_haproxy(stats_text: str, routes_text: str, tenancy_rules: bool) -> HAPr
     queued: dict[str, int] = defaultdict(int)
     at_server: dict[tuple[str, str], int] = defaultdict(int)
     errors: dict[tuple[str, str], int] = defaultdict(int)
+    at_model: dict[tuple[str, str, str], int] = defaultdict(int)
     for row in parse_csv_stats(stats_text):
-        proto, _, pool = row["pxname"].partition("_")
+        proto, _, backend = row["pxname"].partition("_")
+        pool, _, suffix = backend.partition(".")  # pool names have no dot
         if proto not in ("http", "grpc") or not pool:
             continue
         if row["svname"] == "BACKEND":
@@ -65,6 +72,8 @@ def read_haproxy(stats_text: str, routes_text: str, tenancy_rules: bool) -> HAPr
         elif row["svname"] != "FRONTEND":
             at_server[pool, row["svname"]] += _int(row.get("scur"))
             errors[pool, row["svname"]] += _int(row.get("econ")) + _int(row.get("eresp"))
+            if suffix:
+                at_model[pool, suffix, row["svname"]] += _int(row.get("scur"))
     routes: dict[tuple[str, str], int] = defaultdict(int)
     tenants: dict[str, int] = defaultdict(int)
     active: set[tuple[str, str]] = set()
@@ -78,7 +87,7 @@ def read_haproxy(stats_text: str, routes_text: str, tenancy_rules: bool) -> HAPr
         if tenancy_rules and (current or values.get("http_req_rate", 0)):
             active.add((pool, tenant))
     return HAProxyCounts(dict(held), dict(queued), dict(at_server), dict(errors),
-                         dict(routes), dict(tenants), frozenset(active))
+                         dict(routes), dict(tenants), frozenset(active), dict(at_model))
 
 
 def _int(value: str | None) -> int:

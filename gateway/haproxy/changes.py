@@ -2,17 +2,23 @@
 
 :func:`runtime_commands` gives the admin-socket commands that take a process rendered
 from one snapshot (:mod:`gateway.haproxy.render`) to the next: map entries
-(:mod:`gateway.haproxy.maps`), member weights and states. It gives ``None`` when the
+(:mod:`gateway.haproxy.maps`), member weights and states, and a managed model's
+holders (its backend's servers and map ``resident``). It gives ``None`` when the
 change is structural (:func:`structure`: pools, members, a member's gRPC connection
 mode, rate classes, the default route, predict auth turned on or off, the number of
-split ranks, tenancy turned on or off) and needs a seamless reload.
+split ranks, tenancy turned on or off, the set of models under residency) and needs a
+seamless reload.
+
+Holders move without a gap: a model backend's servers are made ready before the map
+sends requests to them, and the map turns to ``miss`` (the control plane) before the
+servers it leaves go to maintenance (requests already at them finish there).
 """
 
 from __future__ import annotations
 
 from gateway.haproxy.config import grpc_shared
 from gateway.haproxy.maps import route_maps
-from gateway.haproxy.snapshot import Layout, Snapshot
+from gateway.haproxy.snapshot import Layout, Resident, Snapshot
 
 
 def _cli_word(text: str) -> str:
@@ -35,6 +41,7 @@ def structure(snapshot: Snapshot, layout: Layout) -> tuple[object, ...]:
         snapshot.predict_gated,
         snapshot.split_ranks(),
         snapshot.tenancy is not None,
+        tuple((r.pool, r.model) for r in snapshot.residents()),
     )
 
 
@@ -43,7 +50,10 @@ def runtime_commands(old: Snapshot, new: Snapshot, layout: Layout) -> list[str] 
     when only a reload can (see :func:`structure`)."""
     if structure(old, layout) != structure(new, layout):
         return None
-    commands: list[str] = []
+    old_held = {(r.pool, r.model): r for r in old.residents()}
+    now_held = new.residents()
+    # holders gained first: the map may point at them next
+    commands = _holder_states(old_held, now_held, ready=True)
     old_maps, new_maps = route_maps(old), route_maps(new)
     for name, entries in new_maps.items():
         before = old_maps.get(name, {})
@@ -56,6 +66,9 @@ def runtime_commands(old: Snapshot, new: Snapshot, layout: Layout) -> list[str] 
             elif before[key] != value:
                 commands.append(f"set map {path} {_cli_word(key)} {_cli_word(value)}")
     old_members = {(p.name, m.name): m for p in old.pools for m in p.members}
+    backends: dict[str, list[str]] = {}  # pool -> its model backends
+    for r in now_held:
+        backends.setdefault(r.pool, []).append(r.backend)
     for pool in new.pools:
         for m in pool.members:
             was = old_members[(pool.name, m.name)]
@@ -63,7 +76,24 @@ def runtime_commands(old: Snapshot, new: Snapshot, layout: Layout) -> list[str] 
                 server = f"{proto}_{pool.name}/{m.name}"
                 if was.weight != m.weight:
                     commands.append(f"set server {server} weight {m.weight}")
-                if was.routable != m.routable:
+                    commands += [f"set server {proto}_{b}/{m.name} weight {m.weight}"
+                                 for b in backends.get(pool.name, ())]
+                if was.routable != m.routable:  # the model backends' servers track it
                     commands.append(f"set server {server} state "
                                     f"{'ready' if m.routable else 'maint'}")
+    # holders lost last: the map no longer sends requests to them
+    return commands + _holder_states(old_held, now_held, ready=False)
+
+
+def _holder_states(old: dict[tuple[str, str], Resident], new: tuple[Resident, ...],
+                   ready: bool) -> list[str]:
+    """``set server <model backend>/<member> state ready`` for the holders each managed
+    model gained (``ready``), else ``maint`` for those it lost."""
+    commands = []
+    for r in new:
+        before = old[(r.pool, r.model)].holders
+        moved = r.holders - before if ready else before - r.holders
+        commands += [f"set server {proto}_{r.backend}/{name} state "
+                     f"{'ready' if ready else 'maint'}"
+                     for name in sorted(moved) for proto in ("http", "grpc")]
     return commands

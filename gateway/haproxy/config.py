@@ -26,10 +26,12 @@ The hot path, per request, inside HAProxy, in the request policy's order
    a deadline the pool cannot meet -> 504 / DEADLINE_EXCEEDED (:func:`_deadline_rules`);
 8. a model under rollout: an unversioned request pinned to its stable or candidate
    version (:func:`_rollout_rules`);
-9. the pool's backend: least connections over members weighted by their Triton queue
-   depth (no per-member connection cap: a request HAProxy held back in its queue would
-   hold back the HTTP/2 connection window of the requests sharing its client connection;
-   Triton queues and batches), active health checks on
+9. a model under residency (``RouteState.holders``): its own backend in the pool, or
+   the control plane when no member holds it there (:func:`_residency_rules`);
+10. the pool's backend (or the model's): least connections over members weighted by
+   their Triton queue depth (no per-member connection cap: a request HAProxy held back
+   in its queue would hold back the HTTP/2 connection window of the requests sharing
+   its client connection; Triton queues and batches), active health checks on
    ``/v2/health/live``, passive ejection, one retry on another member for connection
    failures, the client's deadline (``txn.dl``) as the server timeout.
 Every answer HAProxy produces itself is built from ``gateway.errors``' one table
@@ -42,8 +44,8 @@ from collections.abc import Callable
 
 from gateway import errors
 from gateway.haproxy.answers import LOCAL_ERRORS, grpc_return, http_return
-from gateway.haproxy.maps import NO_RATE, split
-from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Snapshot
+from gateway.haproxy.maps import MISS, NO_RATE, split
+from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Resident, Snapshot
 from gateway.policy import (
     access,
     admission,
@@ -79,6 +81,7 @@ def render_config(snapshot: Snapshot, layout: Layout) -> str:
         _control_backends(layout),
         *(_pool_backend(pool, "http", layout) for pool in snapshot.pools),
         *(_pool_backend(pool, "grpc", layout) for pool in snapshot.pools),
+        *_model_backends(snapshot, layout),
     ]
     return with_map_paths("\n".join(parts), layout)
 
@@ -185,7 +188,8 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
                   ("set-var(txn.out) str(too_large)",
                    f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
     rules = [*first, *_request_rules(answer, http), *_deadline_fetch(http),
-             *_model_rules(snapshot, answer, http), *_rollout_rules(http)]
+             *_model_rules(snapshot, answer, http), *_rollout_rules(http),
+             *_residency_rules(snapshot)]
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
         *(_guarded(action, cond, guard) for action, cond in rules),
@@ -198,6 +202,9 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
     if not http:
         lines.append("  use_backend control_grpc if { var(txn.out) -m str too_large }")
         lines.append("  use_backend control_grpc if { var(txn.detour) -m found }")
+    if snapshot.residents():
+        lines += [f"  use_backend control_{proto} if {{ var(txn.rb) -m str {MISS} }}",
+                  f"  use_backend {proto}_%[var(txn.rb)] if {{ var(txn.rb) -m found }}"]
     lines.append(f"  use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}")
     return "\n".join(lines) + "\n"
 
@@ -453,6 +460,10 @@ def _load_rules(snapshot: Snapshot, cond: str) -> list[Rule]:
         this = f"{cond} {{ var(txn.pool) -m str {pool.name} }}".strip()
         rules += [(f"set-var(txn.pl) be_conn(http_{pool.name})", this),
                   (f"set-var(txn.pl) be_conn(grpc_{pool.name}),add(txn.pl)", this)]
+        # a managed model's requests are at its own backends in the pool
+        rules += [(f"set-var(txn.pl) be_conn({proto}_{r.backend}),add(txn.pl)", this)
+                  for r in snapshot.residents() if r.pool == pool.name
+                  for proto in ("http", "grpc")]
     return rules + [
         ("set-var(txn.eq) var(txn.pool),map_str_int(MAPS/elsewhere.map,0)", cond),
         ("set-var(txn.pl) var(txn.pl),add(txn.eq)", cond),
@@ -529,6 +540,18 @@ def _rollout_rules(http: bool) -> list[Rule]:
          f"{under} {{ var(txn.rd) -m int lt 0 }}"),
         ("set-path %[path,regsub(/infer,/versions/)]%[var(txn.ver)]/infer", under),
     ]
+
+
+def _residency_rules(snapshot: Snapshot) -> list[Rule]:
+    """Model residency, the last rule: a managed model's ``pool/model`` in map
+    ``resident`` gives its backend in that pool (``txn.rb``, servers ready only on its
+    holders) or ``miss``: the request goes to the control plane, which holds it while
+    the model loads and counts it (so HAProxy logs no line for it). ``txn.pool`` keeps
+    the pool's name: the log line, the tables and the rules above name pools."""
+    if not snapshot.residents():
+        return []
+    return [("set-var(txn.rb) var(txn.pool),concat(/,txn.model,),map(MAPS/resident.map)", ""),
+            ("set-log-level silent", f"{{ var(txn.rb) -m str {MISS} }}")]
 
 
 def _refuse(answer: Callable[..., str], reason: str, message: str, cond: str) -> list[Rule]:
@@ -619,12 +642,52 @@ def grpc_shared(member: MemberState, layout: Layout) -> bool:
 
 def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
     http = proto == "http"
+    check = (f"check inter {layout.health_interval_ms}ms fall {HEALTH_FALL} rise 1 "
+             f"observe layer4 error-limit {EJECT_AFTER_FAILURES} on-error mark-down")
+    lines = _backend_head(f"{proto}_{pool.name}", proto, health=True)
+    for m in pool.members:
+        port = m.http_port if http else m.grpc_port
+        extra = "" if http else f"{_grpc_server(m, layout)} port {m.http_port} check-proto h1"
+        lines.append(
+            f"  server {m.name} {m.host}:{port} {check} "
+            f"weight {m.weight}{extra}{'' if m.routable else ' disabled'}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _model_backends(snapshot: Snapshot, layout: Layout) -> list[str]:
+    pools = {p.name: p for p in snapshot.pools}
+    return [_model_backend(pools[r.pool], r, proto, layout)
+            for proto in ("http", "grpc") for r in snapshot.residents()]
+
+
+def _model_backend(pool: PoolState, resident: Resident, proto: str, layout: Layout) -> str:
+    """A managed model's backend in a pool: the pool backend's settings, its servers
+    tracking the pool's (health and maintenance follow the member; no checks of their
+    own), ready only on the model's holders (``disabled``, maintenance, elsewhere;
+    ``gateway.haproxy.changes`` moves them live)."""
+    http = proto == "http"
+    lines = _backend_head(f"{proto}_{resident.backend}", proto, health=False)
+    for m in pool.members:
+        port = m.http_port if http else m.grpc_port
+        extra = "" if http else _grpc_server(m, layout)
+        held = m.name in resident.holders
+        lines.append(f"  server {m.name} {m.host}:{port} track {proto}_{pool.name}/{m.name} "
+                     f"weight {m.weight}{extra}{'' if held else ' disabled'}")
+    return "\n".join(lines) + "\n"
+
+
+def _backend_head(name: str, proto: str, health: bool) -> list[str]:
+    """A backend's settings before its servers: least connections, retries, the
+    client's deadline, Triton's parse errors; ``health``: active checks."""
+    http = proto == "http"
+    checks = ["  option httpchk GET /v2/health/live",
+              "  http-check expect status 200"] if health else []
     lines = [
-        f"backend {proto}_{pool.name}",
+        f"backend {name}",
         f"  errorfiles {proto}_errors",
         "  balance leastconn",
-        "  option httpchk GET /v2/health/live",
-        "  http-check expect status 200",
+        *checks,
         "  http-reuse always",
         f"  retries {RETRIES}",
         "  option redispatch 1",
@@ -634,18 +697,12 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
     lines.append("  http-request set-timeout server var(txn.dl) if { var(txn.dl) -m found }")
     if not http:
         lines.append("  option http-no-delay")
-    lines += parse_error_rules(http)
-    check = (f"check inter {layout.health_interval_ms}ms fall {HEALTH_FALL} rise 1 "
-             f"observe layer4 error-limit {EJECT_AFTER_FAILURES} on-error mark-down")
-    for m in pool.members:
-        port = m.http_port if http else m.grpc_port
-        reuse = "" if grpc_shared(m, layout) else f" {GRPC_SERVER_REUSE}"
-        extra = "" if http else f" proto h2{reuse} port {m.http_port} check-proto h1"
-        lines.append(
-            f"  server {m.name} {m.host}:{port} {check} "
-            f"weight {m.weight}{extra}{'' if m.routable else ' disabled'}"
-        )
-    return "\n".join(lines) + "\n"
+    return lines + parse_error_rules(http)
+
+
+def _grpc_server(member: MemberState, layout: Layout) -> str:
+    reuse = "" if grpc_shared(member, layout) else f" {GRPC_SERVER_REUSE}"
+    return f" proto h2{reuse}"
 
 
 def parse_error_rules(http: bool) -> list[str]:

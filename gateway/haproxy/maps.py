@@ -21,12 +21,16 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
   in-flight limit), ``ceiling`` (``pool/class`` -> the
   load from which that class is refused), ``share`` (``pool/tenant`` -> its share
   beside the tenants active there now), ``cbound`` (class -> the model's bound for it,
-  in thousandths of the critical one).
+  in thousandths of the critical one);
+- with model residency (``RouteState.holders``): ``resident`` (``pool/model`` -> the
+  model's backend there, ``{pool}.r{h}``, while it has holders, else ``miss``: the
+  control plane holds the request while the model loads). Only managed models have an
+  entry, and the map exists only when some model is managed.
 """
 
 from __future__ import annotations
 
-from gateway.haproxy.snapshot import RouteState, Snapshot, TenancyState
+from gateway.haproxy.snapshot import Resident, RouteState, Snapshot, TenancyState
 from gateway.policy.rate import RateClass
 
 
@@ -60,7 +64,17 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
     maps["ratekeys"] = {digest: str(classes.index(c)) for digest, c in snapshot.rate_keys}
     if snapshot.tenancy is not None:
         maps.update(tenancy_maps(snapshot.tenancy, classes))
+    residents = snapshot.residents()
+    if residents:
+        maps["resident"] = {f"{r.pool}/{r.model}": resident_value(r) for r in residents}
     return maps
+
+
+MISS = "miss"  # resident: no member holds the model in that pool now
+
+
+def resident_value(resident: Resident) -> str:
+    return resident.backend if resident.holders else MISS
 
 
 NO_RATE = "n"  # tlimit: a tenant limited in flight only (its own counter, no window)

@@ -61,6 +61,28 @@ class RouteState:
     # (pool, the model's service time there, microseconds per request the pool works off
     # beyond its capacity): the deadline rule
     service: tuple[tuple[str, int, int], ...] = ()
+    # model residency (docs/haproxy.md#model-residency): None, not managed (every member
+    # of its pools serves it); else per pool of the route, the HAProxy server names
+    # (server_name) of the members that hold the model and may take its requests now.
+    # A pool with none is a miss there: its requests go to the control plane, which
+    # holds them while the model loads
+    holders: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+
+
+@dataclass(frozen=True)
+class Resident:
+    """One managed (pool, model): its own backend per protocol, whose servers track the
+    pool's and are ready only on the model's holders."""
+
+    pool: str
+    model: str
+    holders: frozenset[str]  # server names
+
+    @property
+    def backend(self) -> str:
+        """``{pool}.r{h}``: behind ``http_`` / ``grpc_``, the backend's name; the value
+        of map ``resident`` while it has holders."""
+        return f"{self.pool}.{residency_suffix(self.model)}"
 
 
 @dataclass(frozen=True)
@@ -135,6 +157,16 @@ class Snapshot:
         extra = (self.default_route,) if self.default_route is not None else ()
         return (*self.routes, *extra)
 
+    def residents(self) -> tuple[Resident, ...]:
+        """The managed (pool, model) pairs of the named routes (pools this snapshot has;
+        holders among the pool's members), by pool then model."""
+        members = {p.name: {m.name for m in p.members} for p in self.pools}
+        return tuple(sorted(
+            (Resident(pool, route.model, frozenset(names) & members[pool])
+             for route in self.routes if route.holders is not None
+             for pool, names in route.holders if pool in members),
+            key=lambda r: (r.pool, r.model)))
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -195,6 +227,13 @@ def parse_tune(text: str) -> tuple[str, str]:
     return key, value
 
 
+def residency_suffix(model: str) -> str:
+    """``r`` + the first 10 hex digits of the model name's SHA-1: identifier-safe, stable
+    across processes, and the part of a model backend's name after ``{pool}.`` (pool
+    names have no dot)."""
+    return "r" + hashlib.sha1(model.encode(), usedforsecurity=False).hexdigest()[:10]
+
+
 def server_name(member_key: str) -> str:
     """``127.0.0.1:8001`` -> ``127.0.0.1_8001``: a valid HAProxy server name."""
     return _NOT_IDENTIFIER.sub("_", member_key)
@@ -210,12 +249,14 @@ def snapshot_from_dict(data: Any) -> Snapshot:
     def route(r: Any) -> RouteState | None:
         if r is None:
             return None
-        reason, split = r.get("not_ready"), r.get("split")
+        reason, split, holders = r.get("not_ready"), r.get("split"), r.get("holders")
         return RouteState(str(r["model"]), tuple((str(p), float(w)) for p, w in r["pools"]),
                           int(r["max_in_system"]), None if reason is None else str(reason),
                           None if split is None else (int(split[0]), int(split[1]),
                                                       int(split[2])),
-                          tuple((str(p), int(us), int(q)) for p, us, q in r.get("service", ())))
+                          tuple((str(p), int(us), int(q)) for p, us, q in r.get("service", ())),
+                          None if holders is None else tuple(
+                              (str(p), tuple(str(n) for n in names)) for p, names in holders))
 
     def rate(r: Any) -> RateClass | None:
         return None if r is None else RateClass(float(r["rate_per_s"]), float(r["burst"]))
