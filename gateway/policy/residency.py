@@ -1,0 +1,408 @@
+"""Residency: which models each member of a pool holds, within a memory budget per
+member (issue 29). Pure: the control plane (:mod:`gateway.residency`) builds a
+:class:`ResidencyView` once per round and carries out the :class:`Plan` that
+:func:`plan` returns; a request for a model that no available member holds (a miss)
+asks :func:`place_miss` where to load it right away.
+
+**Replicas wanted** (:func:`wanted_replicas`): ``max(min_replicas, ceil(demand_rps /
+rps_per_replica))``, at least 1 while the model has demand (``demand_rps > 0``, smoothed
+by :func:`smoothed_rate`) or was used within ``min_resident_s``, capped at the available
+members. ``min_replicas`` comes resolved: 0 for an on-demand model, every member of the
+pool for a pinned one.
+
+**The plan** (:func:`plan`). *What is held stays held* (stickiness): replicas move
+only for the reasons below; a model with room to stay is never evicted just for being
+idle (its last replica is never a surplus, only ever evicted to make room). In order:
+
+1. *Over budget* (eviction ``room``): a member whose models take more than its budget (a
+   budget lowered, a footprint measured larger) loses its coldest evictable models until
+   it is within budget again.
+2. *Loads*, most needed first: replicas up to ``min_replicas`` (``pinned``); then each
+   demanded model's first replica, hottest first (``demand``, or ``preload`` when no
+   available member held anything: a gateway starting with the demand it recorded, so
+   the most used models load first, up to the budgets); then further replicas up to the
+   wanted count, most demand left unserved first (``demand``). A replica goes to the
+   available member with the most free room that neither holds nor drains the model,
+   whose load of it did not fail within ``failed_retry_s``, and whose budget could take
+   it at all. When it fits on none, the first of them (most room first) where evicting
+   makes the room takes it: the coldest eligible models there are evicted (``room``), no
+   more of them than needed. Passes repeat until one places nothing (a load can make
+   another possible); a plan never loads a model where it evicts it: a replica it
+   evicted that has room again (made, if need be, as for a load) is kept instead.
+3. *Surplus* (eviction ``surplus``): a model's replicas beyond the wanted count go one
+   at a time, while its demand is below :data:`HYSTERESIS` (70 %) of what the replicas
+   left would carry (``(n - 1) * rps_per_replica``). A replica is added as soon as demand
+   needs it and removed only well below, so demand wiggling around a boundary neither
+   loads nor evicts. A held model the view does not describe is a surplus. Last, so
+   that loads needing room took it from surpluses first; the room it frees goes to
+   replicas still missing (the loads again).
+
+Who may be evicted: never a model within ``min_resident_s`` of its load (loading ones
+included), never below its ``min_replicas``, never one being drained or loaded by the same
+plan. Coldest first: replicas beyond their model's wanted count, then the lowest
+``demand_rps``, then the longest unused, then by name. To make room for
+
+- a pinned replica (``min_replicas`` is a guarantee): any of those;
+- a demanded replica: replicas beyond their model's wanted count, and models colder
+  than the one placed by a margin (demand at most :data:`HYSTERESIS` times its demand;
+  at equal demand, used longer ago), so two models of about the same demand do not take
+  turns; a further replica (the second, third...) never takes another model's last one:
+  having every demanded model somewhere comes before more copies of one;
+- a miss (:func:`place_miss`): any of those, the coldest first. A miss is a request
+  waiting: it may evict a hotter model's replica, which ``min_resident_s`` protects
+  from being thrown out again at once.
+
+**Budget**: what a member holds after a plan (held and draining, less the plan's
+evictions, plus its loads) never exceeds its budget when it did not before; a model
+larger than every budget is never placed. Members that are not available get no moves,
+and the replicas they hold do not count. Deterministic: ties are broken by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+# a replica is dropped only when demand is below this share of what the rest carry, and a
+# model evicts another for demand only when that one's demand is at most this share of its
+HYSTERESIS = 0.7
+LOAD_REASONS = ("pinned", "demand", "miss", "preload")
+EVICTION_REASONS = ("room", "surplus")
+
+
+@dataclass(frozen=True)
+class ResidencyKnobs:
+    min_resident_s: float = 30.0  # no eviction within this of a load
+    rps_per_replica: float = 50.0  # smoothed demand one member carries before another
+    failed_retry_s: float = 60.0  # a member a load failed on is not tried again before
+
+
+@dataclass(frozen=True)
+class ModelView:
+    name: str
+    footprint_bytes: int
+    min_replicas: int  # already resolved (0 for on-demand; len(members) pinned)
+    demand_rps: float  # smoothed
+    last_used: float | None  # clock seconds, None: never
+
+
+@dataclass(frozen=True)
+class MemberView:
+    key: str
+    budget_bytes: int  # headroom already taken off
+    available: bool  # healthy and routable
+    held: Mapping[str, float]  # model -> when its load started (resident or loading)
+    failed: Mapping[str, float] = field(default_factory=dict)  # model -> when a load failed
+    draining: frozenset[str] = frozenset()  # being evicted: still counted in use
+
+
+@dataclass(frozen=True)
+class ResidencyView:
+    now: float
+    models: tuple[ModelView, ...]
+    members: tuple[MemberView, ...]
+
+
+@dataclass(frozen=True)
+class Move:
+    model: str
+    member: str
+    reason: str  # loads: LOAD_REASONS; evictions: EVICTION_REASONS
+
+
+@dataclass(frozen=True)
+class Plan:
+    loads: tuple[Move, ...]
+    evictions: tuple[Move, ...]
+    replicas: Mapping[str, int]  # wanted members per model
+
+
+def smoothed_rate(previous_rps: float, previous_at: float, count: float, now: float,
+                  half_life_s: float) -> float:
+    """Requests per second, exponentially weighted: ``count`` requests arrived between
+    ``previous_at`` (when the rate was ``previous_rps``) and ``now``. The old rate keeps
+    ``0.5 ** (elapsed / half_life_s)`` of its weight, the rate of the interval the rest,
+    so reading more often or less often gives the same rate for the same steady traffic.
+    No time elapsed: the previous rate; ``half_life_s`` <= 0: the interval's rate."""
+    elapsed = now - previous_at
+    if elapsed <= 0:
+        return previous_rps
+    rate = count / elapsed
+    if half_life_s <= 0:
+        return rate
+    keep = 0.5 ** (elapsed / half_life_s)
+    return previous_rps * keep + rate * (1.0 - keep)
+
+
+def wanted_replicas(model: ModelView, members: int, knobs: ResidencyKnobs,
+                    now: float | None = None) -> int:
+    """How many of ``members`` (the available ones) should hold ``model`` (module
+    docstring); ``now`` given, a use within ``min_resident_s`` wants one too."""
+    demanded = 0
+    if model.demand_rps > 0:
+        demanded = max(1, math.ceil(model.demand_rps / knobs.rps_per_replica - 1e-9))
+    elif (now is not None and model.last_used is not None
+          and now - model.last_used <= knobs.min_resident_s):
+        demanded = 1
+    return max(0, min(members, max(model.min_replicas, demanded)))
+
+
+def used_bytes(view: ResidencyView, member_key: str) -> int:
+    """The bytes a member's models take: held and draining ones (a model the view does
+    not describe counts 0). KeyError for a member not in the view."""
+    member = next((m for m in view.members if m.key == member_key), None)
+    if member is None:
+        raise KeyError(member_key)
+    return _used(member, {m.name: m.footprint_bytes for m in view.models})
+
+
+def _used(member: MemberView, footprints: Mapping[str, int]) -> int:
+    return sum(footprints.get(name, 0) for name in set(member.held) | member.draining)
+
+
+_Eligible = Callable[[str], bool]
+
+
+class _Board:
+    """The available members as the plan leaves them, updated move by move."""
+
+    def __init__(self, view: ResidencyView, knobs: ResidencyKnobs) -> None:
+        self.now, self.knobs = view.now, knobs
+        self.models = {m.name: m for m in view.models}
+        footprints = {m.name: m.footprint_bytes for m in view.models}
+        self.members = {m.key: m for m in sorted(view.members, key=lambda m: m.key)
+                        if m.available}
+        self.holds = {k: {n for n in m.held if n not in m.draining}
+                      for k, m in self.members.items()}
+        self.used = {k: _used(m, footprints) for k, m in self.members.items()}
+        self.count: Counter[str] = Counter(n for names in self.holds.values() for n in names)
+        self.wanted = {name: wanted_replicas(m, len(self.members), knobs, view.now)
+                       for name, m in sorted(self.models.items())}
+        # (model, member) loaded by this plan, or kept where it took an eviction back: not
+        # evicted by it
+        self.planned: set[tuple[str, str]] = set()
+        self.evicted: set[tuple[str, str]] = set()  # evicted by this plan: not loaded there
+        self.loads: list[Move] = []
+        self.evictions: list[Move] = []
+
+    def footprint(self, name: str) -> int:
+        model = self.models.get(name)
+        return model.footprint_bytes if model is not None else 0
+
+    def free(self, key: str) -> int:
+        return self.members[key].budget_bytes - self.used[key]
+
+    def beyond_wanted(self, name: str) -> bool:
+        return self.count[name] > self.wanted.get(name, 0)
+
+    def coldness(self, name: str) -> tuple[int, float, float, str]:
+        model = self.models.get(name)
+        if model is None:
+            return (0, 0.0, -math.inf, name)
+        last = model.last_used if model.last_used is not None else -math.inf
+        return (0 if self.beyond_wanted(name) else 1, model.demand_rps, last, name)
+
+    def evictable(self, key: str, name: str) -> bool:
+        model = self.models.get(name)
+        return (name in self.holds[key] and (name, key) not in self.planned
+                and self.now - self.members[key].held[name] >= self.knobs.min_resident_s
+                and (model is None or self.count[name] - 1 >= model.min_replicas))
+
+    def evict(self, key: str, name: str, reason: str) -> None:
+        self.holds[key].discard(name)
+        self.used[key] -= self.footprint(name)
+        self.count[name] -= 1
+        self.evicted.add((name, key))
+        self.evictions.append(Move(name, key, reason))
+
+    def keep(self, key: str, name: str) -> None:
+        """Take back this plan's eviction of a replica (and evict it no more)."""
+        self.evictions = [mv for mv in self.evictions if (mv.model, mv.member) != (name, key)]
+        self.evicted.discard((name, key))
+        self.holds[key].add(name)
+        self.used[key] += self.footprint(name)
+        self.count[name] += 1
+        self.planned.add((name, key))
+
+    def load(self, key: str, name: str, reason: str) -> None:
+        self.holds[key].add(name)
+        self.used[key] += self.footprint(name)
+        self.count[name] += 1
+        self.planned.add((name, key))
+        self.loads.append(Move(name, key, reason))
+
+    def candidates(self, name: str) -> list[str]:
+        """Members that could take the model, most free room first."""
+        size = self.footprint(name)
+        out = []
+        for key, member in self.members.items():
+            failed = member.failed.get(name)
+            if (name in self.holds[key] or name in member.draining
+                    or (name, key) in self.evicted
+                    or size > member.budget_bytes
+                    or (failed is not None
+                        and self.now - failed < self.knobs.failed_retry_s)):
+                continue
+            out.append(key)
+        return sorted(out, key=lambda k: (-self.free(k), k))
+
+    def room(self, key: str, missing: int, eligible: _Eligible) -> list[str] | None:
+        """The coldest eligible models of a member that free ``missing`` bytes, no more
+        of them than needed ([] when nothing is missing); None: they cannot."""
+        if missing <= 0:
+            return []
+        victims = sorted((n for n in self.holds[key] if self.evictable(key, n) and eligible(n)),
+                         key=self.coldness)
+        chosen, freed = [], 0
+        for name in victims:
+            if freed >= missing:
+                break
+            chosen.append(name)
+            freed += self.footprint(name)
+        if freed < missing:
+            return None
+        for name in reversed(chosen[:-1]):  # the last one was needed; drop any other spare
+            if freed - self.footprint(name) >= missing:
+                chosen.remove(name)
+                freed -= self.footprint(name)
+        return chosen
+
+    def place(self, name: str, reason: str, eligible: _Eligible) -> str | None:
+        """Load one replica (evicting for room as needed); the member, None: nowhere. A
+        replica this plan evicted stays instead where it can (room made again there):
+        an eviction taken back costs nothing, a load elsewhere a load."""
+        taken = sorted((k for n, k in self.evicted if n == name),
+                       key=lambda k: (-self.free(k), k))
+        for key in [*taken, *self.candidates(name)]:
+            victims = self.room(key, self.footprint(name) - self.free(key), eligible)
+            if victims is not None:
+                for victim in victims:
+                    self.evict(key, victim, "room")
+                if key in taken:
+                    self.keep(key, name)
+                else:
+                    self.load(key, name, reason)
+                return key
+        return None
+
+    def evict_surplus(self) -> bool:
+        evicted = len(self.evictions)
+        for name in sorted(self.count):
+            model = self.models.get(name)
+            while self.count[name] > max(1, self.wanted.get(name, 0)) or (
+                    model is None and self.count[name] > 0):
+                left = self.count[name] - 1
+                if model is not None and model.demand_rps >= (
+                        HYSTERESIS * left * self.knobs.rps_per_replica):
+                    break
+                keys = [k for k in self.members if self.evictable(k, name)]
+                if not keys:
+                    break
+                self.evict(min(keys, key=lambda k: (self.free(k), k)), name, "surplus")
+        return len(self.evictions) > evicted
+
+    def evict_over_budget(self) -> None:
+        for key in self.members:
+            victims = self.room(key, -self.free(key), lambda _: True)
+            for victim in victims or ():
+                self.evict(key, victim, "room")
+            if victims is None:  # what can go goes: the least over budget it can be
+                while self.free(key) < 0:
+                    left = [n for n in self.holds[key] if self.evictable(key, n)]
+                    if not left:
+                        break
+                    self.evict(key, min(left, key=self.coldness), "room")
+
+
+def _eligible(board: _Board, placed: ModelView, tier: str) -> _Eligible:
+    """Who may be evicted to make room for a replica of ``placed`` of ``tier``."""
+    if tier == "pinned":
+        return lambda _: True
+
+    def colder(name: str) -> bool:
+        victim = board.models.get(name)
+        if board.beyond_wanted(name) or victim is None:
+            return True
+        if tier == "further" and board.count[name] <= 1:
+            return False  # more copies of one model never cost another its last
+        last = victim.last_used if victim.last_used is not None else -math.inf
+        placed_last = placed.last_used if placed.last_used is not None else -math.inf
+        return (victim.demand_rps <= HYSTERESIS * placed.demand_rps
+                and (victim.demand_rps, last) < (placed.demand_rps, placed_last))
+
+    return colder
+
+
+def _wants(board: _Board) -> Iterable[tuple[str, int, str]]:
+    """(model, k, tier) for every replica wanted, most needed first: pinned replicas,
+    first replicas by demand, further replicas by the demand left unserved."""
+    rps = board.knobs.rps_per_replica
+    order = []
+    for name, wanted in board.wanted.items():
+        model = board.models[name]
+        for k in range(1, wanted + 1):
+            if k <= model.min_replicas:
+                order.append(((0, k, -model.demand_rps, name), name, k, "pinned"))
+            elif k == 1:
+                order.append(((1, 0, -model.demand_rps, name), name, k, "first"))
+            else:
+                order.append(((2, 0, -(model.demand_rps - (k - 1) * rps), name), name, k,
+                              "further"))
+    return ((name, k, tier) for _, name, k, tier in sorted(order))
+
+
+def _place_all(board: _Board, wants: list[tuple[str, int, str]], starting: bool) -> None:
+    """Passes over the wanted replicas until one places nothing: a load can make room for
+    a replica an earlier one found none for (a model past its min_replicas, room left
+    over). It ends: what a plan loads it never evicts, nor loads twice."""
+    placed = True
+    while placed:
+        placed = False
+        for name, k, tier in wants:
+            if board.count[name] < k:
+                reason = "pinned" if tier == "pinned" else "preload" if starting else "demand"
+                eligible = _eligible(board, board.models[name], tier)
+                placed = board.place(name, reason, eligible) is not None or placed
+
+
+def plan(view: ResidencyView, knobs: ResidencyKnobs) -> Plan:
+    """What to evict and load now (module docstring); the evictions are carried out (their
+    room freed) before the loads that need it."""
+    board = _Board(view, knobs)
+    starting = not any(m.held or m.draining for m in board.members.values())
+    wants = list(_wants(board))
+    board.evict_over_budget()
+    _place_all(board, wants, starting)
+    # surplus after the loads: a load that needed room took it from a surplus first (as
+    # "room"); what room the surplus frees, replicas still missing may take
+    if board.evict_surplus():
+        _place_all(board, wants, starting)
+    return Plan(tuple(board.loads), tuple(board.evictions), dict(board.wanted))
+
+
+def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs
+               ) -> tuple[str, tuple[Move, ...]] | None:
+    """Where a missed model loads now: the member with the most free room that can take
+    it (as :func:`plan` chooses), with the evictions (``room``) that make the room there,
+    the coldest evictable models first. A member already holding (or loading) it: that
+    one, nothing evicted. None: no member can take it now (every candidate's room is held
+    by models within ``min_resident_s`` of their load or at their ``min_replicas``, its
+    last load failed on every one that could, or it fits no budget)."""
+    board = _Board(view, knobs)
+    if model not in board.models:
+        return None
+    holding = [k for k, names in board.holds.items() if model in names]
+    if holding:
+        return min(holding, key=lambda k: (board.members[k].held[model], k)), ()
+    for key in board.candidates(model):
+        victims = board.room(key, board.footprint(model) - board.free(key), lambda _: True)
+        if victims is not None:
+            return key, tuple(Move(v, key, "room") for v in victims)
+    return None
+
+
+__all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "MemberView", "ModelView", "Move",
+           "Plan", "ResidencyKnobs", "ResidencyView", "place_miss", "plan", "smoothed_rate",
+           "used_bytes", "wanted_replicas"]
