@@ -30,13 +30,14 @@ from gateway.haproxy.snapshot import (
     Snapshot,
     TenancyState,
     TenantState,
+    residency_suffix,
     server_name,
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.policy.access import configured_digest
 from gateway.policy.rate import configured_classes
 from gateway.policy.routing import RoutingPolicy, ranked_pools
-from gateway.pools import Pool
+from gateway.pools import Pool, PoolMember
 from gateway.state import GatewayState
 from gateway.telemetry import read_haproxy
 from gateway.upstream.triton_version import VersionWatch
@@ -122,11 +123,19 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
     service = tuple((name, us, state.drain_us(model, by_name[name], us))
                     for name, _ in chosen if name in by_name
                     and (us := state.service_us(model, by_name[name])) is not None)
+    holders = state.holders(model) if weigh else None
     return RouteState(model=model, pools=chosen, max_in_system=limits.in_system,
                       not_ready=state.not_ready_reason(model),
                       split=None if split is None else (split.stable, split.candidate,
                                                         split.percent),
-                      service=service)
+                      service=service,
+                      # every pool serving it, chosen or not: a pool leaving the split
+                      # keeps its model backends (a runtime change, not a reload)
+                      holders=None if holders is None else tuple(
+                          (pool.name, tuple(sorted(server_name(m.key) for m in pool.members
+                                                   if m.key in holders and m.healthy
+                                                   and not m.restoring)))
+                          for pool in pools))
 
 
 @dataclass
@@ -176,6 +185,7 @@ class HAProxyController:
                                                 tally=self.core.state.tally))
         self._receiver.start()
         self.core.state.follow(self.apply)
+        self.core.state.count_in_flight(self.model_in_flight)
         self.core.telemetry.add_source(self.observe)
         self.proxy.start(self.snapshot())
         loop.call_soon_threadsafe(self.started.set)
@@ -240,6 +250,13 @@ class HAProxyController:
                     if other is not t.priority:
                         with contextlib.suppress(KeyError):
                             metrics.tenant_in_flight.remove(t.name, other.value)
+
+    async def model_in_flight(self, model: str, member: PoolMember) -> int:
+        """Requests of ``model`` HAProxy has at ``member`` now (its residency backend's
+        count there: an eviction unloads once it is 0)."""
+        counts = read_haproxy(await self.api.aquery("show stat"), "", False)
+        return counts.at_model_server.get(
+            (member.pool, residency_suffix(model), server_name(member.key)), 0)
 
     async def in_flight(self) -> int:
         """Inference requests HAProxy holds now (at members or in its queues)."""
