@@ -52,10 +52,14 @@ class ModelControl:
     async def ask(self, model: str, call: Callable[[PoolMember], Awaitable[T]]) -> T:
         """A call about ``model`` (metadata, readiness, config, statistics) on one
         available member serving it, the least busy; on the next when that one cannot
-        be reached (no inference: neither admitted nor counted)."""
-        now = self.core.clock()
-        members = sorted((m for p in self.core.state.serving_pools(model) for m in p.members
-                          if m.available(now)), key=lambda m: m.in_flight + m.external_in_flight)
+        be reached (no inference: neither admitted nor counted). A model of a pool with
+        residency that no member holds is loaded first, as for a request that missed it
+        (a client asks for metadata right before it infers)."""
+        state = self.core.state
+        if state.managed(model):
+            await state.wait_resident(model, None)
+        members = sorted(state.members_of(model),
+                         key=lambda m: m.in_flight + m.external_in_flight)
         if not members:
             raise Unavailable(f"no healthy Triton member serves model '{model}'")
         tried = []

@@ -196,6 +196,10 @@ def test_a_failing_load_is_answered_clearly_and_disturbs_nothing(
         assert again.status_code == 200 and LOAD_WAIT not in again.headers
         unknown = infer(url, "no-such-model")
         assert unknown.status_code == 404, unknown.text
+        # a client asks for metadata before it infers: a model held nowhere loads for it
+        metadata = httpx.get(f"{url}/v2/models/m3", timeout=60)
+        assert metadata.status_code == 200 and metadata.json()["name"] == "m3"
+        assert residency(url)["models"]["m3"]["members"]
 
 
 def test_a_restarted_gateway_preloads_by_recorded_use(
