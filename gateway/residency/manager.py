@@ -201,7 +201,12 @@ class Residency:
         except GatewayError as exc:
             log.info("repository index of %s: %s", member.key, exc.message)
             return None
-        return {str(e.get("name")): str(e.get("state", "")) for e in answer if "name" in e}
+        states: dict[str, str] = {}
+        for entry in answer:  # an entry per version: READY if any version is
+            name = str(entry.get("name", ""))
+            if name and states.get(name) != READY:
+                states[name] = str(entry.get("state", ""))
+        return states
 
     def _publish(self, model: str) -> None:
         """The model's holders in the gateway's state: the members it is resident on."""
@@ -228,6 +233,13 @@ class Residency:
         """The plan's evictions at once, then its loads that the members' load slots allow
         (the rest at a later round, re-planned then)."""
         members = {m.key: m for m in pool.members}
+        # a model under rollout keeps the members it has: they load both its versions
+        # side by side, a replica added meanwhile would hold its serving version alone
+        plan = policy.Plan(
+            loads=tuple(m for m in plan.loads if self.state.split_of(m.model) is None),
+            evictions=tuple(m for m in plan.evictions
+                            if self.state.split_of(m.model) is None),
+            replicas=plan.replicas)
         for move in plan.evictions:
             member = members.get(move.member)
             holding = self.held.get(move.member, {}).get(move.model)
