@@ -235,8 +235,10 @@ class Residency:
         members = {m.key: m for m in pool.members}
         # a model under rollout keeps the members it has: they load both its versions
         # side by side, a replica added meanwhile would hold its serving version alone
-        plan = policy.Plan(
-            loads=tuple(m for m in plan.loads if self.state.split_of(m.model) is None),
+        kept = {m.member for m in plan.evictions if self.state.split_of(m.model) is not None}
+        plan = policy.Plan(  # (no load where an eviction it needed the room of is kept)
+            loads=tuple(m for m in plan.loads if self.state.split_of(m.model) is None
+                        and m.member not in kept),
             evictions=tuple(m for m in plan.evictions
                             if self.state.split_of(m.model) is None),
             replicas=plan.replicas)
