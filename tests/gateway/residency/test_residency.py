@@ -225,3 +225,33 @@ def test_a_restarted_gateway_preloads_by_recorded_use(
         assert never_asked["members"] == []  # no recorded use: not preloaded
         resp = infer(url, "m3")
         assert resp.status_code == 200 and LOAD_WAIT not in resp.headers  # preloaded: a hit
+
+
+def test_the_waiting_room_is_bounded_by_its_size_and_the_request_deadline(
+    repo: Path, members: list[TritonEndpoints], tmp_path: Path, data_plane: str
+) -> None:
+    unload_all(members)
+    path = config(tmp_path / "gw.yaml", members, waiting_room={"max_requests": 1})
+    with run_gateway(path, tmp_path, data_plane=data_plane) as gw:
+        url = f"http://{gw.http_url}"
+        late = httpx.post(f"{url}/v2/models/m2/infer", json=infer_body(),
+                          headers={"X-Request-Timeout-Ms": "50"}, timeout=60)
+        assert late.status_code == 503, late.text  # a load takes longer than 50 ms
+        assert "is being loaded" in late.json()["error"]
+        assert int(late.headers["retry-after"]) >= 1
+
+        answers: list[httpx.Response] = []
+
+        def ask() -> None:
+            answers.append(infer(url, "m4"))
+
+        threads = [threading.Thread(target=ask) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        codes = sorted(a.status_code for a in answers)
+        assert codes[0] == 200 and set(codes) <= {200, 503}, [a.text for a in answers]
+        full = [a for a in answers if a.status_code == 503]
+        assert full and all("waiting room" in a.json()["error"] for a in full)
+        assert all("retry-after" in a.headers for a in full)
