@@ -120,6 +120,28 @@ def test_figures_count_hits_misses_failures_and_their_latencies() -> None:
     assert series[0] == (25.0, 1.0) and series[2] == (125.0, 0.0)
 
 
+def test_ideal_hit_share_packs_the_most_requested_per_byte_into_the_budgets() -> None:
+    names = [f"m{i}" for i in range(4)]
+    even = dict.fromkeys(names, 10)
+    # room for everything: every request hits
+    assert br.ideal_hit_share(names, even, budget=20, seed=0) == pytest.approx(1.0)
+    # room for one model on each of two members: the two most popular, in both phases
+    w = br.zipf_weights(4)
+    assert br.ideal_hit_share(names, even, budget=10, seed=0) == pytest.approx(w[:2].sum())
+    assert br.ideal_hit_share(names, even, budget=10, seed=0, members=1) == pytest.approx(w[0])
+    # a model larger than any budget is never counted
+    huge = dict.fromkeys(names, 11)
+    assert br.ideal_hit_share(names, huge, budget=10, seed=0) == 0.0
+
+
+def test_parse_knob_reads_the_value_as_yaml() -> None:
+    assert br.parse_knob("min_resident_s=10") == ("min_resident_s", 10)
+    assert br.parse_knob("waiting_room={max_requests: 128}") == (
+        "waiting_room", {"max_requests": 128})
+    with pytest.raises(Exception, match="NAME=VALUE"):
+        br.parse_knob("min_resident_s")
+
+
 # -- budgets and members --------------------------------------------------------------
 
 def test_quarter_budget_and_first_fit_take_the_catalogue_in_order() -> None:
@@ -167,6 +189,7 @@ def test_mlp_onnx_writes_the_weights_it_reports_and_seeds_differ(tmp_path: Path)
 def row(arm: str, **figures: object) -> dict[str, object]:
     base: dict[str, object] = {
         "arm": arm, "models": 40, "loaded_at_start": 0, "requests": 1000, "offered_rps": 40.0,
+        "phase_s": 100.0, "ideal_hit_share": 0.87,
         "hit_share": 0.9, "steady_hit_share": 0.96, "hits_p50_ms": 3.0, "hits_p99_ms": 10.0,
         "misses": 50, "misses_p50_ms": 900.0, "misses_p99_ms": 2500.0,
         "throughput_rps": 40.0, "failed": 0, "failed_by_status": {}, "loads_per_min": 6.0,
@@ -186,7 +209,10 @@ def test_goals_are_met_or_missed_by_their_figures() -> None:
     assert all(verdicts.values()), verdicts
     worse = [rows[0], row("residency", steady_hit_share=0.94, hits_p99_ms=11.0, failed=2,
                           max_stubs_uss=500_000_001, recovery_s=None)]
-    assert [met for _, met, _ in br.goals(worse)] == [False, False, False, False, None]
+    assert [met for _, met, _ in br.goals(worse)] == [False] * 5
+    assert br.goals(worse)[-1][2] == "never in the 100 s after it"
+    alone = {goal: (met, text) for goal, met, text in br.goals([rows[1]])}
+    assert alone["hits' p99 within 1.1x of all-resident"] == (None, "n/a (no all-resident arm)")
     assert br.goals([rows[0]]) == []  # no residency arm, no goals
 
 
@@ -201,6 +227,7 @@ def test_markdown_puts_the_arms_side_by_side_with_each_goal_judged() -> None:
     assert "- MISSED: 0 failed requests: 3" in text
     assert "- MET: hits' p99 within 1.1x of all-resident: 1.00x" in text
     assert "budget 500 MB per member" in text
+    assert "would take 87.0 % of the requests" in text
 
 
 def test_plot_writes_one_png(tmp_path: Path) -> None:
