@@ -5,6 +5,7 @@
     infergate models job JOB_ID                               # follow (or re-attach to) a job
     infergate models list | show NAME | rollback NAME [--version V] | delete NAME VERSION
     infergate models rollout status|pause|resume|abort NAME   # a progressive rollout
+    infergate models status [NAME]                            # where models live (residency)
     infergate models hash-token                               # sha256 for a tokens file
 
 The gateway is ``--url`` (``$INFERGATE_URL``, default http://127.0.0.1:8000); the token
@@ -238,6 +239,106 @@ def rollout(action: RolloutCommand, name: str, url: Url = "http://127.0.0.1:8000
                       window(d.get("candidate")), window(d.get("stable")),
                       "-" if agreement is None else f"{agreement:.3f}", d["reason"][:80])
     console.print(table)
+
+
+STATE_STYLES = {"resident": "green", "loading": "yellow", "evicting": "magenta",
+                "failed": "red"}
+
+
+def size_text(n: int | None) -> str:
+    """Bytes in the largest binary unit that keeps the figure at least 1."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def ago_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def holdings(report: dict[str, Any], model: str) -> list[dict[str, Any]]:
+    """The members of the model's pool that hold it in any state: key, state, for_s,
+    reason (from the report's pools)."""
+    return [{"member": member["key"], **held}
+            for pool in report.get("pools", []) for member in pool.get("members", [])
+            for held in member.get("models", []) if held.get("model") == model]
+
+
+def _where(held: list[dict[str, Any]]) -> str:
+    if not held:
+        return "[dim]nowhere (loads on a miss)[/]"
+    parts = []
+    for h in held:
+        style = STATE_STYLES.get(h["state"], "white")
+        reason = f" ({h['reason']})" if h.get("reason") else ""
+        parts.append(f"{h['member']} [{style}]{h['state']}[/] {h.get('for_s', 0):.0f} s{reason}")
+    return "\n".join(parts)
+
+
+@app.command()
+def status(name: Annotated[str | None, typer.Argument(
+               help="One model (default: every model of the pools with residency).",
+               show_default=False)] = None,
+           url: Url = "http://127.0.0.1:8000", token: Token = None,
+           as_json: AsJson = False) -> None:
+    """Where models live in pools with residency: the members holding each (resident,
+    loading, evicting, failed; for how long, why), its footprint and where that figure
+    comes from, its demand, last use and requests waiting for it; and each member's
+    memory against its budget."""
+    with _client(url, token) as client:
+        entry = client.residency(name) if name is not None else None
+        if as_json and entry is not None:
+            console.print_json(data=entry)
+            return
+        report = client.residency()
+    if as_json:
+        console.print_json(data=report)
+        return
+    if not report.get("enabled", True):
+        console.print("no pool of this gateway has residency (memory_budget_bytes): every "
+                      "model is loaded on every member of its pools")
+        return
+    models = report.get("models", {})
+    names = [name] if name is not None else sorted(models)
+    table = Table("model", "pool", "where (member, state, for, why)", "footprint", "demand",
+                  "last used", "waiting", title="models", title_justify="left")
+    for model in names:
+        m = entry if model == name and entry is not None else models[model]
+        pinned = "pinned" if not m.get("on_demand") else f"min {m.get('min_replicas', 0)}"
+        table.add_row(f"{model}\n[dim]{pinned}[/]", m.get("pool", "-"),
+                      _where(holdings(report, model)),
+                      f"{size_text(m.get('footprint_bytes'))}\n"
+                      f"[dim]{m.get('footprint_source') or '-'}[/]",
+                      f"{m.get('demand_rps', 0.0):.2f} req/s",
+                      ago_text(m.get("last_used_s_ago")), str(m.get("waiting", 0)))
+    console.print(table)
+    shown = {models[n]["pool"] for n in names if n in models} if name else None
+    members = Table("pool", "member", "used", "usable", "budget", "models",
+                    title="members' memory", title_justify="left")
+    for pool in report.get("pools", []):
+        if shown is not None and pool["name"] not in shown:
+            continue
+        for member in pool.get("members", []):
+            usable = member.get("usable_bytes", member.get("budget_bytes"))
+            share = member["used_bytes"] / usable if usable else 0.0
+            style = "red" if share > 1 else "yellow" if share > 0.9 else "green"
+            down = "" if member.get("available", True) else " [red](unavailable)[/]"
+            members.add_row(pool["name"], member["key"] + down,
+                            f"[{style}]{size_text(member['used_bytes'])} ({share:.0%})[/]",
+                            size_text(usable), size_text(member.get("budget_bytes")),
+                            str(len(member.get("models", []))))
+    console.print(members)
 
 
 @app.command()

@@ -129,7 +129,7 @@ async def serve(
     history = TrafficHistory(core.metrics.registry)
     console = Console(core, auth, history, Sessions(), warmup.lifecycle,
                       SchedulerPlans(settings.scheduler_url, admin_client)
-                      if settings.scheduler_url else None)
+                      if settings.scheduler_url else None, warmup.residency)
     control_app = create_control_app(core, control, upstream_http, auth, warmup.lifecycle,
                                      routers=(feed_router(feed, auth),
                                               create_console_router(console)),

@@ -170,6 +170,8 @@ def _outcomes(
                 )
             elif not option.meets_target:
                 reasons.append(diagnose.under_target_reason(pool, option, sizing.target_rps))
+            if pool.working_set is not None:
+                reasons.append(diagnose.working_set_reason(pool, option))
             out.append(
                 PoolOutcome(
                     **common,

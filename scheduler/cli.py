@@ -67,8 +67,52 @@ def _options(
     )
 
 
-def _make_record(fleet: Path, pools: Path, options: PlannerOptions) -> PlanRecord:
-    request = load_request(fleet, pools, options)
+Residency = Annotated[
+    str | None,
+    typer.Option(
+        help="The gateway's GET /v1/residency answer (a JSON file, or the gateway's URL "
+        "with --token): pools with a working_set take their models' footprints and "
+        "demand from it and are sized from what stays resident, not from every model."
+    ),
+]
+GatewayToken = Annotated[
+    str | None,
+    typer.Option("--token", envvar="INFERGATE_TOKEN", help="Token for --residency URL.",
+                 show_default=False),
+]
+
+
+def read_residency(source: str | None, token: str | None = None) -> dict[str, Any] | None:
+    """A residency report from a file, or from ``GET {url}/v1/residency``."""
+    if source is None:
+        return None
+    if source.startswith(("http://", "https://")):
+        import httpx
+
+        url = source.rstrip("/")
+        url = url if url.endswith("/v1/residency") else f"{url}/v1/residency"
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        try:
+            answer = httpx.get(url, headers=headers, timeout=30.0, trust_env=False)
+        except httpx.HTTPError as exc:
+            raise typer.BadParameter(f"{url}: {type(exc).__name__}: {exc}") from None
+        if answer.status_code != 200:
+            raise typer.BadParameter(f"{url} answered {answer.status_code}: {answer.text[:200]}")
+        report = answer.json()
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise typer.BadParameter(f"no file {source}")
+        report = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(report, dict) or not isinstance(report.get("models"), dict):
+        raise typer.BadParameter(f"{source} is not a residency report (pools, models)")
+    return report
+
+
+def _make_record(
+    fleet: Path, pools: Path, options: PlannerOptions, residency: dict[str, Any] | None = None
+) -> PlanRecord:
+    request = load_request(fleet, pools, options, residency)
     plan = plan_placement(request, rng=random.Random(options.seed))
     return PlanRecord(request=request, plan=plan)
 
@@ -109,10 +153,15 @@ def plan_command(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     used_only: Annotated[bool, typer.Option(help="Show only GPUs that hold pools.")] = False,
+    residency: Residency = None,
+    token: GatewayToken = None,
 ) -> None:
     """Plan MIG layouts and pool placement, print the picture, optionally write outputs."""
+    report = read_residency(residency, token)
     try:
-        record = _make_record(fleet, pools, _options(solver, objective, time_limit, seed, headroom))
+        record = _make_record(
+            fleet, pools, _options(solver, objective, time_limit, seed, headroom), report
+        )
         if manifests is not None:
             write_directory(record, manifests)
     except SchedulerError as e:
@@ -154,6 +203,8 @@ def apply_command(
     objective: Objective = "auto",
     time_limit: Annotated[float, typer.Option()] = 10.0,
     seed: Annotated[int, typer.Option()] = 0,
+    residency: Residency = None,
+    token: GatewayToken = None,
 ) -> None:
     """Apply a plan (--plan, or made from --fleet/--pools) to a cluster or a folder.
 
@@ -166,7 +217,7 @@ def apply_command(
             record = PlanRecord.model_validate_json(plan.read_text(encoding="utf-8"))
         elif fleet is not None and pools is not None:
             options = _options(solver, objective, time_limit, seed, 1.0)
-            record = _make_record(fleet, pools, options)
+            record = _make_record(fleet, pools, options, read_residency(residency, token))
         else:
             raise typer.BadParameter("give --plan, or both --fleet and --pools")
         if kubeconfig is not None:

@@ -11,6 +11,7 @@ from scheduler.profiles import GPU_TYPES, WHOLE_DEVICE
 from scheduler.request import PlanningRequest
 from scheduler.sizing import PoolSizing, SizingOption
 from scheduler.snapshot import Demand, Snapshot, node_admits
+from scheduler.working_set import all_models_gib, resident_models
 
 
 def profile_label(option: SizingOption) -> str:
@@ -83,3 +84,15 @@ def under_target_reason(pool: PoolSpec, option: SizingOption, target: float) -> 
         f"target {target:.0f} req/s exceeds max_replicas {pool.max_replicas} x "
         f"{option.replica_rps:.0f} req/s on {profile_label(option)}"
     )
+
+
+def working_set_reason(pool: PoolSpec, option: SizingOption) -> str:
+    """How a pool with a working set was sized: what a replica holds against the sum."""
+    assert pool.working_set is not None
+    models = pool.working_set.models
+    held = resident_models(pool.working_set, option.replicas)
+    return (f"sized from its working set: {option.memory_gib:.1f} GiB a replica "
+            f"({held} of {len(models)} models resident at the measured demand over "
+            f"{option.replicas} replica{'s' if option.replicas != 1 else ''}); every "
+            f"model resident would need "
+            f"{all_models_gib(pool.working_set):.1f} GiB")

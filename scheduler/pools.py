@@ -1,4 +1,5 @@
-"""Pools as validated input: one Triton model served by N identical replicas.
+"""Pools as validated input: one Triton model served by N identical replicas (or, with
+``working_set``, many models that the gateway's residency places by demand).
 
 A pool states what it needs (memory, target load, latency SLO, replica bounds, priority,
 placement constraints) and what one replica can serve on each profile it may run on.
@@ -15,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from scheduler.inventory import Frozen, Toleration
 from scheduler.profiles import gpu_type
+from scheduler.working_set import WorkingSet, floor_gib, working_set_gib
 
 _POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _PRIORITY_CLASS = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -104,7 +106,9 @@ class PoolConstraints(Frozen):
 class PoolSpec(Frozen):
     name: str
     model: str = Field(min_length=1)
-    memory_gib: float = Field(gt=0, description="Memory one replica needs on the device.")
+    memory_gib: float | None = Field(
+        default=None, gt=0, description="Memory one replica needs on the device (every "
+        "model it serves loaded). Omit it with working_set.")
     target_rps: float = Field(ge=0)
     slo_ms: float = Field(default=100.0, gt=0, description="Latency SLO (p99) in ms.")
     min_replicas: int = Field(default=1, ge=0)
@@ -113,6 +117,9 @@ class PoolSpec(Frozen):
     priority_class: str | None = None
     constraints: PoolConstraints = PoolConstraints()
     capacity: tuple[CapacityEntry, ...] = Field(min_length=1)
+    working_set: WorkingSet | None = Field(
+        default=None, description="Many models under the gateway's residency: a replica "
+        "needs the memory of what it holds at the measured demand (scheduler.working_set).")
 
     @field_validator("name")
     @classmethod
@@ -136,6 +143,29 @@ class PoolSpec(Frozen):
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
         return self
+
+    @model_validator(mode="after")
+    def _memory(self) -> PoolSpec:
+        if (self.memory_gib is None) == (self.working_set is None):
+            raise ValueError("give exactly one of memory_gib (every model on every replica) "
+                             "or working_set (models resident by demand)")
+        return self
+
+    def memory_need_gib(self, replicas: int) -> float:
+        """Memory one of ``replicas`` replicas needs: ``memory_gib``, or the largest
+        working set a replica holds when the pool has that many."""
+        if self.memory_gib is not None:
+            return self.memory_gib
+        assert self.working_set is not None
+        return working_set_gib(self.working_set, replicas)
+
+    def memory_floor_gib(self) -> float:
+        """Memory any replica needs, whatever the replica count: ``memory_gib``, or what a
+        working set cannot do without (:func:`scheduler.working_set.floor_gib`)."""
+        if self.memory_gib is not None:
+            return self.memory_gib
+        assert self.working_set is not None
+        return floor_gib(self.working_set)
 
     @property
     def priority_class_name(self) -> str:

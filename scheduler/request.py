@@ -15,6 +15,7 @@ from scheduler.errors import InputProblem, InvalidPlanningInput
 from scheduler.inventory import Fleet, Frozen, GpuSpec
 from scheduler.pools import PoolSpec
 from scheduler.profiles import GPU_TYPES, PROFILES, gpu_type
+from scheduler.working_set import with_report
 
 Loc = tuple[str | int, ...]
 
@@ -175,15 +176,23 @@ def read_document(path: Path) -> Any:
 
 
 def load_request(
-    fleet_path: Path, pools_path: Path, options: PlannerOptions | None = None
+    fleet_path: Path,
+    pools_path: Path,
+    options: PlannerOptions | None = None,
+    residency: Mapping[str, Any] | None = None,
 ) -> PlanningRequest:
-    """Read ``fleet.yaml`` (``nodes: [...]``) and ``pools.yaml`` (``pools: [...]``)."""
+    """Read ``fleet.yaml`` (``nodes: [...]``) and ``pools.yaml`` (``pools: [...]``).
+
+    ``residency``: the gateway's ``GET /v1/residency`` answer; each pool with a
+    ``working_set`` takes its models (footprints, demand) from it."""
     fleet = read_document(fleet_path)
     pools = read_document(pools_path)
     if isinstance(fleet, dict) and "fleet" in fleet:
         fleet = fleet["fleet"]
     if isinstance(pools, dict):
         pools = pools.get("pools", [])
+    if residency is not None and isinstance(pools, list):
+        pools = with_report(pools, residency)
     data: dict[str, Any] = {"fleet": fleet, "pools": pools}
     if options is not None:
         data["options"] = options.model_dump()

@@ -7,6 +7,13 @@ slices used (a whole non-MIG device counts as 8), then compute slices, then repl
 option holds on every GPU type where that profile reaches the target with at most that
 many replicas, so the placer may use any of them. The lower-ranked options are kept: a
 pool that does not fit at its best size can fall back to them.
+
+A replica's memory need is the pool's ``memory_gib`` (every model it serves loaded), or,
+for a pool with a ``working_set`` (:mod:`scheduler.working_set`), the largest footprint
+sum a replica holds under the gateway's residency policy at the measured demand. That
+need shrinks as replicas are added (the models spread), so a profile too small at the
+replica count the target asks for may still serve the pool with a few more replicas:
+the fewest that fit it are taken, and the ranking by slices decides.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ class SizingOption:
     replica_rps: float
     """Per-replica capacity, the lowest over ``gpu_types`` (what is guaranteed)."""
     meets_target: bool
+    memory_gib: float = 0.0
+    """Memory one replica needs at this replica count (its working set, or memory_gib)."""
 
     @property
     def slices_per_replica(self) -> int:
@@ -89,6 +98,7 @@ class _Fit:
     replicas: int
     rps: float
     meets: bool
+    memory_gib: float
 
 
 def capacity_table(pool: PoolSpec, kinds: Iterable[GpuType]) -> dict[tuple[str, int], float]:
@@ -120,12 +130,30 @@ def _fits(pool: PoolSpec, kinds: Iterable[GpuType], target: float) -> list[_Fit]
     memory = {k.name: k for k in kinds}
     fits = []
     for (name, pid), rps in capacity_table(pool, kinds).items():
-        if rps <= 0 or memory[name].profile_memory_gib(pid) < pool.memory_gib:
+        if rps <= 0:
             continue
         needed = max(pool.min_replicas, math.ceil(target / rps - 1e-9))
         meets = needed <= pool.max_replicas
-        fits.append(_Fit(name, pid, min(needed, pool.max_replicas), rps, meets))
+        replicas = _replicas_in(pool, memory[name].profile_memory_gib(pid),
+                                min(needed, pool.max_replicas))
+        if replicas is None:
+            continue
+        fits.append(_Fit(name, pid, replicas, rps, meets,
+                         pool.memory_need_gib(max(replicas, 1))))
     return fits
+
+
+def _replicas_in(pool: PoolSpec, memory_gib: float, needed: int) -> int | None:
+    """The fewest replicas, at least ``needed``, whose need fits ``memory_gib`` (None:
+    none up to max_replicas). With memory_gib the need does not depend on the count."""
+    if pool.working_set is None:
+        return needed if pool.memory_need_gib(needed) <= memory_gib else None
+    if pool.memory_floor_gib() > memory_gib:
+        return None
+    for replicas in range(needed, max(needed, pool.max_replicas) + 1):
+        if pool.memory_need_gib(max(replicas, 1)) <= memory_gib:
+            return replicas
+    return None
 
 
 def _options(fits: list[_Fit]) -> list[SizingOption]:
@@ -146,6 +174,7 @@ def _options(fits: list[_Fit]) -> list[SizingOption]:
                 gpu_types=tuple(sorted({f.kind for f in same})),
                 replica_rps=min(f.rps for f in same),
                 meets_target=fit.meets,
+                memory_gib=fit.memory_gib,
             )
     return sorted(unique.values(), key=lambda o: (o.rank_key(), o.profile, o.gpu_types))
 
@@ -159,11 +188,12 @@ def _no_option_reason(pool: PoolSpec, kinds: list[GpuType]) -> str:
         for k in kinds
         for p in (k.profiles if k.mig_capable else [WHOLE_DEVICE])
     )
-    if biggest[0] < pool.memory_gib:
-        return (
-            f"needs {pool.memory_gib:g} GiB; the largest allowed device has "
-            f"{biggest[0]:g} GiB ({biggest[1]})"
-        )
+    least = max(pool.memory_need_gib(pool.max_replicas), pool.memory_floor_gib())
+    if biggest[0] < least:
+        said = (f"needs {least:g} GiB" if pool.working_set is None else
+                f"its working set needs {least:.1f} GiB a replica even at max_replicas "
+                f"{pool.max_replicas}")
+        return f"{said}; the largest allowed device has {biggest[0]:g} GiB ({biggest[1]})"
     return "no capacity entry covers a profile that is big enough on the fleet's GPU types"
 
 

@@ -94,8 +94,9 @@ def _pool_rules(pool: PoolSpec, node: NodeSpec, gpu: GpuPlan, profile: int) -> l
             t.tolerates(taint) for t in c.tolerations
         ):
             out.append(f"{where}: taint {taint.key} not tolerated")
-    if kind.profile_memory_gib(profile) < pool.memory_gib:
-        out.append(f"{where}: {kind.profile_memory_gib(profile)} GiB < {pool.memory_gib} GiB")
+    if kind.profile_memory_gib(profile) < pool.memory_floor_gib():
+        out.append(f"{where}: {kind.profile_memory_gib(profile)} GiB < "
+                   f"{pool.memory_floor_gib():g} GiB")
     if not replica_rps(pool, kind, profile):
         out.append(f"{where}: no capacity figure for profile {profile} on {kind.name}")
     return out

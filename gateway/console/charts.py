@@ -81,3 +81,39 @@ def _fmt(value: float) -> str:
     if value >= 10:
         return f"{value:.1f}"
     return f"{value:.2f}"
+
+
+def size_text(n: float) -> str:
+    """Bytes in the largest binary unit that keeps the figure at least 1."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def memory_bar(used: int, usable: int, budget: int, title: str, width: int = 200,
+               height: int = 14) -> str:
+    """A member's memory as one bar the width of its budget: the part in use (red once
+    past what is usable), the headroom at the right end (grey: kept free), and a mark
+    where usable ends; the figures written beside it."""
+    top = max(budget, usable, used, 1)
+    x_usable = width * usable / top
+    over = used > usable
+    fill = "#c62828" if over else "#2e7d32"
+    said = (f"{size_text(used)} used of {size_text(usable)} usable "
+            f"({used / usable:.0%})" if usable else f"{size_text(used)} used")
+    said += f", budget {size_text(budget)}"
+    label = f"{title}: {said}"
+    return (f'<span class="membar"><svg role="img" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" aria-label={quoteattr(label)}>'
+            f"<title>{escape(label)}</title>"
+            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#f1f3f5"/>'
+            f'<rect class="headroom" x="{x_usable:.1f}" y="0" '
+            f'width="{max(width - x_usable, 0):.1f}" height="{height}" fill="#cfd4d9"/>'
+            f'<rect class="used" x="0" y="0" width="{width * min(used, top) / top:.1f}" '
+            f'height="{height}" fill="{fill}"/>'
+            f'<line x1="{x_usable:.1f}" y1="0" x2="{x_usable:.1f}" y2="{height}" '
+            f'stroke="#333" stroke-width="1.5"/></svg>'
+            f'<span class="membar-value{" over" if over else ""}">{escape(said)}</span></span>')

@@ -7,7 +7,9 @@ state, behind the API's tokens and scopes.
 | ``/ui/models`` | upload | every model: versions, state, precision, accuracy, pools, traffic |
 | ``/ui/models/{name}`` | upload | versions, a report, rollout, jobs; admin: rollback, delete |
 | ``/ui/upload`` | upload | the upload form; ``/ui/jobs/{id}`` then follows the job live |
-| ``/ui/pools`` | upload | members with health, queue and saturation; the scheduler's MIG plan |
+| ``/ui/pools`` | upload | members with health, queue and saturation; with residency, the |
+| | | models each member holds (state, for how long, why) and its memory against its budget; |
+| | | the scheduler's MIG plan |
 
 Pages read the same objects the API reads (the lifecycle's catalog and job store, the
 gateway's state and telemetry, the traffic history) and act through the same calls
@@ -23,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request, Response
@@ -33,7 +35,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from gateway.auth import Scope, TokenTable
-from gateway.console.charts import BLUE, ORANGE, Series, sparkline
+from gateway.console.charts import BLUE, ORANGE, Series, memory_bar, size_text, sparkline
 from gateway.console.placement import PlacementUnavailable, SchedulerPlans
 from gateway.console.report import report_file, report_html
 from gateway.console.session import COOKIE, Session, Sessions, check_form, check_origin
@@ -70,6 +72,13 @@ EXAMPLE_SPEC = """{
 }"""
 
 
+class ResidencyReport(Protocol):
+    """What the pools page reads of the residency (:class:`gateway.residency.manager.
+    Residency`): the report ``GET /v1/residency`` serves."""
+
+    def report(self) -> dict[str, Any]: ...
+
+
 class SignInFirst(Exception):
     """No session: the page sends the browser to the sign-in page."""
 
@@ -84,6 +93,7 @@ class Console:
     sessions: Sessions
     lifecycle: ModelLifecycle | None = None
     plans: SchedulerPlans | None = None
+    residency: ResidencyReport | None = None  # pools with a memory budget per member
 
     async def model_names(self) -> list[str]:
         """Every model the lifecycle manages or finds in its repository (adopted then,
@@ -114,6 +124,8 @@ def _templates() -> Environment:
         if t else "–"
     env.filters["seconds"] = lambda s: "–" if s is None else f"{s:.1f} s"
     env.filters["url"] = lambda s: quote(str(s), safe="")
+    env.filters["bytes"] = lambda n: "–" if n is None else size_text(n)
+    env.filters["duration"] = lambda s: duration_text(s)  # defined below
     return env
 
 
@@ -332,7 +344,8 @@ def create_console_router(console: Console) -> APIRouter:
                 plan = await console.plans.latest()
             except PlacementUnavailable as exc:
                 problem = str(exc)
-        return page("pools.html", session, pools=pool_rows(console.core), plan=plan,
+        report = console.residency.report() if console.residency is not None else None
+        return page("pools.html", session, pools=pool_rows(console.core, report), plan=plan,
                     problem=problem, scheduler=console.plans.url if console.plans else None)
 
     @router.get("/placement/{plan_id}.svg")
@@ -412,9 +425,49 @@ def job_steps(job: JobRecord) -> list[dict[str, Any]]:
              "seconds": (s.finished_at or now) - s.started_at} for s in job.steps]
 
 
-def pool_rows(core: Core) -> list[dict[str, Any]]:
-    """Each pool with its members as the probes and the data plane see them now."""
+def duration_text(seconds: float | None) -> str:
+    """How long, in the largest unit that keeps it readable: 42 s, 3 min 5 s, 2 h 4 min."""
+    if seconds is None:
+        return "–"
+    whole = int(max(seconds, 0))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
+def residency_rows(report: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """pool -> what its members hold (``GET /v1/residency``'s pools): each member's models
+    (state, for how long, why, footprint) and its memory as a bar, used against usable
+    (the budget less the headroom) against the budget."""
+    if not report:
+        return {}
+    rows = {}
+    for pool in report.get("pools", []):
+        members = []
+        for member in pool.get("members", []):
+            budget = int(member.get("budget_bytes") or pool.get("budget_bytes") or 0)
+            usable = int(member.get("usable_bytes") or budget)
+            used = int(member.get("used_bytes") or 0)
+            members.append({
+                "key": member["key"], "available": member.get("available", True),
+                "used": used, "usable": usable, "budget": budget, "over": used > usable,
+                "bar": Markup(memory_bar(used, usable, budget, f"memory of {member['key']}")),
+                "models": sorted(member.get("models", []),
+                                 key=lambda m: (m.get("state") != "resident", m.get("model"))),
+            })
+        rows[pool["name"]] = {"budget": pool.get("budget_bytes"),
+                              "headroom": pool.get("headroom_bytes", 0), "members": members}
+    return rows
+
+
+def pool_rows(core: Core, residency: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each pool with its members as the probes and the data plane see them now; with
+    ``residency`` (the residency's report), what each member of a pool with a memory
+    budget holds."""
     rows, now = [], core.clock()
+    resident = residency_rows(residency)
     for pool in core.state.pools:
         members = [{"key": m.key, "healthy": m.healthy, "restoring": m.restoring,
                     "ejected": not m.available(now) and m.healthy and not m.restoring,
@@ -423,7 +476,7 @@ def pool_rows(core: Core) -> list[dict[str, Any]]:
         load = sum(m.in_flight + m.external_in_flight + m.upstream_queue for m in pool.members)
         rows.append({"name": pool.name, "capacity": pool.capacity, "load": load,
                      "saturation": load / pool.capacity if pool.capacity else 0.0,
-                     "members": members,
+                     "members": members, "residency": resident.get(pool.name),
                      "models": sorted(model for model, pools
                                       in core.state.assignments().items()
                                       if pool.name in pools)})

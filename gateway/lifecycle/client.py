@@ -1,5 +1,6 @@
 """A client of the gateway's lifecycle API (``/v1/models...``, ``/v1/jobs/{id}``, served by
-:mod:`gateway.control.lifecycle_http`): the one the ``infergate models`` CLI, the
+:mod:`gateway.control.lifecycle_http`; and ``/v1/residency``, where models live, served by
+:mod:`gateway.control.residency_http`): the one the ``infergate models`` CLI, the
 lifecycle tests and the benchmarks call.
 
     with LifecycleClient("http://127.0.0.1:8000", token) as client:
@@ -154,3 +155,14 @@ class LifecycleClient:
     def rollout_action(self, name: str, action: str) -> dict[str, Any]:
         """``pause``, ``resume`` or ``abort`` the model's rollout (admin scope)."""
         return self._call("POST", f"/v1/models/{name}/rollout/{action}")
+
+    # -- residency --------------------------------------------------------------------
+
+    def residency(self, model: str | None = None) -> dict[str, Any]:
+        """Where models live in pools with residency: ``GET /v1/residency`` (``enabled``,
+        ``pools`` with each member's models and memory, ``models``), or one model's entry
+        (``GET /v1/residency/{model}``: pool, footprint and its source, demand, members,
+        waiting requests)."""
+        if model is None:
+            return self._call("GET", "/v1/residency")
+        return self._call("GET", f"/v1/residency/{model}")

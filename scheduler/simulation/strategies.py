@@ -105,7 +105,7 @@ class WholeGpuPerPool:
         pending = 0
         for pool in sorted(self.pools, key=lambda p: (-p.priority, p.name)):
             mu = (replica_rps(pool, kind, 0) or 0.0) * WHOLE_GPU_SPEEDUP / SPEEDUP[0]
-            fits = kind.memory_gib >= pool.memory_gib
+            fits = kind.memory_gib >= pool.memory_need_gib(1)
             want = _wanted(pool, forecast[pool.name] * self.headroom, mu) if fits else 0
             got = min(want, free)
             free -= got
