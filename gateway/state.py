@@ -25,7 +25,7 @@ from gateway.config.tenancy import TenancySpec
 from gateway.errors import ModelNotFound, Unavailable
 from gateway.policy import admission, deadline
 from gateway.policy.model_name import UNKNOWN_MODEL
-from gateway.policy.rollout import Split
+from gateway.policy.rollout import Shadow, Split
 from gateway.policy.tenancy import Tenancy, TenantActivity, queued_elsewhere
 from gateway.pools import Pool, PoolMember, pools_for_model
 from gateway.telemetry import VersionTally
@@ -56,6 +56,7 @@ class GatewayState:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._tenancy: Tenancy | None = None
         self._splits: dict[str, Split] = {}
+        self._shadows: dict[str, Shadow] = {}
         # models of pools with residency: the member keys that hold each and may take its
         # requests (absent: none, a miss)
         self._holders: dict[str, frozenset[str]] = {}
@@ -242,6 +243,24 @@ class GatewayState:
             self._splits.pop(model, None)
         else:
             self._splits[model] = split
+        self._changed()
+
+    def shadow_of(self, model: str) -> Shadow | None:
+        """The model's shadow step while it runs (None: none)."""
+        return self._shadows.get(model)
+
+    @property
+    def shadows(self) -> Mapping[str, Shadow]:
+        return self._shadows
+
+    def set_shadow(self, model: str, shadow: Shadow | None) -> None:
+        """A share of ``model``'s unversioned requests mirrored to a candidate from now
+        on (the rollout's shadow step; None: none). The Python plane mirrors them, HAProxy
+        sends that share to it (map ``shadow``)."""
+        if shadow is None:
+            self._shadows.pop(model, None)
+        else:
+            self._shadows[model] = shadow
         self._changed()
 
     def set_tenancy(self, spec: TenancySpec | None) -> Tenancy | None:

@@ -1,8 +1,9 @@
 """Candidate versions of the tiny model (FP32 ``x``/``y`` of shape [batch, 16], opset 17)
 for the rollout tests and the rollout benchmark: a *good* one (``affine_onnx``: another
 slope), an *erroring* one (ONNX Runtime raises on some inputs), a *slow* one (same
-answers, much more compute) and a *differing* one (other weights, answers that disagree
-with ``2x + 1``)."""
+answers, much more compute), a *differing* one (other weights, answers that disagree
+with ``2x + 1``) and a *diverging* one (the same answers within the evaluation set's
+range, other ones beyond it)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,24 @@ def flipped_onnx(path: Path) -> Path:
     and its top-1 (argmin of x) differs from the tiny model's (argmax of x)."""
     nodes, inits = _affine(-2.0, "y")
     return _save(path, "flipped", nodes, inits)
+
+
+def diverging_onnx(path: Path, threshold: float = 0.8) -> Path:
+    """``y = 2x + 1`` where ``x[:, 0] <= threshold``, ``y = -2x + 1`` on rows beyond it:
+    agrees with the tiny model on an evaluation set within [0, threshold], not on live
+    inputs outside it (the shadow step's case)."""
+    nodes, inits = _affine(2.0, "affine")
+    nodes += [
+        helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["x0"]),  # [batch, 1]
+        helper.make_node("Greater", ["x0", "threshold"], ["beyond"]),
+        helper.make_node("Cast", ["beyond"], ["beyond_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "minus_four"], ["turn"]),  # -4x: 2x + 1 -> -2x + 1
+        helper.make_node("Mul", ["turn", "beyond_f"], ["delta"]),
+        helper.make_node("Add", ["affine", "delta"], ["y"]),
+    ]
+    inits += [
+        _const("starts", [0], TensorProto.INT64), _const("ends", [1], TensorProto.INT64),
+        _const("axes", [1], TensorProto.INT64), _const("threshold", [threshold]),
+        _const("minus_four", [-4.0]),
+    ]
+    return _save(path, "diverging", nodes, inits)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -193,3 +193,131 @@ def agreement_of(stable: Sequence[np.ndarray], candidate: Sequence[np.ndarray],
         cosines.append(1.0 if norm == 0 and not a64.any() and not b64.any()
                        else float(a64 @ b64) / norm if norm else 0.0)
     return float(np.mean(cosines))
+
+
+# -- the gate and the shadow step -------------------------------------------------------------
+def judge_side_by_side(spec: RolloutSpec, stable: Window, candidate: Window,
+                       agreement: float | None, *, min_requests: int, over: bool,
+                       final: bool) -> Decision | None:
+    """The verdict of the gate (the replayed samples, ``final``) or of the shadow step
+    (live requests, each answered by stable for the user and mirrored to the candidate):
+    both versions answered the same requests, so their windows compare pair for pair.
+
+    Judged once the candidate has ``min_requests`` answers (a rollback does not wait),
+    or at the end (``over``): the agreement against ``min_agreement``; the error rate
+    against stable's, ``max_error_rate_delta``; the median, then the p99 (over
+    :data:`P99_MIN_ANSWERS` answers each) against ``max_p99_ratio``, worse by more
+    than ``p99_tolerance_ms``. Too few answers at the end: hold, or, ``final``,
+    promote with the reason saying so (the steps judge it on their own windows)."""
+    figures: dict[str, Any] = {"candidate": candidate.figures(), "stable": stable.figures(),
+                               "agreement": agreement}
+    enough = candidate.requests >= max(1, min_requests)
+    if enough or (over and final and candidate.requests):
+        if agreement is not None and agreement < spec.min_agreement:
+            return Decision(Verdict.ROLLBACK, f"output agreement with stable {agreement:.3f} "
+                            f"is below {spec.min_agreement}", figures)
+        delta = candidate.error_rate - stable.error_rate
+        if delta > spec.max_error_rate_delta:
+            return Decision(Verdict.ROLLBACK, f"error rate {candidate.error_rate:.3f} against "
+                            f"stable's {stable.error_rate:.3f} on the same requests (more than "
+                            f"+{spec.max_error_rate_delta})", figures)
+        slower = _slower(spec, stable, candidate, figures)
+        if slower is not None:
+            return Decision(Verdict.ROLLBACK, slower, figures)
+    if not over:
+        return None
+    if candidate.requests < min_requests:
+        if not final:
+            return Decision(Verdict.HOLD, f"{candidate.requests} of {min_requests} candidate "
+                            "answers: the step goes on", figures)
+        return Decision(Verdict.PROMOTE, f"only {candidate.requests} of {min_requests} "
+                        "candidate answers, nothing condemns it: the steps judge it", figures)
+    return Decision(Verdict.PROMOTE, "error rate, latency and agreement within bounds",
+                    figures)
+
+
+def _slower(spec: RolloutSpec, stable: Window, candidate: Window,
+            figures: dict[str, Any]) -> str | None:
+    """Why the candidate is too slow on the same requests as stable, or None: its
+    median (or, with enough answers, its p99) more than ``max_p99_ratio`` times
+    stable's and worse by more than ``p99_tolerance_ms``."""
+    if stable.p50_s and candidate.p50_s is not None:
+        ratio = candidate.p50_s / stable.p50_s
+        figures["p50_ratio"] = round(ratio, 3)
+        if ratio > spec.max_p99_ratio and \
+                (candidate.p50_s - stable.p50_s) * 1e3 > spec.p99_tolerance_ms:
+            return (f"median {candidate.p50_s * 1e3:.1f} ms is {ratio:.2f}x stable's "
+                    f"{stable.p50_s * 1e3:.1f} ms on the same requests (more than "
+                    f"{spec.max_p99_ratio}x)")
+    if stable.p99_s and candidate.p99_s is not None and \
+            min(stable.answered, candidate.answered) >= P99_MIN_ANSWERS:
+        ratio = candidate.p99_s / stable.p99_s
+        figures["p99_ratio"] = round(ratio, 3)
+        if ratio > spec.max_p99_ratio and \
+                (candidate.p99_s - stable.p99_s) * 1e3 > spec.p99_tolerance_ms and \
+                _median_moved(spec, stable, candidate):
+            return (f"p99 {candidate.p99_s * 1e3:.1f} ms is {ratio:.2f}x stable's "
+                    f"{stable.p99_s * 1e3:.1f} ms on the same requests (more than "
+                    f"{spec.max_p99_ratio}x)")
+    return None
+
+
+MIRROR_MAX_IN_FLIGHT = 8
+
+
+@dataclass
+class ShadowTally:
+    """The shadow step's pairs: per mirrored request, stable's answer to the user (ok,
+    seconds) and the candidate's (ok, seconds), and their agreement when both answered;
+    mirrors skipped (the bound on what is in flight to the candidate was reached)."""
+
+    pairs: list[tuple[bool, float, bool, float, float | None]] = field(default_factory=list)
+    skipped: int = 0
+    in_flight: int = 0
+
+    def record(self, stable_ok: bool, stable_s: float, candidate_ok: bool,
+               candidate_s: float, agreement: float | None) -> None:
+        self.pairs.append((stable_ok, stable_s, candidate_ok, candidate_s, agreement))
+        if len(self.pairs) > 100_000:  # unread for long: keep the newest half
+            del self.pairs[: len(self.pairs) // 2]
+
+    def clear(self) -> None:
+        self.pairs.clear()
+        self.skipped = 0
+
+    def windows(self) -> tuple[Window, Window, float | None]:
+        """Stable's and the candidate's windows over the mirrored requests, and the
+        mean agreement of the pairs both answered (None: none yet)."""
+        pairs = list(self.pairs)
+        agreed = [a for *_, a in pairs if a is not None]
+        return (Window.of([(ok, s) for ok, s, *_ in pairs]),
+                Window.of([(ok, s) for _, _, ok, s, _ in pairs]),
+                float(np.mean(agreed)) if agreed else None)
+
+
+@dataclass(eq=False)
+class Shadow:
+    """A model's shadow step (:meth:`GatewayState.set_shadow`): ``percent`` of its
+    unversioned requests are answered by stable (the split stays at 0 %) and mirrored
+    to the candidate, at most ``max_in_flight`` mirrors at once; ``metric`` compares
+    the two answers as :func:`agreement_of` does."""
+
+    stable: int
+    candidate: int
+    percent: int
+    metric: Literal["top1", "cosine"] = "cosine"
+    max_in_flight: int = MIRROR_MAX_IN_FLIGHT
+    tally: ShadowTally = field(default_factory=ShadowTally)
+
+    def sampled(self, draw: int) -> bool:
+        """Whether one request is mirrored, ``draw`` uniform in 0..99."""
+        return draw < self.percent
+
+    def admit(self) -> bool:
+        """One more mirror in flight, unless the bound is reached (then: counted
+        skipped)."""
+        if self.tally.in_flight >= self.max_in_flight:
+            self.tally.skipped += 1
+            return False
+        self.tally.in_flight += 1
+        return True

@@ -9,12 +9,19 @@ choice of member, the upstream call supplied by the adapter (bytes in, bytes out
 retry on another member when the first fails with :class:`Unavailable`, passive
 ejection of the failed member, and metrics.
 
+During a rollout's shadow step (:class:`gateway.policy.rollout.Shadow`) the transports
+ask :meth:`Forwarder.shadow` whether a request they pinned to stable is mirrored, and
+hand its copy for the candidate to :meth:`Forwarder.mirror`: a task of its own, started
+once the user's answer is in hand, bounded in number, never awaited by the request.
+
 This module imports neither ``fastapi`` nor ``grpc``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections import Counter
@@ -37,7 +44,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy import admission, deadline, readiness, tenancy
 from gateway.policy.model_name import grpc_names_version
 from gateway.policy.rate import RateLimiter, configured_classes
-from gateway.policy.rollout import pin_grpc_version
+from gateway.policy.rollout import Shadow, pin_grpc_version
 from gateway.policy.routing import RoutingPolicy
 from gateway.policy.tenancy import Tenant, TenantDirectory
 from gateway.policy.upstream import RETRIES, EjectionPolicy
@@ -46,12 +53,17 @@ from gateway.python.tenants import TenantLedger
 from gateway.state import GatewayState
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 UpstreamCall = Callable[[PoolMember], Awaitable[T]]
 # milliseconds the current request waited for its model to load (a miss; unset: a hit):
 # the transports answer it in the ``infergate-load-wait-ms`` header / trailing metadata
 LOAD_WAIT_MS: ContextVar[int | None] = ContextVar("infergate_load_wait_ms", default=None)
 LOAD_WAIT_HEADER = "infergate-load-wait-ms"
+# HAProxy's mark on the requests it sampled for a shadow step (map ``shadow``): mirrored
+# here without a second draw
+SHADOW_HEADER = "x-infergate-shadow"
+MIRROR_TIMEOUT_S = 30.0  # a mirror's own deadline (nobody waits for it)
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,9 @@ class RequestOptions:
 
 
 NO_OPTIONS = RequestOptions()
+MIRROR_OPTIONS = RequestOptions(deadline_s=MIRROR_TIMEOUT_S, traffic="shadow")
+# a mirror's answer compared with stable's: (its outcome label, their agreement or None)
+Compare = Callable[[T], tuple[str, float | None]]
 
 
 @dataclass
@@ -101,6 +116,7 @@ class Forwarder:
     tenants: TenantDirectory | None = field(init=False, default=None)
     ledger: TenantLedger = field(init=False, default_factory=TenantLedger)
     _tenant_children: dict[tuple[str, ...], Any] = field(init=False, default_factory=dict)
+    _mirrors: set[asyncio.Task[None]] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         default, per_key = configured_classes(self.state.config.rate_limits)
@@ -239,6 +255,48 @@ class Forwarder:
         if version is None or grpc_names_version(message):
             return message, None
         return pin_grpc_version(message, version), version
+
+    # -- the shadow step -------------------------------------------------------------------
+    def shadow(self, model: str, version: int | None, marked: bool = False) -> Shadow | None:
+        """The model's shadow step when this request is mirrored to its candidate: a
+        request going to stable (``version``: as pinned, or as HAProxy pinned it),
+        drawn at the shadow's percent, or ``marked`` by HAProxy's own draw."""
+        shadow = self.state.shadow_of(model)
+        if shadow is None or version != shadow.stable:
+            return None
+        return shadow if marked or shadow.sampled(self.rng.randrange(100)) else None
+
+    def mirror(self, shadow: Shadow, model: str, protocol: str, call: UpstreamCall[T],
+               stable: tuple[bool, float], compare: Compare[T]) -> None:
+        """Send the request's copy for the candidate (``call``) in a task of its own
+        and tally it beside stable's answer (``stable``: ok, seconds); ``compare`` its
+        answer with stable's. Beyond ``shadow.max_in_flight`` mirrors at once: none,
+        counted skipped. Never raises, never waited for."""
+        if not shadow.admit():
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._mirror(shadow, model, protocol, call, stable, compare))
+        self._mirrors.add(task)
+        task.add_done_callback(self._mirrors.discard)
+
+    async def _mirror(self, shadow: Shadow, model: str, protocol: str, call: UpstreamCall[T],
+                      stable: tuple[bool, float], compare: Compare[T]) -> None:
+        started = self.clock()
+        outcome, agreement = "upstream_error", None
+        try:
+            route = self.route(model)
+            result, served_by = await self._attempts(route, call, protocol, MIRROR_OPTIONS)
+            outcome, agreement = compare(result)
+            self._count(route, served_by, protocol, outcome, MIRROR_OPTIONS.traffic)
+        except GatewayError as err:
+            outcome = outcome_name(err)
+        except Exception:  # noqa: BLE001 - a mirror never fails anything but itself
+            log.exception("mirroring a request of %s to version %d", model, shadow.candidate)
+        finally:
+            shadow.tally.in_flight -= 1
+        ok = outcome == "success"
+        shadow.tally.record(stable[0], stable[1], ok, self.clock() - started,
+                            agreement if ok and stable[0] else None)
 
     def _admit(self, route: ModelRoute, options: RequestOptions,
                tenant: Tenant | None) -> Pool | None:

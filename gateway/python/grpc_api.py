@@ -38,9 +38,23 @@ from gateway.control.grpc_app import (
 from gateway.control.model_control import ModelControl
 from gateway.errors import GatewayError, outcome_of_answer
 from gateway.policy.deadline import triton_timeout_us
-from gateway.policy.model_name import grpc_message_whole, grpc_model_name
+from gateway.policy.model_name import (
+    GRPC_VERSION_FIELD,
+    _first_length_delimited,
+    grpc_message_whole,
+    grpc_model_name,
+)
+from gateway.policy.rollout import Shadow, pin_grpc_version
 from gateway.pools import PoolMember
-from gateway.python.forwarder import LOAD_WAIT_HEADER, LOAD_WAIT_MS, Forwarder, RequestOptions
+from gateway.python.forwarder import (
+    LOAD_WAIT_HEADER,
+    LOAD_WAIT_MS,
+    MIRROR_TIMEOUT_S,
+    SHADOW_HEADER,
+    Forwarder,
+    RequestOptions,
+)
+from gateway.python.shadow import compare_grpc
 from gateway.python.streams import StreamEnd, StreamRelay
 from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
 
@@ -62,6 +76,15 @@ def _outcome(result: bytes | RelayedError) -> str:
     if isinstance(result, RelayedError):
         return outcome_of_answer(200, result.code.value[0])
     return "success"
+
+
+def _named_version(message: bytes) -> int | None:
+    raw = _first_length_delimited(message, GRPC_VERSION_FIELD)
+    return int(raw) if raw and raw.isdigit() else None
+
+
+def _marked(context: Any) -> bool:
+    return any(key == SHADOW_HEADER for key, _ in context.invocation_metadata() or ())
 
 
 def _options(context: grpc.aio.ServicerContext) -> RequestOptions:
@@ -86,13 +109,19 @@ class GatewayServicer(ControlServicer):
         try:
             model = grpc_model_name(request)
             options = self._options(context, Scope.PREDICT)
-            version = None
+            version, shadow, unpinned = None, None, request
             # a message cut short goes as sent: appended fields could complete it, and
             # Triton's parse error (INVALID_ARGUMENT) is the answer, as through HAProxy
             if grpc_message_whole(request):
                 if options.deadline_s is not None:
                     request = with_timeout_parameter(request, options.deadline_s)
+                unpinned = request
                 request, version = self.forwarder.pin_grpc(model, request)  # in a rollout
+                if self.forwarder.state.shadows:  # a shadow step: mirrored to the candidate?
+                    marked = _marked(context)
+                    shadow = self.forwarder.shadow(
+                        model, version if version is not None or not marked
+                        else _named_version(request), marked)
 
             async def call(member: PoolMember) -> bytes | RelayedError:
                 try:
@@ -102,9 +131,13 @@ class GatewayServicer(ControlServicer):
                     return relayed  # Triton's answer: counted by its code, then relayed
 
             LOAD_WAIT_MS.set(None)
+            started = self.forwarder.clock()
             result = await self.forwarder.forward(model, call, protocol="grpc",
                                                   options=options, outcome=_outcome,
                                                   version=version)
+            if shadow is not None:
+                self._mirror(shadow, model, pin_grpc_version(unpinned, shadow.candidate),
+                             result, self.forwarder.clock() - started)
             waited = LOAD_WAIT_MS.get()
             if waited is not None:  # a miss: it waited for its model to load
                 context.set_trailing_metadata(((LOAD_WAIT_HEADER, str(waited)),))
@@ -114,6 +147,21 @@ class GatewayServicer(ControlServicer):
         except (GatewayError, RelayedError) as err:
             await abort(context, err)
             raise  # unreachable: abort raises
+
+    def _mirror(self, shadow: Shadow, model: str, message: bytes,
+                stable: bytes | RelayedError, seconds: float) -> None:
+        """The request's copy pinned to the candidate (the last ``model_version``
+        wins), fire-and-forget beside stable's answer."""
+        async def call(member: PoolMember) -> bytes | RelayedError:
+            try:
+                return await invoke(self.upstream.raw_infer(member), message,
+                                    MIRROR_TIMEOUT_S)
+            except RelayedError as relayed:
+                return relayed
+
+        self.forwarder.mirror(shadow, model, "grpc", call,
+                              (not isinstance(stable, RelayedError), seconds),
+                              compare_grpc(stable, shadow.metric))
 
     async def ModelStreamInfer(  # noqa: N802
         self, request_iterator: AsyncIterator[bytes], context: Any

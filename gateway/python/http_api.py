@@ -40,8 +40,15 @@ from gateway.python.fast_path import (
     options_from_headers,
     read_body,
 )
-from gateway.python.forwarder import LOAD_WAIT_HEADER, LOAD_WAIT_MS, Forwarder
+from gateway.python.forwarder import (
+    LOAD_WAIT_HEADER,
+    LOAD_WAIT_MS,
+    MIRROR_TIMEOUT_S,
+    SHADOW_HEADER,
+    Forwarder,
+)
 from gateway.python.generate import GenerateFastPath
+from gateway.python.shadow import compare_http
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 
 FORWARDED_REQUEST_HEADERS = ("content-type", "inference-header-content-length", "content-encoding")
@@ -89,6 +96,23 @@ def with_timeout_parameter(body: bytes, headers: dict[str, str],
     return head + body[size:]
 
 
+def match_version(path: str) -> str | None:
+    match = INFER_PATH.match(path)
+    return match.group(2) if match else None
+
+
+def _named_version(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
+
+
+def _unversioned(path: str) -> str:
+    """``/v2/models/<m>/versions/<v>/infer`` -> ``/v2/models/<m>/infer``."""
+    head, _, verb = path.rpartition("/")
+    if "/versions/" in head:
+        head = head[: head.rindex("/versions/")]
+    return f"{head}/{verb}"
+
+
 def _outcome(resp: UpstreamResponse) -> str:
     return outcome_of_answer(resp.status)
 
@@ -124,20 +148,38 @@ class InferFastPath(FastPath):
             body = with_timeout_parameter(body, forwarded, options.deadline_s)
         if self.auth.predict_gated:
             self.auth.require(options.api_key, Scope.PREDICT)
-        path = scope["path"]
+        path = unpinned = scope["path"]
         version = self.forwarder.pin(model) if unversioned else None
         if version is not None:  # a rollout: stable or candidate, by its split
             path = http_pinned_path(path, version)
-        if scope.get("query_string"):
-            path = f"{path}?{scope['query_string'].decode('latin-1')}"
+        else:
+            unpinned = _unversioned(path)
+        query = f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") \
+            else ""
 
-        async def call(member: PoolMember) -> UpstreamResponse:
+        async def call(member: PoolMember, path: str = path + query) -> UpstreamResponse:
             return client_mistakes_as_400(await self.upstream.request(
                 member, "POST", path, body, forwarded, options.deadline_s))
 
+        # the shadow step: a request to stable (pinned here, or by HAProxy when it marked
+        # it) may also go to the candidate
+        shadow = self.forwarder.shadow(
+            model, version if version is not None else _named_version(match_version(path)),
+            SHADOW_HEADER in raw_headers) if self.forwarder.state.shadows else None
         LOAD_WAIT_MS.set(None)
+        started = self.forwarder.clock()
         resp = await self.forwarder.forward(model, call, protocol="http", options=options,
                                             outcome=_outcome, version=version)
+        if shadow is not None:
+            mirror_path = http_pinned_path(unpinned, shadow.candidate) + query
+
+            async def mirror(member: PoolMember) -> UpstreamResponse:
+                return client_mistakes_as_400(await self.upstream.request(
+                    member, "POST", mirror_path, body, forwarded, MIRROR_TIMEOUT_S))
+
+            self.forwarder.mirror(shadow, model, "http", mirror,
+                                  (resp.status == 200, self.forwarder.clock() - started),
+                                  compare_http(resp, shadow.metric))
         headers = list(resp.headers)
         waited = LOAD_WAIT_MS.get()
         if waited is not None:  # a miss: it waited for its model to load

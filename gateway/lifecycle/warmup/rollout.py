@@ -9,18 +9,34 @@ activation when its model has a rollout policy and a serving version:
    unversioned request with the highest version loaded). Then every member loads the
    model with ``version_policy { specific { versions: [stable, candidate] } }``
    (:func:`side_by_side_config`), and the candidate is warmed explicitly by version.
-2. **Steps.** For each step the split gives the candidate its percent of unversioned
+2. **The gate.** Still at 0 %, before any user request: the replayed sample of the
+   owner's evaluation set (of the synthetic inputs the converter verified on, when the
+   upload had none) is sent to both versions as deployed, one sample a request,
+   interleaved between the versions, for rounds until the candidate has
+   ``P99_MIN_ANSWERS`` answers or ``min(step_seconds, GATE_PROBE_MAX_S)`` have passed:
+   the outputs' agreement, both versions' errors and latency on the same requests
+   (:func:`judge_side_by_side`). Failing it rolls the candidate back having answered
+   no user.
+3. **The shadow step** (``shadow:``, on by default). The split stays at 0 %; a
+   :class:`Shadow` on the state has ``percent`` of the model's unversioned requests
+   mirrored to the candidate (the Python forwarder sends the copies, fire-and-forget;
+   HAProxy sends that share to the forwarder) and each mirrored answer compared with
+   stable's answer to the user. At ``seconds`` the pairs are judged: promote to the first
+   step, hold (too few mirrored requests: ``seconds`` more, at most ``SHADOW_MAX_HOLDS``
+   times, then promoted for the steps to judge) or roll back; a rollback does not wait
+   once ``min_requests`` pairs condemn it.
+4. **Steps.** For each step the split gives the candidate its percent of unversioned
    requests. Every ``TICK_S`` the tally's windows (:class:`VersionTally`, both data
    planes record the answers of the requests they pinned) are judged; at the step's end
-   a replayed sample of the owner's evaluation set (of the synthetic inputs the
-   converter verified on, when the upload had none) gives the outputs' agreement. Promote
+   the replayed sample gives the outputs' agreement. Promote
    moves on, hold keeps the step running (too few requests), rollback ends it.
-3. **The end.** Promoted: the candidate is recorded serving (its pinned config written,
+5. **The end.** Promoted: the candidate is recorded serving (its pinned config written,
    so a restarted Triton loads it alone) and the members load it alone. Rolled back or
    aborted: the split pins everything to stable, the members load stable alone, and the
    job fails with the verdict (the job runner then removes the candidate version).
 
-Every verdict is recorded on the rollout (SQLite, with its figures), on the job as a
+Every verdict (the gate's and the shadow step's: ``step`` "gate" / "shadow", ``stage``
+beside it) is recorded on the rollout (SQLite, with its figures), on the job as a
 step detail, in the log and as ``infergate_rollout_decisions_total``. A gateway that
 stops during a rollout ends it on the next start (:meth:`Rollouts.recover`): the split
 pins everything to stable until the start-up preload has the members serve stable
@@ -48,13 +64,24 @@ from gateway.config.rollout import RolloutSpec
 from gateway.errors import Conflict, DeployFailed, GatewayError, ModelNotFound
 from gateway.lifecycle.records.jobs import LifecycleStore, RolloutRecord
 from gateway.lifecycle.warmup.deploy import Deployer, StepCallback, load_on, warm_on
-from gateway.policy.rollout import Split, Verdict, agreement_of, judge
+from gateway.policy.rollout import (
+    P99_MIN_ANSWERS,
+    Shadow,
+    Split,
+    Verdict,
+    Window,
+    agreement_of,
+    judge,
+    judge_side_by_side,
+)
 from gateway.pools import PoolMember
 from gateway.state import GatewayState
 from gateway.upstream.triton import override_for_version
 
 log = logging.getLogger(__name__)
 TICK_S = 0.25
+GATE_PROBE_MAX_S = 30.0  # the gate's latency probe runs at most this long (and step_seconds)
+SHADOW_MAX_HOLDS = 3  # a shadow step short of mirrored requests runs on at most this often
 INTERRUPTED = ("the gateway stopped during the rollout: stable version {stable} serves, "
                "candidate {candidate} was removed")
 
@@ -72,6 +99,17 @@ class _Control:
 class Outcome:
     promoted: bool
     reason: str
+
+
+@dataclass
+class Probe:
+    """The gate's replay: both versions' windows over the same requests, and the
+    agreement of their outputs (None: no sample both answered)."""
+
+    samples: int
+    stable: Window
+    candidate: Window
+    agreement: float | None
 
 
 @dataclass
@@ -98,6 +136,12 @@ class Rollouts:
                 "stable": self.state.tally.window(model, record.stable, since).figures(),
                 "candidate": self.state.tally.window(model, record.candidate,
                                                      since).figures()}
+            shadow = self.state.shadow_of(model)
+            if shadow is not None:  # the shadow step's pairs so far
+                stable_w, candidate_w, agreement = shadow.tally.windows()
+                data["shadow"] = {"percent": shadow.percent, "stable": stable_w.figures(),
+                                  "candidate": candidate_w.figures(),
+                                  "agreement": agreement, "skipped": shadow.tally.skipped}
         return data
 
     def active(self, model: str) -> RolloutRecord | None:
@@ -168,7 +212,12 @@ class Rollouts:
         try:
             on_step("rollout", "running", f"version {candidate} beside {stable}: loading")
             await self._side_by_side(model, stable, candidate, warm_batches)
-            outcome = await self._steps(record, spec, control, samples, gauge, on_step)
+            outcome = await self._gate(model, spec, samples, on_step)
+            if outcome is None and spec.shadow is not None:
+                outcome = await self._shadow_step(model, spec, control, on_step)
+            if outcome is None:
+                outcome = await self._steps(self.store.rollout(model) or record, spec,
+                                            control, samples, gauge, on_step)
             if outcome.promoted:
                 await self._promote(model, stable, candidate, warm_batches)
             else:
@@ -244,7 +293,7 @@ class Rollouts:
                     agreement = await self.agreement(model, stable, candidate, samples, spec)
                 decision = judge(spec, baseline, candidate_w, agreement, step_over)
                 if decision is not None:
-                    decision.figures.update(step=index + 1, percent=percent,
+                    decision.figures.update(step=index + 1, stage="step", percent=percent,
                                             seconds=round(elapsed, 1))
                     record = self._record(record, decision.verdict.value, decision.reason,
                                           decision.figures)
@@ -259,6 +308,89 @@ class Rollouts:
                 await self._wait(control, TICK_S)
         return Outcome(True, f"version {candidate} promoted through steps "
                        f"{list(spec.steps)}")
+
+    # -- before any user: the gate and the shadow step --------------------------------------
+    async def _gate(self, model: str, spec: RolloutSpec, samples: Path | None,
+                    on_step: StepCallback) -> Outcome | None:
+        """The candidate judged on the replayed samples before any user request: an
+        Outcome when rolled back, None when it passes."""
+        record = self.store.rollout(model)
+        assert record is not None
+        figures: dict[str, Any] = {"step": "gate", "stage": "gate", "percent": 0}
+        if samples is None:
+            self._record(record, Verdict.PROMOTE.value, "no samples to replay "
+                         "(agreement_samples: 0): the gate judged nothing", figures)
+            return None
+        on_step("rollout", "running", f"gate: version {record.candidate} against "
+                f"{record.stable} on the replayed samples, before any user request")
+        started = time.monotonic()
+        probe = await self.probe(model, record.stable, record.candidate, samples, spec)
+        decision = judge_side_by_side(spec, probe.stable, probe.candidate, probe.agreement,
+                                      min_requests=probe.samples, over=True, final=True)
+        assert decision is not None  # over and final: always a verdict
+        decision.figures.update(figures, samples=probe.samples,
+                                seconds=round(time.monotonic() - started, 1))
+        self._record(record, decision.verdict.value, decision.reason, decision.figures)
+        on_step("rollout", "running", f"gate: {decision.verdict.value}: {decision.reason}")
+        if decision.verdict is Verdict.ROLLBACK:
+            return Outcome(False, f"rejected at the gate, before any user request: "
+                           f"{decision.reason}")
+        return None
+
+    async def _shadow_step(self, model: str, spec: RolloutSpec, control: _Control,
+                           on_step: StepCallback) -> Outcome | None:
+        """Live requests answered by stable and mirrored to the candidate, compared
+        pair by pair: an Outcome when rolled back (or aborted), None when promoted to
+        the first step."""
+        record = self.store.rollout(model)
+        assert record is not None and spec.shadow is not None
+        shadow = Shadow(record.stable, record.candidate, spec.shadow.percent,
+                        _metric(self.store, model), spec.shadow.max_in_flight)
+        seconds, need = spec.shadow_seconds, spec.shadow_min_requests
+        detail = (f"shadow step: {shadow.percent}% of live requests mirrored to version "
+                  f"{shadow.candidate}, users answered by {shadow.stable}")
+        record = self.store.put_rollout(replace(record, detail=detail))
+        self.state.set_shadow(model, shadow)
+        await self.state.settle()  # both planes mirror from now on
+        on_step("rollout", "running", detail)
+        try:
+            started = self._step_started[model] = time.monotonic()
+            verdict_at, holds = seconds, 0
+            while True:
+                if control.abort is not None:
+                    self._record(record, "abort", control.abort, {})
+                    return Outcome(False, control.abort)
+                if control.paused:
+                    await self._wait(control)
+                    shadow.tally.clear()  # a fresh window
+                    started = self._step_started[model] = time.monotonic()
+                    verdict_at, holds = seconds, 0
+                    record = self.store.rollout(model) or record
+                    continue
+                elapsed = time.monotonic() - started
+                stable_w, candidate_w, agreement = shadow.tally.windows()
+                decision = judge_side_by_side(
+                    spec, stable_w, candidate_w, agreement, min_requests=need,
+                    over=elapsed >= verdict_at, final=holds >= SHADOW_MAX_HOLDS)
+                if decision is not None:
+                    decision.figures.update(step="shadow", stage="shadow", percent=0,
+                                            mirror_percent=shadow.percent,
+                                            skipped=shadow.tally.skipped,
+                                            seconds=round(elapsed, 1))
+                    record = self._record(record, decision.verdict.value, decision.reason,
+                                          decision.figures)
+                    on_step("rollout", "running",
+                            f"shadow step: {decision.verdict.value}: {decision.reason}")
+                    if decision.verdict is Verdict.ROLLBACK:
+                        return Outcome(False, "rolled back in the shadow step, before any "
+                                       f"user answer: {decision.reason}")
+                    if decision.verdict is Verdict.PROMOTE:
+                        return None
+                    holds += 1
+                    verdict_at = elapsed + seconds  # hold: the window keeps going
+                await self._wait(control, TICK_S)
+        finally:
+            self.state.set_shadow(model, None)
 
     async def _wait(self, control: _Control, timeout_s: float | None = None) -> None:
         control.changed.clear()
@@ -326,6 +458,64 @@ class Rollouts:
                    for version in (stable, candidate)]
         return agreement_of(outputs[0], outputs[1], metric)
 
+    async def probe(self, model: str, stable: int, candidate: int, samples: Path,
+                    spec: RolloutSpec) -> Probe:
+        """The gate's replay: each sample a request of its own to both versions as
+        deployed (a member of the model's pools, by version), the versions interleaved
+        (which goes first alternates), in rounds until the candidate has
+        ``P99_MIN_ANSWERS`` answers or ``min(step_seconds, GATE_PROBE_MAX_S)`` passed
+        (one round at least). Failures are counted, not raised: they are the verdict's."""
+        config = self._config(model, candidate)
+        with np.load(samples) as data:
+            arrays = {name: data[name] for name in data.files}
+        count = len(next(iter(arrays.values()))) if arrays else 0
+        member = self.deployer.members(model)[0]
+        bodies = [_body(config, arrays, i, i + 1) for i in range(count)]
+        output = config.output[0].name
+        answers: dict[int, list[tuple[bool, float]]] = {stable: [], candidate: []}
+        outputs: dict[int, list[np.ndarray | None]] = {stable: [None] * count,
+                                                        candidate: [None] * count}
+        ends = time.monotonic() + min(spec.step_seconds, GATE_PROBE_MAX_S)
+        rounds = 0
+        while True:
+            for i, (body, headers) in enumerate(bodies):
+                first_stable = (i + rounds) % 2 == 0
+                for version in (stable, candidate) if first_stable else (candidate, stable):
+                    began = time.perf_counter()
+                    status, answer = await self._send(model, version, member, body, headers)
+                    answers[version].append((status == 200, time.perf_counter() - began))
+                    if rounds == 0 and status == 200:
+                        with contextlib.suppress(Exception):  # undecodable: not compared
+                            outputs[version][i] = np.asarray(
+                                triton_http.InferenceServerClient.parse_response_body(
+                                    answer).as_numpy(output))
+            rounds += 1
+            if not count or len(answers[candidate]) >= P99_MIN_ANSWERS or \
+                    time.monotonic() >= ends:
+                break
+        pairs = [(a, b) for a, b in zip(outputs[stable], outputs[candidate], strict=True)
+                 if a is not None and b is not None]
+        agreement = agreement_of(
+            [row for a, _ in pairs for row in a.reshape(len(a), -1)],
+            [row for _, b in pairs for row in b.reshape(len(b), -1)],
+            _metric(self.store, model)) if pairs else None
+        return Probe(count, Window.of(answers[stable]), Window.of(answers[candidate]),
+                     agreement)
+
+    async def _send(self, model: str, version: int, member: PoolMember, body: bytes,
+                    headers: dict[str, str]) -> tuple[int, bytes]:
+        admin = self.deployer.admin
+
+        async def call(m: PoolMember) -> tuple[int, bytes]:
+            return await admin.infer(m, model, version, body, headers)
+
+        try:
+            return await self.deployer.core.telemetry.synthetic(
+                model, member, call, protocol="http", traffic="rollout",
+                outcome=lambda r: "success" if r[0] == 200 else "upstream_error")
+        except GatewayError as err:  # the member did not answer: a failure of this version
+            return 503, err.message.encode()
+
     async def _replay(self, model: str, version: int, config: mc.ModelConfig,
                       arrays: dict[str, np.ndarray], member: PoolMember) -> list[np.ndarray]:
         count = len(next(iter(arrays.values())))
@@ -333,21 +523,7 @@ class Rollouts:
         per_sample: list[np.ndarray] = []
         admin = self.deployer.admin
         for start in range(0, count, step):
-            inputs = []
-            for tensor in config.input:
-                batch = arrays[tensor.name][start:start + step]
-                datatype = mc.DataType.Name(tensor.data_type).removeprefix("TYPE_")
-                item = triton_http.InferInput(tensor.name, list(batch.shape), datatype)
-                item.set_data_from_numpy(batch.astype(TRITON_TO_NUMPY[datatype]),
-                                         binary_data=True)
-                inputs.append(item)
-            # outputs as JSON: the answer is one JSON object, no binary part to frame
-            wanted = [triton_http.InferRequestedOutput(config.output[0].name, binary_data=False)]
-            body, json_size = triton_http.InferenceServerClient.generate_request_body(
-                inputs, outputs=wanted)
-            headers = {"Content-Type": "application/octet-stream"}
-            if json_size is not None:
-                headers["Inference-Header-Content-Length"] = str(json_size)
+            body, headers = _body(config, arrays, start, start + step)
 
             async def call(m: PoolMember, body: bytes = body,
                            headers: dict[str, str] = headers) -> tuple[int, bytes]:
@@ -363,6 +539,26 @@ class Rollouts:
                 config.output[0].name)
             per_sample.extend(np.asarray(output).reshape(len(output), -1))
         return per_sample
+
+
+def _body(config: mc.ModelConfig, arrays: dict[str, np.ndarray], start: int,
+          end: int) -> tuple[bytes, dict[str, str]]:
+    """An infer request of samples ``start:end`` (binary tensors in, the first output
+    as JSON out: the answer is one JSON object, no binary part to frame)."""
+    inputs = []
+    for tensor in config.input:
+        batch = arrays[tensor.name][start:end]
+        datatype = mc.DataType.Name(tensor.data_type).removeprefix("TYPE_")
+        item = triton_http.InferInput(tensor.name, list(batch.shape), datatype)
+        item.set_data_from_numpy(batch.astype(TRITON_TO_NUMPY[datatype]), binary_data=True)
+        inputs.append(item)
+    wanted = [triton_http.InferRequestedOutput(config.output[0].name, binary_data=False)]
+    body, json_size = triton_http.InferenceServerClient.generate_request_body(
+        inputs, outputs=wanted)
+    headers = {"Content-Type": "application/octet-stream"}
+    if json_size is not None:
+        headers["Inference-Header-Content-Length"] = str(json_size)
+    return body, headers
 
 
 def side_by_side_config(stable: mc.ModelConfig, candidate: mc.ModelConfig) -> mc.ModelConfig:

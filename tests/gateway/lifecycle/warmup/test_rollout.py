@@ -1,8 +1,11 @@
 """Progressive delivery against a real Triton through a real gateway, with clients
-sending traffic throughout (HTTP and gRPC): a good version promoted through every step,
-an erroring one rolled back at the first step, a slow one on p99, a differing one on
-agreement; the split itself on both data planes with pause and the 409s, ended by an
-abort or by a gateway restarted in the middle of the rollout."""
+sending traffic throughout (HTTP and gRPC): a good version promoted through the gate,
+the shadow step and every step; a wrong one rejected at the gate and one that agrees on
+the owner's samples but not on live inputs rejected in the shadow step, on both data
+planes, neither having answered a user; an erroring one rolled back at the first step,
+a slow one on p99 (shadow step off); the split itself on both data planes with pause
+and the 409s, ended by an abort or by a gateway restarted in the middle of the
+rollout."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typer.testing import CliRunner
 from converters.tiny import TINY_WIDTH, build_tiny_model
 from gateway.models_cli import app as models_app
 from infergate.processes import GatewayProcess
-from loadtests.rollout_models import erroring_onnx, flipped_onnx, slow_onnx
+from loadtests.rollout_models import diverging_onnx, erroring_onnx, flipped_onnx, slow_onnx
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import (
     TINY_SPEC,
@@ -64,6 +67,7 @@ class Load:
     model: str
     proto: str
     answers: list[tuple[float, bool, float | None]] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)  # the version of each answer
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -84,6 +88,7 @@ class Load:
                     try:
                         out = client.infer(self.model, [item], client_timeout=30)
                         self.answers.append((time.monotonic(), True, _slope(out.as_numpy("y"))))
+                        self.versions.append(out.get_response().model_version)
                     except Exception:  # noqa: BLE001 - every failure is recorded
                         self.answers.append((time.monotonic(), False, None))
             finally:
@@ -103,6 +108,8 @@ class Load:
                 ok = resp.status_code == 200
                 slope = _slope(np.array(resp.json()["outputs"][0]["data"])) if ok else None
                 self.answers.append((time.monotonic(), ok, slope))
+                if ok:
+                    self.versions.append(str(resp.json().get("model_version")))
 
     def stop(self, more: int = 20) -> None:
         seen = len(self.answers)
@@ -119,8 +126,10 @@ class Load:
         return sum(1 for _, ok, _ in self.answers if not ok)
 
 
-MODELS = ("roll_good", "roll_err", "roll_slow", "roll_flip", "roll_split_haproxy",
-          "roll_split_python")
+MODELS = ("roll_good", "roll_err", "roll_slow", "roll_split_haproxy", "roll_split_python",
+          "roll_gate_haproxy", "roll_gate_python", "roll_live_haproxy", "roll_live_python")
+CALM = npz({"x": np.random.default_rng(3).uniform(0, 0.8, (32, TINY_WIDTH))
+            .astype(np.float32)})  # the owner's samples never reach x[0] > 0.8
 
 
 @pytest.fixture(scope="module")
@@ -168,8 +177,9 @@ def _gateway(tmp_path: Path, shared: tuple[Path, Any], model: str) -> Path:
 def test_good_version_promoted_through_every_step_when_rolled_out(
     shared_triton: tuple[Path, Any], tmp_path: Path
 ) -> None:
-    """HAProxy plane, clients on HTTP and gRPC: no request fails; the split moves step
-    by step; the whole rollout takes about steps x step_seconds."""
+    """HAProxy plane, clients on HTTP and gRPC: no request fails; the gate and the
+    shadow step (the default: 20 % mirrored for step_seconds) pass it, then the split
+    moves step by step; the whole rollout takes about (steps + 1) x step_seconds."""
     model = "roll_good"
     with _serve(tmp_path, shared_triton, model, "haproxy") as gw:
         url = f"http://{gw.http_url}"
@@ -187,9 +197,14 @@ def test_good_version_promoted_through_every_step_when_rolled_out(
         record = done["rollout"]
         assert record["state"] == "promoted" and record["percent"] == 100
         promotions = [d for d in record["decisions"] if d["decision"] == "promote"]
-        assert [d["percent"] for d in promotions] == [50, 75, 100]
+        assert [d["step"] for d in promotions] == ["gate", "shadow", 1, 2, 3]
+        assert [d["percent"] for d in promotions] == [0, 0, 50, 75, 100]
+        gate, shadow = promotions[:2]
+        assert gate["agreement"] > 0.99 and gate["candidate"]["errors"] == 0
+        assert gate["candidate"]["requests"] >= 32
+        assert shadow["agreement"] > 0.99 and shadow["candidate"]["requests"] >= 10
         took = record["decisions"][-1]["at"] - record["started_at"]
-        assert 6 <= took <= 6 + 60, took  # 3 steps x 2 s, plus loading and any hold
+        assert 8 <= took <= 8 + 60, took  # shadow + 3 steps x 2 s, plus loading, any hold
         assert all(d["agreement"] is not None and d["agreement"] > 0.99 for d in promotions)
         assert show(url, model)["serving_version"] == 2
         for load in loads:
@@ -209,10 +224,9 @@ def test_erroring_version_rolled_back_at_first_step_when_it_fails_requests(
         url = f"http://{gw.http_url}"
         load = Load(url, model, "http").start()
         rollout = {"steps": [20, 100], "step_seconds": 60, "min_requests": 40,
-                   "agreement_samples": 0}
-        calm = npz({"x": np.random.default_rng(3).uniform(0, 0.8, (32, TINY_WIDTH))
-                    .astype(np.float32)})  # converts cleanly: it fails only in production
-        answer = _roll(url, model, erroring_onnx(tmp_path / "v2.onnx"), rollout, calm)
+                   "agreement_samples": 0, "shadow": "none"}  # the steps' own verdict
+        # converts cleanly: it fails only in production
+        answer = _roll(url, model, erroring_onnx(tmp_path / "v2.onnx"), rollout, CALM)
         done = finished(url, answer["id"])
         load.stop(more=30)
         assert done["state"] == "failed", done
@@ -241,7 +255,8 @@ def test_slow_version_rolled_back_on_p99_when_latency_triples(
         url = f"http://{gw.http_url}"
         load = Load(url, model, "http").start()
         rollout = {"steps": [50, 100], "step_seconds": 60, "min_requests": 30,
-                   "max_p99_ratio": 1.3, "p99_tolerance_ms": 3, "agreement_samples": 0}
+                   "max_p99_ratio": 1.3, "p99_tolerance_ms": 3, "agreement_samples": 0,
+                   "shadow": "none"}  # the steps' own verdict
         answer = _roll(url, model, slow_onnx(tmp_path / "v2.onnx"), rollout)
         done = finished(url, answer["id"])
         load.stop()
@@ -252,22 +267,71 @@ def test_slow_version_rolled_back_on_p99_when_latency_triples(
         assert show(url, model)["serving_version"] == 1
 
 
-def test_differing_version_rolled_back_on_agreement_when_outputs_disagree(
-    shared_triton: tuple[Path, Any], tmp_path: Path
+def _loads(url: str, grpc_url: str, model: str) -> list[Load]:
+    return [Load(url, model, "http").start(), Load(grpc_url, model, "grpc").start()]
+
+
+def _stable_answered_all(loads: list[Load]) -> None:
+    """Every user answer came from stable (version 1, slope 2), none failed."""
+    for load in loads:
+        assert load.failures == 0, load.proto
+        assert set(load.versions) == {"1"}, (load.proto, set(load.versions))
+        assert {s for _, _, s in load.answers} == {2.0}, load.proto
+
+
+@pytest.mark.parametrize("data_plane", ["haproxy", "python"])
+def test_wrong_version_rejected_at_gate_without_answering_a_user(
+    shared_triton: tuple[Path, Any], tmp_path: Path, data_plane: str
 ) -> None:
-    model = "roll_flip"
-    with _serve(tmp_path, shared_triton, model, "python") as gw:
+    """y = -2x + 1 disagrees on the owner's samples: the gate rolls it back before the
+    shadow step or any step, while clients on HTTP and gRPC get stable's answers."""
+    model = f"roll_gate_{data_plane}"
+    with _serve(tmp_path, shared_triton, model, data_plane) as gw:
         url = f"http://{gw.http_url}"
-        load = Load(gw.grpc_url, model, "grpc").start()
-        rollout = {"steps": [10, 100], "step_seconds": 1, "min_requests": 5}
+        loads = _loads(url, gw.grpc_url, model)
+        rollout = {"steps": [50, 100], "step_seconds": 1, "min_requests": 5}
         answer = _roll(url, model, flipped_onnx(tmp_path / "v2.onnx"), rollout)
         done = finished(url, answer["id"])
-        load.stop()
-        assert done["state"] == "failed" and "agreement" in done["error"], done
-        verdict = done["rollout"]["decisions"][-1]
-        assert verdict["decision"] == "rollback" and verdict["agreement"] < 0.99
-        assert load.failures == 0
-        assert {s for _, _, s in load.answers[-10:]} == {2.0}
+        for load in loads:
+            load.stop()
+        assert done["state"] == "failed" and "rejected at the gate" in done["error"], done
+        assert "agreement" in done["error"]
+        decisions = done["rollout"]["decisions"]
+        assert [(d["step"], d["decision"]) for d in decisions] == [("gate", "rollback")]
+        gate = decisions[0]
+        assert gate["agreement"] < 0.99 and gate["percent"] == 0 and gate["samples"] == 32
+        _stable_answered_all(loads)
+        assert "gate" in " ".join(_cli(url, "rollout", "status", model).split())
+
+
+@pytest.mark.parametrize("data_plane", ["haproxy", "python"])
+def test_version_agreeing_on_samples_not_live_rejected_in_shadow_step(
+    shared_triton: tuple[Path, Any], tmp_path: Path, data_plane: str
+) -> None:
+    """A version equal to stable on the owner's samples (x in [0, 0.8)) but not on live
+    inputs beyond them (x[0] = 0.9, one request in five): the gate passes it, the shadow
+    step compares mirrored answers with stable's and rolls it back; every user answer
+    came from stable."""
+    model = f"roll_live_{data_plane}"
+    with _serve(tmp_path, shared_triton, model, data_plane) as gw:
+        url = f"http://{gw.http_url}"
+        loads = _loads(url, gw.grpc_url, model)
+        rollout = {"steps": [50, 100], "step_seconds": 2, "min_requests": 10,
+                   "shadow": {"percent": 50, "seconds": 2, "min_requests": 10}}
+        answer = _roll(url, model, diverging_onnx(tmp_path / "v2.onnx"), rollout, CALM)
+        done = finished(url, answer["id"])
+        for load in loads:
+            load.stop()
+        assert done["state"] == "failed" and "shadow step" in done["error"], done
+        decisions = done["rollout"]["decisions"]
+        assert [(d["step"], d["decision"]) for d in decisions] == [("gate", "promote"),
+                                                                   ("shadow", "rollback")]
+        gate, shadow = decisions
+        assert gate["agreement"] > 0.99  # the owner's samples cannot tell
+        assert shadow["agreement"] < 0.99 and shadow["candidate"]["requests"] >= 10
+        assert shadow["mirror_percent"] == 50
+        _stable_answered_all(loads)
+        assert show(url, model)["serving_version"] == 1
 
 
 def _versions_seen(url: str, grpc_url: str, model: str, n: int,
@@ -318,7 +382,8 @@ def test_split_serves_both_versions_until_rollout_ends_on_stable(
     config = _gateway(tmp_path, shared_triton, model)
     with run_gateway(config, tmp_path, data_plane=data_plane) as gw:
         url = f"http://{gw.http_url}"
-        rollout = {"steps": [50, 100], "step_seconds": 3600, "min_requests": 10}
+        rollout = {"steps": [50, 100], "step_seconds": 3600, "min_requests": 10,
+                   "shadow": "none"}
         answer = _roll(url, model, affine_onnx(tmp_path / "v2.onnx", 2.1), rollout)
         assert wait_until(lambda: job(url, answer["id"])["state"] == "rolling_out"
                           and _percent(url, model) == 50, 120, 0.1)
