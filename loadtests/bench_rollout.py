@@ -15,13 +15,25 @@ its answer:
   inputs (its evaluation set uniform in [0, 0.8), so that conversion passes): its client
   failures against the expectation first step share x 20 % x requests in that step;
 - ``slow``: y = 2x + 1 plus ~10 ms of MatMuls per row;
-- ``differing``: y = -2x + 1 (agreement far below 0.99).
+- ``differing``: y = -2x + 1 (agreement far below 0.99);
+- ``erroring_guarded``, ``slow_guarded``: the same candidates with the gate and the shadow
+  step on (the defaults: the evaluation set replayed to both versions before any user,
+  then 20 % of live requests mirrored for one step's length, users answered by stable);
+- ``diverging``: y = 2x + 1 where x[0] <= 0.8, -2x + 1 beyond (its evaluation set in
+  [0, 0.8): the gate cannot tell, the shadow step's live inputs can).
+
+``erroring`` and ``slow`` keep the steps alone (``agreement_samples: 0``, ``shadow:
+none``): what a user saw before the gate and the shadow step; ``good`` and
+``differing`` have both (``differing`` meets the gate). Per scenario besides: what judged
+it, the answers the client got from the candidate (goal 0 for a bad one), the time from
+the rollout's start to its verdict, the agreement on the replayed samples (the gate's)
+and on the mirrored live requests (the shadow step's).
 
 Every scenario keeps the policy's defaults for the latency check (``max_p99_ratio`` 1.3,
-``p99_tolerance_ms`` 5, the median guard); ``erroring`` and ``slow`` have
-``agreement_samples: 0``. During a rollout both versions run under stable's scheduling
-config (``gateway.lifecycle.warmup.rollout.side_by_side_config``): the slow candidate's
-own dynamic-batching delay (~10 ms, its batch-1 p50) does not slow stable down.
+``p99_tolerance_ms`` 5, the median guard). During a rollout both versions run under
+stable's scheduling config (``gateway.lifecycle.warmup.rollout.side_by_side_config``):
+the slow candidate's own dynamic-batching delay (~10 ms, its batch-1 p50) does not slow
+stable down.
 
 Per scenario: outcome and the verdict's reason, the step it ended at, wall time from
 step 1's start to the final verdict against steps x step_seconds, client requests,
@@ -89,7 +101,13 @@ from loadtests.harness import (
     totals,
     with_range,
 )
-from loadtests.rollout_models import affine_onnx, erroring_onnx, flipped_onnx, slow_onnx
+from loadtests.rollout_models import (
+    affine_onnx,
+    diverging_onnx,
+    erroring_onnx,
+    flipped_onnx,
+    slow_onnx,
+)
 
 STEPS = (10, 50, 100)
 MIN_REQUESTS = 30
@@ -124,11 +142,25 @@ class Scenario:
         return f"roll_{self.name}"
 
 
+    @property
+    def guard(self) -> str:
+        """What judges it before users see it: the gate (with samples to replay), the
+        shadow step (unless ``shadow: none``)."""
+        gate = self.spec.get("agreement_samples", 32) != 0
+        shadow = self.spec.get("shadow", {}) not in ("none", False, None)
+        return " + ".join(n for n, on in (("gate", gate), ("shadow", shadow)) if on) or "none"
+
+
+STEPS_ONLY = {"agreement_samples": 0, "shadow": "none"}  # no gate, no shadow: as before
 SCENARIOS = (
     Scenario("good", lambda p: affine_onnx(p, GOOD_SLOPE), {}),
-    Scenario("erroring", erroring_onnx, {"agreement_samples": 0}, calm_evaluation=True),
-    Scenario("slow", slow_onnx, {"agreement_samples": 0}),
+    Scenario("erroring", erroring_onnx, STEPS_ONLY, calm_evaluation=True),
+    Scenario("slow", slow_onnx, STEPS_ONLY),
     Scenario("differing", flipped_onnx, {}),
+    # the gate and the shadow step on (the defaults): no user answered by the candidate
+    Scenario("erroring_guarded", erroring_onnx, {}, calm_evaluation=True),
+    Scenario("slow_guarded", slow_onnx, {}),
+    Scenario("diverging", diverging_onnx, {}, calm_evaluation=True),
 )
 SCENARIO_NAMES = tuple(s.name for s in SCENARIOS)
 
@@ -139,8 +171,8 @@ def step_starts(decisions: Sequence[Mapping[str, Any]]) -> list[tuple[float, int
     """(time, percent) at which each step began, in order: its first verdict's
     ``at - seconds`` (a hold restarts the window, so the first one counts)."""
     starts: dict[int, tuple[float, int]] = {}
-    for d in decisions:
-        if "step" in d and "seconds" in d:
+    for d in decisions:  # the gate's and the shadow step's verdicts are not steps
+        if isinstance(d.get("step"), int) and "seconds" in d:
             began = float(d["at"]) - float(d["seconds"])
             if d["step"] not in starts or began < starts[d["step"]][0]:
                 starts[d["step"]] = (began, int(d["percent"]))
@@ -218,7 +250,16 @@ def scenario_row(name: str, job: Mapping[str, Any], answers: Sequence[Answer],
         "longest_gap_s": round(gap, 3), "longest_gap_at_s": round(gap_at - origin, 2),
         "agreement": final.get("agreement"), "p99_ratio": final.get("p99_ratio"),
         "candidate_window": final.get("candidate"), "stable_window": final.get("stable"),
+        "verdict_s": round(end - float(rollout["started_at"]), 2),
     }
+    gate = next((d for d in decisions if d.get("step") == "gate"), None)
+    shadow = next((d for d in reversed(decisions) if d.get("step") == "shadow"), None)
+    row["guard"] = " + ".join(n for n, d in (("gate", gate), ("shadow", shadow)) if d) or "none"
+    row["agreement_replayed"] = gate.get("agreement") if gate else None
+    row["agreement_live"] = shadow.get("agreement") if shadow else None
+    if shadow is not None:
+        row.update(mirrored=(shadow.get("candidate") or {}).get("requests"),
+                   mirror_skipped=shadow.get("skipped"), shadow_decision=shadow["decision"])
     if name == "erroring" and starts:
         step_end = starts[1][0] if len(starts) > 1 else end
         in_step = len(within(answers, origin, step_end))
@@ -304,11 +345,15 @@ def scenario_cells(r: Mapping[str, Any]) -> list[object]:
                   f"(<= {r['failure_bound']:g}; {r['step1_requests']} requests in step 1"
                   + (f"; {late} after the verdict)" if late else ")"))
     reason = str(r["reason"]).replace("|", "/")
-    return [r["scenario"], r["outcome"], reason,
-            f"{r['ended_step']} ({num(r['ended_percent'], '.0f')}%)",
-            f"{r['wall_s']:.1f} / {r['planned_s']:g}", r["requests"], r["candidate_answers"],
-            r["failures"], f"{r['longest_gap_s']:.2f} (at {r['longest_gap_at_s']:+.1f} s)",
-            errors]
+    ended = r["ended_step"] if isinstance(r["ended_step"], str) else \
+        f"{r['ended_step']} ({num(r['ended_percent'], '.0f')}%)"
+    mirrored = f" ({r['mirrored']} mirrored)" if r.get("mirrored") is not None else ""
+    return [r["scenario"], r.get("guard", "-"), r["outcome"], reason, ended,
+            f"{r['wall_s']:.1f} / {r['planned_s']:g}", num(r.get("verdict_s"), ".1f"),
+            r["requests"], r["candidate_answers"], r["failures"],
+            f"{num(r.get('agreement_replayed'), '.3f')} / "
+            f"{num(r.get('agreement_live'), '.3f')}{mirrored}",
+            f"{r['longest_gap_s']:.2f} (at {r['longest_gap_at_s']:+.1f} s)", errors]
 
 
 def detour_cells(r: Mapping[str, Any]) -> list[object]:
@@ -331,13 +376,22 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             f"Rollouts: steps {first['steps']}, {first['step_seconds']:g} s each, "
             f"min_requests {MIN_REQUESTS}; one client, unversioned HTTP, back to back.",
             "",
-            table(("scenario", "outcome", "final verdict", "ended at step",
-                   "wall s / planned s", "requests", "candidate answers", "failures",
-                   "longest wait s", "failures vs expected"),
+            table(("scenario", "judged by", "outcome", "final verdict", "ended at",
+                   "wall s / planned s", "verdict s", "requests",
+                   "answers by the candidate", "failures",
+                   "agreement replayed / live", "longest wait s", "failures vs expected"),
                   (scenario_cells(r) for r in scenarios)),
             "",
-            "Wall: from step 1's start to the final verdict (loading the candidate beside "
-            "stable not counted); planned: steps x step_seconds. Longest wait: the longest "
+            "Judged by: the gate (the owner's samples replayed to both versions, no user) "
+            "and the shadow step (20 % of live requests mirrored, users answered by "
+            "stable), before the steps; \"none\": the steps alone, as before the gate. "
+            "Answers by the candidate: the client's answers whose model_version is the "
+            "candidate's (goal 0 for a bad one judged by the gate and the shadow step). "
+            "Verdict s: from the rollout's start (loading beside stable included) to the "
+            "final verdict. Agreement: the gate's on the replayed samples / the shadow "
+            "step's on the mirrored live requests. "
+            "Wall: from step 1's start (the rollout's, when it never reached one) to the "
+            "final verdict; planned: steps x step_seconds. Longest wait: the longest "
             "time between two answers (the client sends back to back), and when, from step "
             f"1's start. Expected failures: first step share x {BAD_SHARE:.0%} x requests "
             "answered in step 1 (bound: + 3 sigma + 2).",
@@ -545,7 +599,8 @@ def measure_detour(st: Stack, rounds: int, seconds: float, in_flight: int
 def detour(st: Stack, api: LifecycleClient, admin: LifecycleClient, rounds: int,
            seconds: float, in_flight: int) -> tuple[list[DetourRun], dict[str, float | None]]:
     gw, scratch = st.gateway, st.folder
-    rollout = {"steps": [50, 100], "step_seconds": 3600, "min_requests": 10}
+    rollout = {"steps": [50, 100], "step_seconds": 3600, "min_requests": 10,
+               "shadow": "none"}
     job_id = upload(api, DETOUR_SPLIT, affine_onnx(scratch / "detour.onnx", GOOD_SLOPE),
                     rollout, evaluation_set(False))
     say(f"detour: {DETOUR_SPLIT} uploaded (job {job_id}), waiting for its 50 % step")

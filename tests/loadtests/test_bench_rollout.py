@@ -182,12 +182,37 @@ def rows() -> list[dict[str, Any]]:
 def test_markdown_has_a_line_per_scenario_and_per_protocol_with_ratios() -> None:
     table = br.markdown(rows())
     lines = table.splitlines()
-    assert any(ln.startswith("| good | promoted |") and "| 3 (100%) | 9.0 / 9 |" in ln
+    assert any(ln.startswith("| good | none | promoted |") and "| 3 (100%) | 9.0 / 9 |" in ln
                for ln in lines)
-    assert any(ln.startswith("| erroring | rolled back |") and "expected" in ln for ln in lines)
+    assert any(ln.startswith("| erroring | none | rolled back |") and "expected" in ln
+               for ln in lines)
     assert any(ln.startswith("| grpc | 4 | 1000 | 700 | 0.70x |") and "1.50x" in ln
                and "50%" in ln for ln in lines)
     assert br.markdown([]) == "(nothing measured)"
+
+
+def test_guarded_row_says_what_judged_it_and_both_agreements() -> None:
+    """A candidate rolled back in the shadow step: no step began (the rollout's start is
+    the origin), the gate's agreement on the replayed samples beside the shadow step's
+    on live requests, no answer by the candidate."""
+    decisions = [
+        {"at": T0 + 1.0, "decision": "promote", "reason": "fine", "step": "gate",
+         "stage": "gate", "percent": 0, "seconds": 0.5, "agreement": 1.0},
+        {"at": T0 + 4.0, "decision": "rollback", "reason": "agreement 0.75", "step": "shadow",
+         "stage": "shadow", "percent": 0, "seconds": 3.0, "agreement": 0.75,
+         "candidate": {"requests": 40}, "skipped": 0},
+    ]
+    row = br.scenario_row("diverging", job("failed", decisions, "rolled_back"),
+                          [(T0 + t / 10, True, 1) for t in range(-20, 80)], 3.0)
+    assert br.step_starts(decisions) == []
+    assert (row["guard"], row["ended_step"], row["candidate_answers"]) == \
+        ("gate + shadow", "shadow", 0)
+    assert (row["agreement_replayed"], row["agreement_live"], row["mirrored"]) == \
+        (1.0, 0.75, 40)
+    assert row["verdict_s"] == 8.0 and row["wall_s"] == 8.0  # from the rollout's start
+    line = br.markdown([row]).splitlines()[2 + 2]
+    assert line.startswith("| diverging | gate + shadow | rolled back |")
+    assert "| shadow |" in line and "1.000 / 0.750 (40 mirrored)" in line
 
 
 def test_plot_writes_one_png_with_a_panel_per_scenario(tmp_path: Path) -> None:
