@@ -21,6 +21,11 @@ window of answers with stable's over the same window, and the agreement of their
 outputs on a replayed sample of the owner's evaluation set: promote, hold (too few
 requests) or roll back. A rollback does not wait for the step's end once the candidate
 has ``min_requests`` answers that already condemn it.
+
+Before step 1, with the split at 0 %, :func:`judge_side_by_side` judges the candidate
+on requests both versions answered: the gate's replayed samples, then the shadow step's
+live requests mirrored to the candidate (:class:`Shadow`, its pairs in
+:class:`ShadowTally`), so no user is answered by a candidate that either condemns.
 """
 
 from __future__ import annotations

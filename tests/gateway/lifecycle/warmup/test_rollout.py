@@ -202,7 +202,8 @@ def test_good_version_promoted_through_every_step_when_rolled_out(
         gate, shadow = promotions[:2]
         assert gate["agreement"] > 0.99 and gate["candidate"]["errors"] == 0
         assert gate["candidate"]["requests"] >= 32
-        assert shadow["agreement"] > 0.99 and shadow["candidate"]["requests"] >= 10
+        assert shadow["agreement"] is not None and shadow["agreement"] > 0.99, shadow
+        assert shadow["candidate"]["requests"] >= 10 and shadow["candidate"]["errors"] == 0
         took = record["decisions"][-1]["at"] - record["started_at"]
         assert 8 <= took <= 8 + 60, took  # shadow + 3 steps x 2 s, plus loading, any hold
         assert all(d["agreement"] is not None and d["agreement"] > 0.99 for d in promotions)
