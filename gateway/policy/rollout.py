@@ -268,6 +268,9 @@ def _slower(spec: RolloutSpec, stable: Window, candidate: Window,
 
 
 MIRROR_MAX_IN_FLIGHT = 8
+# HAProxy's mark on the requests it sampled for a shadow step (map ``shadow``): the
+# forwarder mirrors them without a second draw
+SHADOW_HEADER = "x-infergate-shadow"
 
 
 @dataclass

@@ -60,9 +60,6 @@ UpstreamCall = Callable[[PoolMember], Awaitable[T]]
 # the transports answer it in the ``infergate-load-wait-ms`` header / trailing metadata
 LOAD_WAIT_MS: ContextVar[int | None] = ContextVar("infergate_load_wait_ms", default=None)
 LOAD_WAIT_HEADER = "infergate-load-wait-ms"
-# HAProxy's mark on the requests it sampled for a shadow step (map ``shadow``): mirrored
-# here without a second draw
-SHADOW_HEADER = "x-infergate-shadow"
 MIRROR_TIMEOUT_S = 30.0  # a mirror's own deadline (nobody waits for it)
 
 

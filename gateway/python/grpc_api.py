@@ -44,13 +44,12 @@ from gateway.policy.model_name import (
     grpc_message_whole,
     grpc_model_name,
 )
-from gateway.policy.rollout import Shadow, pin_grpc_version
+from gateway.policy.rollout import SHADOW_HEADER, Shadow, pin_grpc_version
 from gateway.pools import PoolMember
 from gateway.python.forwarder import (
     LOAD_WAIT_HEADER,
     LOAD_WAIT_MS,
     MIRROR_TIMEOUT_S,
-    SHADOW_HEADER,
     Forwarder,
     RequestOptions,
 )

@@ -29,7 +29,7 @@ from gateway.errors import (
 from gateway.policy import parse_errors
 from gateway.policy.deadline import triton_timeout_us
 from gateway.policy.model_name import HTTP_INFER_PATTERN
-from gateway.policy.rollout import http_pinned_path
+from gateway.policy.rollout import SHADOW_HEADER, http_pinned_path
 from gateway.policy.shape import check_shapes
 from gateway.pools import PoolMember
 from gateway.python.fast_path import (
@@ -44,7 +44,6 @@ from gateway.python.forwarder import (
     LOAD_WAIT_HEADER,
     LOAD_WAIT_MS,
     MIRROR_TIMEOUT_S,
-    SHADOW_HEADER,
     Forwarder,
 )
 from gateway.python.generate import GenerateFastPath
