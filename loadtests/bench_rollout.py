@@ -54,7 +54,12 @@ h2load) are taken out of the throughput. Part of a ratio can be Triton's rather 
 the gateway's: two versions loaded are two model instances, and the requests in flight
 are batched over both instead of one.
 
-About 4 minutes on 2 cores (``--quick`` about 2).
+**The shadow step's cost.** HAProxy cannot copy a request: during a shadow step it
+hands the sampled share (20 %) of a model's unversioned requests to the control plane's
+forwarder, which answers them from stable and mirrors them. The same h2load rounds
+measure a model held in its shadow step (paused) against one without rollout.
+
+About 5 minutes on 2 cores (``--quick`` about 2).
 
     python -m loadtests.bench_rollout [--quick] [--out DIR] [--in-flight 4]
 """
@@ -118,6 +123,7 @@ BIN_S = 1.0
 LEAD_S, TAIL_S = 3.0, 3.0  # plotted before step 1 and after the end
 PROTOCOLS = ("grpc", "http")
 DETOUR_PLAIN, DETOUR_SPLIT = "detour_plain", "detour_split"
+SHADOW_HELD, SHADOW_PERCENT = "shadow_held", 20  # held in its shadow step (paused)
 TOKENS = {"upload": "bench-upload-token-0123456789", "admin": "bench-admin-token-0123456789"}
 TINY_SPEC = {"inputs": [{"name": "x", "datatype": "FP32", "shape": ["batch", TINY_WIDTH]}],
              "max_batch_size": 8, "profile_iterations": 3, "intra_op_threads": 1}
@@ -369,6 +375,7 @@ def detour_cells(r: Mapping[str, Any]) -> list[object]:
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     scenarios = [r for r in rows if r["part"] == "scenario"]
     detours = [r for r in rows if r["part"] == "detour"]
+    shadows = [r for r in rows if r["part"] == "shadow"]
     lines: list[str] = []
     if scenarios:
         first = scenarios[0]
@@ -408,6 +415,26 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
                    "throughput ratio", "p50 ms no rollout", "p50 ms rollout", "p50 ratio",
                    "failed (no / rollout)", "candidate share seen"),
                   (detour_cells(r) for r in detours)),
+        ]
+    if shadows:
+        d = shadows[0]
+        lines += [
+            *([""] if lines else []),
+            f"Shadow step on the HAProxy plane: {d['percent']}% of a model's unversioned "
+            f"requests take the control plane's forwarder, which mirrors them; h2load, "
+            f"{d['in_flight']} in flight, median of {d['rounds']} round(s) x "
+            f"{d['seconds']:g} s; a model without rollout vs one held in its shadow step "
+            "(paused).",
+            "",
+            table(("protocol", "in flight", "req/s no rollout", "req/s shadow step",
+                   "throughput ratio", "p50 ms no rollout", "p50 ms shadow step",
+                   "p50 ratio", "failed (no / shadow)", "mirrored (skipped, errors)"),
+                  ([*detour_cells(r)[:-1],
+                    f"{r['mirrored']} ({r['skipped']}, {r['mirror_errors']})"]
+                   for r in shadows)),
+            "",
+            "Mirrored: pairs of both protocols over the whole measurement (warm-up "
+            "included); skipped: requests not mirrored, 8 mirrors already in flight.",
         ]
     return "\n".join(lines) if lines else "(nothing measured)"
 
@@ -542,6 +569,66 @@ def run_scenario(st: Stack, scenario: Scenario, step_seconds: float) -> dict[str
     return row
 
 
+def measure_shadow(st: Stack, rounds: int, seconds: float, in_flight: int
+                   ) -> list[dict[str, Any]]:
+    """The shadow step's cost on the HAProxy plane: ``SHADOW_PERCENT`` % of a model's
+    unversioned requests take the control plane's forwarder (which mirrors them). h2load
+    on a model held in its shadow step (a 2.1x + 1 candidate, paused) against
+    ``DETOUR_PLAIN``, interleaved as the detour's rounds; the rows are the detour's
+    (``part`` "shadow"), with the pairs mirrored and the mirrors skipped meanwhile."""
+    gw, scratch = st.gateway, st.folder
+    with lifecycle(st.url) as api, lifecycle(st.url, "admin") as admin:
+        rollout = {"steps": [50, 100], "step_seconds": 3600, "min_requests": 10,
+                   "shadow": {"percent": SHADOW_PERCENT, "seconds": 3600}}
+        job_id = upload(api, SHADOW_HELD, affine_onnx(scratch / "shadow.onnx", GOOD_SLOPE),
+                        rollout, evaluation_set(False))
+        say(f"shadow: {SHADOW_HELD} uploaded (job {job_id}), waiting for its shadow step")
+
+        def in_shadow() -> bool:
+            try:
+                return "shadow" in api.rollout(SHADOW_HELD)
+            except LifecycleError:
+                return False
+
+        try:
+            if not wait_until(in_shadow, JOB_TIMEOUT_S, 0.2):
+                raise RuntimeError(f"{SHADOW_HELD} never reached its shadow step: "
+                                   f"{json.dumps(api.job(job_id))[:1500]}")
+            admin.rollout_action(SHADOW_HELD, "pause")  # the shadow stays, no verdict
+            works = {m: write_workload(scratch, m, np.full((1, TINY_WIDTH), 0.5, np.float32),
+                                       "x", "y") for m in (DETOUR_PLAIN, SHADOW_HELD)}
+            for protocol in PROTOCOLS:  # warm-up
+                for work in works.values():
+                    h2load_run(gw, work, protocol, in_flight, 1.0, scratch)
+            runs = []
+            for r in range(rounds):
+                for protocol in PROTOCOLS:
+                    order = (DETOUR_PLAIN, SHADOW_HELD)
+                    for model in order if r % 2 == 0 else order[::-1]:
+                        before = settled_failed(st, model, protocol)
+                        took, ok, p50 = h2load_run(gw, works[model], protocol, in_flight,
+                                                   seconds, scratch)
+                        failed = round(settled_failed(st, model, protocol) - before)
+                        run = DetourRun(r, protocol, model == SHADOW_HELD, took,
+                                        max(0, ok - failed), failed, p50)
+                        runs.append(run)
+                        say(f"shadow round {r + 1}/{rounds} {protocol} {model}: "
+                            f"{run.per_s:.0f} req/s, p50 {p50:.2f} ms, {failed} failed")
+            figures = api.rollout(SHADOW_HELD).get("shadow") or {}
+            rows = detour_rows(runs, in_flight)
+            for row in rows:
+                row.update(part="shadow", percent=SHADOW_PERCENT,
+                           mirrored=(figures.get("candidate") or {}).get("requests"),
+                           mirror_errors=(figures.get("candidate") or {}).get("errors"),
+                           skipped=figures.get("skipped"), agreement=figures.get("agreement"))
+            return rows
+        finally:
+            with contextlib.suppress(LifecycleError, httpx.HTTPError):
+                admin.rollout_action(SHADOW_HELD, "abort")
+            with contextlib.suppress(RuntimeError, httpx.HTTPError):
+                wait_job(api, job_id, ("succeeded", "failed"))
+
+
 # -- the detour -----------------------------------------------------------------------
 
 def percent_now(client: LifecycleClient, model: str) -> int:
@@ -656,9 +743,10 @@ def run(step_seconds: float = 5.0, rounds: int = 5, seconds: float = 3.0,
     with tempfile.TemporaryDirectory(prefix="bench_rollout-") as tmp:
         scratch = Path(tmp)
         with rollout_stack(scratch, [*(s.model for s in chosen), DETOUR_PLAIN,
-                                     DETOUR_SPLIT]) as st:
+                                     DETOUR_SPLIT, SHADOW_HELD]) as st:
             for scenario in chosen:
                 rows.append(run_scenario(st, scenario, step_seconds))
+            rows += measure_shadow(st, rounds, seconds, in_flight)
             runs, seen = measure_detour(st, rounds, seconds, in_flight)
             rows += detour_rows(runs, in_flight, seen)
     say(f"measured in {time.monotonic() - started:.0f} s")

@@ -215,6 +215,17 @@ def test_guarded_row_says_what_judged_it_and_both_agreements() -> None:
     assert "| shadow |" in line and "1.000 / 0.750 (40 mirrored)" in line
 
 
+def test_shadow_step_cost_has_its_own_table() -> None:
+    shadow = br.detour_rows([run(0, "http", False, 1000, 4.0), run(0, "http", True, 900, 4.4)],
+                            4)
+    for row in shadow:
+        row.update(part="shadow", percent=20, mirrored=180, skipped=3, mirror_errors=0)
+    lines = br.markdown(shadow).splitlines()
+    assert lines[0].startswith("Shadow step on the HAProxy plane: 20%")
+    assert any(ln.startswith("| http | 4 | 1000 | 900 | 0.90x |") and "| 180 (3, 0) |" in ln
+               for ln in lines)
+
+
 def test_plot_writes_one_png_with_a_panel_per_scenario(tmp_path: Path) -> None:
     paths = br.plot(rows(), tmp_path)
     assert paths == [tmp_path / "rollout_share.png"]
