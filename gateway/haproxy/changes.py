@@ -3,7 +3,8 @@
 :func:`runtime_commands` gives the admin-socket commands that take a process rendered
 from one snapshot (:mod:`gateway.haproxy.render`) to the next: map entries
 (:mod:`gateway.haproxy.maps`), member weights and states, and a managed model's
-holders (its backend's servers and map ``resident``). It gives ``None`` when the
+holders (its backend's servers and map ``resident``), the same for the gRPC backends' pin
+twins (:func:`gateway.haproxy.config._pin_backends`). It gives ``None`` when the
 change is structural (:func:`structure`: pools, members, a member's gRPC connection
 mode, rate classes, the default route, predict auth turned on or off, the number of
 split ranks, tenancy turned on or off, the set of models under residency) and needs a
@@ -16,7 +17,7 @@ servers it leaves go to maintenance (requests already at them finish there).
 
 from __future__ import annotations
 
-from gateway.haproxy.config import grpc_shared
+from gateway.haproxy.config import PIN, grpc_shared
 from gateway.haproxy.maps import route_maps
 from gateway.haproxy.snapshot import Layout, Resident, Snapshot
 
@@ -78,6 +79,10 @@ def runtime_commands(old: Snapshot, new: Snapshot, layout: Layout) -> list[str] 
                     commands.append(f"set server {server} weight {m.weight}")
                     commands += [f"set server {proto}_{b}/{m.name} weight {m.weight}"
                                  for b in backends.get(pool.name, ())]
+                    # the pin twins (config._pin_backends) weigh the same
+                    commands += [f"set server grpc_{b}{PIN}/{m.name} weight {m.weight}"
+                                 for b in (pool.name, *backends.get(pool.name, ()))
+                                 if proto == "grpc"]
                 if was.routable != m.routable:  # the model backends' servers track it
                     commands.append(f"set server {server} state "
                                     f"{'ready' if m.routable else 'maint'}")
@@ -93,7 +98,8 @@ def _holder_states(old: dict[tuple[str, str], Resident], new: tuple[Resident, ..
     for r in new:
         before = old[(r.pool, r.model)].holders
         moved = r.holders - before if ready else before - r.holders
-        commands += [f"set server {proto}_{r.backend}/{name} state "
-                     f"{'ready' if ready else 'maint'}"
-                     for name in sorted(moved) for proto in ("http", "grpc")]
+        commands += [f"set server {backend}/{name} state {'ready' if ready else 'maint'}"
+                     for name in sorted(moved)
+                     for backend in (f"http_{r.backend}", f"grpc_{r.backend}",
+                                     f"grpc_{r.backend}{PIN}")]
     return commands

@@ -62,7 +62,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def write_files(rendered: Rendered, layout: Layout, written: Rendered | None = None) -> int:
-    """Error files, maps, then the configuration: a reload always finds a whole set.
+    """Error files, Lua, maps, then the configuration: a reload always finds a whole set.
     ``written``: what the last call wrote to the same layout; files it already holds
     are left alone (under load a probe round changes a member's weight and nothing
     else: one file to write, not every map and error file). Returns the files written."""
@@ -70,6 +70,10 @@ def write_files(rendered: Rendered, layout: Layout, written: Rendered | None = N
     for name, body in rendered.error_files.items():
         if written is None or written.error_files.get(name) != body:
             _atomic_write(layout.run_dir / "errors" / name, body)
+            count += 1
+    for name, text in rendered.lua.items():
+        if written is None or written.lua.get(name) != text:
+            _atomic_write(layout.run_dir / name, text)
             count += 1
     for name, entries in rendered.maps.items():
         if written is None or written.maps.get(name) != entries:

@@ -6,7 +6,9 @@ Pure functions, no I/O. :func:`render` composes three of them:
 - :mod:`gateway.haproxy.maps`: the map files' contents (routes and splits, limits,
   readiness, token and rate-key digests);
 - :mod:`gateway.haproxy.answers`: what HAProxy answers itself (its error files and the
-  ``http-request return`` lines the configuration's rules use).
+  ``http-request return`` lines the configuration's rules use);
+- the Lua it loads, shipped beside this module (``pin_grpc.lua``: the filter that pins
+  a gRPC request to a rollout's version, in the gRPC backends' pin twins).
 :mod:`gateway.haproxy.changes` gives the admin-socket commands that move a running
 process from one snapshot to the next, or ``None`` when the change is structural
 (pools, members, rate classes, default routes: :func:`gateway.haproxy.changes.structure`)
@@ -24,10 +26,12 @@ Each step is a rule of the configuration, explained step by step in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
+from importlib import resources
 
 from gateway.haproxy.answers import error_files
-from gateway.haproxy.config import render_config
+from gateway.haproxy.config import PIN_GRPC_LUA, render_config
 from gateway.haproxy.maps import route_maps
 from gateway.haproxy.snapshot import Layout, Snapshot
 
@@ -37,7 +41,17 @@ class Rendered:
     config: str
     maps: dict[str, dict[str, str]]  # map name -> key -> value
     error_files: dict[str, str]  # file name -> raw HTTP response
+    # file name -> text, in the run directory: the Lua the configuration loads
+    lua: dict[str, str] = field(default_factory=dict)
+
+
+@functools.cache
+def lua_files() -> dict[str, str]:
+    """The Lua HAProxy loads (``lua-load``), shipped in this package: the filter that
+    pins gRPC requests during a rollout (``pin_grpc.lua``)."""
+    return {PIN_GRPC_LUA: resources.files(__package__).joinpath(PIN_GRPC_LUA).read_text()}
 
 
 def render(snapshot: Snapshot, layout: Layout) -> Rendered:
-    return Rendered(render_config(snapshot, layout), route_maps(snapshot), error_files())
+    return Rendered(render_config(snapshot, layout), route_maps(snapshot), error_files(),
+                    lua_files())

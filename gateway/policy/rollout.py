@@ -11,10 +11,15 @@ same percent, maps ``rollout``/``rstable``/``rcand``). Pinning means:
   plane pins ``generate`` and ``generate_stream`` the same way);
 - gRPC: field 2 (``model_version``) is appended to the ``ModelInferRequest`` wire bytes
   (a later occurrence of a singular field wins), see :func:`pin_grpc_version`; each
-  request of a ``ModelStreamInfer`` stream is pinned on its own. HAProxy
-  cannot change a gRPC body, so during a rollout it hands a model's unversioned gRPC
-  requests to the control plane's gRPC server, which pins them (docs/lifecycle.md;
-  ``loadtests/bench_rollout.py`` measures what that costs).
+  request of a ``ModelStreamInfer`` stream is pinned on its own. HAProxy does the
+  same bytes itself: its rules draw the version (this module's rule) and a Lua filter
+  in the pool backend's pin twin appends the field and raises the length prefix as the
+  body streams (``gateway/haproxy/pin_grpc.lua``; ~18 us of HAProxy CPU a pinned
+  request, nothing for the others). The control plane's gRPC server still pins what
+  HAProxy leaves to it: a body whose ``content-length`` is not its one message's, a
+  model under residency no member holds yet (docs/lifecycle.md, docs/haproxy.md;
+  ``loadtests/bench_rollout.py`` measures throughput during a rollout against
+  without).
 
 At the end of each step of ``step_seconds`` :func:`judge` compares the candidate's
 window of answers with stable's over the same window, and the agreement of their

@@ -66,7 +66,9 @@ def test_parse_tune_refuses_anything_but_one_tune_setting(text: str) -> None:
 def test_write_files_writes_only_what_changed_when_given_the_last_set(tmp_path: Path) -> None:
     layout = layout_in(tmp_path)
     first = render(snapshot(), layout)
-    assert write_files(first, layout) == len(first.error_files) + len(first.maps) + 1
+    assert write_files(first, layout) == (len(first.error_files) + len(first.maps)
+                                          + len(first.lua) + 1)
+    assert (tmp_path / "pin_grpc.lua").read_text() == first.lua["pin_grpc.lua"]
     assert write_files(first, layout, first) == 0
     heavier = snapshot(pools=(PoolState("main", (member(9000, weight=3), member(9010))),
                               PoolState("canary", (member(9020),))))

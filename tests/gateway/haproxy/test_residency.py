@@ -79,7 +79,12 @@ def test_managed_model_gets_a_backend_per_pool_with_servers_ready_on_holders(
     sections = _sections(text)
     canary = f"canary.{residency_suffix('resnet')}"
     assert {s for s in sections if ".r" in s} == {
-        f"backend {p}_{b}" for p in ("http", "grpc") for b in (RESNET, canary)}
+        f"backend {p}_{b}" for p in ("http", "grpc") for b in (RESNET, canary)} | {
+        f"backend grpc_{b}.pin" for b in (RESNET, canary)}  # config._pin_backends
+    twin = [line for line in sections[f"backend grpc_{RESNET}.pin"]
+            if line.strip().startswith("server ")]
+    assert twin[0].split()[1] == A and " disabled" not in twin[0]
+    assert twin[1].split()[1] == B and twin[1].endswith(" disabled")
     servers = {line.split()[1]: line for line in sections[f"backend http_{RESNET}"]
                if line.strip().startswith("server ")}
     assert servers[A].endswith(f"track http_main/{A} weight 256")
@@ -102,7 +107,9 @@ def test_nothing_of_residency_rendered_when_no_model_is_managed(tmp_path: Path) 
     layout = layout_in(tmp_path)
     plain = render(snapshot(), layout)
     assert "resident" not in plain.maps and "txn.rb" not in plain.config
-    assert not [s for s in _sections(plain.config) if "." in s]
+    # only the pools' pin twins (config._pin_backends) have a dot
+    assert [s for s in _sections(plain.config) if "." in s] == [
+        "backend grpc_main.pin", "backend grpc_canary.pin"]
 
 
 def test_residency_lookup_is_the_last_request_rule_and_decides_the_backend_first(
@@ -115,9 +122,15 @@ def test_residency_lookup_is_the_last_request_rule_and_decides_the_backend_first
                "map(" in requests[-2]
         assert "set-log-level silent" in requests[-1] and "-m str miss" in requests[-1]
         uses = [x.strip() for x in lines if x.startswith("  use_backend ")]
-        assert uses[-3:] == [
+        # gRPC: a request pinned here goes to the backend's pin twin
+        pinned = "{ var(txn.ver) -m found }"
+        assert uses[-5 if proto == "grpc" else -3:] == [
             f"use_backend control_{proto} if {{ var(txn.rb) -m str miss }}",
+            *([f"use_backend grpc_%[var(txn.rb)].pin if {pinned} {{ var(txn.rb) -m found }}"]
+              if proto == "grpc" else []),
             f"use_backend {proto}_%[var(txn.rb)] if {{ var(txn.rb) -m found }}",
+            *([f"use_backend grpc_%[var(txn.pool)].pin if {pinned} "
+               "{ var(txn.pool) -m found }"] if proto == "grpc" else []),
             f"use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}"]
 
 
@@ -134,8 +147,9 @@ def test_holder_moves_ready_the_new_before_the_map_and_the_map_before_maint(
         tmp_path: Path) -> None:
     layout = layout_in(tmp_path)
     resident = layout.map_path("resident")
-    ready = [f"set server {p}_{RESNET}/{B} state ready" for p in ("http", "grpc")]
-    maint = [f"set server {p}_{RESNET}/{A} state maint" for p in ("http", "grpc")]
+    backends = [f"http_{RESNET}", f"grpc_{RESNET}", f"grpc_{RESNET}.pin"]  # and its twin
+    ready = [f"set server {b}/{B} state ready" for b in backends]
+    maint = [f"set server {b}/{A} state maint" for b in backends]
     # A -> B: the map keeps pointing at the backend, B ready before A leaves
     assert runtime_commands(_held((A,)), _held((B,)), layout) == [*ready, *maint]
     # A -> none: the control plane first, then A leaves
@@ -152,8 +166,9 @@ def test_member_weight_follows_into_model_backends_when_it_changes(tmp_path: Pat
     heavier = replace(old, pools=(replace(main, members=(replace(main.members[0], weight=64),
                                                          main.members[1])), old.pools[1]))
     commands = runtime_commands(old, heavier, layout_in(tmp_path))
-    assert commands == [f"set server {p}_{b}/{A} weight 64"
-                        for p in ("http", "grpc") for b in ("main", RESNET)]
+    assert commands == [*(f"set server http_{b}/{A} weight 64" for b in ("main", RESNET)),
+                        *(f"set server grpc_{b}/{A} weight 64" for b in ("main", RESNET)),
+                        *(f"set server grpc_{b}.pin/{A} weight 64" for b in ("main", RESNET))]
 
 
 def test_managed_set_is_structure_and_holders_never_are(tmp_path: Path) -> None:
