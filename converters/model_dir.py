@@ -54,6 +54,7 @@ class ModelDirectoryRequest:
     # warm-up inputs per served batch size: {batch_size: {input_name: array}}
     warmup_inputs: Mapping[int, Mapping[str, np.ndarray]] = field(default_factory=dict)
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    min_version: int = 1  # the least version number to publish (repository.next_version)
 
 
 def sha256_file(path: Path) -> str:
@@ -77,7 +78,7 @@ def runtime_versions() -> dict[str, str]:
 def write_model_directory(request: ModelDirectoryRequest) -> WrittenModel:
     """Stage and atomically publish the next version of ``request.config.name``."""
     config = request.config
-    with stage_version(request.repo, config.name) as staged:
+    with stage_version(request.repo, config.name, request.min_version) as staged:
         for filename, source in request.artifact.files.items():
             target = staged.version_dir / filename  # may name a sub-folder: report/x.png
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,10 @@ A version is staged completely in a sibling folder on the same file system and p
 with ``rename``: a new model is one rename; a new version of an existing model is the
 version folder's rename followed by replacing ``config.pbtxt`` (rolled back if the second
 step fails). Any failure before publishing leaves the repository exactly as it was.
-Existing versions are never overwritten: each publish takes the next integer. Two writers
+Existing versions are never overwritten: each publish takes the next integer above those
+on disk, and at least ``min_version`` (the gateway's lifecycle passes one above every
+number it ever issued for the model, so a number whose version was removed is never
+published again; ``infergate convert`` alone passes 1). Two writers
 that staged the same version at once (two ``infergate up`` exporting the sample): the
 second finds the first's version there; the same files are its own success, other files
 a :class:`VersionConflict`.
@@ -69,9 +72,10 @@ def existing_versions(repo: Path, name: str) -> list[int]:
     return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def next_version(repo: Path, name: str) -> int:
+def next_version(repo: Path, name: str, min_version: int = 1) -> int:
+    """One above the versions of ``name`` on disk, and at least ``min_version``."""
     versions = existing_versions(repo, name)
-    return (versions[-1] + 1) if versions else 1
+    return max((versions[-1] + 1) if versions else 1, min_version)
 
 
 def _staging_root(repo: Path) -> Path:
@@ -83,14 +87,15 @@ def _staging_root(repo: Path) -> Path:
 
 
 @contextlib.contextmanager
-def stage_version(repo: Path, name: str) -> Iterator[StagedVersion]:
-    """Yield a staging area for the next version of ``name``; publish it on clean exit.
+def stage_version(repo: Path, name: str, min_version: int = 1) -> Iterator[StagedVersion]:
+    """Yield a staging area for the next version of ``name`` (:func:`next_version`);
+    publish it on clean exit.
 
     An exception inside the ``with`` block discards the staging area and re-raises.
     """
     validate_model_name(name)
     repo.mkdir(parents=True, exist_ok=True)
-    version = next_version(repo, name)
+    version = next_version(repo, name, min_version)
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=_staging_root(repo)))
     try:
         staged = StagedVersion(name, version, tmp / name, tmp / name / str(version))

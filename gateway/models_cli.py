@@ -162,7 +162,8 @@ def list_models(url: Url = "http://127.0.0.1:8000", token: Token = None,
     for m in answer["models"]:
         table.add_row(m["name"], m["state"], str(m["serving_version"] or "-"),
                       str(m["previous_version"] or "-"),
-                      ", ".join(str(v["version"]) for v in m["versions"]),
+                      ", ".join(str(v["version"]) for v in m["versions"]
+                                if v["state"] in ("available", "serving")),
                       ", ".join(m["pools"]) or "(config)")
     console.print(table)
 
@@ -180,7 +181,8 @@ def show(name: str, url: Url = "http://127.0.0.1:8000", token: Token = None,
                   f"{answer['serving_version']}  previous {answer['previous_version']}")
     table = Table("version", "state", "precision", "job", "report")
     for v in answer["versions"]:
-        table.add_row(str(v["version"]), v["state"], v["precision"] or "-", v["job"] or "-",
+        state = v["state"] + (f": {v['reason']}" if v.get("reason") else "")
+        table.add_row(str(v["version"]), state, v["precision"] or "-", v["job"] or "-",
                       v["report"] or "-")
     console.print(table)
 

@@ -77,6 +77,8 @@ class ConversionRequest:
     profile_warmup: int = 3
     trt_accelerator: bool = False  # onnxruntime target: Triton builds TRT engines at load
     keep_workdir: Path | None = None
+    # publish as at least this version (the lifecycle: one above every number it issued)
+    min_version: int = 1
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Render the report, then publish the chosen variant (with its report) as the next
-version of the model, atomically: any failure leaves the repository as it was."""
+version of the model, atomically: any failure leaves the repository as it was. The
+next version is one above those on disk and at least the request's ``min_version``
+(:func:`converters.repository.next_version`)."""
 
 from __future__ import annotations
 
@@ -274,6 +276,7 @@ class Publish(Step[PublishInputs, WrittenModel]):
             artifact=ModelArtifact(files, inputs.source_sha256),
             warmup_inputs=warmup,
             metadata=inputs.metadata,
+            min_version=inputs.request.min_version,
         ))
 
     def _model_files(self, inputs: PublishInputs) -> dict[str, Path]:

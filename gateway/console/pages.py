@@ -242,9 +242,11 @@ def create_console_router(console: Console) -> APIRouter:
         catalog = console.managed().catalog
         record = await catalog.known(name)
         versions = sorted(catalog.versions(record.name), key=lambda v: -v.version)
-        shown = version or record.serving_version or (versions[0].version if versions else None)
+        live = [v for v in versions if v.live]
+        shown = version or record.serving_version or (live[0].version if live else None)
         report = None
-        if shown is not None and any(v.version == shown and v.report for v in versions):
+        if shown is not None and any(v.version == shown and v.report and v.live
+                                     for v in versions):
             path = catalog.report_path(record.name, shown)
             url = f"/ui/models/{quote(record.name, safe='')}/versions/{shown}/files/{{file}}"
             report = Markup(report_html(path.read_text(errors="replace"), url)) \
@@ -390,7 +392,7 @@ def model_row(console: Console, name: str) -> dict[str, Any]:
         return {"name": name, "managed": False, **traffic}
     catalog = console.lifecycle.catalog
     record = catalog.record(name)
-    versions = {v.version: v for v in catalog.versions(name)}
+    versions = {v.version: v for v in catalog.versions(name, live=True)}
     serving = versions.get(record.serving_version or -1)
     rollout = catalog.store.rollout(name)
     return {

@@ -130,14 +130,18 @@ def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) 
 
 
 def model_json(catalog: ModelCatalog, model: str) -> dict[str, Any]:
-    """A managed model as the HTTP API shows it: its state, versions and recent jobs."""
+    """A managed model as the HTTP API shows it: its state, versions and recent jobs.
+    ``versions`` lists every number ever issued with what became of it: available or
+    serving (in the repository), else failed, rolled_back or deleted with ``reason``."""
     record = catalog.record(model)
     versions = []
     for v in catalog.versions(model):
-        report = f"/v1/models/{model}/versions/{v.version}/report" if v.report else None
+        report = f"/v1/models/{model}/versions/{v.version}/report" \
+            if v.report and v.live else None
         versions.append({"version": v.version, "state": v.state, "precision": v.precision,
                          "job": v.job_id, "created_at": v.created_at, "report": report,
-                         "metadata": v.metadata})
+                         "metadata": v.metadata, "reason": v.reason or None,
+                         "ended_at": v.ended_at})
     jobs = [{"id": j.id, "state": j.state, "version": j.version}
             for j in catalog.recent_jobs(model)]
     keep_warm = catalog.keep_warm_policies().get(model)

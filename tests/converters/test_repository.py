@@ -13,6 +13,7 @@ from converters.repository import (
     StagedVersion,
     VersionConflict,
     existing_versions,
+    next_version,
     stage_version,
 )
 from tests.converters.conftest import tree
@@ -54,3 +55,22 @@ def test_second_writer_gets_a_one_line_conflict_when_its_files_differ(tmp_path: 
     assert (repo / "m" / "1" / "model.onnx").read_bytes() == b"theirs"  # b's, first
     assert not any(p.name.startswith(".") for p in (repo / "m").iterdir())
     assert tree(repo) == published
+
+
+def test_next_version_is_at_least_the_floor_and_above_the_versions_on_disk(
+        tmp_path: Path) -> None:
+    """The lifecycle passes one above every number it issued (a removed version 3 is
+    not published again); without a floor (``infergate convert``) today's rule holds."""
+    repo = tmp_path / "repo"
+    assert next_version(repo, "m") == 1
+    for _ in range(2):
+        with stage_version(repo, "m") as staged:
+            _fill(staged, b"v")
+    assert next_version(repo, "m") == 3  # no floor: one above the disk
+    assert next_version(repo, "m", min_version=4) == 4  # 3 was issued, then removed
+    assert next_version(repo, "m", min_version=2) == 3  # the disk wins when higher
+    with stage_version(repo, "m", min_version=5) as staged:
+        assert staged.version == 5
+        _fill(staged, b"v5")
+    assert existing_versions(repo, "m") == [1, 2, 5]
+    assert next_version(repo, "m") == 6

@@ -48,6 +48,7 @@ def conversion_request(task: WorkerTask, calibration: Path | None,
         drop_expired=spec.drop_expired,
         instance_count=spec.instance_count, intra_op_threads=spec.intra_op_threads,
         profile_iterations=spec.profile_iterations, repair=spec.repair,
+        min_version=task.min_version,
     )
 
 

@@ -33,6 +33,9 @@ class WorkerTask:
     # a rollout follows: keep this many evaluation samples (the synthetic ones when no
     # evaluation part was uploaded) to replay (agreement.npz)
     agreement_samples: int = 0
+    # the least version number to publish: one above every number the lifecycle ever
+    # issued for the model (a failed, rolled-back or deleted version's included)
+    min_version: int = 1
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self)))

@@ -9,8 +9,11 @@ written to the job store.
 
 A job that fails after the converter published its version takes the version back out:
 the repository is left as it was before the upload (``config.pbtxt`` included), and the
-serving version never stopped serving. :meth:`JobRunner.recover` does the same at
-start-up for the jobs a previous process left running.
+serving version never stopped serving. The version's record stays, ``failed`` or
+``rolled_back`` with the job's error, and its number is never issued again: the worker
+is told the least number it may publish (:meth:`LifecycleStore.version_floor`).
+:meth:`JobRunner.recover` does the same at start-up for the jobs a previous process left
+running.
 """
 
 from __future__ import annotations
@@ -100,11 +103,12 @@ class JobRunner:
         serving = record.serving_version if record else None
         if job.version is None or job.version == serving:
             return
-        versions = {v.version: v.config for v in self.store.versions(job.model)}
+        versions = {v.version: v.config for v in self.store.versions(job.model, live=True)}
         kept = [text for v, text in versions.items() if v != job.version]
         repo_edits.remove_version(self.repository, job.model, job.version,
                                   versions.get(job.version), kept)
-        self.store.delete_version(job.model, job.version)
+        self.store.end_version(job.model, job.version, self._ended_state(job),
+                               job.error or RESTART_REASON)
         if serving is not None and serving in versions:
             repo_edits.write_config(self.repository, job.model,
                                     repo_edits.pinned_config_text(versions[serving], serving))
@@ -216,7 +220,7 @@ class JobRunner:
                 try:
                     job = await self._convert_and_deploy(job, upload, spec, pools, folder)
                 except asyncio.CancelledError:
-                    self._restore(model, before)
+                    self._restore(job, before, RESTART_REASON)
                     self._finish(self.store.job(job.id), "failed", RESTART_REASON)
                     raise
                 except Exception as exc:  # noqa: BLE001 - every failure ends the job
@@ -225,7 +229,7 @@ class JobRunner:
                     message = exc.message if isinstance(exc, GatewayError) else str(exc)
                     if self._closing:
                         message = f"{RESTART_REASON} ({message})"
-                    self._restore(model, before)
+                    self._restore(job, before, message)
                     self._finish(self.store.job(job.id), "failed", message)
                     log.warning("job %s (%s) failed: %s", job.id, model, message)
         finally:
@@ -252,6 +256,7 @@ class JobRunner:
             evaluation=str(upload.evaluation.path) if upload.evaluation else None,
             limits=self.spec.limits.model_dump(mode="json"), nice=self.spec.worker_nice,
             agreement_samples=rollout.agreement_samples if rollout else 0,
+            min_version=self.store.version_floor(model),
         )
 
         def on_step(event: StepEvent) -> None:
@@ -262,12 +267,13 @@ class JobRunner:
             self.store.update_job(job.id, worker_pid=pid)
 
         outcome = await self.workers.run(task, on_step, on_start)
-        self._check_footprint(model)
-        self.store.put_version(VersionRecord(
+        self.store.put_version(VersionRecord(  # recorded first: its number is issued
             model, outcome.version, "available", outcome.config, time.time(),
             precision=outcome.precision, job_id=job.id, metadata=outcome.metadata,
             report=outcome.report,
         ))
+        self.store.update_job(job.id, version=outcome.version)
+        self._check_footprint(model)
         record = self.store.model(model) or ModelRecord(model, "loading", time.time())
         keep_warm = spec.keep_warm.model_dump(mode="json") if spec.keep_warm else None
         self.store.put_model(replace(record, pools=tuple(pools),
@@ -318,17 +324,29 @@ class JobRunner:
         shutil.move(path, target)
         return target
 
-    def _restore(self, model: str, before: repo_edits.RepositorySnapshot) -> None:
-        """Take out whatever a failed job added: new versions, its config, staging."""
+    def _restore(self, job: JobRecord, before: repo_edits.RepositorySnapshot,
+                 reason: str) -> None:
+        """Take out whatever a failed job added: new versions, its config, staging. The
+        versions' records stay, ended (failed or rolled back, with ``reason``)."""
+        model = job.model
         record = self.store.model(model)
         if not before.versions and record is not None and record.serving_version is None:
-            self.store.delete_model(model)  # a first upload that failed leaves no trace
-        configs = {v.version: v.config for v in self.store.versions(model)}
+            self.store.delete_model(model)  # a first upload that failed serves nothing
+        configs = {v.version: v.config for v in self.store.versions(model, live=True)}
         added = repo_edits.restore(self.repository, model, before, configs)
+        state = self._ended_state(self.store.job(job.id))
         for version in added:
-            self.store.delete_version(model, version)
+            self.store.end_version(model, version, state, reason)
         if added:
             log.warning("job for %s failed: removed unpublished versions %s", model, added)
+
+    def _ended_state(self, job: JobRecord) -> str:
+        """``rolled_back`` for the candidate of the job's own rollout, else ``failed``."""
+        rollout = self.store.rollout(job.model)
+        if rollout is not None and rollout.job_id == job.id and \
+                rollout.candidate == job.version and rollout.state != "promoted":
+            return "rolled_back"
+        return "failed"
 
     def _step(self, job: JobRecord, name: str, state: str, detail: str = "",
               fraction: float | None = None) -> JobRecord:

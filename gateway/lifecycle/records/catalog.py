@@ -63,8 +63,10 @@ class ModelCatalog:
         return sorted(p.name for p in self.repository.iterdir()
                       if p.is_dir() and repo_edits.existing_versions(self.repository, p.name))
 
-    def versions(self, model: str) -> list[VersionRecord]:
-        return self.store.versions(model)
+    def versions(self, model: str, live: bool = False) -> list[VersionRecord]:
+        """Every version record of ``model``, those that left the repository (failed,
+        rolled back, deleted: ``live`` False) included unless ``live``."""
+        return self.store.versions(model, live)
 
     def recent_jobs(self, model: str, limit: int = 5) -> list[JobRecord]:
         return self.store.jobs(model, limit=limit)
@@ -77,6 +79,9 @@ class ModelCatalog:
         record = self.store.version(model, version)
         if record is None or not record.report:
             raise ModelNotFound(f"model {model!r} version {version} has no report")
+        if not record.live:
+            raise ModelNotFound(f"version {version} of {model!r} is gone ({record.state}), "
+                                "its report with it")
         folder = (self.repository / model / str(version)).resolve()
         path = (folder / record.report).resolve()
         if not path.is_relative_to(folder) or not path.is_file():
@@ -107,7 +112,7 @@ class ModelCatalog:
         if self._routable(model):
             loaded = await self.admin.loaded_versions(self.deployer.members(model)[0], model)
             serving = max(loaded) if loaded else None
-        if serving is not None and self.store.version(model, serving) is not None:
+        if serving is not None and self.store.live_version(model, serving) is not None:
             self.store.set_version_state(model, serving, "serving")
         else:
             serving = None
@@ -119,7 +124,8 @@ class ModelCatalog:
     def _record_disk_versions(self, model: str) -> None:
         """Versions that reached the repository without an upload (``infergate
         convert``, a copy) are recorded with the model's current config.pbtxt, the best
-        knowledge of how they were published."""
+        knowledge of how they were published. A number whose version left the repository
+        keeps its record (history), even if a folder of that number appears again."""
         text_path = self.repository / model / "config.pbtxt"
         if not text_path.is_file():
             return

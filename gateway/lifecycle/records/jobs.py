@@ -2,6 +2,11 @@
 model versions (state, precision, the config each was published with), and per model
 the serving and previous version, and progressive rollouts with every verdict.
 
+Version numbers are never reused: per model, ``version_numbers`` keeps the highest
+number ever issued (:meth:`LifecycleStore.version_floor` is the least number the next
+upload may publish), and a version that leaves the repository (failed, rolled back,
+deleted) keeps its record with that final state and why (:meth:`LifecycleStore.end_version`).
+
 A restarted gateway reads them back: finished and failed jobs are reported as they
 ended; a job that was still running when the gateway died is marked failed with that
 reason (:meth:`LifecycleStore.fail_interrupted`), since its worker died with it.
@@ -26,6 +31,10 @@ from gateway.errors import Conflict, JobNotFound
 ACTIVE_JOB_STATES = ("receiving", "queued", "converting", "deploying", "rolling_out")
 ACTIVE_ROLLOUT_STATES = ("running", "paused")
 TERMINAL_JOB_STATES = ("succeeded", "failed")
+# a version in the repository (loadable) / one that left it, its record kept for history
+LIVE_VERSION_STATES = ("available", "serving")
+ENDED_VERSION_STATES = ("failed", "rolled_back", "deleted")
+SCHEMA_VERSION = 1  # PRAGMA user_version; see LifecycleStore._migrate
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -53,7 +62,13 @@ CREATE TABLE IF NOT EXISTS versions (
     metadata TEXT NOT NULL DEFAULT '{}',
     report TEXT,
     created_at REAL NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    ended_at REAL,
     PRIMARY KEY (model, version)
+);
+CREATE TABLE IF NOT EXISTS version_numbers (
+    model TEXT PRIMARY KEY,
+    highest INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS rollouts (
     job_id TEXT PRIMARY KEY,
@@ -118,7 +133,10 @@ class JobRecord:
 
 @dataclass(frozen=True)
 class VersionRecord:
-    """``state``: available (on disk, loadable), serving, or failed."""
+    """``state``: available (on disk, loadable) or serving, while the version is in the
+    repository; failed (its job failed after publishing it), rolled_back (its rollout
+    did not promote it) or deleted (by an operator or retention) once it left it, with
+    ``reason`` and ``ended_at``. Its number is never issued again."""
 
     model: str
     version: int
@@ -129,6 +147,13 @@ class VersionRecord:
     job_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     report: str | None = None  # report file, relative to the version folder
+    reason: str = ""  # why it ended (failed, rolled_back, deleted)
+    ended_at: float | None = None
+
+    @property
+    def live(self) -> bool:
+        """In the repository: a serving or rollback target."""
+        return self.state in LIVE_VERSION_STATES
 
 
 @dataclass(frozen=True)
@@ -205,6 +230,33 @@ class LifecycleStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring a database written by an older gateway up to :data:`SCHEMA_VERSION`
+        (``PRAGMA user_version``; 0: before versioned schemas). Each step is idempotent
+        and runs in one transaction with the bump."""
+        current = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if current >= SCHEMA_VERSION:
+            return
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            if current < 1:  # final states of versions; the highest number ever issued
+                columns = {r["name"] for r in self._db.execute("PRAGMA table_info(versions)")}
+                if "reason" not in columns:
+                    self._db.execute(
+                        "ALTER TABLE versions ADD COLUMN reason TEXT NOT NULL DEFAULT ''")
+                if "ended_at" not in columns:
+                    self._db.execute("ALTER TABLE versions ADD COLUMN ended_at REAL")
+                # existing records keep their numbers: the highest recorded so far (a
+                # version record, or a job's, whose version record was deleted)
+                self._db.execute(
+                    "INSERT INTO version_numbers (model, highest) SELECT model, MAX(v) FROM ("
+                    "SELECT model, version AS v FROM versions UNION ALL "
+                    "SELECT model, version AS v FROM jobs WHERE version IS NOT NULL) "
+                    "WHERE true GROUP BY model ON CONFLICT (model) DO UPDATE SET "
+                    "highest = MAX(highest, excluded.highest)")
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._db.close()
@@ -274,30 +326,79 @@ class LifecycleStore:
 
     # -- versions --------------------------------------------------------------------------
     def put_version(self, record: VersionRecord) -> None:
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT OR REPLACE INTO versions (model, version, state, precision, job_id, "
+                "config, metadata, report, created_at, reason, ended_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (record.model, record.version, record.state, record.precision,
+                 record.job_id, record.config, json.dumps(record.metadata), record.report,
+                 record.created_at, record.reason, record.ended_at),
+            )
+            self._issued(record.model, record.version)
+
+    def _issued(self, model: str, version: int) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO versions (model, version, state, precision, job_id, "
-            "config, metadata, report, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (record.model, record.version, record.state, record.precision, record.job_id,
-             record.config, json.dumps(record.metadata), record.report, record.created_at),
-        )
+            "INSERT INTO version_numbers (model, highest) VALUES (?, ?) ON CONFLICT (model) "
+            "DO UPDATE SET highest = MAX(highest, excluded.highest)", (model, version))
+
+    def highest_version(self, model: str) -> int:
+        """The highest version number ever issued for ``model`` (0: none yet)."""
+        row = self._db.execute("SELECT highest FROM version_numbers WHERE model = ?",
+                               (model,)).fetchone()
+        return int(row["highest"]) if row else 0
+
+    def version_floor(self, model: str) -> int:
+        """The least number the next version of ``model`` may take: one above every
+        number ever issued (the converter also stays above the versions on disk)."""
+        return self.highest_version(model) + 1
 
     def set_version_state(self, model: str, version: int, state: str) -> None:
         self._db.execute("UPDATE versions SET state = ? WHERE model = ? AND version = ?",
                          (state, model, version))
 
+    def end_version(self, model: str, version: int, state: str, reason: str) -> None:
+        """``version`` left the repository: its record keeps ``state`` (one of
+        :data:`ENDED_VERSION_STATES`) and ``reason``; a version that was never recorded
+        (its job failed between publishing and recording it) gets a record of its own.
+        Its number stays issued."""
+        if state not in ENDED_VERSION_STATES:
+            raise ValueError(f"{state!r} is not a final version state {ENDED_VERSION_STATES}")
+        now = time.time()
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT INTO versions (model, version, state, config, created_at, reason, "
+                "ended_at) VALUES (?, ?, ?, '', ?, ?, ?) ON CONFLICT (model, version) DO "
+                "UPDATE SET state = excluded.state, reason = excluded.reason, "
+                "ended_at = excluded.ended_at",
+                (model, version, state, now, reason, now))
+            self._issued(model, version)
+
+    def delete_version(self, model: str, version: int, reason: str = "deleted") -> None:
+        """The version was removed from the repository: recorded ``deleted``."""
+        self.end_version(model, version, "deleted", reason)
+
     def version(self, model: str, version: int) -> VersionRecord | None:
+        """The record of ``version``, whatever became of it (see ``live``)."""
         row = self._db.execute("SELECT * FROM versions WHERE model = ? AND version = ?",
                                (model, version)).fetchone()
         return _version(row) if row else None
 
-    def versions(self, model: str) -> list[VersionRecord]:
+    def live_version(self, model: str, version: int) -> VersionRecord | None:
+        """The record of ``version`` while it is in the repository (available or
+        serving); None for one that failed, was rolled back or deleted."""
+        record = self.version(model, version)
+        return record if record is not None and record.live else None
+
+    def versions(self, model: str, live: bool = False) -> list[VersionRecord]:
+        """Every version record of ``model`` by number, ended ones included unless
+        ``live``."""
         rows = self._db.execute("SELECT * FROM versions WHERE model = ? ORDER BY version",
                                 (model,))
-        return [_version(r) for r in rows]
-
-    def delete_version(self, model: str, version: int) -> None:
-        self._db.execute("DELETE FROM versions WHERE model = ? AND version = ?",
-                         (model, version))
+        records = [_version(r) for r in rows]
+        return [r for r in records if r.live] if live else records
 
     # -- rollouts --------------------------------------------------------------------------
     def put_rollout(self, record: RolloutRecord) -> RolloutRecord:
@@ -364,7 +465,7 @@ def _version(row: sqlite3.Row) -> VersionRecord:
         model=row["model"], version=row["version"], state=row["state"],
         precision=row["precision"], job_id=row["job_id"], config=row["config"],
         metadata=json.loads(row["metadata"]), report=row["report"],
-        created_at=row["created_at"],
+        created_at=row["created_at"], reason=row["reason"], ended_at=row["ended_at"],
     )
 
 

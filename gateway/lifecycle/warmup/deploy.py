@@ -261,19 +261,26 @@ class Deployer:
             raise ModelNotFound(f"model {model!r} has no version {target} to roll back to")
         return await self.activate(model, target, warm_batches)
 
-    def delete_version(self, model: str, version: int) -> None:
+    def delete_version(self, model: str, version: int,
+                       reason: str = "deleted by an operator") -> None:
+        """Remove ``version`` from the repository; its record stays, ``deleted`` with
+        ``reason``, and its number is never issued again."""
         record = self.store.model(model)
         if record is not None and record.serving_version == version:
             raise Conflict(f"version {version} of {model!r} is serving: roll back or deploy "
                            "another version before deleting it")
         target = self.store.version(model, version)
-        if target is None and version not in repo_edits.existing_versions(self.repository,
-                                                                         model):
+        on_disk = version in repo_edits.existing_versions(self.repository, model)
+        if target is not None and not target.live and not on_disk:
+            raise ModelNotFound(f"version {version} of {model!r} is already gone "
+                                f"({target.state}: {target.reason})")
+        if target is None and not on_disk:
             raise ModelNotFound(f"model {model!r} has no version {version}")
-        kept = [v.config for v in self.store.versions(model) if v.version != version]
+        kept = [v.config for v in self.store.versions(model, live=True)
+                if v.version != version]
         repo_edits.remove_version(self.repository, model, version,
-                                  target.config if target else None, kept)
-        self.store.delete_version(model, version)
+                                  target.config if target and target.config else None, kept)
+        self.store.delete_version(model, version, reason)
         if record is not None and record.previous_version == version:
             self.store.put_model(replace(record, previous_version=None))
 
@@ -285,5 +292,6 @@ class Deployer:
         keep = set(on_disk[-self.retention:]) | protected
         removed = [v for v in on_disk if v not in keep]
         for version in removed:
-            self.delete_version(model, version)
+            self.delete_version(model, version, f"retention keeps the newest "
+                                                f"{self.retention} versions")
         return removed

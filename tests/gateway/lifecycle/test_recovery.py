@@ -118,6 +118,9 @@ def test_restart_removes_version_published_but_never_served_when_job_died_deploy
     lifecycle.recover()
     assert store.job("job-x").state == "failed"
     assert not (repo / TINY / "2").exists() and (repo / TINY / "1").is_dir()
-    assert [v.version for v in store.versions(TINY)] == [1]
+    assert [v.version for v in store.versions(TINY, live=True)] == [1]
+    ended = store.version(TINY, 2)  # kept as failed: number 2 is never issued again
+    assert ended is not None and ended.state == "failed" and ended.reason == RESTART_REASON
+    assert store.version_floor(TINY) == 3
     assert "versions: 1" in (repo / TINY / "config.pbtxt").read_text()
     assert not (tmp_path / "state" / "jobs" / "job-x").exists()

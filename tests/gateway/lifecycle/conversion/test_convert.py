@@ -37,9 +37,14 @@ def test_convert_upload_keeps_synthetic_samples_for_rollout_when_no_evaluation_p
 
 
 def test_convert_upload_keeps_no_samples_when_no_rollout_follows(tmp_path: Path) -> None:
+    """Also: the lifecycle's version floor reaches the publish step (numbers 1-3 were
+    issued before, their versions gone from disk)."""
     work = tmp_path / "job"
     work.mkdir()
     task = WorkerTask(job_id="job-2", model="affine", repository=str(tmp_path / "repo"),
                       model_file=str(affine_onnx(work / "model.onnx", 3.0)),
-                      model_format="onnx", spec=TINY_SPEC, work_dir=str(work))
-    assert convert_upload(task, None, None, lambda *event: None).agreement is None
+                      model_format="onnx", spec=TINY_SPEC, work_dir=str(work),
+                      min_version=4)
+    outcome = convert_upload(task, None, None, lambda *event: None)
+    assert outcome.agreement is None
+    assert outcome.version == 4 and (tmp_path / "repo" / "affine" / "4").is_dir()

@@ -84,7 +84,8 @@ def test_versions_roll_back_and_forth_with_no_failed_request_when_admin_asks(
             assert resp.status_code == 409 and "serving" in resp.json()["error"]
             _cli(url, "delete", TINY, "3")
             assert not (repo / TINY / "3").exists()
-            assert [v["version"] for v in _show(url)["versions"]] == [1, 2]
+            shown_versions = {v["version"]: v["state"] for v in _show(url)["versions"]}
+            assert shown_versions == {1: "available", 2: "serving", 3: "deleted"}
             assert "tiny" in _cli(url, "list", token=TOKENS["upload"])
 
         # a restarted gateway preloads the serving version and remembers the previous
@@ -112,6 +113,8 @@ def test_prune_keeps_newest_serving_and_previous_when_over_retention(tmp_path: P
     assert deployer.prune(TINY) == [3]
     assert sorted(int(p.name) for p in (repo / TINY).iterdir() if p.name.isdigit()) == \
         [1, 2, 4, 5, 6]
-    assert [v.version for v in store.versions(TINY)] == [1, 2, 4, 5, 6]
+    assert [v.version for v in store.versions(TINY, live=True)] == [1, 2, 4, 5, 6]
+    pruned = store.version(TINY, 3)  # the record stays, its number issued
+    assert pruned is not None and pruned.state == "deleted" and "retention" in pruned.reason
     with pytest.raises(Conflict):
         deployer.delete_version(TINY, 2)
