@@ -58,6 +58,7 @@ from gateway.policy import (
     shape,
     tenancy,
 )
+from gateway.policy.rollout import SHADOW_HEADER
 from gateway.policy.upstream import EJECT_AFTER_FAILURES, HEALTH_FALL, RETRIES
 from gateway.upstream.triton_version import grpc_mode
 
@@ -196,8 +197,8 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
                   ("set-var(txn.out) str(too_large)",
                    f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
     rules = [*first, *_request_rules(answer, http), *_deadline_fetch(http),
-             *_model_rules(snapshot, answer, http), *_rollout_rules(http),
-             *_residency_rules(snapshot)]
+             *_model_rules(snapshot, answer, http), *_shadow_rules(http),
+             *_rollout_rules(http), *_residency_rules(snapshot)]
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
         *(_guarded(action, cond, guard) for action, cond in rules),
@@ -210,6 +211,8 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
     if not http:
         lines.append("  use_backend control_grpc if { var(txn.out) -m str too_large }")
         lines.append("  use_backend control_grpc if { var(txn.detour) -m found }")
+    # a rollout's shadow step: its sampled share is the control plane's (it mirrors it)
+    lines.append(f"  use_backend control_{proto} if {{ var(txn.shadow) -m found }}")
     # a gRPC request pinned here goes to its backend's pin twin (_pin_backends)
     pinned = [] if http else [f"{{ var(txn.ver) -m found }} {{ var(txn.{v}) -m found }}"
                               for v in ("rb", "pool")]
@@ -529,6 +532,31 @@ def _deadline_fetch(http: bool) -> list[Rule]:
                f"{{ var(txn.gt) -m found }} {{ req.hdr(grpc-timeout) -m end {unit} }}")
               for unit, conv in deadline.GRPC_TIMEOUT_MS_CONVERTERS.items()]
     return rules
+
+
+def _shadow_rules(http: bool) -> list[Rule]:
+    """A rollout's shadow step (map ``shadow``: model -> percent,
+    ``gateway.policy.rollout.Shadow``). HAProxy cannot copy a request: an unversioned
+    request of the model goes to the control plane when ``rand(100)`` is below the
+    percent (``txn.shadow``, the frontend's ``use_backend``), marked with
+    ``SHADOW_HEADER``; its forwarder answers it from stable (the split is at 0 %) and
+    mirrors it to the candidate, and counts it (not logged here). A client's own mark
+    is dropped. Before the rollout's rules: the request is still unversioned there."""
+    if http:
+        unversioned = f"{{ path_reg {model_name.HTTP_UNVERSIONED_INFER_PATTERN} }}"
+    else:
+        unversioned = (f"!{{ req.body,bytes(5),protobuf({model_name.GRPC_VERSION_FIELD}) "
+                       "-m len 1: }")
+    under = "{ var(txn.sp) -m int gt 0 }"
+    sampled = "{ var(txn.shadow) -m found }"
+    return [
+        ("set-var(txn.sp) var(txn.model),map_str_int(MAPS/shadow.map,0)", ""),
+        (f"del-header {SHADOW_HEADER}", under),
+        ("set-var(txn.sd) rand(100),sub(txn.sp)", under),
+        ("set-var(txn.shadow) int(1)", f"{under} {{ var(txn.sd) -m int lt 0 }} {unversioned}"),
+        (f"set-header {SHADOW_HEADER} 1", sampled),
+        ("set-log-level silent", sampled),
+    ]
 
 
 def _rollout_rules(http: bool) -> list[Rule]:

@@ -118,7 +118,7 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
     if not chosen:
         return None
     limits = state.admission_limits(model, pools)
-    split = state.split_of(model)
+    split, shadow = state.split_of(model), state.shadow_of(model)
     by_name = {p.name: p for p in pools}
     service = tuple((name, us, state.drain_us(model, by_name[name], us))
                     for name, _ in chosen if name in by_name
@@ -135,7 +135,8 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
                           (pool.name, tuple(sorted(server_name(m.key) for m in pool.members
                                                    if m.key in holders and m.healthy
                                                    and not m.restoring)))
-                          for pool in pools))
+                          for pool in pools),
+                      shadow=None if shadow is None else shadow.percent)
 
 
 @dataclass

@@ -13,6 +13,8 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
 - ``notready``: model -> why it cannot take requests yet (503 + Retry-After);
 - during a rollout (``gateway/policy/rollout.py``): ``rstable`` / ``rcand`` (model -> its
   stable / candidate version) and ``rollout`` (model -> the candidate's percent);
+- during a rollout's shadow step: ``shadow`` (model -> the percent of its unversioned
+  requests sent to the control plane, whose forwarder mirrors them to the candidate);
 - ``tokens``: a token's digest -> its scopes (predict auth);
 - ``ratekeys``: an API key's digest -> its rate class (the index of its stick table);
 - with tenants (``gateway/policy/tenancy.py``): ``tenants`` (key digest -> tenant),
@@ -42,6 +44,7 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
     maps["capacity"] = {p.name: str(p.capacity) for p in snapshot.pools}
     maps["elsewhere"] = {p.name: str(p.elsewhere) for p in snapshot.pools}
     maps["rstable"], maps["rcand"], maps["rollout"] = {}, {}, {}
+    maps["shadow"] = {}
     for route in snapshot.routes:
         pools, cuts = split(route, ranks)
         for k in range(ranks):
@@ -54,6 +57,8 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
             maps["drain"][f"{route.model}/{pool}"] = str(drain_us)
         if route.not_ready:
             maps["notready"][route.model] = _one_line(route.not_ready)
+        if route.shadow is not None:
+            maps["shadow"][route.model] = str(route.shadow)
         if route.split is not None:
             stable, candidate, percent = route.split
             maps["rstable"][route.model] = str(stable)

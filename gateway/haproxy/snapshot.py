@@ -67,6 +67,9 @@ class RouteState:
     # A pool with none is a miss there: its requests go to the control plane, which
     # holds them while the model loads
     holders: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    # a rollout's shadow step: the percent of unversioned requests HAProxy hands to the
+    # control plane, whose forwarder answers them from stable and mirrors them
+    shadow: int | None = None
 
 
 @dataclass(frozen=True)
@@ -256,7 +259,8 @@ def snapshot_from_dict(data: Any) -> Snapshot:
                                                       int(split[2])),
                           tuple((str(p), int(us), int(q)) for p, us, q in r.get("service", ())),
                           None if holders is None else tuple(
-                              (str(p), tuple(str(n) for n in names)) for p, names in holders))
+                              (str(p), tuple(str(n) for n in names)) for p, names in holders),
+                          None if r.get("shadow") is None else int(r["shadow"]))
 
     def rate(r: Any) -> RateClass | None:
         return None if r is None else RateClass(float(r["rate_per_s"]), float(r["burst"]))

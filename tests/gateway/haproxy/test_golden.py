@@ -118,11 +118,13 @@ def _tenants() -> tuple[Snapshot, dict[str, object]]:
 
 
 def _rollout() -> tuple[Snapshot, dict[str, object]]:
-    """A rollout (gateway/policy/rollout.py): version 4 takes 25 % of resnet50's
-    unversioned requests beside version 3."""
+    """Rollouts (gateway/policy/rollout.py): version 4 takes 25 % of resnet50's
+    unversioned requests beside version 3; bert's version 2 is in its shadow step
+    beside version 1 (20 % of its unversioned requests to the control plane)."""
     return Snapshot(pools=(PoolState("main", (_member("10.0.0.11"),)),),
                     routes=(RouteState("resnet50", (("main", 1.0),), 24, split=(3, 4, 25)),
-                            RouteState("bert", (("main", 1.0),), 12))), {}
+                            RouteState("bert", (("main", 1.0),), 12, split=(1, 2, 0),
+                                       shadow=20))), {}
 
 
 CASES = {"open": _open, "gated": _gated, "versions": _versions, "tenants": _tenants,
