@@ -162,9 +162,11 @@ class InferFastPath(FastPath):
 
         # the shadow step: a request to stable (pinned here, or by HAProxy when it marked
         # it) may also go to the candidate
-        shadow = self.forwarder.shadow(
-            model, version if version is not None else _named_version(match_version(path)),
-            SHADOW_HEADER in raw_headers) if self.forwarder.state.shadows else None
+        shadow = None
+        if self.forwarder.state.shadows:
+            marked = SHADOW_HEADER in raw_headers  # HAProxy pinned it: the path's version
+            shadow = self.forwarder.shadow(model, _named_version(match_version(path))
+                                           if version is None and marked else version, marked)
         LOAD_WAIT_MS.set(None)
         started = self.forwarder.clock()
         resp = await self.forwarder.forward(model, call, protocol="http", options=options,
