@@ -259,7 +259,8 @@ def scenario_row(name: str, job: Mapping[str, Any], answers: Sequence[Answer],
         "candidate_window": final.get("candidate"), "stable_window": final.get("stable"),
         "verdict_s": round(end - float(rollout["started_at"]), 2),
     }
-    gate = next((d for d in decisions if d.get("step") == "gate"), None)
+    # the gate judged something only with samples to replay (agreement_samples > 0)
+    gate = next((d for d in decisions if d.get("step") == "gate" and d.get("samples")), None)
     shadow = next((d for d in reversed(decisions) if d.get("step") == "shadow"), None)
     row["guard"] = " + ".join(n for n, d in (("gate", gate), ("shadow", shadow)) if d) or "none"
     row["agreement_replayed"] = gate.get("agreement") if gate else None

@@ -197,7 +197,7 @@ def test_guarded_row_says_what_judged_it_and_both_agreements() -> None:
     on live requests, no answer by the candidate."""
     decisions = [
         {"at": T0 + 1.0, "decision": "promote", "reason": "fine", "step": "gate",
-         "stage": "gate", "percent": 0, "seconds": 0.5, "agreement": 1.0},
+         "stage": "gate", "percent": 0, "seconds": 0.5, "agreement": 1.0, "samples": 32},
         {"at": T0 + 4.0, "decision": "rollback", "reason": "agreement 0.75", "step": "shadow",
          "stage": "shadow", "percent": 0, "seconds": 3.0, "agreement": 0.75,
          "candidate": {"requests": 40}, "skipped": 0},
