@@ -43,8 +43,11 @@ of the step.
 
 The models are built once into ``results/bench_residency/models`` (``--models``; about a
 minute on 2 cores) and reused.
-With the defaults a run takes about 17 minutes on 2 cores (three arms of 4 minutes of
-traffic, the members' start-ups); ``--quick`` (20 rps, 45 s phases) about 8.
+With the defaults a run takes about 13 minutes on 2 cores (three arms of 4 minutes of
+traffic, the members' start-ups); ``--quick`` (20 rps, 60 s phases: long enough to judge
+the 60 s recovery) about 6. ``--knob NAME=VALUE`` sets a residency knob of the pool
+(``min_resident_s=10``); ``--arms residency`` alone takes the budget from the footprints
+the last all-resident arm measured (``measured-footprints.json`` beside the models).
 """
 
 from __future__ import annotations
@@ -718,7 +721,7 @@ def parse_knob(text: str) -> tuple[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="20 rps, 45 s phases")
+    parser.add_argument("--quick", action="store_true", help="20 rps, 60 s phases")
     parser.add_argument("--rate", type=float, default=None, help="requests per second (40)")
     parser.add_argument("--phase-s", type=float, default=None, help="seconds per phase (120)")
     parser.add_argument("--seed", type=int, default=1)
@@ -736,7 +739,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown arms {sorted(unknown)}: choose from {', '.join(ARMS)}")
     rate = args.rate or (20.0 if args.quick else 40.0)
-    phase_s = args.phase_s or (45.0 if args.quick else 120.0)
+    phase_s = args.phase_s or (60.0 if args.quick else 120.0)
     knobs = dict(parse_knob(k) for k in args.knob)
     rows = run(rate, phase_s, args.seed, args.deadline_ms, arms, args.out, args.models, knobs)
     publish(rows, markdown, plot, args.out, "bench_residency", say)
