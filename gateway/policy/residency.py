@@ -16,7 +16,8 @@ idle (its last replica is never a surplus, only ever evicted to make room). In o
 
 1. *Over budget* (eviction ``room``): a member whose models take more than its budget (a
    budget lowered, a footprint measured larger) loses its coldest evictable models until
-   it is within budget again.
+   it is within budget again; when only models within ``min_resident_s`` of their load
+   are left, those too (the budget is the harder rule; ``min_replicas`` still holds).
 2. *Loads*, most needed first: replicas up to ``min_replicas`` (``pinned``); then each
    demanded model's first replica, hottest first (``demand``, or ``preload`` when no
    available member held anything: a gateway starting with the demand it recorded, so
@@ -204,10 +205,13 @@ class _Board:
         last = model.last_used if model.last_used is not None else -math.inf
         return (0 if self.beyond_wanted(name) else 1, model.demand_rps, last, name)
 
-    def evictable(self, key: str, name: str) -> bool:
+    def evictable(self, key: str, name: str, young: bool = False) -> bool:
+        """``young``: a model within ``min_resident_s`` of its load may go too (a
+        member over its budget: the budget is the harder rule)."""
         model = self.models.get(name)
         return (name in self.holds[key] and (name, key) not in self.planned
-                and self.now - self.members[key].held[name] >= self.knobs.min_resident_s
+                and (young or self.now - self.members[key].held[name]
+                     >= self.knobs.min_resident_s)
                 and (model is None or self.count[name] - 1 >= model.min_replicas))
 
     def evict(self, key: str, name: str, reason: str) -> None:
@@ -308,9 +312,10 @@ class _Board:
             victims = self.room(key, -self.free(key), lambda _: True)
             for victim in victims or ():
                 self.evict(key, victim, "room")
-            if victims is None:  # what can go goes: the least over budget it can be
+            if victims is None:  # what can go goes, the young too: the budget first
                 while self.free(key) < 0:
-                    left = [n for n in self.holds[key] if self.evictable(key, n)]
+                    left = [n for n in self.holds[key] if self.evictable(key, n)] or [
+                        n for n in self.holds[key] if self.evictable(key, n, young=True)]
                     if not left:
                         break
                     self.evict(key, min(left, key=self.coldness), "room")

@@ -4,10 +4,16 @@ A model's footprint is the largest of what is known of it:
 - ``footprint_bytes`` in its model policy (the operator's word);
 - the converter's measurement of the variant it published (its report,
   :func:`converters.model_dir.read_footprint`);
-- what a member reported once it was loaded there (:mod:`.memory`: its stubs' memory
-  on this host, the change of GPU memory across the load elsewhere), the largest seen.
-A model nothing is known of yet counts as the largest footprint known in its pool (one
-eighth of a member's budget when none is known), until its first load measures it.
+- what a member reported once it was last loaded there (:mod:`.memory`: the memory of
+  the stubs started by that load on this host, the change of GPU memory across the load
+  elsewhere).
+The converter measures a session in a process that has its libraries loaded already; a
+member's runtime adds its own per model (a Python-backend stub: about 30 MB on CPU).
+That overhead is learned from the models measured both ways (the largest difference) and
+added to the converter's figure of a model not measured on a member yet, so a first load
+does not overcommit a budget. A model nothing is known of counts as the largest
+footprint known in its pool (one eighth of a member's budget when none is known), until
+its first load measures it.
 """
 
 from __future__ import annotations
@@ -53,9 +59,12 @@ class Footprints:
         """(bytes, where the figure comes from: configured, converter, measured or
         estimate)."""
         policy = self.config.models.get(model)
+        converter = self._converter.get(model, (0.0, None))[1]
+        if converter and model not in self._measured:
+            converter += self.overhead()
         known = [(size, source) for size, source in (
             (policy.footprint_bytes if policy else None, "configured"),
-            (self._converter.get(model, (0.0, None))[1], "converter"),
+            (converter, "converter"),
             (self._measured.get(model), "measured")) if size]
         if known:
             size, source = max(known)
@@ -75,9 +84,16 @@ class Footprints:
         return self.of(model, pool)[0]
 
     def measured(self, model: str, size: int) -> None:
-        """A member reported ``size`` bytes for ``model``: the largest seen stays."""
-        if size > self._measured.get(model, 0):
+        """A member reported ``size`` bytes for ``model`` after its last load."""
+        if size > 0:
             self._measured[model] = size
+
+    def overhead(self) -> int:
+        """What a member's runtime takes per model beyond the converter's figure,
+        learned from the models measured both ways (0 until one is)."""
+        differences = [size - converter for model, size in self._measured.items()
+                       if (converter := self._converter.get(model, (0.0, None))[1])]
+        return max(0, *differences) if differences else 0
 
     async def gpu_before(self, member: PoolMember) -> int | None:
         """A remote member's GPU memory in use before a load (None: none read)."""
@@ -85,13 +101,14 @@ class Footprints:
             return None
         return await self._gpu_used(member)
 
-    async def measure(self, member: PoolMember, model: str,
-                      gpu_before: int | None = None) -> None:
-        """What ``member`` reports of ``model`` once loaded (see the module's sources)."""
+    async def measure(self, member: PoolMember, model: str, gpu_before: int | None = None,
+                      started_after: float | None = None) -> None:
+        """What ``member`` reports of ``model`` once loaded (see the module's sources);
+        ``started_after``: when the load began (epoch seconds)."""
         try:
             if is_loopback(member.spec.host):
-                for name, size in (await measured_footprints(member.spec, self.client,
-                                                             [model])).items():
+                for name, size in (await measured_footprints(
+                        member.spec, self.client, [model], started_after)).items():
                     self.measured(name, size)
             elif gpu_before is not None:
                 after = await self._gpu_used(member)

@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 LoadOne = Callable[[PoolMember, str], Awaitable[None]]
 EVICT_DRAIN_S = 60.0  # in-flight requests of an evicted model get this long to end
 RECORD_EVERY_S = 10.0  # demand written to its file this often
+ROOM_POLL_S = 0.1  # a miss no member has room for looks again this often
 READY = "READY"
 
 
@@ -67,6 +68,14 @@ class Holding:
     state: str  # "loading" | "resident" | "evicting" | "failed"
     since: float  # when it entered that state (a load: when it started)
     reason: str = ""  # why (a load's or an eviction's reason, a failure's message)
+
+
+class _NoRoom(Exception):
+    """No member can take a missed model now."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.message, self.retry_after_s = message, retry_after_s
 
 
 @dataclass
@@ -94,6 +103,8 @@ class Residency:
     _recorded_at: float = field(default=float("-inf"))
     _load_seconds: dict[str, float] = field(default_factory=dict)  # model -> last load took
     _published: set[str] = field(default_factory=set)  # models whose holders the state has
+    _removed: dict[tuple[str, str], float] = field(default_factory=dict)  # (member, model)
+    _load_slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)  # per member
 
     @property
     def state(self) -> GatewayState:
@@ -168,9 +179,10 @@ class Residency:
         that the residency did not load is adopted (a deploy loaded it, or a gateway
         before this one); one it holds that Triton no longer has ready is dropped (the
         member restarted, or the model failed)."""
-        now = self.state.clock()
+        now = fetched = self.state.clock()
         members = [m for m in pool.members if m.healthy]
         indexes = await asyncio.gather(*(self._index(m) for m in members))
+        now = self.state.clock()
         changed: set[str] = set()
         for member, index in zip(members, indexes, strict=True):
             if index is None:
@@ -180,12 +192,15 @@ class Residency:
             ready = {name for name, state in index.items() if state == READY}
             for model in list(holdings):
                 held = holdings[model]
-                if held.state == "resident" and model not in ready:
+                # (a holding that changed since the index was read is newer than it)
+                if held.state == "resident" and model not in ready and held.since < fetched:
                     log.warning("%s no longer has %s ready (restarted?): dropped", member.key,
                                 model)
                     del holdings[model]
                     changed.add(model)
             for model in ready - holdings.keys():
+                if self._removed.get((member.key, model), float("-inf")) >= fetched:
+                    continue  # unloaded since the index was read
                 if pool in self.state.pools_for(model):
                     holdings[model] = Holding("resident", now, "found loaded")
                     changed.add(model)
@@ -274,10 +289,16 @@ class Residency:
         holdings = self.held.setdefault(member.key, {})
         began = self.state.clock()
         holdings[model] = Holding("loading", began, reason)
-        gpu_before = await self.footprints.gpu_before(member)
-        started = time.perf_counter()
+        slots = self._load_slots.get(member.key)
+        if slots is None:
+            pool = next(p for p in self.pools() if member in p.members)
+            slots = self._load_slots[member.key] = asyncio.Semaphore(
+                self.spec(pool).loads_per_member)
         try:
-            await self.load_one(member, model)
+            async with slots:  # misses' loads too: a member loads a few at a time
+                gpu_before = await self.footprints.gpu_before(member)
+                started, wall = time.perf_counter(), time.time()
+                await self.load_one(member, model)
         except Exception as exc:
             message = exc.message if isinstance(exc, GatewayError) else repr(exc)
             holdings[model] = Holding("failed", self.state.clock(), message)
@@ -294,7 +315,7 @@ class Residency:
         self.metrics.load_seconds.observe(seconds)
         self._publish(model)
         await self.state.settle()  # both data planes route to it there now
-        self._spawn(self.footprints.measure(member, model, gpu_before))
+        self._spawn(self.footprints.measure(member, model, gpu_before, wall - 1.0))
 
     async def evict(self, model: str, member: PoolMember, reason: str) -> None:
         """Out of routing there first, its requests in flight there end, then unloaded."""
@@ -318,6 +339,7 @@ class Residency:
             self._publish(model)
             return
         holdings.pop(model, None)
+        self._removed[member.key, model] = self.state.clock()
         self.metrics.evictions.labels(model, reason).inc()
         self.metrics.resident(model, {member.key: False})
 
@@ -341,12 +363,14 @@ class Residency:
                 f"'{pool.name}' is full ({room.max_requests} requests wait for models "
                 "being loaded): retry shortly", retry_after_s=self._retry_after(model),
                 reason="loading")
-        miss = self._miss(pool, model)
         limit = room.max_wait_s if deadline_s is None else min(room.max_wait_s, deadline_s)
+        give_up = time.monotonic() + max(0.0, limit)
         self.waiting[model] = self.waiting.get(model, 0) + 1
         self.metrics.waiting.labels(model).set(self.waiting[model])
         try:
-            await asyncio.wait_for(asyncio.shield(miss.done), max(0.0, limit))
+            miss = await self._miss_within(pool, model, give_up)
+            await asyncio.wait_for(asyncio.shield(miss.done),
+                                   max(0.0, give_up - time.monotonic()))
         except TimeoutError:
             waited = self.state.clock() - miss.started
             raise ModelNotReady(
@@ -356,6 +380,25 @@ class Residency:
         finally:
             self.waiting[model] -= 1
             self.metrics.waiting.labels(model).set(self.waiting[model])
+
+    async def _miss_within(self, pool: Pool, model: str, give_up: float) -> _Miss:
+        """:meth:`_miss`, waiting (until ``give_up``, monotonic) for room when no member
+        has any now (every candidate's models loaded within ``min_resident_s``, or
+        loading): room frees as they age, and the next round's evictions make it."""
+        if self.footprints.bytes(model, pool) > self.spec(pool).usable_bytes:
+            raise Unavailable(self._no_room(pool, model), retry_after_s=None)  # never fits
+        while True:
+            try:
+                return self._miss(pool, model)
+            except _NoRoom as no_room:
+                if time.monotonic() + ROOM_POLL_S > give_up:
+                    raise ModelNotReady(no_room.message, retry_after_s=no_room.retry_after_s,
+                                        reason="loading") from None
+            await asyncio.sleep(ROOM_POLL_S)
+            if self.state.resident(model):  # a round loaded it meanwhile
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                done.set_result(None)
+                return _Miss(done, "", self.state.clock())
 
     def _retry_after(self, model: str) -> float:
         return max(1.0, math.ceil(self._load_seconds.get(model, 1.0)))
@@ -378,9 +421,8 @@ class Residency:
         else:
             place = policy.place_miss(self.view(pool, now), model, self.knobs(pool))
             if place is None:
-                raise ModelNotReady(self._no_room(pool, model),
-                                    retry_after_s=self.spec(pool).min_resident_s / 4,
-                                    reason="loading")
+                raise _NoRoom(self._no_room(pool, model),
+                              max(1.0, self.spec(pool).min_resident_s / 4))
             member_key, evictions = place
             miss = _Miss(done, member_key, now)
             self._spawn(self._load_for_misses(pool, model, member_key, evictions, done))
@@ -477,6 +519,7 @@ class Residency:
                 self.metrics.loads.labels(model, "deploy").inc()
             else:
                 holdings.pop(model, None)
+                self._removed[member.key, model] = now
         self._publish(model)
 
     def fits(self, model: str, footprint_bytes: int) -> str | None:

@@ -52,7 +52,8 @@ def is_loopback(host: str) -> bool:
 
 
 async def measured_footprints(member_spec: MemberSpec, client: httpx.AsyncClient,
-                              models: Collection[str]) -> dict[str, int]:
+                              models: Collection[str],
+                              started_after: float | None = None) -> dict[str, int]:
     """Bytes each of ``models`` takes on a member on this host, for those the member
     reports loaded and ready and that run in stubs of their own; ``{}`` for a remote
     member or one that cannot be asked."""
@@ -62,7 +63,7 @@ async def measured_footprints(member_spec: MemberSpec, client: httpx.AsyncClient
     wanted = set(models) & ready
     if not wanted:
         return {}
-    return await asyncio.to_thread(_stub_memory, member_spec.http_port, wanted)
+    return await asyncio.to_thread(_stub_memory, member_spec.http_port, wanted, started_after)
 
 
 async def _ready_models(spec: MemberSpec, client: httpx.AsyncClient) -> set[str]:
@@ -77,7 +78,10 @@ async def _ready_models(spec: MemberSpec, client: httpx.AsyncClient) -> set[str]
             if isinstance(e, dict) and e.get("state") == "READY" and "name" in e}
 
 
-def _stub_memory(http_port: int, models: set[str]) -> dict[str, int]:
+def _stub_memory(http_port: int, models: set[str],
+                 started_after: float | None = None) -> dict[str, int]:
+    """Per model, its stubs' memory; ``started_after`` (epoch seconds): only stubs
+    started since (a stub of an earlier load of the model may still be exiting)."""
     server = listening_process(http_port)
     if server is None:
         return {}
@@ -85,7 +89,8 @@ def _stub_memory(http_port: int, models: set[str]) -> dict[str, int]:
     for child in server.children():
         with contextlib.suppress(psutil.Error):
             model = stub_model(child.cmdline())
-            if model in models:
+            if model in models and (started_after is None
+                                    or child.create_time() >= started_after):
                 totals[model] = totals.get(model, 0) + _process_bytes(child)
     return totals
 

@@ -41,8 +41,27 @@ def test_the_largest_known_figure_wins(tmp_path: Path) -> None:
     assert footprints.of("both", pool) == (30 * MB, "converter")  # larger than configured
     assert footprints.of("conv", pool) == (20 * MB, "converter")
     footprints.measured("conv", 48 * MB)  # what the member reported once loaded
-    footprints.measured("conv", 40 * MB)  # a smaller reading later: the largest stays
     assert footprints.of("conv", pool) == (48 * MB, "measured")
+    footprints.measured("conv", 44 * MB)  # its last load's figure counts
+    assert footprints.of("conv", pool) == (44 * MB, "measured")
+
+
+def test_the_runtime_overhead_learned_is_added_to_a_converter_figure(tmp_path: Path) -> None:
+    """The converter measures a session in a process with its libraries loaded; the
+    member's runtime adds its own per model (a stub): learned from a model measured
+    both ways, it is added to the figure of a model not loaded yet."""
+    config = gateway_config({})
+    pool = build_pools(config.pools)[0]
+    publish(tmp_path, "a", 1, 20 * MB)
+    publish(tmp_path, "b", 1, 5 * MB)
+    footprints = Footprints(config, httpx.AsyncClient(), tmp_path)
+    footprints.refresh(["a", "b"])
+    assert footprints.overhead() == 0
+    footprints.measured("a", 50 * MB)
+    assert footprints.overhead() == 30 * MB
+    assert footprints.of("b", pool) == (35 * MB, "converter")
+    footprints.measured("b", 33 * MB)
+    assert footprints.of("b", pool) == (33 * MB, "measured")
 
 
 def test_a_new_version_is_read_again(tmp_path: Path) -> None:
