@@ -271,7 +271,14 @@ class Residency:
                     move.member, {}):
                 continue
             slots[move.member] -= 1
+            self._reserve(move.model, member.key, move.reason)
             self._spawn(self._load_reported(move.model, member, move.reason))
+
+    def _reserve(self, model: str, member_key: str, reason: str) -> None:
+        """A load decided now counts in its member's use now (not once its task runs:
+        a miss placed meanwhile would see the room it takes as free)."""
+        self.held.setdefault(member_key, {})[model] = Holding("loading", self.state.clock(),
+                                                              reason)
 
     def _spawn(self, job: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(job)
@@ -279,7 +286,7 @@ class Residency:
         task.add_done_callback(self._tasks.discard)
 
     async def _load_reported(self, model: str, member: PoolMember, reason: str) -> None:
-        with contextlib.suppress(GatewayError):  # said in the log and the holding
+        with contextlib.suppress(GatewayError, _NoRoom):  # said in the log, the holding
             await self.load(model, member, reason)
 
     # -- a load, an eviction ------------------------------------------------------------------
@@ -296,9 +303,18 @@ class Residency:
                 self.spec(pool).loads_per_member)
         try:
             async with slots:  # misses' loads too: a member loads a few at a time
+                pool = next(p for p in self.pools() if member in p.members)
+                if self.used_bytes(pool, member) > self.spec(pool).usable_bytes:
+                    # footprints measured while it waited for its slot: no room now
+                    holdings.pop(model, None)
+                    self._removed[member.key, model] = self.state.clock()
+                    raise _NoRoom(f"member {member.key} has no room for '{model}' any more "
+                                  "(footprints measured meanwhile)", 1.0)
                 gpu_before = await self.footprints.gpu_before(member)
                 started, wall = time.perf_counter(), time.time()
                 await self.load_one(member, model)
+        except _NoRoom:
+            raise
         except Exception as exc:
             message = exc.message if isinstance(exc, GatewayError) else repr(exc)
             holdings[model] = Holding("failed", self.state.clock(), message)
@@ -425,6 +441,7 @@ class Residency:
                               max(1.0, self.spec(pool).min_resident_s / 4))
             member_key, evictions = place
             miss = _Miss(done, member_key, now)
+            self._reserve(model, member_key, "miss")
             self._spawn(self._load_for_misses(pool, model, member_key, evictions, done))
         self._misses[model] = miss
         return miss
@@ -455,29 +472,38 @@ class Residency:
     async def _load_for_misses(self, pool: Pool, model: str, member_key: str,
                                evictions: Sequence[policy.Move],
                                done: asyncio.Future[None]) -> None:
-        """Evict to make room, load; on failure one other member (once); the misses get
-        the outcome."""
+        """Evict to make room, load; on failure one other member (once); no room after
+        all (footprints measured meanwhile): placed again, for up to the waiting room's
+        ``max_wait_s``. The misses get the outcome."""
         members = {m.key: m for m in pool.members}
-        tried: list[str] = []
+        give_up = time.monotonic() + self.spec(pool).waiting_room.max_wait_s
+        failures = 0
         try:
-            for attempt in range(2):
-                member = members[member_key]
-                tried.append(member_key)
+            while True:
                 await asyncio.gather(*(self.evict(e.model, members[e.member], e.reason)
                                        for e in evictions if e.member in members))
                 try:
-                    await self.load(model, member, "miss")
+                    await self.load(model, members[member_key], "miss")
+                    done.set_result(None)
+                    return
+                except _NoRoom:
+                    pass
                 except GatewayError:
-                    if attempt:
+                    failures += 1
+                    if failures >= 2:  # two members tried: the error is the model's
                         break
-                    place = policy.place_miss(self.view(pool, self.state.clock()), model,
-                                              self.knobs(pool))
-                    if place is None or place[0] in tried:
-                        break
-                    member_key, evictions = place
-                    continue
-                done.set_result(None)
-                return
+                while (place := policy.place_miss(self.view(pool, self.state.clock()), model,
+                                                  self.knobs(pool))) is None:
+                    if time.monotonic() >= give_up:
+                        if failures:
+                            break
+                        raise ModelNotReady(self._no_room(pool, model),
+                                            retry_after_s=1.0, reason="loading")
+                    await asyncio.sleep(ROOM_POLL_S)
+                if place is None:  # failed once, and no other member to try now
+                    break
+                member_key, evictions = place
+                self._reserve(model, member_key, "miss")
             done.set_exception(Unavailable(
                 f"model '{model}' could not be loaded: {self._failures(model)}",
                 retry_after_s=None))
