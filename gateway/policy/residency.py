@@ -49,9 +49,12 @@ plan. Coldest first: replicas beyond their model's wanted count, then the lowest
   at equal demand, used longer ago), so two models of about the same demand do not take
   turns; a further replica (the second, third...) never takes another model's last one:
   having every demanded model somewhere comes before more copies of one;
-- a miss (:func:`place_miss`): any of those, the coldest first. A miss is a request
-  waiting: it may evict a hotter model's replica, which ``min_resident_s`` protects
-  from being thrown out again at once.
+- a miss (:func:`place_miss`): replicas beyond their model's wanted count, and models
+  colder than the missed one (lower demand, then used longer ago; the missed model
+  counts as at least :data:`MISS_FLOOR_RPS`, a request waits for it), the coldest
+  first. Never a hotter one: a cold model's miss that could only be served by evicting
+  a hot model waits for room instead (within its deadline), else the hot model would
+  miss next, and the pool would thrash.
 
 **Budget**: what a member holds after a plan (held and draining, less the plan's
 evictions, plus its loads) never exceeds its budget when it did not before; a model
@@ -69,6 +72,8 @@ from dataclasses import dataclass, field
 # a replica is dropped only when demand is below this share of what the rest carry, and a
 # model evicts another for demand only when that one's demand is at most this share of its
 HYSTERESIS = 0.7
+# a missed model counts as at least this hot (a request waits for it: one a minute)
+MISS_FLOOR_RPS = 1 / 60
 LOAD_REASONS = ("pinned", "demand", "miss", "preload")
 EVICTION_REASONS = ("room", "surplus")
 
@@ -401,8 +406,19 @@ def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs
     holding = [k for k, names in board.holds.items() if model in names]
     if holding:
         return min(holding, key=lambda k: (board.members[k].held[model], k)), ()
+    missed = board.models[model]
+    heat = (max(missed.demand_rps, MISS_FLOOR_RPS),
+            missed.last_used if missed.last_used is not None else -math.inf)
+
+    def colder(name: str) -> bool:
+        victim = board.models.get(name)
+        if victim is None or board.beyond_wanted(name):
+            return True
+        last = victim.last_used if victim.last_used is not None else -math.inf
+        return (victim.demand_rps, last) < heat
+
     for key in board.candidates(model):
-        victims = board.room(key, board.footprint(model) - board.free(key), lambda _: True)
+        victims = board.room(key, board.footprint(model) - board.free(key), colder)
         if victims is not None:
             return key, tuple(Move(v, key, "room") for v in victims)
     return None

@@ -342,7 +342,7 @@ def test_preload_loads_the_most_used_models_first_up_to_the_budgets() -> None:
 def test_place_miss_picks_the_member_with_most_room_and_evicts_only_the_coldest() -> None:
     models = [_model("x", 1, 9.0, last_used=NOW), _model("y", 1, 0.1, last_used=OLD),
               _model("z", 1, 3.0, last_used=NOW), _model("w", 2, 0.2, last_used=NOW),
-              _model("miss", 2, 0.0)]
+              _model("miss", 2, 0.5)]
     # m2 has the most room (1 GB): the miss needs 2; of m2's models y is the coldest and
     # freeing y is enough, z stays
     view = _view(models, [_member("m1", 3, ["x", "w"]), _member("m2", 3, ["y", "z"])])
@@ -362,6 +362,21 @@ def test_place_miss_falls_back_to_a_member_with_less_room_it_can_free() -> None:
                           _member("m2", 3, ["c"])])
     # m1 has room 1 but both its models are fresh; m2 (room 1) evicts c
     assert place_miss(view, "miss", K) == ("m2", (Move("c", "m2", "room"),))
+
+
+def test_place_miss_never_evicts_a_hotter_model_for_a_colder_one() -> None:
+    """A cold model's miss waits for room rather than evicting a hot model (which would
+    miss next: the pool would thrash); it may evict a colder one, or an idle one."""
+    models = [_model("hot", 2, 5.0, last_used=NOW), _model("idle", 2, 0.0, last_used=OLD),
+              _model("cold", 2, 0.2, last_used=NOW - 5)]
+    assert place_miss(_view(models, [_member("m1", 2, ["hot"])]), "cold", K) is None
+    assert place_miss(_view(models, [_member("m1", 2, ["idle"])]), "cold", K) == \
+        ("m1", (Move("idle", "m1", "room"),))
+    # a model never asked for counts as one request a minute: an idle one may go for it
+    new = [*models, _model("new", 2, 0.0)]
+    assert place_miss(_view(new, [_member("m1", 2, ["idle"])]), "new", K) == \
+        ("m1", (Move("idle", "m1", "room"),))
+    assert place_miss(_view(new, [_member("m1", 2, ["cold"])]), "new", K) is None
 
 
 def test_place_miss_never_evicts_below_min_replicas() -> None:
