@@ -52,11 +52,9 @@ plan. Coldest first: replicas beyond their model's wanted count, then the lowest
 - a miss (:func:`place_miss`): replicas beyond their model's wanted count, and models
   colder than the missed one (lower demand, then used longer ago; the missed model
   counts as at least :data:`MISS_FLOOR_RPS`, a request waits for it), the coldest
-  first. Not a hotter one at first: a cold model's miss that could only be served by
-  evicting a hot model waits for a colder one to make room (its models age past
-  ``min_resident_s``), else the hot model would miss next and the pool would thrash;
-  once it has waited half of what it may (``hotter_too``, the control plane's call), it
-  may evict any evictable model, the coldest first: every model is served.
+  first. Never a hotter one: a cold model's miss that could only be served by evicting
+  a hot model waits for room instead (within its deadline), else the hot model would
+  miss next, and the pool would thrash.
 
 **Budget**: what a member holds after a plan (held and draining, less the plan's
 evictions, plus its loads) never exceeds its budget when it did not before; a model
@@ -394,16 +392,14 @@ def plan(view: ResidencyView, knobs: ResidencyKnobs) -> Plan:
     return Plan(tuple(board.loads), tuple(board.evictions), dict(board.wanted))
 
 
-def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs,
-               hotter_too: bool = False) -> tuple[str, tuple[Move, ...]] | None:
+def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs
+               ) -> tuple[str, tuple[Move, ...]] | None:
     """Where a missed model loads now: the member with the most free room that can take
     it (as :func:`plan` chooses), with the evictions (``room``) that make the room there,
     the coldest evictable models first. A member already holding (or loading) it: that
     one, nothing evicted. None: no member can take it now (every candidate's room is held
     by models within ``min_resident_s`` of their load or at their ``min_replicas``, its
-    last load failed on every one that could, or it fits no budget). ``hotter_too``: a
-    miss that waited long enough for a colder model to make room may evict any evictable
-    model, the coldest first (module docstring)."""
+    last load failed on every one that could, or it fits no budget)."""
     board = _Board(view, knobs)
     if model not in board.models:
         return None
@@ -416,7 +412,7 @@ def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs,
 
     def colder(name: str) -> bool:
         victim = board.models.get(name)
-        if hotter_too or victim is None or board.beyond_wanted(name):
+        if victim is None or board.beyond_wanted(name):
             return True
         last = victim.last_used if victim.last_used is not None else -math.inf
         return (victim.demand_rps, last) < heat

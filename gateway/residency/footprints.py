@@ -19,7 +19,6 @@ its first load measures it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -117,19 +116,6 @@ class Footprints:
                     self.measured(model, after - gpu_before)
         except Exception as exc:  # noqa: BLE001 - a figure missed, the next load measures
             log.info("measuring %s on %s failed: %r", model, member.key, exc)
-
-    async def remeasure(self, member: PoolMember, loaded_at: Mapping[str, float]) -> None:
-        """The models a member on this host holds, measured again (``loaded_at``: model
-        -> when its load began, epoch seconds): a runtime's memory grows after its load
-        (arenas sized by the first requests), and the last figure counts."""
-        if not loaded_at or not is_loopback(member.spec.host):
-            return
-        try:
-            for name, size in (await measured_footprints(
-                    member.spec, self.client, list(loaded_at), loaded_at)).items():
-                self.measured(name, size)
-        except Exception as exc:  # noqa: BLE001 - the next round measures again
-            log.info("measuring %s failed: %r", member.key, exc)
 
     async def _gpu_used(self, member: PoolMember) -> int | None:
         url = f"http://{member.spec.host}:{member.spec.metrics_port}/metrics"

@@ -58,7 +58,6 @@ LoadOne = Callable[[PoolMember, str], Awaitable[None]]
 EVICT_DRAIN_S = 60.0  # in-flight requests of an evicted model get this long to end
 RECORD_EVERY_S = 10.0  # demand written to its file this often
 ROOM_POLL_S = 0.1  # a miss no member has room for looks again this often
-MEASURE_EVERY_S = 5.0  # what members on this host hold is measured again this often
 READY = "READY"
 
 
@@ -104,7 +103,6 @@ class Residency:
     _recorded_at: float = field(default=float("-inf"))
     _load_seconds: dict[str, float] = field(default_factory=dict)  # model -> last load took
     _published: set[str] = field(default_factory=set)  # models whose holders the state has
-    _measured_at: float = field(default=float("-inf"))
     _removed: dict[tuple[str, str], float] = field(default_factory=dict)  # (member, model)
     _load_slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)  # per member
 
@@ -237,17 +235,9 @@ class Residency:
     async def round(self) -> None:
         now = self.state.clock()
         self.demand.read(now)
-        remeasure = now - self._measured_at >= MEASURE_EVERY_S
         for pool in self.pools():
             await self.reconcile(pool)
             self.footprints.refresh(self.models(pool))
-            if remeasure:
-                self._measured_at = now
-                wall = time.time() - now  # state clock -> epoch seconds
-                await asyncio.gather(*(self.footprints.remeasure(member, {
-                    model: wall + h.since - 1.0 for model, h in
-                    self.held.get(member.key, {}).items() if h.state == "resident"})
-                    for member in pool.members))
             self.execute(pool, policy.plan(self.view(pool, now), self.knobs(pool)))
             self._gauges(pool)
         if now - self._recorded_at >= RECORD_EVERY_S:
@@ -413,10 +403,9 @@ class Residency:
         loading): room frees as they age, and the next round's evictions make it."""
         if self.footprints.bytes(model, pool) > self.spec(pool).usable_bytes:
             raise Unavailable(self._no_room(pool, model), retry_after_s=None)  # never fits
-        hotter_after = time.monotonic() + (give_up - time.monotonic()) / 2
         while True:
             try:
-                return self._miss(pool, model, time.monotonic() >= hotter_after)
+                return self._miss(pool, model)
             except _NoRoom as no_room:
                 if time.monotonic() + ROOM_POLL_S > give_up:
                     raise ModelNotReady(no_room.message, retry_after_s=no_room.retry_after_s,
@@ -430,10 +419,9 @@ class Residency:
     def _retry_after(self, model: str) -> float:
         return max(1.0, math.ceil(self._load_seconds.get(model, 1.0)))
 
-    def _miss(self, pool: Pool, model: str, hotter_too: bool = False) -> _Miss:
+    def _miss(self, pool: Pool, model: str) -> _Miss:
         """The load the misses of ``model`` wait for: the one under way, else a new one
-        on the member the policy picks (after the evictions that make room; of models
-        colder than it, or any once ``hotter_too``: it waited half its time)."""
+        on the member the policy picks (after the evictions that make room)."""
         miss = self._misses.get(model)
         if miss is not None and not miss.done.done():
             return miss
@@ -447,8 +435,7 @@ class Residency:
             miss = _Miss(done, key, holding.since)
             self._spawn(self._until_resident(model, done))
         else:
-            place = policy.place_miss(self.view(pool, now), model, self.knobs(pool),
-                                      hotter_too)
+            place = policy.place_miss(self.view(pool, now), model, self.knobs(pool))
             if place is None:
                 raise _NoRoom(self._no_room(pool, model),
                               max(1.0, self.spec(pool).min_resident_s / 4))
@@ -490,7 +477,6 @@ class Residency:
         ``max_wait_s``. The misses get the outcome."""
         members = {m.key: m for m in pool.members}
         give_up = time.monotonic() + self.spec(pool).waiting_room.max_wait_s
-        hotter_after = time.monotonic() + self.spec(pool).waiting_room.max_wait_s / 2
         failures = 0
         try:
             while True:
@@ -506,9 +492,8 @@ class Residency:
                     failures += 1
                     if failures >= 2:  # two members tried: the error is the model's
                         break
-                while (place := policy.place_miss(
-                        self.view(pool, self.state.clock()), model, self.knobs(pool),
-                        time.monotonic() >= hotter_after)) is None:
+                while (place := policy.place_miss(self.view(pool, self.state.clock()), model,
+                                                  self.knobs(pool))) is None:
                     if time.monotonic() >= give_up:
                         if failures:
                             break

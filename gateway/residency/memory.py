@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from pathlib import Path
 
 import httpx
@@ -53,8 +53,7 @@ def is_loopback(host: str) -> bool:
 
 async def measured_footprints(member_spec: MemberSpec, client: httpx.AsyncClient,
                               models: Collection[str],
-                              started_after: float | Mapping[str, float] | None = None,
-                              ) -> dict[str, int]:
+                              started_after: float | None = None) -> dict[str, int]:
     """Bytes each of ``models`` takes on a member on this host, for those the member
     reports loaded and ready and that run in stubs of their own; ``{}`` for a remote
     member or one that cannot be asked."""
@@ -80,11 +79,9 @@ async def _ready_models(spec: MemberSpec, client: httpx.AsyncClient) -> set[str]
 
 
 def _stub_memory(http_port: int, models: set[str],
-                 started_after: float | Mapping[str, float] | None = None
-                 ) -> dict[str, int]:
-    """Per model, its stubs' memory; ``started_after`` (epoch seconds, or per model):
-    only stubs started since (a stub of an earlier load of the model may still be
-    exiting)."""
+                 started_after: float | None = None) -> dict[str, int]:
+    """Per model, its stubs' memory; ``started_after`` (epoch seconds): only stubs
+    started since (a stub of an earlier load of the model may still be exiting)."""
     server = listening_process(http_port)
     if server is None:
         return {}
@@ -92,11 +89,8 @@ def _stub_memory(http_port: int, models: set[str],
     for child in server.children():
         with contextlib.suppress(psutil.Error):
             model = stub_model(child.cmdline())
-            if model is None or model not in models:
-                continue
-            since = (started_after.get(model) if isinstance(started_after, Mapping)
-                     else started_after)
-            if since is None or child.create_time() >= since:
+            if model in models and (started_after is None
+                                    or child.create_time() >= started_after):
                 totals[model] = totals.get(model, 0) + _process_bytes(child)
     return totals
 
