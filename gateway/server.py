@@ -194,7 +194,8 @@ async def serve(
         await _drain(core, settings.drain_timeout_s, haproxy)
         if haproxy is not None:
             await asyncio.to_thread(haproxy.stop, settings.drain_timeout_s)
-            if haproxy.layout.run_dir != settings.haproxy_run_dir:  # a temporary folder
+            if settings.haproxy_run_dir is None or \
+                    haproxy.layout.run_dir != settings.haproxy_run_dir.resolve():  # temporary
                 shutil.rmtree(haproxy.layout.run_dir, ignore_errors=True)
         await warmup.close()
         http_server.should_exit = True
@@ -210,7 +211,8 @@ async def serve(
 
 def _haproxy(settings: GatewaySettings, core: Core, auth: TokenTable,
              control_http: str, control_grpc: str) -> HAProxyController:
-    run_dir = settings.haproxy_run_dir
+    # absolute: HAProxy reads a relative "stats socket" path as host:port
+    run_dir = settings.haproxy_run_dir.resolve() if settings.haproxy_run_dir else None
     too_long = run_dir is not None and len(str(run_dir / "master.sock")) > 100
     if too_long and settings.haproxy_external:
         raise ValueError(f"--haproxy-run-dir {run_dir}: too long for a unix socket path")
