@@ -53,6 +53,7 @@ from gateway.upstream.triton import MemberAdmin
 from gateway.upstream.triton_version import GrpcReuse
 
 log = logging.getLogger(__name__)
+MAX_SOCKET_PATH = 97  # HAProxy's longest unix socket path ("stats socket")
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,8 @@ def _haproxy(settings: GatewaySettings, core: Core, auth: TokenTable,
              control_http: str, control_grpc: str) -> HAProxyController:
     # absolute: HAProxy reads a relative "stats socket" path as host:port
     run_dir = settings.haproxy_run_dir.resolve() if settings.haproxy_run_dir else None
-    too_long = run_dir is not None and len(str(run_dir / "master.sock")) > 100
+    too_long = run_dir is not None and max(
+        len(str(run_dir / name)) for name in ("admin.sock", "master.sock")) > MAX_SOCKET_PATH
     if too_long and settings.haproxy_external:
         raise ValueError(f"--haproxy-run-dir {run_dir}: too long for a unix socket path")
     if run_dir is None or too_long:  # unix socket paths are limited to ~108 bytes

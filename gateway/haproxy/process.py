@@ -112,7 +112,8 @@ class HAProxyProcess:
         where HAProxy runs in another container and no binary is here)."""
         if self.external and find_haproxy() is None:
             return
-        result = subprocess.run([self.binary, "-c", "-q", "-f", str(self.layout.config_path)],
+        # without -q: its alerts are the error's message
+        result = subprocess.run([self.binary, "-c", "-f", str(self.layout.config_path)],
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise HAProxyError(f"HAProxy refused the configuration: "
