@@ -598,25 +598,8 @@ def measure_shadow(st: Stack, rounds: int, seconds: float, in_flight: int
                 raise RuntimeError(f"{SHADOW_HELD} never reached its shadow step: "
                                    f"{json.dumps(api.job(job_id))[:1500]}")
             admin.rollout_action(SHADOW_HELD, "pause")  # the shadow stays, no verdict
-            works = {m: write_workload(scratch, m, np.full((1, TINY_WIDTH), 0.5, np.float32),
-                                       "x", "y") for m in (DETOUR_PLAIN, SHADOW_HELD)}
-            for protocol in PROTOCOLS:  # warm-up
-                for work in works.values():
-                    h2load_run(gw, work, protocol, in_flight, 1.0, scratch)
-            runs = []
-            for r in range(rounds):
-                for protocol in PROTOCOLS:
-                    order = (DETOUR_PLAIN, SHADOW_HELD)
-                    for model in order if r % 2 == 0 else order[::-1]:
-                        before = settled_failed(st, model, protocol)
-                        took, ok, p50 = h2load_run(gw, works[model], protocol, in_flight,
-                                                   seconds, scratch)
-                        failed = round(settled_failed(st, model, protocol) - before)
-                        run = DetourRun(r, protocol, model == SHADOW_HELD, took,
-                                        max(0, ok - failed), failed, p50)
-                        runs.append(run)
-                        say(f"shadow round {r + 1}/{rounds} {protocol} {model}: "
-                            f"{run.per_s:.0f} req/s, p50 {p50:.2f} ms, {failed} failed")
+            runs = interleaved(st, gw, scratch, (DETOUR_PLAIN, SHADOW_HELD), rounds,
+                               seconds, in_flight, "shadow")
             figures = api.rollout(SHADOW_HELD).get("shadow") or {}
             rows = detour_rows(runs, in_flight)
             for row in rows:
@@ -680,6 +663,32 @@ def h2load_run(gw: GatewayProcess, work: Workload, protocol: str, in_flight: int
     return summary.seconds, len(ok_us), percentile(ok_us, 50) / 1e3 if ok_us else math.nan
 
 
+def interleaved(st: Stack, gw: GatewayProcess, scratch: Path, pair: tuple[str, str], rounds: int,
+                seconds: float, in_flight: int, label: str) -> list[DetourRun]:
+    """h2load against a plain model and one held in a rollout state (``pair``), after a
+    warm-up (connections, HAProxy, the gRPC server), interleaved round by round in
+    alternating order, per protocol; failures from the gateway's own counts."""
+    works = {m: write_workload(scratch, m, np.full((1, TINY_WIDTH), 0.5, np.float32),
+                               "x", "y") for m in pair}
+    for protocol in PROTOCOLS:
+        for work in works.values():
+            h2load_run(gw, work, protocol, in_flight, 1.0, scratch)
+    runs = []
+    for r in range(rounds):
+        for protocol in PROTOCOLS:
+            for model in pair if r % 2 == 0 else pair[::-1]:
+                before = settled_failed(st, model, protocol)
+                took, ok, p50 = h2load_run(gw, works[model], protocol, in_flight, seconds,
+                                           scratch)
+                failed = round(settled_failed(st, model, protocol) - before)
+                run = DetourRun(r, protocol, model == pair[1], took, max(0, ok - failed),
+                                failed, p50)
+                runs.append(run)
+                say(f"{label} round {r + 1}/{rounds} {protocol} {model}: "
+                    f"{run.per_s:.0f} req/s, p50 {p50:.2f} ms, {failed} failed")
+    return runs
+
+
 def measure_detour(st: Stack, rounds: int, seconds: float, in_flight: int
                    ) -> tuple[list[DetourRun], dict[str, float | None]]:
     with lifecycle(st.url) as api, lifecycle(st.url, "admin") as admin:
@@ -705,25 +714,8 @@ def detour(st: Stack, api: LifecycleClient, admin: LifecycleClient, rounds: int,
             seen[protocol] = sum(v == 2 for v in versions) / len(versions)
         say("detour: candidate share seen at 50 %: "
             + ", ".join(f"{p} {100 * (s or 0):.0f}%" for p, s in seen.items()))
-        works = {m: write_workload(scratch, m, np.full((1, TINY_WIDTH), 0.5, np.float32),
-                                   "x", "y") for m in (DETOUR_PLAIN, DETOUR_SPLIT)}
-        for protocol in PROTOCOLS:  # warm-up: connections, HAProxy, the gRPC server
-            for work in works.values():
-                h2load_run(gw, work, protocol, in_flight, 1.0, scratch)
-        runs = []
-        for r in range(rounds):
-            for protocol in PROTOCOLS:
-                order = (DETOUR_PLAIN, DETOUR_SPLIT)
-                for model in order if r % 2 == 0 else order[::-1]:
-                    before = settled_failed(st, model, protocol)
-                    took, ok, p50 = h2load_run(gw, works[model], protocol, in_flight,
-                                               seconds, scratch)
-                    failed = round(settled_failed(st, model, protocol) - before)
-                    run = DetourRun(r, protocol, model == DETOUR_SPLIT, took,
-                                    max(0, ok - failed), failed, p50)
-                    runs.append(run)
-                    say(f"detour round {r + 1}/{rounds} {protocol} {model}: "
-                        f"{run.per_s:.0f} req/s, p50 {p50:.2f} ms, {failed} failed")
+        runs = interleaved(st, gw, scratch, (DETOUR_PLAIN, DETOUR_SPLIT), rounds, seconds,
+                           in_flight, "detour")
         return runs, seen
     finally:
         with contextlib.suppress(LifecycleError, httpx.HTTPError):
