@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from gateway.auth import Scope, TokenTable
 from gateway.control.lifecycle_http import requires
-from gateway.errors import ModelNotFound, Unsupported
+from gateway.errors import ModelNotFound
 from gateway.residency.manager import Residency
 
 
@@ -47,8 +47,9 @@ def create_residency_router(residency: Residency | None, auth: TokenTable) -> AP
     @router.post("/v1/residency/{model}/{action}", dependencies=[admin])
     async def move(model: str, action: Literal["load", "evict"],
                    body: MoveRequest) -> dict[str, Any]:
-        if residency is None:
-            raise Unsupported("no pool of this gateway has residency (memory_budget_bytes)")
+        if residency is None:  # the model is in no pool with residency: there is none
+            raise ModelNotFound(f"model '{model}' is in no pool with residency (no pool of "
+                                "this gateway has a memory_budget_bytes)")
         await residency.operator_move(model, body.member, action)
         return {"model": model, **report()["models"][model]}
 

@@ -286,7 +286,7 @@ class ShadowTally:
 
     pairs: list[tuple[bool, float, bool, float, float | None]] = field(default_factory=list)
     skipped: int = 0
-    in_flight: int = 0
+    mirrors_in_flight: int = 0  # (not ``in_flight``: that is a member's, written by pools)
 
     def record(self, stable_ok: bool, stable_s: float, candidate_ok: bool,
                candidate_s: float, agreement: float | None) -> None:
@@ -329,8 +329,12 @@ class Shadow:
     def admit(self) -> bool:
         """One more mirror in flight, unless the bound is reached (then: counted
         skipped)."""
-        if self.tally.in_flight >= self.max_in_flight:
+        if self.tally.mirrors_in_flight >= self.max_in_flight:
             self.tally.skipped += 1
             return False
-        self.tally.in_flight += 1
+        self.tally.mirrors_in_flight += 1
         return True
+
+    def done(self) -> None:
+        """A mirror admitted by :meth:`admit` ended."""
+        self.tally.mirrors_in_flight -= 1

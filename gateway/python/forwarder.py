@@ -290,7 +290,7 @@ class Forwarder:
         except Exception:  # noqa: BLE001 - a mirror never fails anything but itself
             log.exception("mirroring a request of %s to version %d", model, shadow.candidate)
         finally:
-            shadow.tally.in_flight -= 1
+            shadow.done()
         ok = outcome == "success"
         shadow.tally.record(stable[0], stable[1], ok, self.clock() - started,
                             agreement if ok and stable[0] else None)

@@ -134,10 +134,10 @@ def test_misses_load_their_models_within_the_budget_on_both_protocols(
                 assert resp.status_code == 200, resp.text
                 assert within_budget(url, members)
         report = residency(url)
-        assert report["models"]["m4"]["members"]  # the last asked for lives somewhere
         assert report["models"]["m0"]["footprint_source"] == "configured"
         metrics = httpx.get(f"{url}/metrics").text
-        assert 'infergate_model_loads_total{model="m0",reason="miss"}' in metrics
+        for model in MODELS:  # (with min_resident_s 0 the rounds may move them since)
+            assert f'infergate_model_loads_total{{model="{model}",reason="miss"}}' in metrics
         assert "infergate_model_evictions_total" in metrics
 
 

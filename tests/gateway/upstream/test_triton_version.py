@@ -129,7 +129,9 @@ def test_gateway_decides_from_the_members_reported_version_when_serving(
         assert wait_until(lambda: _member_info(gateway.http_url) == {(version, mode): 1.0},
                           10), _member_info(gateway.http_url)
         servers = _grpc_server_lines(tmp_path / f"haproxy-{gateway.http_port}")
-        assert len(servers) == 1 and ("max-reuse 0" in servers[0]) is (mode == "per_request")
+        # the pool's gRPC backend and its pin twin (rollouts), both in the member's mode
+        assert servers and all(("max-reuse 0" in line) is (mode == "per_request")
+                               for line in servers), servers
         assert tiny_infers_over_grpc(gateway.grpc_url)
     said = gateway.log.read_text()
     assert f"runs Triton {version}" in said and "server#8034" in said
