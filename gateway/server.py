@@ -207,6 +207,7 @@ async def serve(
             await asyncio.gather(*tasks, return_exceptions=True)
         await upstream_http.aclose()
         await upstream_grpc.close()
+        await admin.close()  # its gRPC channels to the members
         await admin_client.aclose()
 
 

@@ -58,7 +58,8 @@ class RateLimits(BaseModel):
 
 
 class GatewayConfig(BaseModel):
-    """The gateway's YAML file: pools, optional model policies and rate limits."""
+    """The gateway's YAML file: pools, optional model policies and rate limits, the
+    members' model repository."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -70,6 +71,11 @@ class GatewayConfig(BaseModel):
     queue_factor: float = Field(2.0, ge=0)
     # model lifecycle (uploads, versions, rollback); absent = no /v1/models uploads
     lifecycle: LifecycleSpec | None = None
+    # the Triton model repository the pools' members load from, as this process sees it
+    # (relative to the file's folder), when no lifecycle section names it: the residency
+    # reads each model's footprint from the converter's report there before its first
+    # load. With a lifecycle, its repository is used.
+    model_repository: Path | None = None
     auth: AuthSpec = Field(default_factory=AuthSpec)
     # tenants and priority classes (gateway/policy/tenancy.py); absent: admission per
     # model only, as before tenants existed
@@ -95,6 +101,8 @@ def load_gateway_config(path: Path) -> GatewayConfig:
             "repository": base / config.lifecycle.repository,
             "state_dir": base / config.lifecycle.state_dir,
         })})
+    if config.model_repository is not None:
+        config = config.model_copy(update={"model_repository": base / config.model_repository})
     if any(p.residency and p.residency.demand_file for p in config.pools):
         config = config.model_copy(update={"pools": tuple(
             p if not (p.residency and p.residency.demand_file) else p.model_copy(update={

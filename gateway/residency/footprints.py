@@ -13,30 +13,42 @@ That overhead is learned from the models measured both ways (the largest differe
 added to the converter's figure of a model not measured on a member yet, so a first load
 does not overcommit a budget. A model nothing is known of counts as the largest
 footprint known in its pool (one eighth of a member's budget when none is known), until
-its first load measures it.
+its first load measures it. On this host the resident models are measured again each
+residency round (:meth:`Footprints.remeasure`): a model's figure is its latest.
+
+The converter's figure is read from the model's folder in the repository the members
+load from: the lifecycle's ``repository``, else the configuration's ``model_repository``
+(none: no converter figure).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from pathlib import Path
 
 import httpx
 
 from converters.model_dir import read_footprint
 from gateway.config import GatewayConfig
+from gateway.errors import GatewayError
 from gateway.pools import Pool, PoolMember
 from gateway.residency.memory import gpu_memory_used, is_loopback, measured_footprints
+from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
 
 
 class Footprints:
-    def __init__(self, config: GatewayConfig, client: httpx.AsyncClient,
+    """``repository``: where the members' models are (default: the configuration's
+    ``model_repository``)."""
+
+    def __init__(self, config: GatewayConfig, admin: MemberAdmin | httpx.AsyncClient,
                  repository: Path | None = None) -> None:
         self.config = config
-        self.client = client
-        self.repository = repository
+        # (an HTTP client: manager.py's build_residency, until it passes its admin)
+        self.admin = admin if isinstance(admin, MemberAdmin) else MemberAdmin(admin)
+        self.repository = repository or config.model_repository
         self._converter: dict[str, tuple[float, int | None]] = {}  # model -> (mtime, bytes)
         self._measured: dict[str, int] = {}
 
@@ -108,7 +120,7 @@ class Footprints:
         try:
             if is_loopback(member.spec.host):
                 for name, size in (await measured_footprints(
-                        member.spec, self.client, [model], started_after)).items():
+                        member, self.admin, [model], started_after)).items():
                     self.measured(name, size)
             elif gpu_before is not None:
                 after = await self._gpu_used(member)
@@ -117,10 +129,22 @@ class Footprints:
         except Exception as exc:  # noqa: BLE001 - a figure missed, the next load measures
             log.info("measuring %s on %s failed: %r", model, member.key, exc)
 
-    async def _gpu_used(self, member: PoolMember) -> int | None:
-        url = f"http://{member.spec.host}:{member.spec.metrics_port}/metrics"
+    async def remeasure(self, member: PoolMember, models: Collection[str]) -> None:
+        """Measure again each of ``models`` resident on ``member``, in one scan of its
+        processes; each figure replaces that model's last. Only a member on this host: a
+        remote one's GPU memory tells what a load changed, not what each model holds."""
+        if not models or not is_loopback(member.spec.host):
+            return
         try:
-            resp = await self.client.get(url)
-        except httpx.HTTPError:
+            figures = await measured_footprints(member, self.admin, models)
+        except Exception as exc:  # noqa: BLE001 - a round's figures missed, the next reads
+            log.info("measuring %d models on %s failed: %r", len(models), member.key, exc)
+            return
+        for name, size in figures.items():
+            self.measured(name, size)
+
+    async def _gpu_used(self, member: PoolMember) -> int | None:
+        try:
+            return gpu_memory_used(await self.admin.metrics_text(member))
+        except GatewayError:
             return None
-        return gpu_memory_used(resp.text) if resp.status_code == 200 else None

@@ -23,6 +23,9 @@ Which source applies where:
   summed over its GPUs) across a load it alone runs on that member.
 - Neither: the converter's measurement (:func:`converters.model_dir.read_footprint`) or
   the configured ``footprint_bytes``.
+
+Triton is asked through :class:`gateway.upstream.triton.MemberAdmin` (its repository
+index, its metrics page), the one client toward members.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ import ipaddress
 from collections.abc import Collection
 from pathlib import Path
 
-import httpx
 import psutil
 
-from gateway.config.pools import MemberSpec
+from gateway.errors import GatewayError
+from gateway.pools import PoolMember
+from gateway.upstream.triton import MemberAdmin
 
 STUB_NAME = "triton_python_backend_stub"
 GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
@@ -51,31 +55,28 @@ def is_loopback(host: str) -> bool:
         return False  # a DNS name: another machine as far as we can tell
 
 
-async def measured_footprints(member_spec: MemberSpec, client: httpx.AsyncClient,
+async def measured_footprints(member: PoolMember, admin: MemberAdmin,
                               models: Collection[str],
                               started_after: float | None = None) -> dict[str, int]:
     """Bytes each of ``models`` takes on a member on this host, for those the member
-    reports loaded and ready and that run in stubs of their own; ``{}`` for a remote
-    member or one that cannot be asked."""
-    if not models or not is_loopback(member_spec.host):
+    reports loaded and ready and that run in stubs of their own, read in one scan of
+    its processes; ``{}`` for a remote member or one that cannot be asked."""
+    if not models or not is_loopback(member.spec.host):
         return {}
-    ready = await _ready_models(member_spec, client)
-    wanted = set(models) & ready
+    wanted = set(models) & await _ready_models(member, admin)
     if not wanted:
         return {}
-    return await asyncio.to_thread(_stub_memory, member_spec.http_port, wanted, started_after)
+    return await asyncio.to_thread(_stub_memory, member.spec.http_port, wanted,
+                                   started_after)
 
 
-async def _ready_models(spec: MemberSpec, client: httpx.AsyncClient) -> set[str]:
+async def _ready_models(member: PoolMember, admin: MemberAdmin) -> set[str]:
     """The member's READY models (any version), from its repository index."""
-    url = f"http://{spec.host}:{spec.http_port}/v2/repository/index"
     try:
-        resp = await client.post(url, json={"ready": True})
-        entries = resp.json() if resp.status_code == 200 else []
-    except (httpx.HTTPError, ValueError):
+        entries = await admin.repository_index(member, ready=True)
+    except GatewayError:
         return set()
-    return {e["name"] for e in entries
-            if isinstance(e, dict) and e.get("state") == "READY" and "name" in e}
+    return {str(e["name"]) for e in entries if e.get("state") == "READY" and "name" in e}
 
 
 def _stub_memory(http_port: int, models: set[str],
@@ -85,8 +86,12 @@ def _stub_memory(http_port: int, models: set[str],
     server = listening_process(http_port)
     if server is None:
         return {}
+    try:
+        children = server.children()
+    except psutil.Error:  # it ended meanwhile
+        return {}
     totals: dict[str, int] = {}
-    for child in server.children():
+    for child in children:
         with contextlib.suppress(psutil.Error):
             model = stub_model(child.cmdline())
             if model in models and (started_after is None

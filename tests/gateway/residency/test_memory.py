@@ -1,10 +1,11 @@
 """What a member reports of the memory a loaded model takes: the Python-backend stubs of
-a real tritonserver, attributed per model, and the GPU memory off a metrics page."""
+a real tritonserver, attributed per model (the member asked through MemberAdmin), and
+the GPU memory off a metrics page."""
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -21,7 +22,9 @@ from converters.model_dir import (
 )
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model, tiny_config
 from gateway.config.pools import MemberSpec
+from gateway.pools import PoolMember
 from gateway.residency.memory import gpu_memory_used, is_loopback, measured_footprints, stub_model
+from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton, free_port
 from tests.conftest import triton_settings
 from tests.procs import started_triton
@@ -65,7 +68,7 @@ def build_heavy_model(repo: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def member(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemberSpec]:
+def member(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolMember]:
     """A Triton holding ``tiny`` in two instances and ``heavy`` in one."""
     repo = tmp_path_factory.mktemp("memory") / "model_repo"
     build_tiny_model(repo, instance_count=2)
@@ -73,21 +76,29 @@ def member(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MemberSpec]:
     settings = triton_settings(repo, tmp_path_factory.mktemp("triton"), TINY_MODEL_NAME,
                                HEAVY)
     with started_triton(settings) as server:
-        yield spec_of(server)
+        yield member_of(server)
 
 
-def spec_of(server: LocalTriton) -> MemberSpec:
+@pytest.fixture
+async def admin() -> AsyncIterator[MemberAdmin]:
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        admin = MemberAdmin(client, call_timeout_s=10.0)
+        try:
+            yield admin
+        finally:
+            await admin.close()
+
+
+def member_of(server: LocalTriton) -> PoolMember:
     assert server.endpoints is not None
     e = server.endpoints
-    return MemberSpec(host=e.host, http_port=e.http_port, grpc_port=e.grpc_port,
-                      metrics_port=e.metrics_port)
+    return PoolMember("p", MemberSpec(host=e.host, http_port=e.http_port,
+                                      grpc_port=e.grpc_port, metrics_port=e.metrics_port))
 
 
 async def test_measured_footprints_attributes_each_model_its_stubs_when_two_are_loaded(
-        member: MemberSpec) -> None:
-    async with httpx.AsyncClient(timeout=10.0) as client:
-        footprints = await measured_footprints(member, client, {TINY_MODEL_NAME, HEAVY,
-                                                                "absent"})
+        member: PoolMember, admin: MemberAdmin) -> None:
+    footprints = await measured_footprints(member, admin, {TINY_MODEL_NAME, HEAVY, "absent"})
     assert set(footprints) == {TINY_MODEL_NAME, HEAVY}
     assert footprints[TINY_MODEL_NAME] > 0 and footprints[HEAVY] > 0
     # tiny's figure is two stubs' (instance_count 2), heavy's one stub's and its matrix
@@ -97,30 +108,29 @@ async def test_measured_footprints_attributes_each_model_its_stubs_when_two_are_
 
 
 async def test_measured_footprints_leaves_a_model_out_when_it_is_unloaded(
-        tmp_path: Path) -> None:
+        tmp_path: Path, admin: MemberAdmin) -> None:
     repo = tmp_path / "model_repo"
     build_tiny_model(repo)
     build_tiny_model(repo, "other")
     with started_triton(triton_settings(repo, tmp_path, TINY_MODEL_NAME, "other")) as server:
-        spec = spec_of(server)
-        async with httpx.AsyncClient(timeout=10.0) as client:
-            both = await measured_footprints(spec, client, (TINY_MODEL_NAME, "other"))
-            assert set(both) == {TINY_MODEL_NAME, "other"}
-            unloaded = await client.post(
-                f"http://{spec.host}:{spec.http_port}/v2/repository/models/other/unload")
-            assert unloaded.status_code == 200
-            after = await measured_footprints(spec, client, (TINY_MODEL_NAME, "other"))
+        member = member_of(server)
+        both = await measured_footprints(member, admin, (TINY_MODEL_NAME, "other"))
+        assert set(both) == {TINY_MODEL_NAME, "other"}
+        await admin.unload(member, "other")
+        after = await measured_footprints(member, admin, (TINY_MODEL_NAME, "other"))
     assert set(after) == {TINY_MODEL_NAME}
     # the same stub, read twice: within 10% (its heap moves a little between reads)
     assert abs(after[TINY_MODEL_NAME] - both[TINY_MODEL_NAME]) < 0.1 * both[TINY_MODEL_NAME]
 
 
-async def test_measured_footprints_is_empty_when_the_member_is_remote_or_gone() -> None:
-    async with httpx.AsyncClient(timeout=2.0) as client:
-        remote = MemberSpec(host="10.1.2.3", http_port=8000)
-        assert await measured_footprints(remote, client, (TINY_MODEL_NAME,)) == {}
-        nobody = MemberSpec(host="127.0.0.1", http_port=free_port())
-        assert await measured_footprints(nobody, client, (TINY_MODEL_NAME,)) == {}
+async def test_measured_footprints_is_empty_when_the_member_is_remote_or_gone(
+        admin: MemberAdmin) -> None:
+    remote = PoolMember("p", MemberSpec(host="10.1.2.3", http_port=8000))
+    assert await measured_footprints(remote, admin, (TINY_MODEL_NAME,)) == {}
+    assert admin._channels == {}  # a remote member is not even asked
+    nobody = PoolMember("p", MemberSpec(host="127.0.0.1", http_port=free_port(),
+                                        grpc_port=free_port()))
+    assert await measured_footprints(nobody, admin, (TINY_MODEL_NAME,)) == {}
 
 
 def test_stub_model_reads_the_model_folder_when_given_a_stub_command_line() -> None:
@@ -151,9 +161,10 @@ def test_gpu_memory_used_sums_the_gpus_when_the_page_has_them() -> None:
     assert gpu_memory_used(page) == 1073741824 + 536870912
 
 
-def test_gpu_memory_used_is_none_when_the_page_has_no_gpu(member: MemberSpec) -> None:
-    """A real CPU-only Triton's page: no GPU series at all."""
-    page = httpx.get(f"http://{member.host}:{member.metrics_port}/metrics").text
+async def test_gpu_memory_used_is_none_when_the_page_has_no_gpu(
+        member: PoolMember, admin: MemberAdmin) -> None:
+    """A real CPU-only Triton's page (read through MemberAdmin): no GPU series at all."""
+    page = await admin.metrics_text(member)
     assert "nv_inference_count" in page or "nv_cpu" in page
     assert gpu_memory_used(page) is None
     assert gpu_memory_used("") is None
