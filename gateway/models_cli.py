@@ -243,8 +243,11 @@ def rollout(action: RolloutCommand, name: str, url: Url = "http://127.0.0.1:8000
     console.print(table)
 
 
-STATE_STYLES = {"resident": "green", "loading": "yellow", "evicting": "magenta",
-                "failed": "red"}
+# a holding's states, in the order a model's members are listed ("evicting": the old name)
+STATE_STYLES = {"resident": "green", "warming": "cyan", "loading": "yellow",
+                "queued": "yellow", "draining": "magenta", "unloading": "magenta",
+                "evicting": "magenta", "failed": "red"}
+STATE_ORDER = {state: rank for rank, state in enumerate(STATE_STYLES)}
 
 
 def size_text(n: int | None) -> str:
@@ -269,23 +272,55 @@ def ago_text(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h ago"
 
 
-def holdings(report: dict[str, Any], model: str) -> list[dict[str, Any]]:
-    """The members of the model's pool that hold it in any state: key, state, for_s,
-    reason (from the report's pools)."""
-    return [{"member": member["key"], **held}
-            for pool in report.get("pools", []) for member in pool.get("members", [])
-            for held in member.get("models", []) if held.get("model") == model]
+def for_text(seconds: float | None) -> str:
+    """How long a holding has been in its state."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def holdings(report: dict[str, Any], model: str,
+             entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The model's holdings, one per member of its pool that holds it in any state:
+    member, state, for_s, reason, waiting; resident first. The model's entry (``entry``,
+    else the report's) has them as ``holdings``; a report without them, in its pools'
+    members."""
+    found = entry if entry is not None else report.get("models", {}).get(model, {})
+    held = found.get("holdings")
+    if held is None:
+        held = [{"member": member["key"], **h}
+                for pool in report.get("pools", []) for member in pool.get("members", [])
+                for h in member.get("models", []) if h.get("model") == model]
+    return sorted(held, key=lambda h: (STATE_ORDER.get(h.get("state", ""), len(STATE_ORDER)),
+                                       h.get("member", "")))
 
 
 def _where(held: list[dict[str, Any]]) -> str:
     if not held:
-        return "[dim]nowhere (loads on a miss)[/]"
+        return "[dim]held nowhere (loads on its next request)[/]"
     parts = []
     for h in held:
         style = STATE_STYLES.get(h["state"], "white")
         reason = f" ({h['reason']})" if h.get("reason") else ""
-        parts.append(f"{h['member']} [{style}]{h['state']}[/] {h.get('for_s', 0):.0f} s{reason}")
+        waiting = f", {h['waiting']} waiting" if h.get("waiting") else ""
+        parts.append(f"{h['member']} [{style}]{h['state']}[/] {for_text(h.get('for_s'))}"
+                     f"{reason}{waiting}")
     return "\n".join(parts)
+
+
+def _held_text(models: list[dict[str, Any]]) -> str:
+    """A member's holdings counted by state: '1 resident, 2 queued (5 waiting)'."""
+    counts: dict[str, int] = {}
+    for h in models:
+        counts[h.get("state", "?")] = counts.get(h.get("state", "?"), 0) + 1
+    text = ", ".join(f"{n} {state}" for state, n in sorted(
+        counts.items(), key=lambda c: STATE_ORDER.get(c[0], len(STATE_ORDER))))
+    waiting = sum(int(h.get("waiting") or 0) for h in models)
+    return (text or "none") + (f" ({waiting} waiting)" if waiting else "")
 
 
 @app.command()
@@ -294,10 +329,11 @@ def status(name: Annotated[str | None, typer.Argument(
                show_default=False)] = None,
            url: Url = "http://127.0.0.1:8000", token: Token = None,
            as_json: AsJson = False) -> None:
-    """Where models live in pools with residency: the members holding each (resident,
-    loading, evicting, failed; for how long, why), its footprint and where that figure
+    """Where models live in pools with residency: each model's state on each member
+    holding it (queued, loading, warming, resident, draining, unloading, failed; for how
+    long, why, requests waiting for that load), its footprint and where that figure
     comes from, its demand, last use and requests waiting for it; and each member's
-    memory against its budget."""
+    memory against its budget, its loads at once and what it holds."""
     with _client(url, token) as client:
         entry = client.residency(name) if name is not None else None
         if as_json and entry is not None:
@@ -313,24 +349,27 @@ def status(name: Annotated[str | None, typer.Argument(
         return
     models = report.get("models", {})
     names = [name] if name is not None else sorted(models)
-    table = Table("model", "pool", "where (member, state, for, why)", "footprint", "demand",
-                  "last used", "waiting", title="models", title_justify="left")
+    table = Table("model", "pool", "where (member, state, for, why, waiting)", "footprint",
+                  "demand", "last used", "waiting", title="models", title_justify="left")
     for model in names:
         m = entry if model == name and entry is not None else models[model]
         pinned = "pinned" if not m.get("on_demand") else f"min {m.get('min_replicas', 0)}"
         table.add_row(f"{model}\n[dim]{pinned}[/]", m.get("pool", "-"),
-                      _where(holdings(report, model)),
+                      _where(holdings(report, model, m)),
                       f"{size_text(m.get('footprint_bytes'))}\n"
                       f"[dim]{m.get('footprint_source') or '-'}[/]",
                       f"{m.get('demand_rps', 0.0):.2f} req/s",
                       ago_text(m.get("last_used_s_ago")), str(m.get("waiting", 0)))
     console.print(table)
     shown = {models[n]["pool"] for n in names if n in models} if name else None
-    members = Table("pool", "member", "used", "usable", "budget", "models",
-                    title="members' memory", title_justify="left")
+    members = Table("pool", "member", "used", "usable", "budget", "loads at once", "holds",
+                    title="members' memory", title_justify="left", caption_justify="left")
+    waiting: list[str] = []
     for pool in report.get("pools", []):
         if shown is not None and pool["name"] not in shown:
             continue
+        if pool.get("waiting"):
+            waiting.append(f"pool {pool['name']}: {pool['waiting']} requests waiting for loads")
         for member in pool.get("members", []):
             usable = member.get("usable_bytes", member.get("budget_bytes"))
             share = member["used_bytes"] / usable if usable else 0.0
@@ -339,7 +378,9 @@ def status(name: Annotated[str | None, typer.Argument(
             members.add_row(pool["name"], member["key"] + down,
                             f"[{style}]{size_text(member['used_bytes'])} ({share:.0%})[/]",
                             size_text(usable), size_text(member.get("budget_bytes")),
-                            str(len(member.get("models", []))))
+                            str(member.get("load_slots", "-")),
+                            _held_text(member.get("models", [])))
+    members.caption = "; ".join(waiting) or None
     console.print(members)
 
 

@@ -97,7 +97,12 @@ def memory_bar(used: int, usable: int, budget: int, title: str, width: int = 200
                height: int = 14) -> str:
     """A member's memory as one bar the width of its budget: the part in use (red once
     past what is usable), the headroom at the right end (grey: kept free), and a mark
-    where usable ends; the figures written beside it."""
+    where usable ends; the figures written beside it.
+
+    The frame is a stroke drawn inside the picture, edge to edge, and the picture may
+    stretch but never letterbox (``preserveAspectRatio="none"``): a CSS border around
+    the SVG would shrink its drawing uniformly and centre it, and a bar 98 % full would
+    then look 84 % full. So the fill and the mark are exact fractions of the width."""
     top = max(budget, usable, used, 1)
     x_usable = width * usable / top
     over = used > usable
@@ -106,14 +111,19 @@ def memory_bar(used: int, usable: int, budget: int, title: str, width: int = 200
             f"({used / usable:.0%})" if usable else f"{size_text(used)} used")
     said += f", budget {size_text(budget)}"
     label = f"{title}: {said}"
+    mark = min(max(x_usable, 0.75), width - 0.75)  # the whole stroke inside the picture
     return (f'<span class="membar"><svg role="img" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" aria-label={quoteattr(label)}>'
+            f'viewBox="0 0 {width} {height}" preserveAspectRatio="none" '
+            f"aria-label={quoteattr(label)}>"
             f"<title>{escape(label)}</title>"
-            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#f1f3f5"/>'
+            f'<rect class="track" x="0" y="0" width="{width}" height="{height}" '
+            f'fill="#f1f3f5"/>'
             f'<rect class="headroom" x="{x_usable:.1f}" y="0" '
             f'width="{max(width - x_usable, 0):.1f}" height="{height}" fill="#cfd4d9"/>'
             f'<rect class="used" x="0" y="0" width="{width * min(used, top) / top:.1f}" '
             f'height="{height}" fill="{fill}"/>'
-            f'<line x1="{x_usable:.1f}" y1="0" x2="{x_usable:.1f}" y2="{height}" '
+            f'<rect class="frame" x="0.5" y="0.5" width="{width - 1}" height="{height - 1}" '
+            f'fill="none" stroke="#b8c0ca"/>'
+            f'<line class="usable" x1="{mark:.1f}" y1="0" x2="{mark:.1f}" y2="{height}" '
             f'stroke="#333" stroke-width="1.5"/></svg>'
             f'<span class="membar-value{" over" if over else ""}">{escape(said)}</span></span>')

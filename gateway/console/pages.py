@@ -4,12 +4,14 @@ state, behind the API's tokens and scopes.
 | page | scope | what it shows |
 |---|---|---|
 | ``/ui/signin`` | none | a token field; a session cookie once the token is good |
-| ``/ui/models`` | upload | every model: versions, state, precision, accuracy, pools, traffic |
-| ``/ui/models/{name}`` | upload | versions, a report, rollout, jobs; admin: rollback, delete |
+| ``/ui/models`` | upload | every model: versions, state, precision, accuracy, pools, traffic; |
+| | | with residency, where each is held (resident, its other holdings' states) or nowhere |
+| ``/ui/models/{name}`` | upload | versions, a report, rollout, jobs, where it is held; admin: |
+| | | rollback, delete |
 | ``/ui/upload`` | upload | the upload form; ``/ui/jobs/{id}`` then follows the job live |
 | ``/ui/pools`` | upload | members with health, queue and saturation; with residency, the |
-| | | models each member holds (state, for how long, why) and its memory against its budget; |
-| | | the scheduler's MIG plan |
+| | | models each member holds (state, for how long, why, requests waiting for the load), |
+| | | its memory against its budget and the requests waiting for loads; the MIG plan |
 
 Pages read the same objects the API reads (the lifecycle's catalog and job store, the
 gateway's state and telemetry, the traffic history) and act through the same calls
@@ -95,10 +97,13 @@ class Console:
     plans: SchedulerPlans | None = None
     residency: ResidencyReport | None = None  # pools with a memory budget per member
 
-    async def model_names(self) -> list[str]:
+    async def model_names(self, residency: Mapping[str, Any] | None = None) -> list[str]:
         """Every model the lifecycle manages or finds in its repository (adopted then,
-        as ``GET /v1/models/{name}`` does), then any other the gateway has word of."""
-        served = sorted(self.core.state.known_models())
+        as ``GET /v1/models/{name}`` does), then any other the gateway has word of,
+        those the residency (its report: ``residency``) may hold included: a model of
+        a ``*`` pool held nowhere and never asked for is known to it alone."""
+        served = sorted(set(self.core.state.known_models())
+                        | set((residency or {}).get("models", {})))
         if self.lifecycle is None:
             return served
         catalog = self.lifecycle.catalog
@@ -231,9 +236,11 @@ def create_console_router(console: Console) -> APIRouter:
     @router.get("/models")
     async def models(request: Request) -> HTMLResponse:
         session = session_of(request)
-        names = await console.model_names()
-        rows = [model_row(console, name) for name in names]
+        report = console.residency.report() if console.residency is not None else None
+        names = await console.model_names(report)
+        rows = [model_row(console, name, report) for name in names]
         return page("models.html", session, rows=rows, uploads=console.lifecycle is not None,
+                    residency=report is not None,
                     window_s=console.history.interval_s * console.history.keep)
 
     @router.get("/models/{name}")
@@ -254,7 +261,9 @@ def create_console_router(console: Console) -> APIRouter:
         rollout = catalog.store.rollout(record.name)
         jobs = catalog.store.jobs(record.name, limit=20)
         return page("model.html", session, model=record, versions=versions, shown=shown,
-                    report=report, rollout=rollout, jobs=jobs, row=model_row(console, name),
+                    report=report, rollout=rollout, jobs=jobs,
+                    row=model_row(console, name, console.residency.report()
+                                  if console.residency is not None else None),
                     busy=any(j.state not in TERMINAL_JOB_STATES for j in jobs)
                     or bool(rollout and rollout.active))
 
@@ -376,9 +385,11 @@ def create_console_router(console: Console) -> APIRouter:
 
 
 # -- what the pages show ----------------------------------------------------------------------
-def model_row(console: Console, name: str) -> dict[str, Any]:
+def model_row(console: Console, name: str,
+              residency: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One model on the models page: the catalog's record (when uploads are on), the
-    rollout and the last minutes of traffic."""
+    rollout, the last minutes of traffic and, in a pool with residency (``residency``:
+    the residency's report), where it is held."""
     points, slots = console.history.points(name), console.history.keep
     traffic = {
         "rate": Markup(sparkline([Series("req/s", [p.rate for p in points])],
@@ -387,6 +398,7 @@ def model_row(console: Console, name: str) -> dict[str, Any]:
             [Series("p50", [p.p50_s for p in points], BLUE),
              Series("p99", [p.p99_s for p in points], ORANGE)],
             f"{name} latency", " ms", scale=1000.0, slots=slots)),
+        "residency": model_residency(residency, name),
     }
     if console.lifecycle is None or name not in console.lifecycle.catalog.model_names():
         return {"name": name, "managed": False, **traffic}
@@ -439,49 +451,92 @@ def duration_text(seconds: float | None) -> str:
     return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
+# a holding's states, in the order a member's table lists them ("evicting": the old name)
+HOLDING_ORDER = {state: rank for rank, state in enumerate((
+    "resident", "warming", "loading", "queued", "draining", "unloading", "evicting", "failed"))}
+
+
+def _by_state(held: dict[str, Any]) -> tuple[int, str]:
+    return HOLDING_ORDER.get(held.get("state", ""), len(HOLDING_ORDER)), str(held.get("model"))
+
+
 def residency_rows(report: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
     """pool -> what its members hold (``GET /v1/residency``'s pools): each member's models
-    (state, for how long, why, footprint) and its memory as a bar, used against usable
-    (the budget less the headroom) against the budget."""
+    (state, for how long, why, footprint, requests waiting for the load), its loads at
+    once and its memory as a bar, used against usable (the budget less the headroom)
+    against the budget; the requests waiting for loads in the pool; and the models the
+    residency knows in it (a pool serving ``*`` names none in its configuration)."""
     if not report:
         return {}
+    entries: Mapping[str, Mapping[str, Any]] = report.get("models", {})
     rows = {}
     for pool in report.get("pools", []):
-        members = []
-        for member in pool.get("members", []):
-            budget = int(member.get("budget_bytes") or pool.get("budget_bytes") or 0)
-            usable = int(member.get("usable_bytes") or budget)
-            used = int(member.get("used_bytes") or 0)
-            members.append({
-                "key": member["key"], "available": member.get("available", True),
-                "used": used, "usable": usable, "budget": budget, "over": used > usable,
-                "bar": Markup(memory_bar(used, usable, budget, f"memory of {member['key']}")),
-                "models": sorted(member.get("models", []),
-                                 key=lambda m: (m.get("state") != "resident", m.get("model"))),
-            })
-        rows[pool["name"]] = {"budget": pool.get("budget_bytes"),
-                              "headroom": pool.get("headroom_bytes", 0), "members": members}
+        name = pool["name"]
+        known = sorted(m for m, entry in entries.items() if entry.get("pool") == name)
+        waiting = pool.get("waiting")
+        if waiting is None:  # a report before pools had "waiting": its models' own
+            waiting = sum(int(entries[m].get("waiting") or 0) for m in known)
+        rows[name] = {"budget": pool.get("budget_bytes"),
+                      "headroom": pool.get("headroom_bytes", 0),
+                      "waiting": int(waiting), "models": known,
+                      "members": [_member_row(pool, m) for m in pool.get("members", [])]}
     return rows
+
+
+def _member_row(pool: Mapping[str, Any], member: Mapping[str, Any]) -> dict[str, Any]:
+    budget = int(member.get("budget_bytes") or pool.get("budget_bytes") or 0)
+    usable = int(member.get("usable_bytes") or budget)
+    used = int(member.get("used_bytes") or 0)
+    held = [{**h, "waiting": int(h.get("waiting") or 0)} for h in member.get("models", [])]
+    return {"key": member["key"], "available": member.get("available", True),
+            "load_slots": member.get("load_slots"),
+            "used": used, "usable": usable, "budget": budget, "over": used > usable,
+            "bar": Markup(memory_bar(used, usable, budget, f"memory of {member['key']}")),
+            "models": sorted(held, key=_by_state)}
+
+
+def model_residency(report: Mapping[str, Any] | None, name: str) -> dict[str, Any] | None:
+    """Where a model of a pool with residency is held (None: it is in no such pool): the
+    members where it is resident, its other holdings (state, for how long, why, requests
+    waiting for the load) and the requests waiting for it. A report without a model's
+    ``holdings`` has them in its pools' members."""
+    entry = report.get("models", {}).get(name) if report else None
+    if report is None or entry is None:
+        return None
+    held = entry.get("holdings")
+    if held is None:
+        held = [{"member": member["key"], **h} for pool in report.get("pools", [])
+                for member in pool.get("members", []) for h in member.get("models", [])
+                if h.get("model") == name]
+    ordered = sorted(({**h, "model": name, "waiting": int(h.get("waiting") or 0)}
+                      for h in held), key=lambda h: (_by_state(h), h["member"]))
+    return {"pool": entry.get("pool"), "waiting": int(entry.get("waiting") or 0),
+            "resident": [h["member"] for h in ordered if h.get("state") == "resident"],
+            "others": [h for h in ordered if h.get("state") != "resident"]}
 
 
 def pool_rows(core: Core, residency: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Each pool with its members as the probes and the data plane see them now; with
     ``residency`` (the residency's report), what each member of a pool with a memory
-    budget holds."""
+    budget holds, and the models it knows there beside those assigned."""
     rows, now = [], core.clock()
     resident = residency_rows(residency)
+    assigned = core.state.assignments()
     for pool in core.state.pools:
         members = [{"key": m.key, "healthy": m.healthy, "restoring": m.restoring,
                     "ejected": not m.available(now) and m.healthy and not m.restoring,
                     "in_flight": m.in_flight + m.external_in_flight, "queue": m.upstream_queue,
                     "version": m.triton_version or "unknown"} for m in pool.members]
         load = sum(m.in_flight + m.external_in_flight + m.upstream_queue for m in pool.members)
+        held = resident.get(pool.name)
+        models = {model for model, pools in assigned.items() if pool.name in pools}
         rows.append({"name": pool.name, "capacity": pool.capacity, "load": load,
                      "saturation": load / pool.capacity if pool.capacity else 0.0,
-                     "members": members, "residency": resident.get(pool.name),
-                     "models": sorted(model for model, pools
-                                      in core.state.assignments().items()
-                                      if pool.name in pools)})
+                     "members": members, "residency": held,
+                     "models": sorted(models | set(held["models"] if held else ())),
+                     # '*' without residency: any model its members have, named or not;
+                     # with residency the report names every one it may hold
+                     "any": "*" in pool.spec.models and held is None})
     return rows
 
 

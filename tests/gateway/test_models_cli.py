@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from gateway import models_cli
 from gateway.lifecycle.client import LifecycleClient
+from tests.gateway.console.conftest import residency_report
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -93,7 +95,7 @@ def test_rollback_asks_for_the_previous_version_unless_given_one(
 
 
 GIB = 1024**3
-RESIDENCY = {
+RESIDENCY: dict[str, Any] = {
     "enabled": True,
     "pools": [{"name": "cpu", "budget_bytes": 4 * GIB, "headroom_bytes": GIB // 2, "members": [
         {"key": "10.0.0.1:8001", "available": True, "budget_bytes": 4 * GIB,
@@ -144,7 +146,8 @@ def wide(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("wide")
-def test_status_says_where_every_model_lives_and_each_members_memory(
+def test_status_says_where_every_model_lives_and_each_members_memory(  # the older report
+
     gateway: Callable[[Handler], list[httpx.Request]],
 ) -> None:
     seen = gateway(_residency)
@@ -165,10 +168,11 @@ def test_status_says_where_every_model_lives_and_each_members_memory(
     line_of("10.0.0.2:8001 loading 3 s (miss)", "measured")
     line_of("warm", "10.0.0.1:8001 evicting 0 s (room)", "1.0 GiB", "10 min ago")
     line_of("bad", "10.0.0.2:8001 failed 9 s (out of memory)", "never")
-    line_of("cold", "nowhere (loads on a miss)", "512.0 MiB", "2.5 h ago")
+    line_of("cold", "held nowhere (loads on its next request)", "512.0 MiB", "2.5 h ago")
     line_of("pinned")  # warm: not on demand
-    line_of("cpu", "10.0.0.1:8001", "3.0 GiB (86%)", "3.5 GiB", "4.0 GiB")
-    line_of("10.0.0.2:8001 (unavailable)", "2.0 GiB (57%)")
+    line_of("cpu", "10.0.0.1:8001", "3.0 GiB (86%)", "3.5 GiB", "4.0 GiB",
+            "1 resident, 1 evicting")
+    line_of("10.0.0.2:8001 (unavailable)", "2.0 GiB (57%)", "1 loading, 1 failed")
 
 
 @pytest.mark.usefixtures("wide")
@@ -199,3 +203,68 @@ def test_status_of_a_model_in_no_residency_pool_or_without_residency(
     gateway(lambda _: httpx.Response(200, json={"enabled": False, "pools": [], "models": {}}))
     exit_code, output = invoke("status")
     assert exit_code == 0 and "no pool of this gateway has residency" in output
+
+
+def _lines(output: str) -> list[str]:
+    return [line.strip("│ ") for line in output.splitlines()]
+
+
+def _line_of(output: str, *words: str) -> str:
+    found = [line for line in _lines(output) if all(w in line for w in words)]
+    assert found, f"no line with {words} in:\n{output}"
+    return found[0]
+
+
+@pytest.mark.usefixtures("wide")
+def test_status_shows_each_models_state_per_member_and_its_waiting_when_holdings_are_given(
+    gateway: Callable[[Handler], list[httpx.Request]],
+) -> None:
+    """The report of issue 34 (a state machine per holding): every state by its name,
+    a failure with its reason, the requests waiting for each load."""
+    report = residency_report()
+    gateway(lambda _: httpx.Response(200, json=report))
+    exit_code, output = invoke("status")
+    assert exit_code == 0, output
+    _line_of(output, "hot", "10.0.0.1:8001 resident 3 min (demand)", "1.50 req/s")
+    _line_of(output, "10.0.0.2:8001 warming 2 s (demand)")  # hot's second line
+    _line_of(output, "next", "10.0.0.1:8001 queued 2 s (miss: no load slot free), 5 waiting")
+    _line_of(output, "warm", "10.0.0.1:8001 loading 4 s (miss), 3 waiting")
+    _line_of(output, "old", "10.0.0.2:8001 draining 20 s (room for warm)")
+    _line_of(output, "gone", "10.0.0.2:8001 unloading 0 s (idle)")
+    _line_of(output, "bad", "10.0.0.2:8001 failed 2.0 h (out of memory: CUDA error)")
+    _line_of(output, "cold", "held nowhere (loads on its next request)")
+    assert _line_of(output, "next", "queued").split()[-1] == "5"  # the model's waiting
+    _line_of(output, "10.0.0.1:8001", "3.9 GiB (112%)", "1", "1 resident, 1 loading, 1 queued "
+             "(8 waiting)")
+    _line_of(output, "10.0.0.2:8001", "2", "1 warming, 1 draining, 1 unloading, 1 failed")
+    _line_of(output, "pool cpu: 8 requests waiting for loads")
+
+
+@pytest.mark.usefixtures("wide")
+def test_status_of_one_model_reads_its_entrys_holdings_when_the_report_is_new(
+    gateway: Callable[[Handler], list[httpx.Request]],
+) -> None:
+    report = residency_report()
+    entry = {"model": "hot", **report["models"]["hot"]}
+    # the entry is what the model's line shows, even a moment newer than the report
+    entry["holdings"] = [{**entry["holdings"][1], "state": "resident", "for_s": 0.2}]
+    seen = gateway(lambda request: httpx.Response(
+        200, json=entry if request.url.path.endswith("/hot") else report))
+    exit_code, output = invoke("status", "hot")
+    assert exit_code == 0, output
+    assert [r.url.path for r in seen] == ["/v1/residency/hot", "/v1/residency"]
+    _line_of(output, "hot", "10.0.0.2:8001 resident 0 s (demand)")
+    assert "10.0.0.1:8001 resident 3 min" not in output
+    assert "10.0.0.2:8001 warming" not in output
+
+
+def test_holdings_are_the_entrys_when_given_else_the_members_in_state_order() -> None:
+    new = residency_report()
+    assert [(h["member"], h["state"]) for h in models_cli.holdings(new, "hot")] == [
+        ("10.0.0.1:8001", "resident"), ("10.0.0.2:8001", "warming")]
+    new["models"]["hot"]["holdings"] = []
+    assert models_cli.holdings(new, "hot") == []  # the entry's word, not the members'
+    old = RESIDENCY
+    assert [(h["member"], h["state"], h["reason"]) for h in models_cli.holdings(old, "hot")] \
+        == [("10.0.0.1:8001", "resident", "demand"), ("10.0.0.2:8001", "loading", "miss")]
+    assert models_cli.holdings(old, "cold") == []

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -111,3 +112,49 @@ def csrf_of(client: httpx.Client, path: str = "/ui/models") -> str:
     match = CSRF.search(client.get(path).text)
     assert match, f"no CSRF token on {path}"
     return match.group(1)
+
+
+GIB = 1024**3
+MEMBER_A, MEMBER_B = "10.0.0.1:8001", "10.0.0.2:8001"
+
+
+def holding(model: str, state: str, for_s: float, reason: str, footprint: int,
+            waiting: int = 0) -> dict[str, Any]:
+    return {"model": model, "state": state, "for_s": for_s, "reason": reason,
+            "footprint_bytes": footprint, "waiting": waiting}
+
+
+def residency_report(used_a: int = int(0.98 * 4 * GIB),
+                     failure: str = "out of memory: CUDA error") -> dict[str, Any]:
+    """A report of the shape ``GET /v1/residency`` serves with one state machine per
+    holding (issue 34): pool ``cpu`` (budget 4 GiB, 512 MiB of it headroom) of two
+    members; on A ``hot`` resident, ``warm`` loading (3 waiting), ``next`` queued (5
+    waiting); on B ``hot`` warming, ``old`` draining, ``gone`` unloading, ``bad`` failed
+    (``failure``); ``cold`` held nowhere. 8 requests wait for loads in the pool."""
+    held = {MEMBER_A: [holding("hot", "resident", 185.0, "demand", 2 * GIB),
+                       holding("next", "queued", 2.0, "miss: no load slot free", GIB, 5),
+                       holding("warm", "loading", 4.0, "miss", GIB, 3)],
+            MEMBER_B: [holding("bad", "failed", 7300.0, failure, GIB // 2),
+                       holding("gone", "unloading", 0.5, "idle", GIB // 4),
+                       holding("hot", "warming", 1.5, "demand", 2 * GIB),
+                       holding("old", "draining", 20.0, "room for warm", GIB)]}
+    used = {MEMBER_A: used_a, MEMBER_B: int(3.25 * GIB)}
+    slots = {MEMBER_A: 1, MEMBER_B: 2}
+    members = [{"key": key, "available": True, "budget_bytes": 4 * GIB,
+                "usable_bytes": 4 * GIB - GIB // 2, "used_bytes": used[key],
+                "load_slots": slots[key], "models": models} for key, models in held.items()]
+    models: dict[str, Any] = {}
+    for name in ("bad", "cold", "gone", "hot", "next", "old", "warm"):
+        mine = [{"member": key, **{k: h[k] for k in ("state", "for_s", "reason", "waiting")}}
+                for key, models_held in held.items() for h in models_held
+                if h["model"] == name]
+        models[name] = {
+            "pool": "cpu", "on_demand": True, "min_replicas": 0, "footprint_bytes": GIB,
+            "footprint_source": "measured", "demand_rps": 1.5 if name == "hot" else 0.0,
+            "last_used_s_ago": 0.5 if mine else None,
+            "members": [h["member"] for h in mine if h["state"] == "resident"],
+            "waiting": sum(h["waiting"] for h in mine), "holdings": mine}
+    return {"enabled": True, "pools": [{
+        "name": "cpu", "budget_bytes": 4 * GIB, "headroom_bytes": GIB // 2,
+        "usable_bytes": 4 * GIB - GIB // 2, "waiting": 8, "members": members}],
+        "models": models}

@@ -195,6 +195,19 @@ def test_pools_page_shows_members_and_the_schedulers_plan(stack: ConsoleStack) -
     assert anonymous.status_code == 303
 
 
+def test_pages_show_no_residency_when_no_pool_has_a_memory_budget(stack: ConsoleStack) -> None:
+    """Residency's parts (tests/gateway/console/test_residency.py) appear only with it:
+    this gateway's pool loads every model on every member."""
+    with signed_in(stack.url, "upload") as owner:
+        models = owner.get("/ui/models").text
+        pools = owner.get("/ui/pools").text
+        model = owner.get(f"/ui/models/{TINY}").text
+    assert TINY in models and "Held on" not in models and "held nowhere" not in models
+    assert "Held on" not in model and "<dt>Pools</dt>" in model
+    assert "Pool local" in pools and "(it serves <code>*</code>)." in pools
+    assert "waiting for a model to load" not in pools and "Models by member" not in pools
+
+
 def test_the_python_data_plane_feeds_the_same_pages(tmp_path: Path) -> None:
     """Parity: with the Python plane carrying inference, sign-in, the traffic figures
     (counted by the forwarder, not by HAProxy's log) and the form checks are the same."""
