@@ -19,6 +19,7 @@ its first load measures it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from pathlib import Path
 
 import httpx
@@ -116,6 +117,20 @@ class Footprints:
                     self.measured(model, after - gpu_before)
         except Exception as exc:  # noqa: BLE001 - a figure missed, the next load measures
             log.info("measuring %s on %s failed: %r", model, member.key, exc)
+
+    async def remeasure(self, member: PoolMember, models: Collection[str]) -> None:
+        """Every one of ``models`` resident on a member on this host measured again, in
+        one look at its processes: the latest figure replaces the last (a runtime grows
+        after its load, and shrinks when it is reloaded)."""
+        if not models or not is_loopback(member.spec.host):
+            return
+        try:
+            figures = await measured_footprints(member.spec, self.client, models)
+        except Exception as exc:  # noqa: BLE001 - the next round measures again
+            log.info("measuring %s again failed: %r", member.key, exc)
+            return
+        for name, size in figures.items():
+            self.measured(name, size)
 
     async def _gpu_used(self, member: PoolMember) -> int | None:
         url = f"http://{member.spec.host}:{member.spec.metrics_port}/metrics"
