@@ -41,7 +41,10 @@ class ResidencySpec(BaseModel):
     # a member a load failed on is not tried for that model again before this
     failed_retry_s: float = Field(60.0, ge=0)
     # loads at once per member (Triton loads in the background; each costs CPU)
-    loads_per_member: int = Field(1, ge=1)
+    loads_per_member: int = Field(2, ge=1)
+    # the share of a member's budget that misses may always take from the coldest models
+    # (the probation segment, docs/residency.md): the cold are served, the hot kept
+    probation_share: float = Field(0.25, ge=0, le=1)
     waiting_room: WaitingRoomSpec = Field(default_factory=WaitingRoomSpec)
     # where each model's measured demand is recorded, so that a restarted gateway
     # preloads by use (relative to the configuration file); default: the lifecycle's

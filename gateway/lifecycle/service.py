@@ -26,7 +26,7 @@ from gateway.errors import Conflict
 from gateway.lifecycle.intake.runner import RESTART_REASON, JobRunner
 from gateway.lifecycle.records import versions as repo_edits
 from gateway.lifecycle.records.catalog import ModelCatalog
-from gateway.lifecycle.warmup.deploy import Deployer, load_as_configured
+from gateway.lifecycle.warmup.deploy import Deployer, load_as_configured, no_callback
 from gateway.lifecycle.warmup.rollout import Rollouts
 from gateway.pools import PoolMember
 from gateway.upstream.triton import MemberAdmin
@@ -99,7 +99,8 @@ class ModelLifecycle:
         if repo_edits.existing_versions(self.catalog.repository, model):
             await self.catalog.adopt(model)
 
-    async def restore_one(self, member: PoolMember, model: str) -> None:
+    async def restore_one(self, member: PoolMember, model: str,
+                          loaded: Callable[[], None] = no_callback) -> None:
         """Load and warm ``model`` on a member that came back empty (a restarted Triton
         pod): its serving version, pinned, or the repository's config for a model the
         lifecycle does not manage."""
@@ -107,7 +108,7 @@ class ModelLifecycle:
         version = record.serving_version if record is not None else None
         async with self.deployer.lock(model):
             await self.deployer.restore_on(member, model, version,
-                                           self.catalog.warm_batches(model))
+                                           self.catalog.warm_batches(model), loaded)
 
     async def close(self) -> None:
         await self.jobs.close()

@@ -67,15 +67,17 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # a replica is dropped only when demand is below this share of what the rest carry, and a
 # model evicts another for demand only when that one's demand is at most this share of its
 HYSTERESIS = 0.7
 # a missed model counts as at least this hot (a request waits for it: one a minute)
 MISS_FLOOR_RPS = 1 / 60
-LOAD_REASONS = ("pinned", "demand", "miss", "preload")
-EVICTION_REASONS = ("room", "surplus")
+# the share of each member's budget that misses may always take (the probation segment)
+PROBATION_SHARE = 0.25
+LOAD_REASONS = ("pinned", "demand", "miss", "preload", "deploy", "operator")
+EVICTION_REASONS = ("room", "surplus", "operator")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class ResidencyKnobs:
     min_resident_s: float = 30.0  # no eviction within this of a load
     rps_per_replica: float = 50.0  # smoothed demand one member carries before another
     failed_retry_s: float = 60.0  # a member a load failed on is not tried again before
+    probation_share: float = PROBATION_SHARE  # of a budget, misses may always take
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,12 @@ class ModelView:
     min_replicas: int  # already resolved (0 for on-demand; len(members) pinned)
     demand_rps: float  # smoothed
     last_used: float | None  # clock seconds, None: never
+    frozen: bool = False  # under rollout: keeps the members it has, neither loaded nor evicted
+
+    @property
+    def value_per_byte(self) -> float:
+        """Demand per byte held: what a byte of a member's budget earns holding it."""
+        return self.demand_rps / max(1, self.footprint_bytes)
 
 
 @dataclass(frozen=True)
@@ -99,9 +108,13 @@ class MemberView:
     key: str
     budget_bytes: int  # headroom already taken off
     available: bool  # healthy and routable
-    held: Mapping[str, float]  # model -> when its load started (resident or loading)
+    held: Mapping[str, float]  # model -> when it became resident
     failed: Mapping[str, float] = field(default_factory=dict)  # model -> when a load failed
     draining: frozenset[str] = frozenset()  # being evicted: still counted in use
+    # queued, loading or warming there: counted in use, never evicted, never loaded again
+    pending: frozenset[str] = frozenset()
+    # loaded for a miss and not promoted: the first a miss evicts (see place_miss)
+    probation: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,23 @@ class Plan:
     loads: tuple[Move, ...]
     evictions: tuple[Move, ...]
     replicas: Mapping[str, int]  # wanted members per model
+    # probation holdings that join the main segment (reason "promote"): no load, no eviction
+    promotions: tuple[Move, ...] = ()
+
+
+def resolve_min_replicas(min_replicas: int | None, on_demand: bool, members: int,
+                         under_rollout: bool) -> int:
+    """A model's ``min_replicas`` as the plan reads it: the configured figure (capped at
+    the pool's members), 0 for an on-demand model, every member for one configured
+    neither way (pinned everywhere: the behaviour without residency); a model under
+    rollout needs at least one (its versions load side by side there)."""
+    if min_replicas is not None:
+        wanted = min(min_replicas, members)
+    elif on_demand:
+        wanted = 0
+    else:
+        wanted = members
+    return max(wanted, 1) if under_rollout else wanted
 
 
 def smoothed_rate(previous_rps: float, previous_at: float, count: float, now: float,
@@ -165,7 +195,8 @@ def used_bytes(view: ResidencyView, member_key: str) -> int:
 
 
 def _used(member: MemberView, footprints: Mapping[str, int]) -> int:
-    return sum(footprints.get(name, 0) for name in set(member.held) | member.draining)
+    return sum(footprints.get(name, 0)
+               for name in set(member.held) | member.draining | member.pending)
 
 
 _Eligible = Callable[[str], bool]
@@ -180,7 +211,7 @@ class _Board:
         footprints = {m.name: m.footprint_bytes for m in view.models}
         self.members = {m.key: m for m in sorted(view.members, key=lambda m: m.key)
                         if m.available}
-        self.holds = {k: {n for n in m.held if n not in m.draining}
+        self.holds = {k: {n for n in set(m.held) | m.pending if n not in m.draining}
                       for k, m in self.members.items()}
         self.used = {k: _used(m, footprints) for k, m in self.members.items()}
         self.count: Counter[str] = Counter(n for names in self.holds.values() for n in names)
@@ -208,15 +239,16 @@ class _Board:
         if model is None:
             return (0, 0.0, -math.inf, name)
         last = model.last_used if model.last_used is not None else -math.inf
-        return (0 if self.beyond_wanted(name) else 1, model.demand_rps, last, name)
+        return (0 if self.beyond_wanted(name) else 1, model.value_per_byte, last, name)
 
     def evictable(self, key: str, name: str, young: bool = False) -> bool:
         """``young``: a model within ``min_resident_s`` of its load may go too (a
         member over its budget: the budget is the harder rule)."""
         model = self.models.get(name)
+        member = self.members[key]
         return (name in self.holds[key] and (name, key) not in self.planned
-                and (young or self.now - self.members[key].held[name]
-                     >= self.knobs.min_resident_s)
+                and name not in member.pending and not (model is not None and model.frozen)
+                and (young or self.now - member.held[name] >= self.knobs.min_resident_s)
                 and (model is None or self.count[name] - 1 >= model.min_replicas))
 
     def evict(self, key: str, name: str, reason: str) -> None:
@@ -257,13 +289,15 @@ class _Board:
             out.append(key)
         return sorted(out, key=lambda k: (-self.free(k), k))
 
-    def room(self, key: str, missing: int, eligible: _Eligible) -> list[str] | None:
+    def room(self, key: str, missing: int, eligible: _Eligible,
+             order: Callable[[str], tuple[object, ...]] | None = None) -> list[str] | None:
         """The coldest eligible models of a member that free ``missing`` bytes, no more
-        of them than needed ([] when nothing is missing); None: they cannot."""
+        of them than needed ([] when nothing is missing); None: they cannot.
+        ``order``: which go first (default: the coldest)."""
         if missing <= 0:
             return []
         victims = sorted((n for n in self.holds[key] if self.evictable(key, n) and eligible(n)),
-                         key=self.coldness)
+                         key=order or self.coldness)
         chosen, freed = [], 0
         for name in victims:
             if freed >= missing:
@@ -300,6 +334,8 @@ class _Board:
         evicted = len(self.evictions)
         for name in sorted(self.count):
             model = self.models.get(name)
+            if model is not None and model.frozen:
+                continue
             while self.count[name] > max(1, self.wanted.get(name, 0)) or (
                     model is None and self.count[name] > 0):
                 left = self.count[name] - 1
@@ -339,8 +375,8 @@ def _eligible(board: _Board, placed: ModelView, tier: str) -> _Eligible:
             return False  # more copies of one model never cost another its last
         last = victim.last_used if victim.last_used is not None else -math.inf
         placed_last = placed.last_used if placed.last_used is not None else -math.inf
-        return (victim.demand_rps <= HYSTERESIS * placed.demand_rps
-                and (victim.demand_rps, last) < (placed.demand_rps, placed_last))
+        return (victim.value_per_byte <= HYSTERESIS * placed.value_per_byte
+                and (victim.value_per_byte, last) < (placed.value_per_byte, placed_last))
 
     return colder
 
@@ -352,11 +388,13 @@ def _wants(board: _Board) -> Iterable[tuple[str, int, str]]:
     order = []
     for name, wanted in board.wanted.items():
         model = board.models[name]
+        if model.frozen:
+            continue  # under rollout: it keeps the members it has
         for k in range(1, wanted + 1):
             if k <= model.min_replicas:
                 order.append(((0, k, -model.demand_rps, name), name, k, "pinned"))
             elif k == 1:
-                order.append(((1, 0, -model.demand_rps, name), name, k, "first"))
+                order.append(((1, 0, -model.value_per_byte, name), name, k, "first"))
             else:
                 order.append(((2, 0, -(model.demand_rps - (k - 1) * rps), name), name, k,
                               "further"))
@@ -378,10 +416,10 @@ def _place_all(board: _Board, wants: list[tuple[str, int, str]], starting: bool)
 
 
 def plan(view: ResidencyView, knobs: ResidencyKnobs) -> Plan:
-    """What to evict and load now (module docstring); the evictions are carried out (their
-    room freed) before the loads that need it."""
+    """What to evict, load and promote now (module docstring); the evictions are carried
+    out (their room freed) before the loads that need it."""
     board = _Board(view, knobs)
-    starting = not any(m.held or m.draining for m in board.members.values())
+    starting = not any(m.held or m.draining or m.pending for m in board.members.values())
     wants = list(_wants(board))
     board.evict_over_budget()
     _place_all(board, wants, starting)
@@ -389,25 +427,53 @@ def plan(view: ResidencyView, knobs: ResidencyKnobs) -> Plan:
     # "room"); what room the surplus frees, replicas still missing may take
     if board.evict_surplus():
         _place_all(board, wants, starting)
-    return Plan(tuple(board.loads), tuple(board.evictions), dict(board.wanted))
+    return Plan(tuple(board.loads), tuple(board.evictions), dict(board.wanted),
+                _promotions(board))
+
+
+def _promotions(board: _Board) -> tuple[Move, ...]:
+    """Probation holdings that earn a place in the main segment (TinyLFU's admission): a
+    model whose demand per byte is at least that of the coldest main model on its
+    member, or any with demand on a member with no main model."""
+    moves = []
+    for key, member in board.members.items():
+        main = [board.models[n].value_per_byte for n in board.holds[key]
+                if n not in member.probation and n in board.models]
+        floor = min(main, default=0.0)
+        for name in sorted(board.holds[key] & member.probation - member.pending):
+            model = board.models.get(name)
+            if model is not None and model.demand_rps > 0 and model.value_per_byte >= floor:
+                moves.append(Move(name, key, "promote"))
+    return tuple(moves)
 
 
 def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs
                ) -> tuple[str, tuple[Move, ...]] | None:
-    """Where a missed model loads now: the member with the most free room that can take
-    it (as :func:`plan` chooses), with the evictions (``room``) that make the room there,
-    the coldest evictable models first. A member already holding (or loading) it: that
-    one, nothing evicted. None: no member can take it now (every candidate's room is held
-    by models within ``min_resident_s`` of their load or at their ``min_replicas``, its
-    last load failed on every one that could, or it fits no budget)."""
+    """Where a missed model loads now (into the member's probation segment): the member
+    with the most free room that can take it (as :func:`plan` chooses), with the
+    evictions (``room``) that make the room there. A member already holding it
+    (resident, or queued, loading or warming): that one, nothing evicted. Victims, no
+    more than needed, in this order:
+
+    1. probation holdings (other misses' models not promoted), coldest first;
+    2. main models colder than the missed one (demand per byte, then used longer ago;
+       the missed model counts as at least :data:`MISS_FLOOR_RPS`);
+    3. while the member's probation segment (with this model) stays within
+       ``probation_share`` of its budget, the coldest main models whatever their heat: a
+       request for a registered model is served, and the hot stay in the rest.
+
+    None: no member can take it now (its candidates' room is held by models within
+    ``min_resident_s`` of becoming resident, pending loads or ``min_replicas``, its last
+    load failed on every one that could, or it fits no budget)."""
     board = _Board(view, knobs)
     if model not in board.models:
         return None
     holding = [k for k, names in board.holds.items() if model in names]
     if holding:
-        return min(holding, key=lambda k: (board.members[k].held[model], k)), ()
+        return min(holding, key=lambda k: (model in board.members[k].pending, k)), ()
     missed = board.models[model]
-    heat = (max(missed.demand_rps, MISS_FLOOR_RPS),
+    size = missed.footprint_bytes
+    heat = (max(missed.value_per_byte, MISS_FLOOR_RPS / max(1, size)),
             missed.last_used if missed.last_used is not None else -math.inf)
 
     def colder(name: str) -> bool:
@@ -415,15 +481,46 @@ def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs
         if victim is None or board.beyond_wanted(name):
             return True
         last = victim.last_used if victim.last_used is not None else -math.inf
-        return (victim.demand_rps, last) < heat
+        return (victim.value_per_byte, last) < heat
 
     for key in board.candidates(model):
-        victims = board.room(key, board.footprint(model) - board.free(key), colder)
+        victims = _miss_room(board, key, size, colder)
         if victims is not None:
             return key, tuple(Move(v, key, "room") for v in victims)
     return None
 
 
-__all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "MemberView", "ModelView", "Move",
-           "Plan", "ResidencyKnobs", "ResidencyView", "place_miss", "plan", "smoothed_rate",
-           "used_bytes", "wanted_replicas"]
+def _miss_room(board: _Board, key: str, size: int, colder: _Eligible) -> list[str] | None:
+    """The victims that make room for a miss of ``size`` bytes on member ``key``
+    (:func:`place_miss`'s order), None: they cannot."""
+    member = board.members[key]
+    probation = board.holds[key] & member.probation
+    window = board.knobs.probation_share * member.budget_bytes - sum(
+        board.footprint(n) for n in probation | (member.pending & member.probation))
+
+    def eligible(name: str) -> bool:
+        return name in probation or colder(name) or window >= size
+
+    def order(name: str) -> tuple[object, ...]:
+        return (name not in probation, *board.coldness(name))
+
+    return board.room(key, size - board.free(key), eligible, order)
+
+
+def miss_room_at(view: ResidencyView, model: str, knobs: ResidencyKnobs) -> float | None:
+    """When :func:`place_miss` would first place ``model`` if nothing else changed (its
+    victims old enough by then): ``view.now`` when it does now; None: not by waiting
+    (pending loads, ``min_replicas``, failures or size stand in the way)."""
+    times = sorted({since + knobs.min_resident_s for m in view.members
+                    for since in m.held.values()
+                    if since + knobs.min_resident_s > view.now})
+    for at in (view.now, *times):
+        if place_miss(replace(view, now=at), model, knobs) is not None:
+            return at
+    return None
+
+
+__all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "PROBATION_SHARE", "MemberView",
+           "ModelView", "Move", "Plan", "ResidencyKnobs", "ResidencyView", "miss_room_at",
+           "place_miss", "plan", "resolve_min_replicas", "smoothed_rate", "used_bytes",
+           "wanted_replicas"]

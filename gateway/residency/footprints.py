@@ -27,8 +27,6 @@ import logging
 from collections.abc import Collection
 from pathlib import Path
 
-import httpx
-
 from converters.model_dir import read_footprint
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
@@ -43,11 +41,10 @@ class Footprints:
     """``repository``: where the members' models are (default: the configuration's
     ``model_repository``)."""
 
-    def __init__(self, config: GatewayConfig, admin: MemberAdmin | httpx.AsyncClient,
+    def __init__(self, config: GatewayConfig, admin: MemberAdmin,
                  repository: Path | None = None) -> None:
         self.config = config
-        # (an HTTP client: manager.py's build_residency, until it passes its admin)
-        self.admin = admin if isinstance(admin, MemberAdmin) else MemberAdmin(admin)
+        self.admin = admin
         self.repository = repository or config.model_repository
         self._converter: dict[str, tuple[float, int | None]] = {}  # model -> (mtime, bytes)
         self._measured: dict[str, int] = {}

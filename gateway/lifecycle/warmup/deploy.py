@@ -99,10 +99,17 @@ async def load_as_configured(core: Core, admin: MemberAdmin, model: str,
                            for m in members))
 
 
+def no_callback() -> None:
+    """No one to tell (a load's ``loaded`` callback by default)."""
+
+
 async def restore_as_configured(core: Core, admin: MemberAdmin, member: PoolMember,
-                                model: str, warm_batches: Sequence[int] = (1,)) -> None:
-    """Load a model on one member as its ``config.pbtxt`` says, then warm it there."""
+                                model: str, warm_batches: Sequence[int] = (1,),
+                                loaded: Callable[[], None] = no_callback) -> None:
+    """Load a model on one member as its ``config.pbtxt`` says, then warm it there
+    (``loaded`` called in between)."""
     await load_on(admin, model, None, [member], [])
+    loaded()
     config = await admin.config(member, model)
     await warm_on(core, admin, model, None, config, _batches(config, warm_batches),
                   member)
@@ -139,13 +146,15 @@ class Deployer:
         return available_members(self.core, model)
 
     async def restore_on(self, member: PoolMember, model: str, version: int | None,
-                         warm_batches: Sequence[int] = (1,)) -> None:
+                         warm_batches: Sequence[int] = (1,),
+                         loaded: Callable[[], None] = no_callback) -> None:
         """Load and warm what ``model`` serves on one member that came back empty (a
         restarted Triton): ``version`` pinned as published, or the repository's config
-        for a model the lifecycle does not manage (``version`` None)."""
+        for a model the lifecycle does not manage (``version`` None); ``loaded`` is
+        called between Triton's load and the gateway's warm-up."""
         if version is None:
             await restore_as_configured(self.core, self.admin, member, model,
-                                        warm_batches)
+                                        warm_batches, loaded)
             return
         target = self.store.version(model, version)
         if target is None:
@@ -154,6 +163,7 @@ class Deployer:
         batches = _batches(config, warm_batches)
         await load_on(self.admin, model, override_for_version(config, version, batches),
                       [member], [])
+        loaded()
         await warm_on(self.core, self.admin, model, version, config, batches, member)
 
     # -- activation ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ an upload's spec may ask for keep-warm; the configuration wins). A model is load
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,7 +19,7 @@ from gateway.config import GatewayConfig
 from gateway.config.lifecycle import KeepWarmPolicy
 from gateway.core import Core
 from gateway.lifecycle.records.jobs import LifecycleStore
-from gateway.lifecycle.warmup.deploy import load_as_configured, restore_as_configured
+from gateway.lifecycle.warmup.deploy import load_as_configured, no_callback, restore_as_configured
 from gateway.pools import PoolMember
 from gateway.upstream.triton import MemberAdmin
 
@@ -68,8 +69,10 @@ class ModelLoader(Protocol):
     async def preload_one(self, model: str) -> None:
         """Load and warm ``model`` on every member serving it."""
 
-    async def restore_one(self, member: PoolMember, model: str) -> None:
-        """Load and warm ``model`` on one member that came back empty."""
+    async def restore_one(self, member: PoolMember, model: str,
+                          loaded: Callable[[], None] = no_callback) -> None:
+        """Load and warm ``model`` on one member that came back empty (``loaded``:
+        called between Triton's load and the gateway's warm-up)."""
 
 
 @dataclass
@@ -83,6 +86,7 @@ class ConfiguredLoader:
     async def preload_one(self, model: str) -> None:
         await load_as_configured(self.core, self.admin, model, self.plan.warm_batches(model))
 
-    async def restore_one(self, member: PoolMember, model: str) -> None:
+    async def restore_one(self, member: PoolMember, model: str,
+                          loaded: Callable[[], None] = no_callback) -> None:
         await restore_as_configured(self.core, self.admin, member, model,
-                                    self.plan.warm_batches(model))
+                                    self.plan.warm_batches(model), loaded)

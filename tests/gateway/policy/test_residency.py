@@ -19,8 +19,10 @@ from gateway.policy.residency import (
     Plan,
     ResidencyKnobs,
     ResidencyView,
+    miss_room_at,
     place_miss,
     plan,
+    resolve_min_replicas,
     smoothed_rate,
     used_bytes,
     wanted_replicas,
@@ -545,3 +547,79 @@ def test_random_views_are_within_budget_and_varied() -> None:
         budgets = max(m.budget_bytes for m in view.members)
         too_big += any(m.footprint_bytes > budgets for m in view.models)
     assert full > 20 and too_big > 20
+
+
+# --- issue 34: pending loads, probation, value per byte, rollouts ------------------------
+def test_plan_never_evicts_a_pending_model_when_a_hotter_one_needs_its_room() -> None:
+    view = _view([_model("loading", demand=0.1), _model("hot", demand=40)],
+                 [MemberView("a", 1 * GB, True, {}, {}, frozenset(),
+                             pending=frozenset({"loading"}))])
+    p = plan(view, K)
+    assert p.evictions == () and p.loads == ()
+
+
+def test_plan_counts_pending_loads_in_use_when_it_places_others() -> None:
+    view = _view([_model("q", demand=1), _model("x", demand=1)],
+                 [MemberView("a", 1 * GB, True, {}, {}, frozenset(), pending=frozenset({"q"}))])
+    assert plan(view, K).loads == ()  # the queued load holds the whole budget
+    assert used_bytes(view, "a") == GB
+
+
+def test_place_miss_evicts_probation_before_colder_main_models_when_both_could_go() -> None:
+    models = [_model("main", demand=0.001), _model("trial", demand=5), _model("new")]
+    member = MemberView("a", 2 * GB, True, {"main": OLD, "trial": OLD}, {}, frozenset(),
+                        probation=frozenset({"trial"}))
+    assert place_miss(_view(models, [member]), "new", K) == ("a", (Move("trial", "a", "room"),))
+
+
+def test_place_miss_takes_the_coldest_hot_model_when_probation_share_allows() -> None:
+    models = [_model("h1", demand=5), _model("h2", demand=9), _model("new")]
+    member = _member("a", gb=2, held=["h1", "h2"])
+    knobs = ResidencyKnobs(min_resident_s=30.0, probation_share=0.5)
+    assert place_miss(_view(models, [member]), "new", knobs) == ("a", (Move("h1", "a", "room"),))
+    closed = ResidencyKnobs(min_resident_s=30.0, probation_share=0.0)
+    assert place_miss(_view(models, [member]), "new", closed) is None  # the hot are kept
+
+
+def test_place_miss_keeps_probation_within_its_share_when_it_is_full() -> None:
+    models = [_model("h1", demand=5), _model("t1", demand=0.01), _model("new")]
+    member = MemberView("a", 2 * GB, True, {"h1": OLD, "t1": NOW - 1}, {}, frozenset(),
+                        probation=frozenset({"t1"}))
+    knobs = ResidencyKnobs(min_resident_s=30.0, probation_share=0.5)
+    assert place_miss(_view(models, [member]), "new", knobs) is None  # t1 too young, h1 hot
+    assert miss_room_at(_view(models, [member]), "new", knobs) == NOW - 1 + 30.0
+
+
+def test_miss_room_at_is_none_when_waiting_frees_nothing() -> None:
+    models = [_model("pinned", min_replicas=1), _model("new")]
+    view = _view(models, [_member("a", gb=1, held=["pinned"])])
+    assert miss_room_at(view, "new", K) is None
+
+
+def test_plan_prefers_demand_per_byte_when_a_small_model_earns_more_per_byte() -> None:
+    models = [_model("big", gb=2, demand=3), _model("small", gb=0.5, demand=2)]
+    p = plan(_view(models, [_member("a", gb=2)]), K)
+    assert [mv.model for mv in p.loads] == ["small"]  # 4 rps/GB before 1.5
+
+
+def test_plan_promotes_a_probation_holding_when_it_earns_more_per_byte_than_main() -> None:
+    models = [_model("main", demand=1), _model("trial", demand=3), _model("idle")]
+    member = MemberView("a", 4 * GB, True, {"main": OLD, "trial": OLD, "idle": OLD}, {},
+                        frozenset(), probation=frozenset({"trial", "idle"}))
+    assert plan(_view(models, [member]), K).promotions == (Move("trial", "a", "promote"),)
+
+
+def test_plan_leaves_a_model_under_rollout_where_it_is_when_demand_moves() -> None:
+    frozen = ModelView("r", GB, 1, 0.0, None, frozen=True)
+    view = _view([frozen, _model("hot", demand=40)], [_member("a", gb=1, held=["r"]),
+                                                      _member("b", gb=1)])
+    p = plan(view, K)
+    assert all(mv.model != "r" for mv in (*p.loads, *p.evictions))
+
+
+@pytest.mark.parametrize(("configured", "on_demand", "rolling", "expected"), [
+    (None, False, False, 3), (None, True, False, 0), (2, True, False, 2), (5, False, False, 3),
+    (None, True, True, 1), (0, False, True, 1)])
+def test_resolve_min_replicas_when_configured_so(configured: int | None, on_demand: bool,
+                                                 rolling: bool, expected: int) -> None:
+    assert resolve_min_replicas(configured, on_demand, 3, rolling) == expected

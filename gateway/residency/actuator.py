@@ -1,0 +1,201 @@
+"""Carrying out the residency's moves on the members, through ``MemberAdmin`` and the
+warm-up's loader only: a holding's load (queued for one of the member's load slots,
+loaded, warmed, then routed to) and its eviction (out of routing, its requests in flight
+there end, then unloaded). Every step is a transition of the holding
+(:mod:`gateway.residency.holdings`); a step whose record changed meanwhile stops there.
+
+**Load slots**: a member runs ``slots`` loads at once (``loads_per_member``); the rest
+wait in its queue, the loads that requests wait for first, then in the order they were
+decided. The measured load times give :meth:`Actuator.expected_in`, how long until a
+holding is resident: what the waiting room answers a request by.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import GatewayError
+from gateway.pools import PoolMember
+from gateway.residency.footprints import Footprints
+from gateway.residency.holdings import Holding, HoldingTable, Phase, StaleTransition
+from gateway.residency.metrics import ResidencyMetrics
+from gateway.state import GatewayState
+from gateway.upstream.triton import MemberAdmin
+
+log = logging.getLogger(__name__)
+
+# loads and warms one model on one member, calling ``loaded()`` between the load and
+# the gateway's warm-up (the warm-up's loader: ModelLifecycle/ConfiguredLoader.restore_one)
+LoadOne = Callable[[PoolMember, str, Callable[[], None]], Awaitable[None]]
+Sleep = Callable[[float], Awaitable[None]]
+EVICT_DRAIN_S = 60.0  # in-flight requests of an evicted model get this long to end
+DRAIN_POLL_S = 0.02
+DEFAULT_LOAD_S = 2.0  # a load's expected time before any was measured
+
+
+@dataclass
+class Actuator:
+    table: HoldingTable
+    admin: MemberAdmin
+    load_one: LoadOne
+    state: GatewayState
+    footprints: Footprints
+    metrics: ResidencyMetrics
+    members: Callable[[str], PoolMember | None]  # key -> member
+    slots: Callable[[str], int]  # key -> loads it runs at once
+    waiters: Callable[[str], int]  # model -> requests waiting for it
+    clock: Callable[[], float]
+    sleep: Sleep = asyncio.sleep
+    load_seconds: dict[str, float] = field(default_factory=dict)  # model -> last load took
+    _queues: dict[str, list[Holding]] = field(default_factory=dict)  # member -> queued
+    _running: dict[str, int] = field(default_factory=dict)  # member -> loads running
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    # -- loads ---------------------------------------------------------------------------
+    def enqueue(self, holding: Holding) -> None:
+        """Start a queued holding's load when its member has a slot free."""
+        self._queues.setdefault(holding.member, []).append(holding)
+        self.pump(holding.member)
+
+    def pump(self, member_key: str) -> None:
+        """Start the member's queued loads its free slots allow, those requests wait for
+        first (a slot freed, a request arrived for a queued model)."""
+        queue = self._queues.get(member_key, [])
+        queue[:] = [h for h in queue if self._current(h)]
+        queue.sort(key=lambda h: (self.waiters(h.model) == 0, h.queued_at))
+        while queue and self._running.get(member_key, 0) < self.slots(member_key):
+            holding = queue.pop(0)
+            self._running[member_key] = self._running.get(member_key, 0) + 1
+            self.spawn(self._load(holding))
+
+    def queued_ahead(self, holding: Holding) -> int:
+        """Loads that start before ``holding`` on its member, running ones included."""
+        queue = sorted((h for h in self._queues.get(holding.member, []) if self._current(h)),
+                       key=lambda h: (self.waiters(h.model) == 0, h.queued_at))
+        ahead = next((i for i, h in enumerate(queue) if h.token == holding.token), len(queue))
+        return ahead + self._running.get(holding.member, 0)
+
+    def expected_in(self, holding: Holding) -> float:
+        """Seconds until ``holding`` is resident, from the measured load times."""
+        own = self.expected_load_s(holding.model)
+        if holding.phase is Phase.RESIDENT:
+            return 0.0
+        if holding.phase is not Phase.QUEUED:
+            return max(0.0, own - (self.clock() - holding.since))
+        waves = self.queued_ahead(holding) // max(1, self.slots(holding.member))
+        return waves * self.typical_load_s() + own
+
+    def expected_load_s(self, model: str) -> float:
+        return self.load_seconds.get(model, self.typical_load_s())
+
+    def typical_load_s(self) -> float:
+        figures = sorted(self.load_seconds.values())
+        return figures[len(figures) // 2] if figures else DEFAULT_LOAD_S
+
+    def _current(self, holding: Holding) -> bool:
+        now = self.table.get(holding.member, holding.model)
+        return now is not None and now.token == holding.token and now.phase is Phase.QUEUED
+
+    async def _load(self, holding: Holding) -> None:
+        member = self.members(holding.member)
+        try:
+            if member is None:
+                self.table.advance(holding, Phase.FAILED, "the member left its pool")
+                return
+            await self._load_on(member, holding)
+        except StaleTransition as stale:
+            log.info("load of %s on %s overtaken: %s", holding.model, holding.member, stale)
+        finally:
+            self._running[holding.member] -= 1
+            self.pump(holding.member)
+
+    async def _load_on(self, member: PoolMember, holding: Holding) -> None:
+        loading = self.table.advance(holding, Phase.LOADING)
+        assert loading is not None
+        gpu_before = await self.footprints.gpu_before(member)
+        started, wall = self.clock(), time.time()
+        warming: list[Holding] = []
+
+        def loaded() -> None:
+            with contextlib.suppress(StaleTransition):
+                after = self.table.advance(loading, Phase.WARMING)
+                warming.extend([after] if after else [])
+
+        try:
+            await self.load_one(member, holding.model, loaded)
+        except Exception as exc:  # noqa: BLE001 - the holding says why, the waiters too
+            message = exc.message if isinstance(exc, GatewayError) else repr(exc)
+            log.error("loading %s on %s (%s) failed: %s", holding.model, member.key,
+                      holding.reason, message)
+            self.metrics.load_failures.labels(holding.model, member.key).inc()
+            with contextlib.suppress(GatewayError):  # nothing half-loaded stays behind
+                await self.admin.unload(member, holding.model)
+            self.table.advance(warming[0] if warming else loading, Phase.FAILED, message)
+            return
+        seconds = self.clock() - started
+        self.table.advance(warming[0] if warming else loading, Phase.RESIDENT)
+        self.load_seconds[holding.model] = seconds
+        self.metrics.loads.labels(holding.model, holding.reason).inc()
+        self.metrics.load_seconds.observe(seconds)
+        await self.state.settle()  # both data planes route to it there now
+        self.spawn(self.footprints.measure(member, holding.model, gpu_before, wall - 1.0))
+
+    # -- evictions -------------------------------------------------------------------------
+    async def evict(self, holding: Holding, reason: str) -> bool:
+        """Out of routing there first, its requests in flight there end, then unloaded;
+        False when it stays (the record changed, or Triton refused the unload)."""
+        member = self.members(holding.member)
+        if member is None:
+            return False
+        try:
+            draining = self.table.advance(holding, Phase.DRAINING, reason)
+        except StaleTransition:
+            return False
+        assert draining is not None
+        try:
+            await self.state.settle()
+            give_up = self.clock() + EVICT_DRAIN_S
+            while await self.state.in_flight_at(holding.model, member) > 0:
+                if self.clock() >= give_up:
+                    log.warning("evicting %s from %s: requests still in flight after %.0f s; "
+                                "Triton's unload waits for those it runs", holding.model,
+                                member.key, EVICT_DRAIN_S)
+                    break
+                await self.sleep(DRAIN_POLL_S)
+            unloading = self.table.advance(draining, Phase.UNLOADING)
+            assert unloading is not None
+            await self.admin.unload(member, holding.model)
+        except GatewayError as exc:
+            log.error("evicting %s from %s failed: %s", holding.model, member.key, exc.message)
+            with contextlib.suppress(StaleTransition):
+                current = self.table.get(holding.member, holding.model)
+                if current is not None and current.token == holding.token:
+                    self.table.advance(current, Phase.RESIDENT, "eviction failed")
+            return False
+        except StaleTransition:
+            return False
+        with contextlib.suppress(StaleTransition):
+            self.table.advance(unloading, None)
+        self.metrics.evictions.labels(holding.model, reason).inc()
+        return True
+
+    # -- tasks -------------------------------------------------------------------------------
+    def spawn(self, job: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def running(self, member_key: str) -> int:
+        return self._running.get(member_key, 0)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,92 @@
+"""What owners and operators see of the residency (``GET /v1/residency``, the console,
+``infergate models status``): per pool and member, every holding with its phase, how
+long, why, its footprint and the requests waiting for it; per model, where it is
+resident and its holdings elsewhere."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from gateway.config.residency import ResidencySpec
+from gateway.policy.residency import ResidencyView
+from gateway.pools import Pool
+from gateway.residency.actuator import Actuator
+from gateway.residency.demand import DemandMeter
+from gateway.residency.footprints import Footprints
+from gateway.residency.holdings import PENDING, Holding, HoldingTable
+from gateway.residency.waiting import WaitingRoom
+from gateway.state import GatewayState
+
+
+class Reported(Protocol):
+    """What the report reads of the residency (:class:`~gateway.residency.manager.
+    Residency`)."""
+
+    table: HoldingTable
+    actuator: Actuator
+    room: WaitingRoom
+    footprints: Footprints
+    demand: DemandMeter
+
+    @property
+    def state(self) -> GatewayState: ...
+
+    def pools(self) -> list[Pool]: ...
+
+    def spec(self, pool: Pool) -> ResidencySpec: ...
+
+    def models(self, pool: Pool) -> list[str]: ...
+
+    def view(self, pool: Pool, now: float | None = None) -> ResidencyView: ...
+
+    def used_bytes(self, pool: Pool, member_key: str) -> int: ...
+
+
+def build(residency: Reported) -> dict[str, Any]:
+    now = residency.state.clock()
+    last_used = residency.state.last_used()
+    pools, models = [], {}
+    for pool in residency.pools():
+        spec = residency.spec(pool)
+        members = []
+        for member in pool.members:
+            holdings = residency.table.of_member(member.key)
+            members.append({
+                "key": member.key, "available": member.available(now),
+                "budget_bytes": spec.memory_budget_bytes, "usable_bytes": spec.usable_bytes,
+                "used_bytes": residency.used_bytes(pool, member.key),
+                "load_slots": spec.loads_per_member,
+                "loads_running": residency.actuator.running(member.key),
+                "models": [dict(_holding(residency, h, now), model=m,
+                                footprint_bytes=residency.footprints.bytes(m, pool))
+                           for m, h in sorted(holdings.items())],
+            })
+        pools.append({"name": pool.name, "budget_bytes": spec.memory_budget_bytes,
+                      "headroom_bytes": spec.headroom_bytes, "usable_bytes": spec.usable_bytes,
+                      "waiting": residency.room.waiting(pool), "members": members})
+        views = {v.name: v for v in residency.view(pool, now).models}
+        for model in residency.models(pool):
+            configured = residency.state.config.models.get(model)
+            used = last_used.get(model)
+            size, source = residency.footprints.of(model, pool)
+            holdings = residency.table.of_model(model)
+            models[model] = {
+                "pool": pool.name,
+                "on_demand": bool(configured and configured.on_demand),
+                "min_replicas": views[model].min_replicas,
+                "footprint_bytes": size, "footprint_source": source,
+                "demand_rps": round(residency.demand.rate(model), 4),
+                "last_used_s_ago": None if used is None else round(now - used, 1),
+                "members": residency.table.resident_on(model),
+                "waiting": residency.room.waiters(model),
+                "holdings": [dict(_holding(residency, h, now), member=k)
+                             for k, h in sorted(holdings.items())],
+            }
+    return {"pools": pools, "models": models}
+
+
+def _holding(residency: Reported, holding: Holding, now: float) -> dict[str, Any]:
+    return {"state": str(holding.phase), "for_s": round(now - holding.since, 1),
+            "reason": holding.reason, "segment": holding.segment,
+            "waiting": residency.room.waiters(holding.model) if holding.phase in PENDING
+            else 0}

@@ -1,0 +1,233 @@
+"""The residency's mechanism driven with fakes at its true boundaries (the members, the
+loader, the footprints, the clock) through the interleavings that broke it: a load that
+finishes after a contrary decision, a member restarting mid-load, two misses for one
+model, a deadline shorter than a load, room made for a miss while others decide."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.errors import ModelNotFound, ModelNotReady, Unavailable
+from gateway.residency.holdings import Phase
+from tests.gateway.residency.fakes import MB, A, B, Rig
+
+
+async def test_miss_waits_for_one_load_and_is_served_when_two_requests_ask_at_once() -> None:
+    rig = Rig({"m": 100 * MB}, budget=300 * MB)
+    await rig.residency.round()
+    waits = [asyncio.ensure_future(rig.core.state.wait_resident("m", 10.0)) for _ in range(2)]
+    await rig.until(lambda: len(rig.members.pending) == 1)
+    (member, _), = rig.members.pending
+    assert rig.phase(member, "m") == "loading" and rig.residency.room.waiters("m") == 2
+    assert rig.residency.report()["models"]["m"]["holdings"][0]["waiting"] == 2
+    rig.members.finish(member, "m")
+    await asyncio.wait_for(asyncio.gather(*waits), 2)
+    assert sum(rig.members.loads.values()) == 1  # one load, however many waited
+    assert rig.core.state.holders("m") == {member}
+    assert rig.phase(member, "m") == "resident" and (member, "m") in rig.warmed
+
+
+async def test_age_counts_from_resident_when_a_load_waited_long_for_its_slot() -> None:
+    rig = Rig({"a": 100 * MB, "b": 100 * MB, "c": 100 * MB}, budget=200 * MB, members=1,
+              loads_per_member=1, min_resident_s=5.0, waiting_room={"max_wait_s": 300})
+    await rig.residency.round()
+    first = asyncio.ensure_future(rig.core.state.wait_resident("a", 60.0))
+    second = asyncio.ensure_future(rig.core.state.wait_resident("b", 60.0))
+    await rig.until(lambda: (A, "a") in rig.members.pending)
+    assert rig.phase(A, "b") == "queued"  # behind the one slot
+    rig.clock.advance(30.0)  # a long load: "b" queued all along
+    rig.members.finish(A, "a")
+    await rig.until(lambda: (A, "b") in rig.members.pending)
+    rig.clock.advance(20.0)
+    rig.members.finish(A, "b")
+    await asyncio.wait_for(asyncio.gather(first, second), 2)
+    # "b" became resident just now: a miss for "c" cannot evict it, only "a" (20 s old)
+    third = asyncio.ensure_future(rig.core.state.wait_resident("c", 300.0))
+    await rig.until(lambda: (A, "c") in rig.members.pending)
+    assert rig.phase(A, "b") == "resident" and rig.phase(A, "a") is None
+    rig.members.finish(A, "c")
+    await asyncio.wait_for(third, 2)
+    assert rig.members.unloads == {(A, "a"): 1}
+
+
+async def test_a_plan_never_evicts_a_queued_or_loading_model_when_demand_moves() -> None:
+    rig = Rig({"a": 100 * MB, "b": 100 * MB}, budget=100 * MB, members=1, min_resident_s=0.0)
+    await rig.residency.round()
+    waiting = asyncio.ensure_future(rig.core.state.wait_resident("a", 60.0))
+    await rig.until(lambda: (A, "a") in rig.members.pending)
+    for _ in range(50):  # "b" much hotter now: rounds run while "a" loads
+        rig.core.metrics.requests.labels("b", "p", "http", "success", "user").inc()
+    rig.clock.advance(10)
+    await rig.residency.round()
+    await rig.settle()
+    assert rig.phase(A, "a") == "loading" and rig.members.unloads == {}
+    rig.members.finish(A, "a")
+    await asyncio.wait_for(waiting, 2)  # its waiters served before anything evicts it
+    assert rig.core.state.holders("a") == {A}
+
+
+async def test_a_load_overtaken_by_a_drop_marks_nothing_resident_when_it_finishes() -> None:
+    rig = Rig({"m": 100 * MB}, budget=300 * MB, members=1)
+    await rig.residency.round()
+    waiting = asyncio.ensure_future(rig.core.state.wait_resident("m", 60.0))
+    await rig.until(lambda: (A, "m") in rig.members.pending)
+    holding = rig.residency.table.get(A, "m")
+    assert holding is not None
+    rig.residency.table.drop(holding)  # a contrary decision while it loads
+    rig.members.finish(A, "m")
+    await rig.settle(20)
+    current = rig.residency.table.get(A, "m")
+    assert current is None or current.token != holding.token  # the old load decided nothing
+    waiting.cancel()
+
+
+async def test_a_miss_moves_to_the_other_member_when_one_restarts_mid_load() -> None:
+    rig = Rig({"m": 100 * MB}, budget=300 * MB)
+    await rig.residency.round()
+    waiting = asyncio.ensure_future(rig.core.state.wait_resident("m", 60.0))
+    await rig.until(lambda: len(rig.members.pending) == 1)
+    (first, _), = rig.members.pending
+    rig.members.restart(first)
+    rig.members.fail(first, "m", "connection reset by peer")
+    other = B if first == A else A
+    await rig.until(lambda: (other, "m") in rig.members.pending)
+    assert rig.phase(first, "m") == "failed"
+    assert "connection reset" in rig.residency.table.get(first, "m").reason  # type: ignore[union-attr]
+    rig.members.finish(other, "m")
+    await asyncio.wait_for(waiting, 2)
+    assert rig.core.state.holders("m") == {other}
+
+
+async def test_waiters_get_both_reasons_when_the_load_fails_on_two_members() -> None:
+    rig = Rig({"m": 100 * MB}, budget=300 * MB)
+    await rig.residency.round()
+    waiting = asyncio.ensure_future(rig.core.state.wait_resident("m", 60.0))
+    for _ in range(2):
+        await rig.until(lambda: len(rig.members.pending) == 1)
+        (member, _), = rig.members.pending
+        rig.members.fail(member, "m", f"bad weights on {member}")
+    with pytest.raises(Unavailable) as failed:
+        await asyncio.wait_for(waiting, 2)
+    assert f"bad weights on {A}" in failed.value.message
+    assert f"bad weights on {B}" in failed.value.message
+
+
+async def test_a_request_is_answered_at_once_when_its_deadline_is_shorter_than_the_load(
+) -> None:
+    rig = Rig({"m": 100 * MB}, budget=300 * MB, members=1)
+    rig.residency.actuator.load_seconds["m"] = 8.0  # measured before
+    await rig.residency.round()
+    with pytest.raises(ModelNotReady) as refused:
+        await asyncio.wait_for(rig.core.state.wait_resident("m", 2.0), 0.5)  # not held
+    assert "expected in 8.0 s" in refused.value.message
+    assert refused.value.retry_after_s >= 8
+    assert sum(rig.members.loads.values()) == 1  # the load goes on for the next request
+
+
+async def test_a_miss_is_answered_before_the_client_deadline_when_the_load_runs_late(
+) -> None:
+    rig = Rig({"m": 100 * MB}, budget=300 * MB, members=1)
+    rig.residency.actuator.load_seconds["m"] = 0.05
+    await rig.residency.round()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(ModelNotReady) as late:
+        await rig.core.state.wait_resident("m", 0.5)
+    assert loop.time() - began < 0.5  # at 9/10 of it: the documented answer comes first
+    assert "longer than this request may wait (0.5 s)" in late.value.message
+
+
+async def test_accounted_use_stays_within_the_budget_when_a_miss_evicts_for_room() -> None:
+    rig = Rig({"old": 200 * MB, "new": 200 * MB}, budget=300 * MB, members=1, instant=True,
+              min_resident_s=0.0)
+    await rig.residency.round()
+    await rig.core.state.wait_resident("old", 10.0)
+    rig.clock.advance(5)
+    await rig.core.state.wait_resident("new", 10.0)
+    assert rig.core.state.holders("new") == {A} and rig.phase(A, "old") is None
+    assert rig.used_seen and all(used <= 300 * MB for _, used in rig.used_seen)
+    assert rig.members.unloads == {(A, "old"): 1}
+
+
+async def test_a_cold_model_is_served_without_evicting_the_hot_when_members_are_full(
+) -> None:
+    models = {f"h{i}": 100 * MB for i in range(4)} | {"cold": 100 * MB}
+    rig = Rig(models, budget=400 * MB, members=1, instant=True, min_resident_s=0.0,
+              probation_share=0.25)
+    await rig.residency.round()
+    for i in range(4):  # four hot models fill the member
+        await rig.core.state.wait_resident(f"h{i}", 10.0)
+        for _ in range(10 * (i + 1)):
+            rig.core.metrics.requests.labels(f"h{i}", "p", "http", "success", "user").inc()
+    rig.clock.advance(10)
+    await rig.residency.round()
+    await rig.core.state.wait_resident("cold", 10.0)  # served: the coldest main one gave way
+    assert rig.core.state.holders("cold") == {A}
+    assert rig.members.unloads == {(A, "h0"): 1}
+    assert rig.residency.table.get(A, "cold").segment == "probation"  # type: ignore[union-attr]
+
+
+async def test_an_unknown_name_is_looked_up_once_when_many_requests_name_it() -> None:
+    rig = Rig({"m": 100 * MB}, budget=300 * MB)
+    rig.pool.spec = rig.pool.spec.model_copy(update={"models": ("*",)})
+    await rig.residency.round()
+    before = rig.members.index_calls
+    results = await asyncio.gather(
+        *(rig.residency.wait("nope", 5.0) for _ in range(10)), return_exceptions=True)
+    assert all(isinstance(r, ModelNotFound) for r in results)
+    assert rig.members.index_calls - before == 2  # one look-up: one index per member
+    with pytest.raises(ModelNotFound):
+        await rig.residency.wait("nope", 5.0)
+    assert rig.members.index_calls - before == 2  # remembered as unknown for a while
+
+
+async def test_a_resident_model_the_member_lost_is_dropped_when_it_restarted() -> None:
+    rig = Rig({"m": 100 * MB}, budget=300 * MB, members=1, instant=True)
+    await rig.residency.round()
+    await rig.core.state.wait_resident("m", 10.0)
+    rig.members.restart(A)
+    rig.clock.advance(1)
+    await rig.residency.round()
+    assert rig.phase(A, "m") is None and not rig.core.state.resident("m")
+
+
+async def test_the_waiting_room_refuses_at_once_when_it_is_full() -> None:
+    rig = Rig({"a": 100 * MB, "b": 100 * MB}, budget=300 * MB, waiting_room={"max_requests": 1})
+    await rig.residency.round()
+    held = asyncio.ensure_future(rig.core.state.wait_resident("a", 10.0))
+    await rig.until(lambda: rig.residency.room.waiters("a") == 1)
+    with pytest.raises(ModelNotReady) as full:
+        await rig.core.state.wait_resident("b", 10.0)
+    assert "waiting room of pool 'p' is full" in full.value.message
+    held.cancel()
+
+
+async def test_a_miss_is_refused_at_once_when_only_hotter_models_hold_the_room() -> None:
+    rig = Rig({"hot": 100 * MB, "cold": 100 * MB}, budget=100 * MB, members=1, instant=True,
+              min_resident_s=5.0, probation_share=0.0)
+    await rig.residency.round()
+    await rig.core.state.wait_resident("hot", 10.0)
+    rig.core.metrics.requests.labels("hot", "p", "http", "success", "user").inc()
+    rig.clock.advance(1)
+    await rig.residency.round()
+    with pytest.raises(ModelNotReady) as never:  # hotter, and no probation share: no room
+        await asyncio.wait_for(rig.core.state.wait_resident("cold", 10.0), 0.5)  # at once
+    assert "has room for it now" in never.value.message
+    holding = rig.residency.table.get(A, "hot")
+    assert holding is not None and holding.phase is Phase.RESIDENT
+
+
+async def test_a_miss_waits_for_room_and_is_served_when_a_colder_model_ages() -> None:
+    rig = Rig({"old": 100 * MB, "new": 100 * MB}, budget=100 * MB, members=1, instant=True,
+              min_resident_s=5.0, probation_share=0.0)
+    await rig.residency.round()
+    await rig.core.state.wait_resident("old", 10.0)
+    waiting = asyncio.ensure_future(rig.core.state.wait_resident("new", 20.0))
+    await rig.settle()
+    assert not waiting.done() and rig.phase(A, "old") == "resident"  # too young to go
+    rig.clock.advance(6)
+    await rig.residency.round()  # room frees as it ages: the miss is placed again
+    await asyncio.wait_for(waiting, 2)
+    assert rig.core.state.holders("new") == {A} and rig.members.unloads == {(A, "old"): 1}
