@@ -8,7 +8,6 @@ loaded wherever traffic for it can be routed); the index merges one member per p
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -102,10 +101,9 @@ class ModelControl:
         decision = derive_batching(latency_slo_ms, latency, max_batch)
         config["dynamic_batching"] = {**config.get("dynamic_batching", {}),
                                       **decision.as_config()}
-        body = json.dumps({"parameters": {"config": json.dumps(config)}})
 
-        async def load(m: PoolMember) -> None:
-            await self.admin.post_ok(m, f"/v2/repository/models/{model}/load", body)
+        async def load(m: PoolMember) -> None:  # over gRPC: HTTP inference never waits on it
+            await self.admin.load(m, model, config)
 
         await self.broadcast(model, load)
         return decision
