@@ -5,7 +5,8 @@ member (issue 29). Pure: the control plane (:mod:`gateway.residency`) builds a
 asks :func:`place_miss` where to load it right away.
 
 **Replicas wanted** (:func:`wanted_replicas`): ``max(min_replicas, ceil(demand_rps /
-rps_per_replica))``, at least 1 while the model has demand (``demand_rps > 0``, smoothed
+(rps_per_replica * replica_lead)))`` (the next replica loads at 90 % of what the others
+carry, before requests queue behind them), at least 1 while the model has demand (``demand_rps > 0``, smoothed
 by :func:`smoothed_rate`) or was used within ``min_resident_s``, capped at the available
 members. ``min_replicas`` comes resolved: 0 for an on-demand model, every member of the
 pool for a pinned one.
@@ -74,6 +75,9 @@ from dataclasses import dataclass, field, replace
 HYSTERESIS = 0.7
 # a missed model counts as at least this hot (a request waits for it: one a minute)
 MISS_FLOOR_RPS = 1 / 60
+# a model's next replica is wanted once its demand passes this share of what its replicas
+# carry: it loads while they still keep up, before requests queue behind them
+REPLICA_LEAD = 0.9
 # the share of each member's budget that misses may always take (the probation segment)
 PROBATION_SHARE = 0.25
 LOAD_REASONS = ("pinned", "demand", "miss", "preload", "deploy", "operator")
@@ -86,6 +90,8 @@ class ResidencyKnobs:
     rps_per_replica: float = 50.0  # smoothed demand one member carries before another
     failed_retry_s: float = 60.0  # a member a load failed on is not tried again before
     probation_share: float = PROBATION_SHARE  # of a budget, misses may always take
+    # the next replica loads once demand passes this share of what the replicas carry
+    replica_lead: float = REPLICA_LEAD
 
 
 @dataclass(frozen=True)
@@ -178,7 +184,8 @@ def wanted_replicas(model: ModelView, members: int, knobs: ResidencyKnobs,
     docstring); ``now`` given, a use within ``min_resident_s`` wants one too."""
     demanded = 0
     if model.demand_rps > 0:
-        demanded = max(1, math.ceil(model.demand_rps / knobs.rps_per_replica - 1e-9))
+        carried = knobs.rps_per_replica * knobs.replica_lead
+        demanded = max(1, math.ceil(model.demand_rps / carried - 1e-9))
     elif (now is not None and model.last_used is not None
           and now - model.last_used <= knobs.min_resident_s):
         demanded = 1
@@ -520,7 +527,7 @@ def miss_room_at(view: ResidencyView, model: str, knobs: ResidencyKnobs) -> floa
     return None
 
 
-__all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "PROBATION_SHARE", "MemberView",
-           "ModelView", "Move", "Plan", "ResidencyKnobs", "ResidencyView", "miss_room_at",
-           "place_miss", "plan", "resolve_min_replicas", "smoothed_rate", "used_bytes",
-           "wanted_replicas"]
+__all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "PROBATION_SHARE", "REPLICA_LEAD",
+           "MemberView", "ModelView", "Move", "Plan", "ResidencyKnobs", "ResidencyView",
+           "miss_room_at", "place_miss", "plan", "resolve_min_replicas", "smoothed_rate",
+           "used_bytes", "wanted_replicas"]

@@ -147,17 +147,31 @@ class Actuator:
         self.spawn(self.footprints.measure(member, holding.model, gpu_before, wall - 1.0))
 
     # -- evictions -------------------------------------------------------------------------
-    async def evict(self, holding: Holding, reason: str) -> bool:
-        """Out of routing there first, its requests in flight there end, then unloaded;
-        False when it stays (the record changed, or Triton refused the unload)."""
-        member = self.members(holding.member)
-        if member is None:
-            return False
+    def start_eviction(self, holding: Holding, reason: str) -> asyncio.Future[bool]:
+        """Out of routing at once (draining: a decision made next sees it going), the
+        rest in the background; the future says whether it went (:meth:`evict`)."""
         try:
             draining = self.table.advance(holding, Phase.DRAINING, reason)
         except StaleTransition:
-            return False
+            done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            done.set_result(False)
+            return done
         assert draining is not None
+        future = asyncio.ensure_future(self._drain_and_unload(draining, reason))
+        self._tasks.add(future)
+        future.add_done_callback(self._tasks.discard)
+        return future
+
+    async def evict(self, holding: Holding, reason: str) -> bool:
+        """Out of routing there first, its requests in flight there end, then unloaded;
+        False when it stays (the record changed, or Triton refused the unload)."""
+        return await self.start_eviction(holding, reason)
+
+    async def _drain_and_unload(self, holding: Holding, reason: str) -> bool:
+        member = self.members(holding.member)
+        if member is None:  # it left its pool (DNS): nothing to unload there any more
+            self.table.drop(holding)
+            return True
         try:
             await self.state.settle()
             give_up = self.clock() + EVICT_DRAIN_S
@@ -168,7 +182,7 @@ class Actuator:
                                 member.key, EVICT_DRAIN_S)
                     break
                 await self.sleep(DRAIN_POLL_S)
-            unloading = self.table.advance(draining, Phase.UNLOADING)
+            unloading = self.table.advance(holding, Phase.UNLOADING)
             assert unloading is not None
             await self.admin.unload(member, holding.model)
         except GatewayError as exc:

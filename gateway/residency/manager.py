@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -244,7 +245,7 @@ class Residency:
         for move in plan.evictions:
             holding = self.table.get(move.member, move.model)
             if holding is not None and holding.phase is Phase.RESIDENT:
-                self.actuator.spawn(self.actuator.evict(holding, move.reason))
+                self.actuator.start_eviction(holding, move.reason)
         for move in plan.promotions:
             holding = self.table.get(move.member, move.model)
             if holding is not None and holding.segment == PROBATION:
@@ -300,14 +301,16 @@ class Residency:
         for move in evictions:
             victim = self.table.get(move.member, move.model)
             if victim is not None:
-                self.actuator.spawn(self._evict_for(flight, victim))
+                going = self.actuator.start_eviction(victim, "room")
+                going.add_done_callback(functools.partial(self._evicted_for, flight, victim))
         if not flight.victims:
             self._queue_miss(flight)
 
-    async def _evict_for(self, flight: Flight, victim: Holding) -> None:
-        if not await self.actuator.evict(victim, "room") and flight.member == victim.member \
-                and victim.model in flight.victims:
-            flight.member, flight.victims = None, set()  # it stayed: placed again
+    def _evicted_for(self, flight: Flight, victim: Holding, done: asyncio.Future[bool]) -> None:
+        """A victim that stayed (Triton refused its unload): the miss is placed again."""
+        if not done.cancelled() and not done.result() and flight.member == victim.member \
+                and victim.model in flight.victims and not flight.done.done():
+            flight.member, flight.victims = None, set()
             self.place(flight)
 
     def _queue_miss(self, flight: Flight) -> None:
@@ -351,7 +354,10 @@ class Residency:
         if (before is None or before.phase is not Phase.RESIDENT) and after is not None \
                 and after.phase is Phase.RESIDENT:
             self.metrics.resident(holding.model, {holding.member: True})
-            self.room.resident(holding.model)
+            flight = self.room.resident(holding.model)
+            queued = flight.holding if flight is not None else None
+            if queued is not None and queued.member != holding.member:
+                self._later(self._cancel_queued, queued)  # served elsewhere first
         elif before is not None and before.phase is Phase.RESIDENT and (
                 after is None or after.phase is not Phase.RESIDENT):
             self.metrics.resident(holding.model, {holding.member: False})
@@ -365,6 +371,12 @@ class Residency:
         inside its own write)."""
         with contextlib.suppress(RuntimeError):  # no running loop: nothing waits
             asyncio.get_running_loop().call_soon(job, *args)
+
+    def _cancel_queued(self, holding: Holding) -> None:
+        current = self.table.get(holding.member, holding.model)
+        if current is not None and current.token == holding.token and \
+                current.phase is Phase.QUEUED:
+            self.table.advance(current, None)
 
     def _load_failed(self, model: str, member: str, reason: str) -> None:
         flight = self.room.failed(model, member, reason)
@@ -402,7 +414,7 @@ class Residency:
         if placed is None:
             raise Unavailable(self.no_room(pool, model), retry_after_s=None)
         member_key, evictions = placed
-        await asyncio.gather(*(self.actuator.evict(victim, "room") for e in evictions
+        await asyncio.gather(*(self.actuator.start_eviction(victim, "room") for e in evictions
                                if (victim := self.table.get(e.member, e.model)) is not None))
         member = self._member(member_key)
         assert member is not None

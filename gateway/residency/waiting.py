@@ -109,6 +109,7 @@ class WaitingRoom:
         flight = self._flight(pool, model)
         expected = self.placer.expected_in(flight)
         if expected is None or expected > limit:
+            self._forget(flight)  # (a load under way goes on: the retry will likely hit)
             raise self._too_long(flight, expected, limit, at_once=True)
         flight.waiters += 1
         self.on_count(model, flight.waiters)
@@ -135,11 +136,13 @@ class WaitingRoom:
                 if f.member is None and not f.done.done()]
 
     # -- outcomes (the residency calls these as holdings change) --------------------------
-    def resident(self, model: str) -> None:
+    def resident(self, model: str) -> Flight | None:
+        """The model is resident: its flight's requests go on (the flight, if any)."""
         flight = self.flights.get(model)
         if flight is not None:
             flight.resolve()
             self._forget(flight)
+        return flight
 
     def failed(self, model: str, member: str, reason: str) -> Flight | None:
         """The flight's load failed on ``member``: the flight, to be placed on another

@@ -110,9 +110,9 @@ def test_smoothed_rate_keeps_the_previous_rate_when_no_time_elapsed() -> None:
     (0.0, 0, OLD, 4, 0),  # idle: wanted nowhere (kept where it is while room lasts)
     (0.0, 0, NOW - 10, 4, 1),  # used within min_resident_s: one
     (0.001, 0, OLD, 4, 1),  # any demand: one
-    (50.0, 0, NOW, 4, 1),  # exactly what one replica carries
-    (50.1, 0, NOW, 4, 2),
-    (140.0, 0, NOW, 4, 3),
+    (45.0, 0, NOW, 4, 1),  # 90 % of what one replica carries (replica_lead)
+    (45.1, 0, NOW, 4, 2),  # the next one loads before the first is saturated
+    (120.0, 0, NOW, 4, 3),
     (1000.0, 0, NOW, 4, 4),  # capped at the available members
     (0.0, 3, None, 4, 3),  # min_replicas
     (60.0, 3, NOW, 4, 3),
