@@ -231,3 +231,38 @@ async def test_a_miss_waits_for_room_and_is_served_when_a_colder_model_ages() ->
     await rig.residency.round()  # room frees as it ages: the miss is placed again
     await asyncio.wait_for(waiting, 2)
     assert rig.core.state.holders("new") == {A} and rig.members.unloads == {(A, "old"): 1}
+
+
+async def test_a_round_eviction_is_draining_at_once_when_a_miss_is_placed_next() -> None:
+    rig = Rig({"a": 100 * MB, "b": 100 * MB, "c": 100 * MB}, budget=200 * MB, members=1,
+              instant=True, min_resident_s=0.0)
+    await rig.residency.round()
+    await rig.core.state.wait_resident("a", 10.0)
+    await rig.core.state.wait_resident("b", 10.0)
+    holding = rig.residency.table.get(A, "a")
+    assert holding is not None
+    rig.residency.actuator.start_eviction(holding, "room")
+    assert rig.phase(A, "a") == "draining"  # before any task ran
+    await rig.core.state.wait_resident("c", 10.0)  # takes "b", not "a" a second time
+    assert rig.members.unloads == {(A, "a"): 1, (A, "b"): 1}
+
+
+async def test_a_queued_load_is_dropped_when_the_model_became_resident_elsewhere_first(
+) -> None:
+    rig = Rig({"m": 100 * MB, "x": 100 * MB, "y": 100 * MB}, budget=300 * MB,
+              loads_per_member=1)
+    await rig.residency.round()
+    busy = [asyncio.ensure_future(rig.core.state.wait_resident(m, 60.0)) for m in "xy"]
+    await rig.until(lambda: len(rig.members.pending) == 2)  # one slot each, both taken
+    waiting = asyncio.ensure_future(rig.core.state.wait_resident("m", 60.0))
+    await rig.until(lambda: rig.residency.room.waiters("m") == 1)
+    queued_on = next(k for k in (A, B) if rig.phase(k, "m") == "queued")
+    other = B if queued_on == A else A
+    rig.residency.table.adopt(other, "m")  # a deploy made it resident there first
+    await asyncio.wait_for(waiting, 2)  # served
+    await rig.settle(10)
+    assert rig.phase(queued_on, "m") is None  # and no load for nobody
+    for key, model in list(rig.members.pending):
+        rig.members.finish(key, model)
+    await asyncio.wait_for(asyncio.gather(*busy), 2)
+    assert rig.members.loads[queued_on, "m"] == 0
