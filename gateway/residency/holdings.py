@@ -118,6 +118,12 @@ class HoldingTable:
         return sorted(h.member for h in self._records.values()
                       if h.model == model and h.phase is Phase.RESIDENT)
 
+    def may_queue(self, member: str, model: str) -> bool:
+        """Whether a load of ``model`` may be queued on ``member``: no record there, or a
+        failed one."""
+        current = self.get(member, model)
+        return current is None or current.phase is Phase.FAILED
+
     def gone_since(self, member: str, model: str, at: float) -> bool:
         """Whether the holding went (unloaded, dropped) at or after ``at``."""
         return self._gone_at.get((member, model), float("-inf")) >= at

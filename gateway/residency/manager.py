@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -47,20 +46,19 @@ from gateway.residency.holdings import (
     LEAVING,
     PENDING,
     PROBATION,
-    Holding,
     HoldingTable,
     Phase,
     StaleTransition,
 )
 from gateway.residency.metrics import ResidencyMetrics
-from gateway.residency.waiting import Flight, WaitingRoom
+from gateway.residency.misses import Misses
+from gateway.residency.waiting import WaitingRoom
 from gateway.state import GatewayState
 from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
 
 RECORD_EVERY_S = 10.0  # demand written to its file this often
-DRAIN_ESTIMATE_S = 0.5  # what an eviction's drain and unload add to a miss's wait
 READY = "READY"
 
 
@@ -77,17 +75,19 @@ class Residency:
     table: HoldingTable = field(init=False)
     actuator: Actuator = field(init=False)
     room: WaitingRoom = field(init=False)
+    misses: Misses = field(init=False)
     _routed: set[str] = field(default_factory=set)  # models with a route of their own
     _recorded_at: float = field(default=float("-inf"))
 
     def __post_init__(self) -> None:
         clock = self.state.clock
-        self.table = HoldingTable(self.state, clock, self._changed)
+        self.misses = Misses(self, self.metrics)
+        self.table = HoldingTable(self.state, clock, self.misses.changed)
         self.actuator = Actuator(
             self.table, self.admin, self.load_one, self.state, self.footprints,
-            self.metrics, members=self._member, slots=self._slots,
+            self.metrics, members=self._member, slots=self.slots,
             waiters=lambda model: self.room.waiters(model), clock=clock, sleep=self.sleep)
-        self.room = WaitingRoom(self, self.spec, clock,
+        self.room = WaitingRoom(self.misses, self.spec, clock,
                                 lambda model, n: self.metrics.waiting.labels(model).set(n))
 
     @property
@@ -127,7 +127,8 @@ class Residency:
     def _pool_of_member(self, key: str) -> Pool | None:
         return next((p for p in self.pools() if any(m.key == key for m in p.members)), None)
 
-    def _slots(self, key: str) -> int:
+    def slots(self, key: str) -> int:
+        """Loads the member runs at once."""
         pool = self._pool_of_member(key)
         return self.spec(pool).loads_per_member if pool is not None else 1
 
@@ -224,7 +225,7 @@ class Residency:
             self.execute(pool, policy.plan(self.view(pool), self.knobs(pool)))
             self._gauges(pool)
         for flight in self.room.unplaced():
-            self.place(flight)
+            self.misses.place(flight)
         if now - self._recorded_at >= RECORD_EVERY_S:
             self._recorded_at = now
             self.demand.record()
@@ -253,150 +254,16 @@ class Residency:
         usable = self.spec(pool).usable_bytes
         for move in plan.loads:
             member = self._member(move.member)
-            if member is None or self.table.get(move.member, move.model) not in (
-                    None, *self._failed(move.member, move.model)):
+            if member is None or not self.table.may_queue(move.member, move.model):
                 continue
             queued = sum(1 for h in self.table.of_member(move.member).values()
                          if h.phase is Phase.QUEUED)
-            if self.actuator.running(move.member) + queued >= self._slots(move.member):
+            if self.actuator.running(move.member) + queued >= self.slots(move.member):
                 continue
             if self.used_bytes(pool, move.member) + self.footprints.bytes(move.model, pool) \
                     > usable:
                 continue
             self.actuator.enqueue(self.table.queue(move.member, move.model, move.reason))
-
-    def _failed(self, member: str, model: str) -> list[Holding]:
-        holding = self.table.get(member, model)
-        return [holding] if holding is not None and holding.phase is Phase.FAILED else []
-
-    # -- misses (the waiting room's placer) ---------------------------------------------------
-    def resident(self, model: str) -> bool:
-        return self.state.resident(model)
-
-    def known(self, pool: Pool, model: str) -> bool:
-        return model in self.models(pool)
-
-    async def refresh(self, pool: Pool) -> None:
-        await self.reconcile(pool)
-
-    def place(self, flight: Flight) -> None:
-        """Give a miss its member: the victims there evicted first, then its load queued
-        (in the probation segment); unplaced when no member has room now."""
-        pool, model = flight.pool, flight.model
-        placed = policy.place_miss(self.view(pool), model, self.knobs(pool))
-        if placed is None:
-            flight.member = None
-            return
-        member, evictions = placed
-        flight.member = member
-        existing = self.table.get(member, model)
-        if existing is not None and existing.phase in PENDING:
-            flight.holding = existing
-            self.actuator.pump(member)  # requests wait for it now: it goes first
-            return
-        if existing is not None and existing.phase is Phase.RESIDENT:
-            flight.resolve()
-            return
-        flight.victims = {e.model for e in evictions}
-        for move in evictions:
-            victim = self.table.get(move.member, move.model)
-            if victim is not None:
-                going = self.actuator.start_eviction(victim, "room")
-                going.add_done_callback(functools.partial(self._evicted_for, flight, victim))
-        if not flight.victims:
-            self._queue_miss(flight)
-
-    def _evicted_for(self, flight: Flight, victim: Holding, done: asyncio.Future[bool]) -> None:
-        """A victim that stayed (Triton refused its unload): the miss is placed again."""
-        if not done.cancelled() and not done.result() and flight.member == victim.member \
-                and victim.model in flight.victims and not flight.done.done():
-            flight.member, flight.victims = None, set()
-            self.place(flight)
-
-    def _queue_miss(self, flight: Flight) -> None:
-        """The room is free: the miss's load queued, if it still fits (another decision
-        may have taken the room since it was made)."""
-        pool, member = flight.pool, flight.member
-        assert member is not None
-        size = self.footprints.bytes(flight.model, pool)
-        if self.used_bytes(pool, member) + size > self.spec(pool).usable_bytes or \
-                self.table.get(member, flight.model) not in (
-                    None, *self._failed(member, flight.model)):
-            flight.member = None
-            self.place(flight)
-            return
-        flight.holding = self.table.queue(member, flight.model, "miss", PROBATION)
-        self.actuator.enqueue(flight.holding)
-
-    def expected_in(self, flight: Flight) -> float | None:
-        """Seconds until the flight's model is resident (the waiting room answers by it);
-        None: not by waiting."""
-        own = self.actuator.expected_load_s(flight.model)
-        if flight.holding is not None:
-            current = self.table.get(flight.holding.member, flight.model)
-            if current is not None and current.token == flight.holding.token:
-                return self.actuator.expected_in(current)
-        if flight.member is not None:  # room being made there
-            queued = sum(1 for h in self.table.of_member(flight.member).values()
-                         if h.phase is Phase.QUEUED)
-            waves = (self.actuator.running(flight.member) + queued) // self._slots(
-                flight.member)
-            return DRAIN_ESTIMATE_S + waves * self.actuator.typical_load_s() + own
-        view = self.view(flight.pool)
-        at = policy.miss_room_at(view, flight.model, self.knobs(flight.pool))
-        return None if at is None else at - view.now + DRAIN_ESTIMATE_S + own
-
-    def _changed(self, before: Holding | None, after: Holding | None) -> None:
-        """Every transition of a holding (the table tells): the waiting room and the
-        misses waiting for room follow."""
-        holding = after or before
-        assert holding is not None
-        if (before is None or before.phase is not Phase.RESIDENT) and after is not None \
-                and after.phase is Phase.RESIDENT:
-            self.metrics.resident(holding.model, {holding.member: True})
-            flight = self.room.resident(holding.model)
-            queued = flight.holding if flight is not None else None
-            if queued is not None and queued.member != holding.member:
-                self._later(self._cancel_queued, queued)  # served elsewhere first
-        elif before is not None and before.phase is Phase.RESIDENT and (
-                after is None or after.phase is not Phase.RESIDENT):
-            self.metrics.resident(holding.model, {holding.member: False})
-        if after is not None and after.phase is Phase.FAILED:
-            self._later(self._load_failed, holding.model, holding.member, after.reason)
-        elif after is None and before is not None:
-            self._later(self._gone, before)
-
-    def _later(self, job: Any, *args: Any) -> None:
-        """After the transition that called for it (the table is not written from
-        inside its own write)."""
-        with contextlib.suppress(RuntimeError):  # no running loop: nothing waits
-            asyncio.get_running_loop().call_soon(job, *args)
-
-    def _cancel_queued(self, holding: Holding) -> None:
-        current = self.table.get(holding.member, holding.model)
-        if current is not None and current.token == holding.token and \
-                current.phase is Phase.QUEUED:
-            self.table.advance(current, None)
-
-    def _load_failed(self, model: str, member: str, reason: str) -> None:
-        flight = self.room.failed(model, member, reason)
-        if flight is not None:
-            self.place(flight)
-
-    def _gone(self, before: Holding) -> None:
-        for flight in list(self.room.flights.values()):
-            if flight.done.done():
-                continue
-            if before.phase in PENDING and flight.model == before.model and \
-                    flight.member == before.member:  # its load dropped (member restarted)
-                flight.member, flight.holding = None, None
-                self.place(flight)
-            elif flight.member == before.member and before.model in flight.victims:
-                flight.victims.discard(before.model)
-                if not flight.victims:
-                    self._queue_miss(flight)
-        for flight in self.room.unplaced():  # room freed: a miss waiting for it
-            self.place(flight)
 
     async def wait(self, model: str, deadline_s: float | None) -> None:
         """The waiting room (:meth:`GatewayState.wait_resident` calls it on a miss)."""

@@ -17,7 +17,7 @@ both reasons), or its own limit (503 saying how long the load has taken).
 
 A :class:`Flight` is one model's miss: the member it loads on (``holding``), or the
 room being made for it (``victims`` draining there), or none yet (no member has room
-now: :class:`MissPlacer` places it again as room frees).
+now: :class:`Placer` places it again as room frees).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Flight:
                 self.done.set_exception(error)
 
 
-class MissPlacer(Protocol):
+class Placer(Protocol):
     """What the waiting room asks of the residency."""
 
     def pool_of(self, model: str) -> Pool | None: ...
@@ -82,7 +82,7 @@ class MissPlacer(Protocol):
 
 @dataclass
 class WaitingRoom:
-    placer: MissPlacer
+    placer: Placer
     spec: Callable[[Pool], ResidencySpec]
     clock: Callable[[], float]
     on_count: Callable[[str, int], None] = lambda model, count: None  # the gauge

@@ -1,0 +1,196 @@
+"""Misses placed: where a model no member holds loads for the requests that wait for
+it (:func:`gateway.policy.residency.place_miss`), the room made there first (its victims
+drain and unload, and only then is its load queued, so the accounted use never exceeds
+the budget), and how long until it is resident (the waiting room answers by it). Told of
+every holding's transition (:meth:`Misses.changed`): a load that failed is tried on one
+other member, a load dropped mid-way is placed again, room freed goes to the misses
+waiting for it, a queued load is dropped when the model became resident elsewhere first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.config.residency import ResidencySpec
+from gateway.policy import residency as policy
+from gateway.pools import Pool
+from gateway.residency.actuator import Actuator
+from gateway.residency.footprints import Footprints
+from gateway.residency.holdings import PENDING, PROBATION, Holding, HoldingTable, Phase
+from gateway.residency.metrics import ResidencyMetrics
+from gateway.residency.waiting import Flight, WaitingRoom
+from gateway.state import GatewayState
+
+DRAIN_ESTIMATE_S = 0.5  # what an eviction's drain and unload add to a miss's wait
+
+
+class Placing(Protocol):
+    """What placing misses reads of the residency
+    (:class:`~gateway.residency.manager.Residency`)."""
+
+    table: HoldingTable
+    actuator: Actuator
+    room: WaitingRoom
+    footprints: Footprints
+
+    @property
+    def state(self) -> GatewayState: ...
+
+    def pool_of(self, model: str) -> Pool | None: ...
+
+    def models(self, pool: Pool) -> list[str]: ...
+
+    def spec(self, pool: Pool) -> ResidencySpec: ...
+
+    def knobs(self, pool: Pool) -> policy.ResidencyKnobs: ...
+
+    def view(self, pool: Pool, now: float | None = None) -> policy.ResidencyView: ...
+
+    def used_bytes(self, pool: Pool, member_key: str) -> int: ...
+
+    def slots(self, key: str) -> int: ...
+
+    async def reconcile(self, pool: Pool) -> None: ...
+
+
+@dataclass
+class Misses:
+    """The waiting room's placer (:class:`~gateway.residency.waiting.Placer`)."""
+
+    residency: Placing
+    metrics: ResidencyMetrics
+
+    def pool_of(self, model: str) -> Pool | None:
+        return self.residency.pool_of(model)
+
+    def resident(self, model: str) -> bool:
+        return self.residency.state.resident(model)
+
+    def known(self, pool: Pool, model: str) -> bool:
+        return model in self.residency.models(pool)
+
+    async def refresh(self, pool: Pool) -> None:
+        await self.residency.reconcile(pool)
+
+    def place(self, flight: Flight) -> None:
+        """Give a miss its member: the victims there evicted first, then its load queued
+        (in the probation segment); unplaced when no member has room now."""
+        pool, model = flight.pool, flight.model
+        placed = policy.place_miss(self.residency.view(pool), model, self.residency.knobs(pool))
+        if placed is None:
+            flight.member = None
+            return
+        member, evictions = placed
+        flight.member = member
+        existing = self.residency.table.get(member, model)
+        if existing is not None and existing.phase in PENDING:
+            flight.holding = existing
+            self.residency.actuator.pump(member)  # requests wait for it now: it goes first
+            return
+        if existing is not None and existing.phase is Phase.RESIDENT:
+            flight.resolve()
+            return
+        flight.victims = {e.model for e in evictions}
+        for move in evictions:
+            victim = self.residency.table.get(move.member, move.model)
+            if victim is not None:
+                going = self.residency.actuator.start_eviction(victim, "room")
+                going.add_done_callback(functools.partial(self._evicted_for, flight, victim))
+        if not flight.victims:
+            self._queue_miss(flight)
+
+    def _evicted_for(self, flight: Flight, victim: Holding, done: asyncio.Future[bool]) -> None:
+        """A victim that stayed (Triton refused its unload): the miss is placed again."""
+        if not done.cancelled() and not done.result() and flight.member == victim.member \
+                and victim.model in flight.victims and not flight.done.done():
+            flight.member, flight.victims = None, set()
+            self.place(flight)
+
+    def _queue_miss(self, flight: Flight) -> None:
+        """The room is free: the miss's load queued, if it still fits (another decision
+        may have taken the room since it was made)."""
+        pool, member = flight.pool, flight.member
+        assert member is not None
+        size = self.residency.footprints.bytes(flight.model, pool)
+        if self.residency.used_bytes(pool, member) + size > self.residency.spec(pool).usable_bytes \
+                or not self.residency.table.may_queue(member, flight.model):
+            flight.member = None
+            self.place(flight)
+            return
+        flight.holding = self.residency.table.queue(member, flight.model, "miss", PROBATION)
+        self.residency.actuator.enqueue(flight.holding)
+
+    def expected_in(self, flight: Flight) -> float | None:
+        """Seconds until the flight's model is resident (the waiting room answers by it);
+        None: not by waiting."""
+        own = self.residency.actuator.expected_load_s(flight.model)
+        if flight.holding is not None:
+            current = self.residency.table.get(flight.holding.member, flight.model)
+            if current is not None and current.token == flight.holding.token:
+                return self.residency.actuator.expected_in(current)
+        if flight.member is not None:  # room being made there
+            actuator, member = self.residency.actuator, flight.member
+            queued = sum(1 for h in self.residency.table.of_member(member).values()
+                         if h.phase is Phase.QUEUED)
+            waves = (actuator.running(member) + queued) // self.residency.slots(member)
+            return DRAIN_ESTIMATE_S + waves * actuator.typical_load_s() + own
+        view = self.residency.view(flight.pool)
+        at = policy.miss_room_at(view, flight.model, self.residency.knobs(flight.pool))
+        return None if at is None else at - view.now + DRAIN_ESTIMATE_S + own
+
+    def changed(self, before: Holding | None, after: Holding | None) -> None:
+        """Every transition of a holding (the table tells): the waiting room and the
+        misses waiting for room follow."""
+        holding = after or before
+        assert holding is not None
+        if (before is None or before.phase is not Phase.RESIDENT) and after is not None \
+                and after.phase is Phase.RESIDENT:
+            self.metrics.resident(holding.model, {holding.member: True})
+            flight = self.residency.room.resident(holding.model)
+            queued = flight.holding if flight is not None else None
+            if queued is not None and queued.member != holding.member:
+                self._later(self._cancel_queued, queued)  # served elsewhere first
+        elif before is not None and before.phase is Phase.RESIDENT and (
+                after is None or after.phase is not Phase.RESIDENT):
+            self.metrics.resident(holding.model, {holding.member: False})
+        if after is not None and after.phase is Phase.FAILED:
+            self._later(self._load_failed, holding.model, holding.member, after.reason)
+        elif after is None and before is not None:
+            self._later(self._gone, before)
+
+    def _later(self, job: Any, *args: Any) -> None:
+        """After the transition that called for it (the table is not written from
+        inside its own write)."""
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing waits
+            asyncio.get_running_loop().call_soon(job, *args)
+
+    def _cancel_queued(self, holding: Holding) -> None:
+        current = self.residency.table.get(holding.member, holding.model)
+        if current is not None and current.token == holding.token and \
+                current.phase is Phase.QUEUED:
+            self.residency.table.advance(current, None)
+
+    def _load_failed(self, model: str, member: str, reason: str) -> None:
+        flight = self.residency.room.failed(model, member, reason)
+        if flight is not None:
+            self.place(flight)
+
+    def _gone(self, before: Holding) -> None:
+        for flight in list(self.residency.room.flights.values()):
+            if flight.done.done():
+                continue
+            if before.phase in PENDING and flight.model == before.model and \
+                    flight.member == before.member:  # its load dropped (member restarted)
+                flight.member, flight.holding = None, None
+                self.place(flight)
+            elif flight.member == before.member and before.model in flight.victims:
+                flight.victims.discard(before.model)
+                if not flight.victims:
+                    self._queue_miss(flight)
+        for flight in self.residency.room.unplaced():  # room freed: a miss waiting for it
+            self.place(flight)
+
