@@ -1,15 +1,30 @@
 """Residency: which models each member of a pool holds, within a memory budget per
-member (issue 29). Pure: the control plane (:mod:`gateway.residency`) builds a
+member (issues 29 and 34). Pure: the control plane (:mod:`gateway.residency`) builds a
 :class:`ResidencyView` once per round and carries out the :class:`Plan` that
 :func:`plan` returns; a request for a model that no available member holds (a miss)
 asks :func:`place_miss` where to load it right away.
 
 **Replicas wanted** (:func:`wanted_replicas`): ``max(min_replicas, ceil(demand_rps /
 (rps_per_replica * replica_lead)))`` (the next replica loads at 90 % of what the others
-carry, before requests queue behind them), at least 1 while the model has demand (``demand_rps > 0``, smoothed
-by :func:`smoothed_rate`) or was used within ``min_resident_s``, capped at the available
-members. ``min_replicas`` comes resolved: 0 for an on-demand model, every member of the
-pool for a pinned one.
+carry, before requests queue behind them), at least 1 while the model has demand
+(``demand_rps > 0``, smoothed by :func:`smoothed_rate`) or was used within
+``min_resident_s``, capped at the available members. ``min_replicas`` comes resolved
+(:func:`resolve_min_replicas`): 0 for an on-demand model, every member of the pool for
+a pinned one, at least 1 under rollout. A model under rollout is *frozen*: it keeps the
+members it has, neither loaded nor evicted.
+
+**Value per byte**: models are ranked by demand per byte of footprint (what a byte of a
+budget earns holding them, as the best fixed placement is found).
+
+**Segments**: a model loaded for a miss is in its member's *probation* segment, the
+rest in the *main* one. A probation model with demand joins the main segment (a
+``promote`` move in :attr:`Plan.segments`) where the main segment, limited to the budget
+less ``probation_share``, has room for it, or where main models colder by the margin
+change places with it (``demote``). Segments decide only who a miss evicts first; the
+plan places over the whole budget.
+
+**Pending** models (queued, loading, warming) count in their member's use and are never
+evicted.
 
 **The plan** (:func:`plan`). *What is held stays held* (stickiness): replicas move
 only for the reasons below; a model with room to stay is never evicted just for being
@@ -39,10 +54,11 @@ idle (its last replica is never a surplus, only ever evicted to make room). In o
    that loads needing room took it from surpluses first; the room it frees goes to
    replicas still missing (the loads again).
 
-Who may be evicted: never a model within ``min_resident_s`` of its load (loading ones
-included), never below its ``min_replicas``, never one being drained or loaded by the same
-plan. Coldest first: replicas beyond their model's wanted count, then the lowest
-``demand_rps``, then the longest unused, then by name. To make room for
+Who may be evicted: never a model within ``min_resident_s`` of becoming resident
+(``probation_min_s`` for a probation one), never a pending or frozen one, never below its
+``min_replicas``, never one being drained or loaded by the same plan. Coldest first:
+replicas beyond their model's wanted count, then the lowest demand per byte, then the
+longest unused, then by name. To make room for
 
 - a pinned replica (``min_replicas`` is a guarantee): any of those;
 - a demanded replica: replicas beyond their model's wanted count, and models colder
@@ -50,12 +66,13 @@ plan. Coldest first: replicas beyond their model's wanted count, then the lowest
   at equal demand, used longer ago), so two models of about the same demand do not take
   turns; a further replica (the second, third...) never takes another model's last one:
   having every demanded model somewhere comes before more copies of one;
-- a miss (:func:`place_miss`): replicas beyond their model's wanted count, and models
-  colder than the missed one (lower demand, then used longer ago; the missed model
-  counts as at least :data:`MISS_FLOOR_RPS`, a request waits for it), the coldest
-  first. Never a hotter one: a cold model's miss that could only be served by evicting
-  a hot model waits for room instead (within its deadline), else the hot model would
-  miss next, and the pool would thrash.
+- a miss (:func:`place_miss`), into the probation segment: probation models first,
+  then models colder than the missed one (lower demand per byte, then used longer ago;
+  the missed model counts as at least :data:`MISS_FLOOR_RPS`), then, while the
+  probation segment with it stays within ``probation_share`` of the budget, the coldest
+  main models whatever their heat. Not ``strict`` (the control plane asks so only when
+  waiting would never make room, :func:`miss_room_at`): any of them, coldest first, so a
+  request for a registered model is served whenever it can be.
 
 **Budget**: what a member holds after a plan (held and draining, less the plan's
 evictions, plus its loads) never exceeds its budget when it did not before; a model
@@ -78,8 +95,10 @@ MISS_FLOOR_RPS = 1 / 60
 # a model's next replica is wanted once its demand passes this share of what its replicas
 # carry: it loads while they still keep up, before requests queue behind them
 REPLICA_LEAD = 0.9
-# the share of each member's budget that misses may always take (the probation segment)
+# the share of each member's budget that the main segment leaves to misses (probation)
 PROBATION_SHARE = 0.25
+# a probation model (loaded for a miss) stays at least this long: its waiters go on first
+PROBATION_MIN_S = 1.0
 LOAD_REASONS = ("pinned", "demand", "miss", "preload", "deploy", "operator")
 EVICTION_REASONS = ("room", "surplus", "operator")
 
@@ -89,7 +108,8 @@ class ResidencyKnobs:
     min_resident_s: float = 30.0  # no eviction within this of a load
     rps_per_replica: float = 50.0  # smoothed demand one member carries before another
     failed_retry_s: float = 60.0  # a member a load failed on is not tried again before
-    probation_share: float = PROBATION_SHARE  # of a budget, misses may always take
+    probation_share: float = PROBATION_SHARE  # of a budget kept for misses (probation)
+    probation_min_s: float = PROBATION_MIN_S  # a probation model is never evicted before
     # the next replica loads once demand passes this share of what the replicas carry
     replica_lead: float = REPLICA_LEAD
 
@@ -142,8 +162,9 @@ class Plan:
     loads: tuple[Move, ...]
     evictions: tuple[Move, ...]
     replicas: Mapping[str, int]  # wanted members per model
-    # probation holdings that join the main segment (reason "promote"): no load, no eviction
-    promotions: tuple[Move, ...] = ()
+    # holdings that change segment (reason "promote": probation -> main, "demote": main ->
+    # probation): no load, no eviction
+    segments: tuple[Move, ...] = ()
 
 
 def resolve_min_replicas(min_replicas: int | None, on_demand: bool, members: int,
@@ -221,6 +242,7 @@ class _Board:
         self.holds = {k: {n for n in set(m.held) | m.pending if n not in m.draining}
                       for k, m in self.members.items()}
         self.used = {k: _used(m, footprints) for k, m in self.members.items()}
+        self.probation = {k: set(m.probation) for k, m in self.members.items()}
         self.count: Counter[str] = Counter(n for names in self.holds.values() for n in names)
         self.wanted = {name: wanted_replicas(m, len(self.members), knobs, view.now)
                        for name, m in sorted(self.models.items())}
@@ -238,6 +260,17 @@ class _Board:
     def free(self, key: str) -> int:
         return self.members[key].budget_bytes - self.used[key]
 
+    def main_limit(self, key: str) -> int:
+        """What the main segment may hold: the budget less the probation share."""
+        return int(self.members[key].budget_bytes * (1 - self.knobs.probation_share))
+
+    def main_used(self, key: str) -> int:
+        names = self.holds[key] | self.members[key].draining
+        return sum(self.footprint(n) for n in names if n not in self.probation[key])
+
+    def main_free(self, key: str) -> int:
+        return self.main_limit(key) - self.main_used(key)
+
     def beyond_wanted(self, name: str) -> bool:
         return self.count[name] > self.wanted.get(name, 0)
 
@@ -253,13 +286,16 @@ class _Board:
         member over its budget: the budget is the harder rule)."""
         model = self.models.get(name)
         member = self.members[key]
+        protected = (self.knobs.probation_min_s if name in self.probation[key]
+                     else self.knobs.min_resident_s)
         return (name in self.holds[key] and (name, key) not in self.planned
                 and name not in member.pending and not (model is not None and model.frozen)
-                and (young or self.now - member.held[name] >= self.knobs.min_resident_s)
+                and (young or self.now - member.held[name] >= protected)
                 and (model is None or self.count[name] - 1 >= model.min_replicas))
 
     def evict(self, key: str, name: str, reason: str) -> None:
         self.holds[key].discard(name)
+        self.probation[key].discard(name)
         self.used[key] -= self.footprint(name)
         self.count[name] -= 1
         self.evicted.add((name, key))
@@ -276,6 +312,7 @@ class _Board:
 
     def load(self, key: str, name: str, reason: str) -> None:
         self.holds[key].add(name)
+        self.probation[key].discard(name)  # a plan's load is the main segment's
         self.used[key] += self.footprint(name)
         self.count[name] += 1
         self.planned.add((name, key))
@@ -435,26 +472,42 @@ def plan(view: ResidencyView, knobs: ResidencyKnobs) -> Plan:
     if board.evict_surplus():
         _place_all(board, wants, starting)
     return Plan(tuple(board.loads), tuple(board.evictions), dict(board.wanted),
-                _promotions(board))
+                _segments(board))
 
 
-def _promotions(board: _Board) -> tuple[Move, ...]:
-    """Probation holdings that earn a place in the main segment (TinyLFU's admission): a
-    model whose demand per byte is at least that of the coldest main model on its
-    member, or any with demand on a member with no main model."""
-    moves = []
+def _segments(board: _Board) -> tuple[Move, ...]:
+    """Probation models that earn a place in the main segment (TinyLFU's admission): one
+    with demand joins it where the main segment has room for it, or where the coldest
+    main models are colder than it by the margin (demand per byte at most
+    :data:`HYSTERESIS` of its own): those change places with it, demoted to probation (no
+    load, no eviction: the next misses evict them first)."""
+    moves: list[Move] = []
     for key, member in board.members.items():
-        main = [board.models[n].value_per_byte for n in board.holds[key]
-                if n not in member.probation and n in board.models]
-        floor = min(main, default=0.0)
-        for name in sorted(board.holds[key] & member.probation - member.pending):
-            model = board.models.get(name)
-            if model is not None and model.demand_rps > 0 and model.value_per_byte >= floor:
-                moves.append(Move(name, key, "promote"))
+        trial = [n for n in board.holds[key] & board.probation[key] - member.pending
+                 if (m := board.models.get(n)) is not None and m.demand_rps > 0]
+        for name in sorted(trial, key=lambda n: (-board.models[n].value_per_byte, n)):
+            value = board.models[name].value_per_byte
+            main = sorted((n for n in board.holds[key] - board.probation[key] - member.pending
+                           if n in board.models), key=board.coldness)
+            demoted: list[str] = []
+            while board.main_free(key) + sum(board.footprint(n) for n in demoted) < \
+                    board.footprint(name) and main:
+                coldest = main.pop(0)
+                if board.models[coldest].value_per_byte > HYSTERESIS * value:
+                    break
+                demoted.append(coldest)
+            if board.main_free(key) + sum(board.footprint(n) for n in demoted) < \
+                    board.footprint(name):
+                continue
+            for victim in demoted:
+                board.probation[key].add(victim)
+                moves.append(Move(victim, key, "demote"))
+            board.probation[key].discard(name)
+            moves.append(Move(name, key, "promote"))
     return tuple(moves)
 
 
-def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs
+def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: bool = True
                ) -> tuple[str, tuple[Move, ...]] | None:
     """Where a missed model loads now (into the member's probation segment): the member
     with the most free room that can take it (as :func:`plan` chooses), with the
@@ -491,22 +544,28 @@ def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs
         return (victim.value_per_byte, last) < heat
 
     for key in board.candidates(model):
-        victims = _miss_room(board, key, size, colder)
+        victims = _miss_room(board, key, size, colder, strict)
         if victims is not None:
             return key, tuple(Move(v, key, "room") for v in victims)
     return None
 
 
-def _miss_room(board: _Board, key: str, size: int, colder: _Eligible) -> list[str] | None:
+def _miss_room(board: _Board, key: str, size: int, colder: _Eligible, strict: bool
+               ) -> list[str] | None:
     """The victims that make room for a miss of ``size`` bytes on member ``key``
-    (:func:`place_miss`'s order), None: they cannot."""
+    (:func:`place_miss`'s order), None: they cannot. Not ``strict``: main models may go
+    whatever their heat, the coldest first."""
     member = board.members[key]
-    probation = board.holds[key] & member.probation
+    probation = board.holds[key] & board.probation[key]
+    # while the probation segment, this model included, stays within its share of the
+    # budget, main models may go whatever their heat (the cold are served, the hot kept
+    # in the rest)
     window = board.knobs.probation_share * member.budget_bytes - sum(
-        board.footprint(n) for n in probation | (member.pending & member.probation))
+        board.footprint(n) for n in probation | (member.pending & board.probation[key]))
+    any_main = not strict or window >= size
 
     def eligible(name: str) -> bool:
-        return name in probation or colder(name) or window >= size
+        return name in probation or colder(name) or any_main
 
     def order(name: str) -> tuple[object, ...]:
         return (name not in probation, *board.coldness(name))
@@ -514,20 +573,22 @@ def _miss_room(board: _Board, key: str, size: int, colder: _Eligible) -> list[st
     return board.room(key, size - board.free(key), eligible, order)
 
 
-def miss_room_at(view: ResidencyView, model: str, knobs: ResidencyKnobs) -> float | None:
+def miss_room_at(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: bool = True
+                 ) -> float | None:
     """When :func:`place_miss` would first place ``model`` if nothing else changed (its
     victims old enough by then): ``view.now`` when it does now; None: not by waiting
     (pending loads, ``min_replicas``, failures or size stand in the way)."""
-    times = sorted({since + knobs.min_resident_s for m in view.members
-                    for since in m.held.values()
-                    if since + knobs.min_resident_s > view.now})
+    times = sorted({since + (knobs.probation_min_s if name in m.probation
+                             else knobs.min_resident_s)
+                    for m in view.members for name, since in m.held.items()} - {view.now})
+    times = [t for t in times if t > view.now]
     for at in (view.now, *times):
-        if place_miss(replace(view, now=at), model, knobs) is not None:
+        if place_miss(replace(view, now=at), model, knobs, strict) is not None:
             return at
     return None
 
 
-__all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "PROBATION_SHARE", "REPLICA_LEAD",
-           "MemberView", "ModelView", "Move", "Plan", "ResidencyKnobs", "ResidencyView",
-           "miss_room_at", "place_miss", "plan", "resolve_min_replicas", "smoothed_rate",
-           "used_bytes", "wanted_replicas"]
+__all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "PROBATION_MIN_S", "PROBATION_SHARE",
+           "REPLICA_LEAD", "MemberView", "ModelView", "Move", "Plan", "ResidencyKnobs",
+           "ResidencyView", "miss_room_at", "place_miss", "plan", "resolve_min_replicas",
+           "smoothed_rate", "used_bytes", "wanted_replicas"]

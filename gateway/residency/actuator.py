@@ -5,9 +5,10 @@ there end, then unloaded). Every step is a transition of the holding
 (:mod:`gateway.residency.holdings`); a step whose record changed meanwhile stops there.
 
 **Load slots**: a member runs ``slots`` loads at once (``loads_per_member``); the rest
-wait in its queue, the loads that requests wait for first, then in the order they were
-decided. The measured load times give :meth:`Actuator.expected_in`, how long until a
-holding is resident: what the waiting room answers a request by.
+wait in its queue, the most urgent first (requests waiting for it plus its demand per
+second), then in the order they were decided. The measured load times give
+:meth:`Actuator.expected_in`, how long until a holding is resident: what the waiting
+room answers a request by.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class Actuator:
     metrics: ResidencyMetrics
     members: Callable[[str], PoolMember | None]  # key -> member
     slots: Callable[[str], int]  # key -> loads it runs at once
-    waiters: Callable[[str], int]  # model -> requests waiting for it
+    # model -> how urgent its load is: requests waiting for it plus its demand per second
+    # (a hot model's load before a cold one's miss: it serves more requests sooner)
+    urgency: Callable[[str], float]
     clock: Callable[[], float]
     sleep: Sleep = asyncio.sleep
     load_seconds: dict[str, float] = field(default_factory=dict)  # model -> last load took
@@ -68,7 +71,7 @@ class Actuator:
         first (a slot freed, a request arrived for a queued model)."""
         queue = self._queues.get(member_key, [])
         queue[:] = [h for h in queue if self._current(h)]
-        queue.sort(key=lambda h: (self.waiters(h.model) == 0, h.queued_at))
+        queue.sort(key=self._order)
         while queue and self._running.get(member_key, 0) < self.slots(member_key):
             holding = queue.pop(0)
             self._running[member_key] = self._running.get(member_key, 0) + 1
@@ -77,9 +80,16 @@ class Actuator:
     def queued_ahead(self, holding: Holding) -> int:
         """Loads that start before ``holding`` on its member, running ones included."""
         queue = sorted((h for h in self._queues.get(holding.member, []) if self._current(h)),
-                       key=lambda h: (self.waiters(h.model) == 0, h.queued_at))
+                       key=self._order)
         ahead = next((i for i, h in enumerate(queue) if h.token == holding.token), len(queue))
         return ahead + self._running.get(holding.member, 0)
+
+    def _order(self, holding: Holding) -> tuple[float, float]:
+        return (-self.urgency(holding.model), holding.queued_at)
+
+    def queued(self, member_key: str) -> int:
+        """Loads waiting for one of the member's slots."""
+        return sum(1 for h in self._queues.get(member_key, []) if self._current(h))
 
     def expected_in(self, holding: Holding) -> float:
         """Seconds until ``holding`` is resident, from the measured load times."""

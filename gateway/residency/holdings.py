@@ -169,12 +169,13 @@ class HoldingTable:
         self._write(current, after)
         return after
 
-    def promote(self, holding: Holding) -> Holding:
-        """A probation holding joins the main segment (no load, no eviction)."""
+    def set_segment(self, holding: Holding, segment: str) -> Holding:
+        """A holding joins the main segment, or goes back to probation (no load, no
+        eviction)."""
         current = self.get(holding.member, holding.model)
         if current is None or current.token != holding.token:
             raise StaleTransition(f"{holding.model} on {holding.member}: the record changed")
-        after = replace(current, segment=MAIN)
+        after = replace(current, segment=segment)
         self._write(current, after)
         return after
 

@@ -44,6 +44,7 @@ from gateway.residency.demand import DemandMeter
 from gateway.residency.footprints import Footprints
 from gateway.residency.holdings import (
     LEAVING,
+    MAIN,
     PENDING,
     PROBATION,
     HoldingTable,
@@ -77,6 +78,8 @@ class Residency:
     room: WaitingRoom = field(init=False)
     misses: Misses = field(init=False)
     _routed: set[str] = field(default_factory=set)  # models with a route of their own
+    # (member, model) a plan's load waits for the room of (its victims draining)
+    _reserved: set[tuple[str, str]] = field(default_factory=set)
     _recorded_at: float = field(default=float("-inf"))
 
     def __post_init__(self) -> None:
@@ -86,7 +89,8 @@ class Residency:
         self.actuator = Actuator(
             self.table, self.admin, self.load_one, self.state, self.footprints,
             self.metrics, members=self._member, slots=self.slots,
-            waiters=lambda model: self.room.waiters(model), clock=clock, sleep=self.sleep)
+            urgency=lambda model: self.room.waiters(model) + self.demand.rate(model),
+            clock=clock, sleep=self.sleep)
         self.room = WaitingRoom(self.misses, self.spec, clock,
                                 lambda model, n: self.metrics.waiting.labels(model).set(n))
 
@@ -107,7 +111,8 @@ class Residency:
         return policy.ResidencyKnobs(min_resident_s=spec.min_resident_s,
                                      rps_per_replica=spec.rps_per_replica,
                                      failed_retry_s=spec.failed_retry_s,
-                                     probation_share=spec.probation_share)
+                                     probation_share=spec.probation_share,
+                                     probation_min_s=spec.probation_min_s)
 
     def pool_of(self, model: str) -> Pool | None:
         """The pool with residency that serves ``model`` (the first, when several do)."""
@@ -159,7 +164,8 @@ class Residency:
                   if h.phase is Phase.RESIDENT or h.phase in LEAVING},
             failed={h.model: h.since for h in holdings if h.phase is Phase.FAILED},
             draining=frozenset(h.model for h in holdings if h.phase in LEAVING),
-            pending=frozenset(h.model for h in holdings if h.phase in PENDING),
+            pending=frozenset({h.model for h in holdings if h.phase in PENDING}
+                              | {m for k, m in self._reserved if k == member.key}),
             probation=frozenset(h.model for h in holdings if h.segment == PROBATION))
 
     def used_bytes(self, pool: Pool, member_key: str) -> int:
@@ -222,6 +228,8 @@ class Residency:
             await self.reconcile(pool)
             self.footprints.refresh(self.models(pool))
             await self._remeasure(pool)
+            self._reserved = {r for r in self._reserved
+                              if all(m.key != r[0] for m in pool.members)}
             self.execute(pool, policy.plan(self.view(pool), self.knobs(pool)))
             self._gauges(pool)
         for flight in self.room.unplaced():
@@ -247,21 +255,21 @@ class Residency:
             holding = self.table.get(move.member, move.model)
             if holding is not None and holding.phase is Phase.RESIDENT:
                 self.actuator.start_eviction(holding, move.reason)
-        for move in plan.promotions:
+        for move in plan.segments:
             holding = self.table.get(move.member, move.model)
-            if holding is not None and holding.segment == PROBATION:
-                self.table.promote(holding)
+            if holding is not None:
+                self.table.set_segment(holding, MAIN if move.reason == "promote" else PROBATION)
         usable = self.spec(pool).usable_bytes
         for move in plan.loads:
             member = self._member(move.member)
             if member is None or not self.table.may_queue(move.member, move.model):
                 continue
-            queued = sum(1 for h in self.table.of_member(move.member).values()
-                         if h.phase is Phase.QUEUED)
-            if self.actuator.running(move.member) + queued >= self.slots(move.member):
-                continue
-            if self.used_bytes(pool, move.member) + self.footprints.bytes(move.model, pool) \
+            if self.actuator.queued(move.member) >= self.slots(move.member) or \
+                    self.used_bytes(pool, move.member) + self.footprints.bytes(move.model, pool) \
                     > usable:
+                # its room is kept for it until the next round (misses placed meanwhile
+                # see it taken), when the plan decides again
+                self._reserved.add((move.member, move.model))
                 continue
             self.actuator.enqueue(self.table.queue(move.member, move.model, move.reason))
 

@@ -80,7 +80,11 @@ class Misses:
         """Give a miss its member: the victims there evicted first, then its load queued
         (in the probation segment); unplaced when no member has room now."""
         pool, model = flight.pool, flight.model
-        placed = policy.place_miss(self.residency.view(pool), model, self.residency.knobs(pool))
+        view, knobs = self.residency.view(pool), self.residency.knobs(pool)
+        placed = policy.place_miss(view, model, knobs)
+        if placed is None and policy.miss_room_at(view, model, knobs) is None:
+            # no room for it by waiting without a hotter model going: the coldest goes
+            placed = policy.place_miss(view, model, knobs, strict=False)
         if placed is None:
             flight.member = None
             return

@@ -583,11 +583,13 @@ def test_place_miss_takes_the_coldest_hot_model_when_probation_share_allows() ->
 
 def test_place_miss_keeps_probation_within_its_share_when_it_is_full() -> None:
     models = [_model("h1", demand=5), _model("t1", demand=0.01), _model("new")]
-    member = MemberView("a", 2 * GB, True, {"h1": OLD, "t1": NOW - 1}, {}, frozenset(),
+    member = MemberView("a", 2 * GB, True, {"h1": OLD, "t1": NOW - 0.5}, {}, frozenset(),
                         probation=frozenset({"t1"}))
-    knobs = ResidencyKnobs(min_resident_s=30.0, probation_share=0.5)
-    assert place_miss(_view(models, [member]), "new", knobs) is None  # t1 too young, h1 hot
-    assert miss_room_at(_view(models, [member]), "new", knobs) == NOW - 1 + 30.0
+    knobs = ResidencyKnobs(min_resident_s=30.0, probation_share=0.5, probation_min_s=1.0)
+    view = _view(models, [member])
+    assert place_miss(view, "new", knobs) is None  # t1 too young, h1 hot, the window full
+    assert miss_room_at(view, "new", knobs) == NOW + 0.5  # t1 past probation_min_s
+    assert place_miss(view, "new", knobs, strict=False) == ("a", (Move("h1", "a", "room"),))
 
 
 def test_miss_room_at_is_none_when_waiting_frees_nothing() -> None:
@@ -606,7 +608,16 @@ def test_plan_promotes_a_probation_holding_when_it_earns_more_per_byte_than_main
     models = [_model("main", demand=1), _model("trial", demand=3), _model("idle")]
     member = MemberView("a", 4 * GB, True, {"main": OLD, "trial": OLD, "idle": OLD}, {},
                         frozenset(), probation=frozenset({"trial", "idle"}))
-    assert plan(_view(models, [member]), K).promotions == (Move("trial", "a", "promote"),)
+    assert plan(_view(models, [member]), K).segments == (Move("trial", "a", "promote"),)
+
+
+def test_plan_swaps_segments_when_a_probation_model_beats_a_colder_main_one() -> None:
+    models = [_model("main", demand=0.1), _model("trial", demand=3)]
+    member = MemberView("a", 2 * GB, True, {"main": OLD, "trial": OLD}, {}, frozenset(),
+                        probation=frozenset({"trial"}))
+    knobs = ResidencyKnobs(min_resident_s=30.0, probation_share=0.5)  # main: 1 GB
+    assert plan(_view(models, [member]), knobs).segments == (
+        Move("main", "a", "demote"), Move("trial", "a", "promote"))
 
 
 def test_plan_leaves_a_model_under_rollout_where_it_is_when_demand_moves() -> None:

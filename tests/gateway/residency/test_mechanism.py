@@ -243,8 +243,9 @@ async def test_a_round_eviction_is_draining_at_once_when_a_miss_is_placed_next()
     assert holding is not None
     rig.residency.actuator.start_eviction(holding, "room")
     assert rig.phase(A, "a") == "draining"  # before any task ran
-    await rig.core.state.wait_resident("c", 10.0)  # takes "b", not "a" a second time
-    assert rig.members.unloads == {(A, "a"): 1, (A, "b"): 1}
+    await rig.core.state.wait_resident("c", 10.0)  # in the room "a" leaves
+    assert rig.members.unloads[A, "a"] == 1  # evicted once, not picked a second time
+    assert rig.core.state.holders("c") == {A}
 
 
 async def test_a_queued_load_is_dropped_when_the_model_became_resident_elsewhere_first(
@@ -266,3 +267,16 @@ async def test_a_queued_load_is_dropped_when_the_model_became_resident_elsewhere
         rig.members.finish(key, model)
     await asyncio.wait_for(asyncio.gather(*busy), 2)
     assert rig.members.loads[queued_on, "m"] == 0
+
+
+async def test_a_cold_miss_is_served_by_the_coldest_model_when_waiting_never_makes_room(
+) -> None:
+    rig = Rig({"hot": 100 * MB, "cold": 100 * MB}, budget=100 * MB, members=1, instant=True,
+              min_resident_s=5.0, probation_share=0.0)
+    await rig.residency.round()
+    await rig.core.state.wait_resident("hot", 10.0)
+    rig.core.metrics.requests.labels("hot", "p", "http", "success", "user").inc()
+    rig.clock.advance(6)  # past min_resident_s, and hotter than "cold" for good
+    await rig.residency.round()
+    await asyncio.wait_for(rig.core.state.wait_resident("cold", 10.0), 2)  # served
+    assert rig.core.state.holders("cold") == {A} and rig.members.unloads == {(A, "hot"): 1}

@@ -1,0 +1,186 @@
+"""The residency's mechanism and policy over ``bench_residency``'s trace in virtual time:
+fake members whose loads take what a real one's do, the rounds every second, every
+request through the waiting room. Minutes of traffic in about a second, so a change to
+the policy can be judged before the benchmark's real run (which measures what this
+cannot: CPU, memory, the data planes).
+
+    python -m tests.gateway.residency.simulate [--budget 0.25] [--seed 1]
+        [--knob probation_share=0.25 ...]
+
+Prints per phase the hit ratio against the best fixed placement's, failures by message,
+loads and evictions by reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import GatewayError
+from gateway.pools import PoolMember
+from loadtests.bench_residency import Arrival, best_placement, popularity, schedule
+from tests.gateway.residency.fakes import MB, Rig
+
+# stubs measured by bench_residency: 14 models of ~31 MB, 12 of ~64 MB, 10 of ~131 MB
+CATALOGUE = ((14, "1mb", 31), (12, "32mb", 64), (10, "100mb", 131))
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock jumps to the next timer whenever nothing is ready: no
+    real waiting (nothing here does I/O)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._virtual = 0.0
+
+    def time(self) -> float:
+        return self._virtual
+
+    def _run_once(self) -> None:
+        scheduled = self._scheduled  # type: ignore[attr-defined]
+        if not self._ready and scheduled:  # type: ignore[attr-defined]
+            self._virtual = max(self._virtual, scheduled[0].when())
+        super()._run_once()  # type: ignore[misc]
+
+
+def catalogue() -> dict[str, int]:
+    models, i = {}, 0
+    for count, kind, mb in CATALOGUE:
+        for _ in range(count):
+            models[f"m{i:02d}_{kind}"] = mb * MB
+            i += 1
+    return models
+
+
+def load_seconds(size: int) -> float:
+    """A load's time on one of this host's members alone (bench_member_loads: about
+    0.5 s for a 131 MB stub), 20 % longer for each other load running there."""
+    return 0.35 + size / 1e9
+
+
+@dataclass
+class Result:
+    phases: list[tuple[float, float, int]]  # (hits, best fixed's hits, failed) per phase
+    failed: collections.Counter[str] = field(default_factory=collections.Counter)
+    moves: collections.Counter[str] = field(default_factory=collections.Counter)
+    over_budget: int = 0  # transitions that left a member's accounted use over budget
+    requests: int = 0
+
+    @property
+    def failures(self) -> int:
+        return sum(self.failed.values())
+
+
+async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
+                   phase_s: float = 30.0, deadline_s: float = 15.0,
+                   knobs: dict[str, Any] | None = None,
+                   load_s: Callable[[int], float] = load_seconds) -> Result:
+    """One trace over a pool of two members whose budgets each hold ``budget_share`` of
+    every model's footprint together."""
+    models = catalogue()
+    budget = int(sum(models.values()) * budget_share)
+    knobs = {"min_resident_s": 5.0, "waiting_room": {"max_requests": 128}, **(knobs or {})}
+    rig = Rig(models, budget=budget, **knobs)
+    loop = asyncio.get_running_loop()
+    rig.clock.now = loop.time()
+    rig.core.state.clock = loop.time  # one clock: the loop's
+    rig.residency.table._clock = loop.time
+    rig.residency.actuator.clock = loop.time
+    rig.residency.room.clock = loop.time
+    members = rig.members
+
+    async def timed_load(member: PoolMember, model: str, config: Any = None) -> None:
+        members.loads[member.key, model] += 1
+        running = sum(1 for key, _ in members.pending if key == member.key)
+        members.pending[member.key, model] = loop.create_future()
+        try:
+            await asyncio.sleep(load_s(models[model]) * (1 + 0.2 * running))
+        finally:
+            members.pending.pop((member.key, model), None)
+        members.ready.setdefault(member.key, set()).add(model)
+
+    members.load = timed_load  # type: ignore[method-assign]
+    arrivals = schedule(list(models), rate, phase_s, seed)
+    outcomes: list[tuple[Arrival, str, str]] = []
+    result = Result([])
+
+    async def request(arrival: Arrival) -> None:
+        await asyncio.sleep(max(0.0, arrival.t - loop.time()))
+        rig.core.state.note_used(arrival.model)
+        rig.core.metrics.requests.labels(arrival.model, "p", arrival.protocol, "success",
+                                         "user").inc()
+        hit = rig.core.state.resident(arrival.model)
+        try:
+            await rig.core.state.wait_resident(arrival.model, deadline_s)
+            outcomes.append((arrival, "hit" if hit else "miss", ""))
+        except GatewayError as error:
+            outcomes.append((arrival, "failed", error.message))
+
+    async def rounds() -> None:
+        while True:
+            await rig.residency.round()
+            await asyncio.sleep(1.0)
+
+    listener = rig.residency.table._listener
+    assert listener is not None
+
+    def watch(before: Any, after: Any) -> None:
+        listener(before, after)
+        if after is not None and rig.residency.used_bytes(rig.pool, after.member) > budget:
+            result.over_budget += 1
+
+    rig.residency.table._listener = watch
+    ticking = asyncio.ensure_future(rounds())
+    await asyncio.gather(*(request(a) for a in arrivals))
+    ticking.cancel()
+    await rig.residency.close()
+    result.requests = len(outcomes)
+    popular = popularity(list(models), seed)
+    for phase, p in enumerate(popular):
+        mine = [o for o in outcomes if o[0].phase == phase]
+        best = best_placement(p, models, budget)
+        result.phases.append((sum(o[1] == "hit" for o in mine) / max(1, len(mine)),
+                              float(sum(p[m] for m in best)),
+                              sum(o[1] == "failed" for o in mine)))
+    result.failed.update(message.split("(")[0][:70] for _, kind, message in outcomes
+                         if kind == "failed")
+    for family in (*rig.residency.metrics.loads.collect(),
+                   *rig.residency.metrics.evictions.collect()):
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                result.moves[f"{family.name}:{sample.labels['reason']}"] += int(sample.value)
+    return result
+
+
+def run(budget_share: float, seed: int = 1, **kwargs: Any) -> Result:
+    loop = VirtualLoop()
+    try:
+        return loop.run_until_complete(simulate(budget_share, seed, **kwargs))
+    finally:
+        loop.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=0.25,
+                        help="a member's budget, as a share of every footprint together")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                        help="a residency setting (JSON value), repeatable")
+    args = parser.parse_args(argv)
+    knobs = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.knob)}
+    result = run(args.budget, args.seed, knobs=knobs)
+    for i, (hits, best, failed) in enumerate(result.phases):
+        print(f"phase {i}: hits {hits:.3f} (best fixed {best:.3f}), failed {failed}")
+    print("failed:", dict(result.failed))
+    print("moves:", dict(result.moves))
+    print("accounted use over budget:", result.over_budget)
+
+
+if __name__ == "__main__":
+    main()
