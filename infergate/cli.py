@@ -1,6 +1,7 @@
 """``infergate``: one command line for the whole platform.
 
 - ``infergate up``: the local stack (``make run``): sample model, Triton, gateway, scheduler.
+- ``infergate triton``: one Triton member of a pool (explicit model control), by hand.
 - ``infergate gateway serve``: the gateway over pools declared in YAML.
 - ``infergate schedule ...``: MIG placement (plan, apply, simulate, serve).
 - ``infergate sample build``: export the EfficientNet-Lite0 sample into a model repository.
@@ -17,6 +18,7 @@ from gateway.cli import GRPC_REUSE_HELP
 from gateway.cli import app as gateway_app
 from gateway.models_cli import app as models_app
 from gateway.upstream.triton_version import GrpcReuse
+from infergate.triton.cli import triton_command
 
 app = typer.Typer(
     help="infergate: a Triton inference gateway, model converter and MIG scheduler.",
@@ -121,6 +123,9 @@ def up(
         typer.echo(f"[infergate] {exc}", err=True)
         raise typer.Exit(1) from None
 
+
+# after `up`, in `infergate --help` too: a member of a pool, started by hand
+app.command("triton")(triton_command)
 
 if __name__ == "__main__":
     app()
