@@ -46,7 +46,7 @@ class ResidencySpec(BaseModel):
     # (the probation segment, docs/residency.md): the cold are served, the hot kept
     probation_share: float = Field(0.25, ge=0, le=1)
     # a model loaded for a miss is not evicted within this of its load (its waiters go on)
-    probation_min_s: float = Field(1.0, ge=0)
+    probation_min_s: float = Field(5.0, ge=0)
     waiting_room: WaitingRoomSpec = Field(default_factory=WaitingRoomSpec)
     # where each model's measured demand is recorded, so that a restarted gateway
     # preloads by use (relative to the configuration file); default: the lifecycle's

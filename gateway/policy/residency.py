@@ -98,7 +98,7 @@ REPLICA_LEAD = 0.9
 # the share of each member's budget that the main segment leaves to misses (probation)
 PROBATION_SHARE = 0.25
 # a probation model (loaded for a miss) stays at least this long: its waiters go on first
-PROBATION_MIN_S = 1.0
+PROBATION_MIN_S = 5.0
 LOAD_REASONS = ("pinned", "demand", "miss", "preload", "deploy", "operator")
 EVICTION_REASONS = ("room", "surplus", "operator")
 

@@ -38,6 +38,7 @@ Sleep = Callable[[float], Awaitable[None]]
 EVICT_DRAIN_S = 60.0  # in-flight requests of an evicted model get this long to end
 DRAIN_POLL_S = 0.02
 DEFAULT_LOAD_S = 2.0  # a load's expected time before any was measured
+RELEASE_WAIT_S = 10.0  # an unloaded model's processes get this long to exit
 
 
 @dataclass
@@ -195,6 +196,11 @@ class Actuator:
             unloading = self.table.advance(holding, Phase.UNLOADING)
             assert unloading is not None
             await self.admin.unload(member, holding.model)
+            # Triton answers before the model's processes have exited: its memory is
+            # free (and its room given to another load) only once they have
+            if not await self.footprints.released(member, holding.model, RELEASE_WAIT_S):
+                log.warning("%s's processes on %s still run %.0f s after its unload",
+                            holding.model, member.key, RELEASE_WAIT_S)
         except GatewayError as exc:
             log.error("evicting %s from %s failed: %s", holding.model, member.key, exc.message)
             with contextlib.suppress(StaleTransition):

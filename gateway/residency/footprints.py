@@ -31,7 +31,12 @@ from converters.model_dir import read_footprint
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.pools import Pool, PoolMember
-from gateway.residency.memory import gpu_memory_used, is_loopback, measured_footprints
+from gateway.residency.memory import (
+    gpu_memory_used,
+    is_loopback,
+    measured_footprints,
+    released,
+)
 from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
@@ -125,6 +130,15 @@ class Footprints:
                     self.measured(model, after - gpu_before)
         except Exception as exc:  # noqa: BLE001 - a figure missed, the next load measures
             log.info("measuring %s on %s failed: %r", model, member.key, exc)
+
+    async def released(self, member: PoolMember, model: str, timeout_s: float) -> bool:
+        """Whether the memory of ``model``, unloaded from ``member``, is free again (its
+        stubs exited; at most ``timeout_s`` waited)."""
+        try:
+            return await released(member, model, timeout_s)
+        except Exception as exc:  # noqa: BLE001 - not watched: taken as freed
+            log.info("watching %s leave %s failed: %r", model, member.key, exc)
+            return True
 
     async def remeasure(self, member: PoolMember, models: Collection[str]) -> None:
         """Measure again each of ``models`` resident on ``member``, in one scan of its

@@ -100,6 +100,29 @@ def _stub_memory(http_port: int, models: set[str],
     return totals
 
 
+async def released(member: PoolMember, model: str, timeout_s: float) -> bool:
+    """Wait until the stubs of ``model`` on a member on this host have exited (Triton's
+    unload returns before they do, and their memory is freed only then), at most
+    ``timeout_s``; True at once for a remote member (nothing of it to watch)."""
+    if not is_loopback(member.spec.host):
+        return True
+    return await asyncio.to_thread(_stubs_exit, member.spec.http_port, model, timeout_s)
+
+
+def _stubs_exit(http_port: int, model: str, timeout_s: float) -> bool:
+    server = listening_process(http_port)
+    if server is None:
+        return True
+    stubs = []
+    with contextlib.suppress(psutil.Error):
+        for child in server.children():
+            with contextlib.suppress(psutil.Error):
+                if stub_model(child.cmdline()) == model:
+                    stubs.append(child)
+    _, alive = psutil.wait_procs(stubs, timeout=timeout_s)
+    return not alive
+
+
 def listening_process(port: int) -> psutil.Process | None:
     """The process with a TCP socket listening on ``port`` (None: none, or not ours to
     see)."""

@@ -82,9 +82,14 @@ class Misses:
         pool, model = flight.pool, flight.model
         view, knobs = self.residency.view(pool), self.residency.knobs(pool)
         placed = policy.place_miss(view, model, knobs)
-        if placed is None and policy.miss_room_at(view, model, knobs) is None:
-            # no room for it by waiting without a hotter model going: the coldest goes
-            placed = policy.place_miss(view, model, knobs, strict=False)
+        if placed is None:
+            room_at = policy.miss_room_at(view, model, knobs)
+            if room_at is None or view.now >= (flight.room_at or room_at):
+                # no room for it by waiting without a hotter model going (or the room it
+                # waited for went to others): the coldest evictable goes
+                placed = policy.place_miss(view, model, knobs, strict=False)
+            elif flight.room_at is None:
+                flight.room_at = room_at
         if placed is None:
             flight.member = None
             return

@@ -50,6 +50,7 @@ class Flight:
     victims: set[str] = field(default_factory=set)  # models evicted there to make room
     holding: Holding | None = None  # its load, once queued
     failures: list[str] = field(default_factory=list)  # "member: reason" of failed loads
+    room_at: float | None = None  # when the room it waits for was expected
 
     def resolve(self, error: Exception | None = None) -> None:
         if not self.done.done():

@@ -101,6 +101,9 @@ class FakeFootprints:
                       started_after: float | None = None) -> None:
         pass
 
+    async def released(self, member: PoolMember, model: str, timeout_s: float) -> bool:
+        return True
+
     async def remeasure(self, member: PoolMember, models: Collection[str]) -> None:
         self.remeasured.append((member.key, tuple(sorted(models))))
 
