@@ -168,6 +168,10 @@ class Residency:
                               | {m for k, m in self._reserved if k == member.key}),
             probation=frozenset(h.model for h in holdings if h.segment == PROBATION))
 
+    def unreserve(self, model: str) -> None:
+        """A plan's load of ``model`` waiting for room is decided again by a miss."""
+        self._reserved = {r for r in self._reserved if r[1] != model}
+
     def used_bytes(self, pool: Pool, member_key: str) -> int:
         """The member's accounted use: every holding but failed ones (queued, loading,
         warming, resident, draining, unloading)."""

@@ -56,6 +56,8 @@ class Placing(Protocol):
 
     async def reconcile(self, pool: Pool) -> None: ...
 
+    def unreserve(self, model: str) -> None: ...
+
 
 @dataclass
 class Misses:
@@ -80,6 +82,7 @@ class Misses:
         """Give a miss its member: the victims there evicted first, then its load queued
         (in the probation segment); unplaced when no member has room now."""
         pool, model = flight.pool, flight.model
+        self.residency.unreserve(model)  # requests wait for it: the miss decides now
         view, knobs = self.residency.view(pool), self.residency.knobs(pool)
         placed = policy.place_miss(view, model, knobs)
         if placed is None:
@@ -127,8 +130,7 @@ class Misses:
         size = self.residency.footprints.bytes(flight.model, pool)
         if self.residency.used_bytes(pool, member) + size > self.residency.spec(pool).usable_bytes \
                 or not self.residency.table.may_queue(member, flight.model):
-            flight.member = None
-            self.place(flight)
+            flight.member = None  # placed again as room frees (never from here: no loop)
             return
         flight.holding = self.residency.table.queue(member, flight.model, "miss", PROBATION)
         self.residency.actuator.enqueue(flight.holding)

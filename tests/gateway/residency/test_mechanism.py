@@ -280,3 +280,22 @@ async def test_a_cold_miss_is_served_by_the_coldest_model_when_waiting_never_mak
     await rig.residency.round()
     await asyncio.wait_for(rig.core.state.wait_resident("cold", 10.0), 2)  # served
     assert rig.core.state.holders("cold") == {A} and rig.members.unloads == {(A, "hot"): 1}
+
+
+async def test_a_miss_for_a_model_a_plan_waits_to_load_is_placed_when_its_room_frees(
+) -> None:
+    rig = Rig({"a": 100 * MB, "b": 100 * MB, "x": 100 * MB}, budget=200 * MB, members=1,
+              instant=True, min_resident_s=0.0, probation_min_s=0.0)
+    await rig.residency.round()
+    for model in "ab":
+        await rig.core.state.wait_resident(model, 10.0)
+    for _ in range(30):  # "x" much hotter than both: the plan evicts one to load it
+        rig.core.metrics.requests.labels("x", "p", "http", "success", "user").inc()
+    rig.clock.advance(1)
+    await rig.residency.round()
+    assert (A, "x") in rig.residency._reserved  # its room is being made
+    flight = rig.residency.room._flight(rig.pool, "x")  # a miss meanwhile: placed, no loop
+    assert flight.member in (A, None)
+    await asyncio.wait_for(rig.core.state.wait_resident("x", 10.0), 2)
+    assert rig.core.state.holders("x") == {A}
+    assert rig.members.loads[A, "x"] == 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import onnx
+import psutil
 import pytest
 from onnx import TensorProto, helper
 
@@ -23,7 +24,13 @@ from converters.model_dir import (
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model, tiny_config
 from gateway.config.pools import MemberSpec
 from gateway.pools import PoolMember
-from gateway.residency.memory import gpu_memory_used, is_loopback, measured_footprints, stub_model
+from gateway.residency.memory import (
+    gpu_memory_used,
+    is_loopback,
+    measured_footprints,
+    released,
+    stub_model,
+)
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import LocalTriton, free_port
 from tests.conftest import triton_settings
@@ -121,6 +128,23 @@ async def test_measured_footprints_leaves_a_model_out_when_it_is_unloaded(
     assert set(after) == {TINY_MODEL_NAME}
     # the same stub, read twice: within 10% (its heap moves a little between reads)
     assert abs(after[TINY_MODEL_NAME] - both[TINY_MODEL_NAME]) < 0.1 * both[TINY_MODEL_NAME]
+
+
+async def test_released_returns_once_the_unloaded_models_stubs_have_exited(
+        tmp_path: Path, admin: MemberAdmin) -> None:
+    repo = tmp_path / "model_repo"
+    build_tiny_model(repo)
+    build_tiny_model(repo, "other")
+    with started_triton(triton_settings(repo, tmp_path, TINY_MODEL_NAME, "other")) as server:
+        member = member_of(server)
+        assert server.pid is not None
+        stubs = [c for c in psutil.Process(server.pid).children(recursive=True)
+                 if stub_model(c.cmdline()) == "other"]
+        assert stubs
+        await admin.unload(member, "other")
+        assert await released(member, "other", 10.0)
+        assert not any(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in stubs)
+        assert await released(member, TINY_MODEL_NAME, 0.2) is False  # still loaded
 
 
 async def test_measured_footprints_is_empty_when_the_member_is_remote_or_gone(
