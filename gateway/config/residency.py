@@ -47,6 +47,9 @@ class ResidencySpec(BaseModel):
     probation_share: float = Field(0.25, ge=0, le=1)
     # a model loaded for a miss is not evicted within this of its load (its waiters go on)
     probation_min_s: float = Field(5.0, ge=0)
+    # an evicted model's room goes to another load only once its processes have exited
+    # (Triton answers the unload first), waited for at most this long; 0: not waited for
+    release_wait_s: float = Field(10.0, ge=0)
     waiting_room: WaitingRoomSpec = Field(default_factory=WaitingRoomSpec)
     # where each model's measured demand is recorded, so that a restarted gateway
     # preloads by use (relative to the configuration file); default: the lifecycle's

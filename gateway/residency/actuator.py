@@ -38,7 +38,6 @@ Sleep = Callable[[float], Awaitable[None]]
 EVICT_DRAIN_S = 60.0  # in-flight requests of an evicted model get this long to end
 DRAIN_POLL_S = 0.02
 DEFAULT_LOAD_S = 2.0  # a load's expected time before any was measured
-RELEASE_WAIT_S = 10.0  # an unloaded model's processes get this long to exit
 
 
 @dataclass
@@ -55,6 +54,9 @@ class Actuator:
     # (a hot model's load before a cold one's miss: it serves more requests sooner)
     urgency: Callable[[str], float]
     clock: Callable[[], float]
+    # member -> how long an unloaded model's processes may take to exit before its room
+    # is given to another load (0: not waited for)
+    release_wait_s: Callable[[str], float] = lambda key: 0.0
     sleep: Sleep = asyncio.sleep
     load_seconds: dict[str, float] = field(default_factory=dict)  # model -> last load took
     _queues: dict[str, list[Holding]] = field(default_factory=dict)  # member -> queued
@@ -198,9 +200,10 @@ class Actuator:
             await self.admin.unload(member, holding.model)
             # Triton answers before the model's processes have exited: its memory is
             # free (and its room given to another load) only once they have
-            if not await self.footprints.released(member, holding.model, RELEASE_WAIT_S):
+            wait_s = self.release_wait_s(member.key)
+            if not await self.footprints.released(member, holding.model, wait_s):
                 log.warning("%s's processes on %s still run %.0f s after its unload",
-                            holding.model, member.key, RELEASE_WAIT_S)
+                            holding.model, member.key, wait_s)
         except GatewayError as exc:
             log.error("evicting %s from %s failed: %s", holding.model, member.key, exc.message)
             with contextlib.suppress(StaleTransition):

@@ -90,7 +90,7 @@ class Residency:
             self.table, self.admin, self.load_one, self.state, self.footprints,
             self.metrics, members=self._member, slots=self.slots,
             urgency=lambda model: self.room.waiters(model) + self.demand.rate(model),
-            clock=clock, sleep=self.sleep)
+            clock=clock, release_wait_s=self._release_wait_s, sleep=self.sleep)
         self.room = WaitingRoom(self.misses, self.spec, clock,
                                 lambda model, n: self.metrics.waiting.labels(model).set(n))
 
@@ -131,6 +131,10 @@ class Residency:
 
     def _pool_of_member(self, key: str) -> Pool | None:
         return next((p for p in self.pools() if any(m.key == key for m in p.members)), None)
+
+    def _release_wait_s(self, key: str) -> float:
+        pool = self._pool_of_member(key)
+        return self.spec(pool).release_wait_s if pool is not None else 0.0
 
     def slots(self, key: str) -> int:
         """Loads the member runs at once."""
