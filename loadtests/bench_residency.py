@@ -1152,8 +1152,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="a member's budget, of every footprint together: half,quarter")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_residency")
     parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
-                        help="a residency knob of the pool (default min_resident_s=5; "
-                             "waiting_room={max_requests: 128}); repeatable")
+                        help="a residency knob of the pool (default min_resident_s=5; for "
+                             "example waiting_room={max_requests: 128}); repeatable")
     parser.add_argument("--models", type=Path, default=MODELS,
                         help="the models' repository (built there once, then reused)")
     args = parser.parse_args(argv)

@@ -132,9 +132,11 @@ class WaitingRoom:
         return flight.waiters if flight is not None else 0
 
     def unplaced(self) -> list[Flight]:
-        """Flights no member had room for yet (placed again as room frees)."""
-        return [f for f in self.flights.values()
-                if f.member is None and not f.done.done()]
+        """Flights no member had room for yet (placed again as room frees), those most
+        requests wait for first: room that frees goes to them before a colder miss."""
+        return sorted((f for f in self.flights.values()
+                       if f.member is None and not f.done.done()),
+                      key=lambda f: (-f.waiters, f.started))
 
     # -- outcomes (the residency calls these as holdings change) --------------------------
     def resident(self, model: str) -> Flight | None:

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.errors import ModelNotFound, ModelNotReady, Unavailable
 from gateway.residency.holdings import Phase
+from gateway.residency.waiting import Flight
 from tests.gateway.residency.fakes import MB, A, B, Rig
 
 
@@ -299,3 +300,13 @@ async def test_a_miss_for_a_model_a_plan_waits_to_load_is_placed_when_its_room_f
     await asyncio.wait_for(rig.core.state.wait_resident("x", 10.0), 2)
     assert rig.core.state.holders("x") == {A}
     assert rig.members.loads[A, "x"] == 1
+
+
+async def test_room_that_frees_goes_first_to_the_miss_most_requests_wait_for() -> None:
+    rig = Rig({"cold": 100 * MB, "hot": 100 * MB}, budget=100 * MB, members=1)
+    room = rig.residency.room
+    loop = asyncio.get_running_loop()
+    for model, waiters, started in (("cold", 1, 1.0), ("hot", 9, 2.0)):
+        room.flights[model] = Flight(model, rig.pool, loop.create_future(), started,
+                                     waiters=waiters)
+    assert [f.model for f in room.unplaced()] == ["hot", "cold"]
