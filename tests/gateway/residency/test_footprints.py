@@ -6,7 +6,6 @@ resident on a member of this host are measured again, each at its latest figure.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -127,16 +126,6 @@ def test_footprints_estimate_a_published_model_when_no_repository_is_named(
     footprints = Footprints(config, MemberAdmin(httpx.AsyncClient()))
     footprints.refresh(["m"])
     assert footprints.of("m", build_pools(config.pools)[0]) == (100 * MB, "estimate")
-
-
-@pytest.fixture
-async def admin() -> AsyncIterator[MemberAdmin]:
-    async with httpx.AsyncClient(timeout=10.0) as client:
-        admin = MemberAdmin(client, call_timeout_s=10.0)
-        try:
-            yield admin
-        finally:
-            await admin.close()
 
 
 @pytest.mark.integration

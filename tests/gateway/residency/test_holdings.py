@@ -22,17 +22,18 @@ def _table() -> tuple[HoldingTable, FakeClock, Core, list[tuple[object, object]]
 
 def test_a_load_walks_queued_to_resident_and_routes_when_warm() -> None:
     table, clock, core, seen = _table()
-    held = table.queue(A, "m", "miss")
+    queued = table.queue(A, "m", "miss")
     clock.advance(7)  # waited for its slot
-    held = table.advance(held, Phase.LOADING)
-    assert core.state.holders("m") == frozenset()
-    held = table.advance(held, Phase.WARMING)  # type: ignore[arg-type]
+    loading = table.advance(queued, Phase.LOADING)
+    assert loading is not None and core.state.holders("m") == frozenset()
+    warming = table.advance(loading, Phase.WARMING)
+    assert warming is not None
     clock.advance(2)
-    held = table.advance(held, Phase.RESIDENT)  # type: ignore[arg-type]
+    held = table.advance(warming, Phase.RESIDENT)
     assert held is not None and held.resident_since == clock.now and held.queued_at == 1000
     assert core.state.holders("m") == {A}
-    assert [a.phase for _, a in seen] == [Phase.QUEUED, Phase.LOADING, Phase.WARMING,  # type: ignore[attr-defined]
-                                          Phase.RESIDENT]
+    assert [getattr(a, "phase", None) for _, a in seen] == [
+        Phase.QUEUED, Phase.LOADING, Phase.WARMING, Phase.RESIDENT]
 
 
 def test_leaving_resident_unroutes_before_the_unload_when_evicted() -> None:

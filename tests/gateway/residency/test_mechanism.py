@@ -123,7 +123,7 @@ async def test_a_request_is_answered_at_once_when_its_deadline_is_shorter_than_t
     with pytest.raises(ModelNotReady) as refused:
         await asyncio.wait_for(rig.core.state.wait_resident("m", 2.0), 0.5)  # not held
     assert "expected in 8.0 s" in refused.value.message
-    assert refused.value.retry_after_s >= 8
+    assert (refused.value.retry_after_s or 0) >= 8
     assert sum(rig.members.loads.values()) == 1  # the load goes on for the next request
 
 

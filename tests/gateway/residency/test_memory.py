@@ -5,10 +5,9 @@ the GPU memory off a metrics page."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import onnx
 import psutil
@@ -86,16 +85,6 @@ def member(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolMember]:
         yield member_of(server)
 
 
-@pytest.fixture
-async def admin() -> AsyncIterator[MemberAdmin]:
-    async with httpx.AsyncClient(timeout=10.0) as client:
-        admin = MemberAdmin(client, call_timeout_s=10.0)
-        try:
-            yield admin
-        finally:
-            await admin.close()
-
-
 def member_of(server: LocalTriton) -> PoolMember:
     assert server.endpoints is not None
     e = server.endpoints
@@ -123,28 +112,17 @@ async def test_measured_footprints_leaves_a_model_out_when_it_is_unloaded(
         member = member_of(server)
         both = await measured_footprints(member, admin, (TINY_MODEL_NAME, "other"))
         assert set(both) == {TINY_MODEL_NAME, "other"}
+        assert server.pid is not None
+        stubs = [c for c in psutil.Process(server.pid).children(recursive=True)
+                 if stub_model(c.cmdline()) == "other"]
         await admin.unload(member, "other")
+        assert stubs and await released(member, "other", 10.0)  # its stubs have exited
+        assert not any(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in stubs)
+        assert await released(member, TINY_MODEL_NAME, 0.2) is False  # still loaded
         after = await measured_footprints(member, admin, (TINY_MODEL_NAME, "other"))
     assert set(after) == {TINY_MODEL_NAME}
     # the same stub, read twice: within 10% (its heap moves a little between reads)
     assert abs(after[TINY_MODEL_NAME] - both[TINY_MODEL_NAME]) < 0.1 * both[TINY_MODEL_NAME]
-
-
-async def test_released_returns_once_the_unloaded_models_stubs_have_exited(
-        tmp_path: Path, admin: MemberAdmin) -> None:
-    repo = tmp_path / "model_repo"
-    build_tiny_model(repo)
-    build_tiny_model(repo, "other")
-    with started_triton(triton_settings(repo, tmp_path, TINY_MODEL_NAME, "other")) as server:
-        member = member_of(server)
-        assert server.pid is not None
-        stubs = [c for c in psutil.Process(server.pid).children(recursive=True)
-                 if stub_model(c.cmdline()) == "other"]
-        assert stubs
-        await admin.unload(member, "other")
-        assert await released(member, "other", 10.0)
-        assert not any(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in stubs)
-        assert await released(member, TINY_MODEL_NAME, 0.2) is False  # still loaded
 
 
 async def test_measured_footprints_is_empty_when_the_member_is_remote_or_gone(
