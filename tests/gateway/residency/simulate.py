@@ -23,7 +23,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.pools import PoolMember
-from loadtests.bench_residency import Arrival, best_placement, popularity, schedule
+from loadtests.residency_trace import Arrival, best_placement, popularity, schedule
 from tests.gateway.residency.fakes import MB, Rig
 
 # stubs measured by bench_residency: 14 models of ~31 MB, 12 of ~64 MB, 10 of ~131 MB
