@@ -4,7 +4,7 @@ load's message, an unreachable member, a load past its deadline; the metrics pag
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -62,70 +62,77 @@ def states(index: list[dict[str, object]]) -> dict[object, object]:
     return {e["name"]: e.get("state") for e in index}
 
 
-async def test_member_admin_loads_indexes_and_unloads_over_grpc_when_http_is_closed(
-        endpoints: TritonEndpoints) -> None:
-    admin = MemberAdmin(httpx.AsyncClient(timeout=10))
-    member = grpc_only(endpoints)
-    try:
-        config: dict[str, Any] = http_config(endpoints, TINY_MODEL_NAME) | {"name": OTHER}
-        config["dynamic_batching"]["max_queue_delay_microseconds"] = 1234
-        await admin.load(member, OTHER, config)
-        loaded = http_config(endpoints, OTHER)["dynamic_batching"]
-        assert loaded["max_queue_delay_microseconds"] == 1234  # the override
-        index = await admin.repository_index(member)
-        assert states(index) == {TINY_MODEL_NAME: "READY", OTHER: "READY", BROKEN: None}
-        # as Triton's HTTP answer: a model never loaded has its name alone
-        assert {"name": BROKEN} in index
-        assert {"name": OTHER, "version": "1", "state": "READY"} in index
-        ready = await admin.repository_index(member, ready=True)
-        assert {e["name"] for e in ready} == {TINY_MODEL_NAME, OTHER}
+@pytest.fixture
+async def make_admin() -> AsyncIterator[Callable[..., MemberAdmin]]:
+    """MemberAdmins over an HTTP client of their own, closed (channels and client) after
+    the test."""
+    made: list[MemberAdmin] = []
 
-        await admin.unload(member, OTHER)
-        assert wait_until(lambda: states(http_index(endpoints))[OTHER] == "UNAVAILABLE", 30)
-        # the gRPC index says what the HTTP one says, entry for entry
-        assert sorted(await admin.repository_index(member), key=str) == sorted(
-            http_index(endpoints), key=str)
-    finally:
+    def make(http_timeout_s: float = 10, load_timeout_s: float = 600.0,
+             call_timeout_s: float = 60.0) -> MemberAdmin:
+        made.append(MemberAdmin(httpx.AsyncClient(timeout=http_timeout_s),
+                                load_timeout_s=load_timeout_s, call_timeout_s=call_timeout_s))
+        return made[-1]
+
+    yield make
+    for admin in made:
         await admin.close()
         await admin.client.aclose()
+
+
+async def test_member_admin_loads_indexes_and_unloads_over_grpc_when_http_is_closed(
+        endpoints: TritonEndpoints, make_admin: Callable[..., MemberAdmin]) -> None:
+    admin = make_admin()
+    member = grpc_only(endpoints)
+    config: dict[str, Any] = http_config(endpoints, TINY_MODEL_NAME) | {"name": OTHER}
+    config["dynamic_batching"]["max_queue_delay_microseconds"] = 1234
+    await admin.load(member, OTHER, config)
+    loaded = http_config(endpoints, OTHER)["dynamic_batching"]
+    assert loaded["max_queue_delay_microseconds"] == 1234  # the override
+    index = await admin.repository_index(member)
+    assert states(index) == {TINY_MODEL_NAME: "READY", OTHER: "READY", BROKEN: None}
+    # as Triton's HTTP answer: a model never loaded has its name alone
+    assert {"name": BROKEN} in index
+    assert {"name": OTHER, "version": "1", "state": "READY"} in index
+    ready = await admin.repository_index(member, ready=True)
+    assert {e["name"] for e in ready} == {TINY_MODEL_NAME, OTHER}
+
+    await admin.unload(member, OTHER)
+    assert wait_until(lambda: states(http_index(endpoints))[OTHER] == "UNAVAILABLE", 30)
+    # the gRPC index says what the HTTP one says, entry for entry
+    assert sorted(await admin.repository_index(member), key=str) == sorted(
+        http_index(endpoints), key=str)
 
 
 async def test_member_admin_load_is_deploy_failed_with_tritons_message_when_refused(
-        endpoints: TritonEndpoints) -> None:
-    admin = MemberAdmin(httpx.AsyncClient(timeout=10))
+        endpoints: TritonEndpoints, make_admin: Callable[..., MemberAdmin]) -> None:
+    admin = make_admin()
     member = grpc_only(endpoints)
-    try:
-        with pytest.raises(DeployFailed) as broken:
-            await admin.load(member, BROKEN)
-        assert broken.value.message.startswith(f"{member.key}: loading '{BROKEN}' failed: ")
-        assert "load failed for model 'broken'" in broken.value.message
-        with pytest.raises(DeployFailed) as absent:
-            await admin.load(member, "absent")
-        assert "failed to load 'absent'" in absent.value.message
-        assert states(await admin.repository_index(member))[TINY_MODEL_NAME] == "READY"
-    finally:
-        await admin.close()
-        await admin.client.aclose()
+    with pytest.raises(DeployFailed) as broken:
+        await admin.load(member, BROKEN)
+    assert broken.value.message.startswith(f"{member.key}: loading '{BROKEN}' failed: ")
+    assert "load failed for model 'broken'" in broken.value.message
+    with pytest.raises(DeployFailed) as absent:
+        await admin.load(member, "absent")
+    assert "failed to load 'absent'" in absent.value.message
+    assert states(await admin.repository_index(member))[TINY_MODEL_NAME] == "READY"
 
 
-async def test_member_admin_is_unavailable_when_the_member_is_unreachable() -> None:
-    admin = MemberAdmin(httpx.AsyncClient(timeout=2), load_timeout_s=5, call_timeout_s=5)
+async def test_member_admin_is_unavailable_when_the_member_is_unreachable(
+        make_admin: Callable[..., MemberAdmin]) -> None:
+    admin = make_admin(2, load_timeout_s=5, call_timeout_s=5)
     nobody = PoolMember("p", MemberSpec(host="127.0.0.1", http_port=free_port(),
                                         grpc_port=free_port(), metrics_port=free_port()))
-    try:
-        for call in (admin.load(nobody, TINY_MODEL_NAME), admin.unload(nobody, "m"),
-                     admin.repository_index(nobody), admin.metrics_text(nobody)):
-            with pytest.raises(Unavailable) as info:
-                await call
-            assert nobody.key in info.value.message
-    finally:
-        await admin.close()
-        await admin.client.aclose()
+    for call in (admin.load(nobody, TINY_MODEL_NAME), admin.unload(nobody, "m"),
+                 admin.repository_index(nobody), admin.metrics_text(nobody)):
+        with pytest.raises(Unavailable) as info:
+            await call
+        assert nobody.key in info.value.message
 
 
 async def test_member_admin_load_is_unavailable_when_it_outlasts_load_timeout(
-        endpoints: TritonEndpoints) -> None:
-    admin = MemberAdmin(httpx.AsyncClient(timeout=10), load_timeout_s=0.001)
+        endpoints: TritonEndpoints, make_admin: Callable[..., MemberAdmin]) -> None:
+    admin = make_admin(load_timeout_s=0.001)
     member = grpc_only(endpoints)
     try:
         with pytest.raises(Unavailable) as info:
@@ -135,32 +142,23 @@ async def test_member_admin_load_is_unavailable_when_it_outlasts_load_timeout(
         admin.load_timeout_s = 60.0  # Triton goes on loading: leave it unloaded
         assert wait_until(lambda: states(http_index(endpoints))[OTHER] != "LOADING", 30)
         await admin.unload(member, OTHER)
-        await admin.close()
-        await admin.client.aclose()
 
 
 async def test_member_admin_keeps_one_channel_per_member_until_closed(
-        endpoints: TritonEndpoints) -> None:
-    admin = MemberAdmin(httpx.AsyncClient(timeout=10))
+        endpoints: TritonEndpoints, make_admin: Callable[..., MemberAdmin]) -> None:
+    admin = make_admin()
     member = grpc_only(endpoints)
-    try:
-        for _ in range(3):
-            await admin.repository_index(member)
-        await admin.repository_index(PoolMember("q", member.spec))  # another pool, same
-        assert len(admin._channels) == 1
-        await admin.close()
-        assert admin._channels == {}
-        with pytest.raises(Unavailable, match="closed"):
-            await admin.repository_index(member)
-    finally:
-        await admin.client.aclose()
+    for _ in range(3):
+        await admin.repository_index(member)
+    await admin.repository_index(PoolMember("q", member.spec))  # another pool, same
+    assert len(admin._channels) == 1
+    await admin.close()
+    assert admin._channels == {}
+    with pytest.raises(Unavailable, match="closed"):
+        await admin.repository_index(member)
 
 
 async def test_member_admin_metrics_text_is_the_members_page_when_it_is_up(
-        endpoints: TritonEndpoints) -> None:
-    admin = MemberAdmin(httpx.AsyncClient(timeout=10))
-    try:
-        page = await admin.metrics_text(grpc_only(endpoints))
-    finally:
-        await admin.client.aclose()
+        endpoints: TritonEndpoints, make_admin: Callable[..., MemberAdmin]) -> None:
+    page = await make_admin().metrics_text(grpc_only(endpoints))
     assert f'nv_inference_count{{model="{TINY_MODEL_NAME}",version="1"}}' in page
