@@ -255,10 +255,11 @@ class Residency:
                 await self.footprints.remeasure(member, resident)
 
     def execute(self, pool: Pool, plan: policy.Plan) -> None:
-        """The plan's evictions and promotions at once; its loads that fit each member's
-        accounted use now and its free load slots (the rest at a later round, re-planned
-        then: a load waiting for the room an eviction frees would overcommit the budget
-        while the eviction drains)."""
+        """The plan's evictions and segment changes at once; its loads that fit each
+        member's accounted use now and its load queue (the rest at a later round,
+        re-planned then: a load queued on the room an eviction frees would overcommit the
+        budget while the eviction drains). Those left keep their room from misses until
+        then (``_reserved``: the view counts them pending)."""
         for move in plan.evictions:
             holding = self.table.get(move.member, move.model)
             if holding is not None and holding.phase is Phase.RESIDENT:
