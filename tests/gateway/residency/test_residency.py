@@ -239,6 +239,16 @@ def test_the_waiting_room_is_bounded_by_its_size_and_the_request_deadline(
         assert late.status_code == 503, late.text  # a load takes longer than 50 ms
         assert "is being loaded" in late.json()["error"]
         assert int(late.headers["retry-after"]) >= 1
+        # gRPC alike: the gateway's answer, before the client's own deadline fires
+        request = service_pb2.ModelInferRequest(model_name="m3")
+        tensor = request.inputs.add(name="x", datatype="FP32", shape=[1, TINY_WIDTH])
+        tensor.contents.fp32_contents.extend([1.0] * TINY_WIDTH)
+        with grpc.insecure_channel(gw.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(request, timeout=0.5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+        assert "is being loaded" in (refused.value.details() or "")
 
         answers: list[httpx.Response] = []
 
