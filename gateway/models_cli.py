@@ -262,16 +262,6 @@ def size_text(n: int | None) -> str:
     return f"{value:.1f} GiB"
 
 
-def ago_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
-    if seconds < 120:
-        return f"{seconds:.0f} s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
-
-
 def for_text(seconds: float | None) -> str:
     """How long a holding has been in its state."""
     if seconds is None:
@@ -281,6 +271,10 @@ def for_text(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def ago_text(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{for_text(seconds)} ago"
 
 
 def holdings(report: dict[str, Any], model: str,
