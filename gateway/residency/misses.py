@@ -58,6 +58,8 @@ class Placing(Protocol):
 
     def unreserve(self, model: str) -> None: ...
 
+    def no_room(self, pool: Pool, model: str) -> str: ...
+
 
 @dataclass
 class Misses:
@@ -68,6 +70,13 @@ class Misses:
 
     def pool_of(self, model: str) -> Pool | None:
         return self.residency.pool_of(model)
+
+    def never_fits(self, pool: Pool, model: str) -> bool:
+        return self.residency.footprints.bytes(model, pool) > \
+            self.residency.spec(pool).usable_bytes
+
+    def no_room(self, pool: Pool, model: str) -> str:
+        return self.residency.no_room(pool, model)
 
     def resident(self, model: str) -> bool:
         return self.residency.state.resident(model)

@@ -80,6 +80,12 @@ class Placer(Protocol):
     def expected_in(self, flight: Flight) -> float | None:
         """Seconds until the flight's model is resident; None: not by waiting."""
 
+    def never_fits(self, pool: Pool, model: str) -> bool:
+        """Whether ``model`` is larger than any member of ``pool`` may hold."""
+
+    def no_room(self, pool: Pool, model: str) -> str:
+        """Why no member can take ``model`` now (or ever)."""
+
 
 @dataclass
 class WaitingRoom:
@@ -105,6 +111,8 @@ class WaitingRoom:
                 f"'{pool.name}' is full ({room.max_requests} requests wait for models "
                 "being loaded): retry shortly", retry_after_s=self._retry_after(None),
                 reason="loading")
+        if self.placer.never_fits(pool, model):  # no retry helps: said without Retry-After
+            raise Unavailable(self.placer.no_room(pool, model), retry_after_s=None)
         limit = room.max_wait_s if deadline_s is None else min(
             room.max_wait_s, deadline_s * SHARE_NUM / SHARE_DEN)
         flight = self._flight(pool, model)
@@ -183,11 +191,8 @@ class WaitingRoom:
                   at_once: bool) -> ModelNotReady:
         where = f"on member {flight.member}" if flight.member else "(no member has room yet)"
         if expected is None:
-            ahead = f"no member of pool '{flight.pool.name}' has room for it now"
-            return ModelNotReady(
-                f"model '{flight.model}' is resident nowhere and {ahead} (their budgets "
-                "hold models within min_resident_s of their load, or loading): retry",
-                retry_after_s=self._retry_after(None), reason="loading")
+            return ModelNotReady(self.placer.no_room(flight.pool, flight.model),
+                                 retry_after_s=self._retry_after(None), reason="loading")
         if at_once:
             return ModelNotReady(
                 f"model '{flight.model}' is being loaded {where}, expected in {expected:.1f} s, "

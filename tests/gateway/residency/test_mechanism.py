@@ -310,3 +310,12 @@ async def test_room_that_frees_goes_first_to_the_miss_most_requests_wait_for() -
         room.flights[model] = Flight(model, rig.pool, loop.create_future(), started,
                                      waiters=waiters)
     assert [f.model for f in room.unplaced()] == ["hot", "cold"]
+
+
+async def test_a_model_larger_than_every_budget_is_unavailable_without_retry_after() -> None:
+    rig = Rig({"huge": 500 * MB}, budget=300 * MB)
+    await rig.residency.round()
+    with pytest.raises(Unavailable) as never:
+        await asyncio.wait_for(rig.core.state.wait_resident("huge", 10.0), 0.5)
+    assert "more than any member of pool 'p' may hold" in never.value.message
+    assert never.value.retry_after_s is None and sum(rig.members.loads.values()) == 0
