@@ -100,27 +100,49 @@ def _stub_memory(http_port: int, models: set[str],
     return totals
 
 
+EXIT_POLL_S = 0.05  # how often an unloaded model's stubs are looked at until they exit
+
+
 async def released(member: PoolMember, model: str, timeout_s: float) -> bool:
     """Wait until the stubs of ``model`` on a member on this host have exited (Triton's
     unload returns before they do, and their memory is freed only then), at most
-    ``timeout_s``; True at once for a remote member (nothing of it to watch)."""
+    ``timeout_s``; True at once for a remote member (nothing of it to watch). The stubs
+    are found in one scan (in a thread), then watched from the event loop: no thread is
+    held while they exit (the default executor's few threads serve the data plane's
+    runtime calls too)."""
     if not is_loopback(member.spec.host) or timeout_s <= 0:
         return True
-    return await asyncio.to_thread(_stubs_exit, member.spec.http_port, model, timeout_s)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout_s
+    stubs = await asyncio.to_thread(_stubs_of, member.spec.http_port, model)
+    while True:
+        stubs = [stub for stub in stubs if _running(stub)]
+        if not stubs:
+            return True
+        if loop.time() >= give_up:
+            return False
+        await asyncio.sleep(min(EXIT_POLL_S, max(0.0, give_up - loop.time())))
 
 
-def _stubs_exit(http_port: int, model: str, timeout_s: float) -> bool:
+def _stubs_of(http_port: int, model: str) -> list[psutil.Process]:
     server = listening_process(http_port)
     if server is None:
-        return True
+        return []
     stubs = []
     with contextlib.suppress(psutil.Error):
         for child in server.children():
             with contextlib.suppress(psutil.Error):
                 if stub_model(child.cmdline()) == model:
                     stubs.append(child)
-    _, alive = psutil.wait_procs(stubs, timeout=timeout_s)
-    return not alive
+    return stubs
+
+
+def _running(process: psutil.Process) -> bool:
+    """Whether ``process`` still runs (a zombie has exited: its memory is free)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def listening_process(port: int) -> psutil.Process | None:

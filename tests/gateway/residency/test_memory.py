@@ -4,6 +4,7 @@ the GPU memory off a metrics page."""
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,6 +120,12 @@ async def test_measured_footprints_leaves_a_model_out_when_it_is_unloaded(
         assert stubs and await released(member, "other", 10.0)  # its stubs have exited
         assert not any(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in stubs)
         assert await released(member, TINY_MODEL_NAME, 0.2) is False  # still loaded
+        # watching holds no thread: many watches at once leave the default executor free
+        watches = [asyncio.ensure_future(released(member, TINY_MODEL_NAME, 3.0))
+                   for _ in range(12)]
+        await asyncio.sleep(0.3)  # every watch has found its stubs and waits on them
+        await asyncio.wait_for(asyncio.to_thread(lambda: None), 1.0)
+        assert not any(await asyncio.gather(*watches))
         after = await measured_footprints(member, admin, (TINY_MODEL_NAME, "other"))
     assert set(after) == {TINY_MODEL_NAME}
     # the same stub, read twice: within 10% (its heap moves a little between reads)
