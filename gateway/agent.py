@@ -4,8 +4,14 @@ Each data-plane pod runs HAProxy and this thin agent beside it. The agent holds 
 of its own: it follows the versioned snapshot the control plane publishes (long-polling
 ``GET /v1/dataplane/snapshot``), moves its HAProxy to each new one, and keeps the last
 one on disk, so that it starts and keeps routing on it while the control plane is down.
-HAProxy sends everything that is not inference (uploads, admin, metadata, streams) to
-the control plane's Service, so every replica serves the whole API.
+What HAProxy cannot route (streams, ``generate``, misses, a rollout's shadow share
+once the control plane is away, gRPC detours) and every call that is not the control
+plane's (health, metadata: ``gateway/policy/planes.py``) go to the replica's own Python
+forwarder in this process (:class:`gateway.replica.ReplicaForwarder`), built from the
+gateway's configuration (fetched from the control plane once, kept beside the
+snapshot) and moved by every snapshot. Only the control plane's own calls (the
+lifecycle API, uploads, the console, the repository API) go to its Service: while it is
+down they fail within a second saying so, and everything else goes on.
 
 Its own port (``--status-port``) serves ``/metrics`` (this replica's request counts and
 latency from HAProxy's per-request lines) and ``/status`` (the snapshot it routes by).
@@ -37,6 +43,7 @@ import uvicorn
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 
+from gateway.config import GatewayConfig
 from gateway.embedded import EmbeddedServer
 from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
@@ -50,6 +57,7 @@ from gateway.haproxy.snapshot import (
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import GatewayMetrics
 from gateway.policy.tenancy import TenantActivity
+from gateway.replica import ReplicaForwarder, ReplicaSettings
 from gateway.telemetry import HAProxyCounts, Telemetry, read_haproxy
 from gateway.upstream.triton_version import GrpcReuse, VersionWatch
 
@@ -76,12 +84,14 @@ class AgentSettings:
     grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO  # Layout.grpc_upstream_reuse
     haproxy_tune: tuple[tuple[str, str], ...] = ()  # Layout.tune
     observe_s: float = 1.0
+    upstream_timeout_s: float = 60.0  # the replica's forwarder's bound on a member's answer
     agent_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
 
 class Agent:
     def __init__(self, settings: AgentSettings, metrics: GatewayMetrics | None = None) -> None:
         self.settings = settings
+        self.replica: ReplicaForwarder | None = None  # built from the configuration (run)
         self.telemetry = Telemetry(metrics) if metrics is not None else Telemetry()
         self.metrics = self.telemetry.metrics
         run_dir = settings.state_dir / "haproxy"
@@ -97,8 +107,7 @@ class Agent:
         )
         if settings.haproxy_external and run_dir != settings.state_dir / "haproxy":
             raise ValueError(f"--state-dir {settings.state_dir}: too long for unix sockets")
-        self.proxy = SnapshotProxy(
-            self.layout, HAProxyProcess(self.layout, external=settings.haproxy_external))
+        self.proxy = self._proxy()
         self.version = ""
         self.received: Snapshot | None = None  # the control plane's, before local shares
         self.activity = TenantActivity()
@@ -108,6 +117,10 @@ class Agent:
         # what this replica does with each member's gRPC connections (its own setting
         # over the versions the control plane read)
         self.versions = VersionWatch(self.metrics.member_info, settings.grpc_upstream_reuse)
+
+    def _proxy(self) -> SnapshotProxy:
+        return SnapshotProxy(
+            self.layout, HAProxyProcess(self.layout, external=self.settings.haproxy_external))
 
     def _note_versions(self, snapshot: Snapshot) -> None:
         members = [(p.name, f"{m.host}:{m.grpc_port}", m.triton_version)
@@ -122,12 +135,10 @@ class Agent:
     # -- the control plane -------------------------------------------------------------
     async def fetch(self, client: httpx.AsyncClient, wait_s: float) -> Snapshot | None:
         """The next snapshot (None: unchanged after ``wait_s``); raises httpx errors."""
-        headers = {"Authorization": f"Bearer {self.settings.token}"} if self.settings.token \
-            else {}
         resp = await client.get(
             f"http://{self.settings.control_http}/v1/dataplane/snapshot",
             params={"have": self.version, "agent": self.settings.agent_id, "wait": wait_s},
-            headers=headers, timeout=wait_s + 10,
+            headers=self._auth_headers(), timeout=wait_s + 10,
         )
         self.control_plane_seen_at = time.time()
         if resp.status_code == 304:
@@ -139,11 +150,39 @@ class Agent:
             raise ValueError("snapshot does not match its version")
         return snapshot
 
+    @property
+    def config_file(self) -> Path:
+        return self.settings.state_dir / "config.json"
+
     def _save(self, snapshot: Snapshot) -> None:
-        self.snapshot_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.snapshot_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(snapshot_to_dict(snapshot)))
-        os.replace(tmp, self.snapshot_file)
+        _write(self.snapshot_file, json.dumps(snapshot_to_dict(snapshot)))
+
+    async def first_config(self, client: httpx.AsyncClient) -> GatewayConfig:
+        """The gateway's configuration: the control plane's (kept for the next start),
+        else the one kept last time (the control plane is down), else the control
+        plane's once it answers."""
+        while True:
+            try:
+                resp = await client.get(f"http://{self.settings.control_http}/v1/dataplane/config",
+                                        headers=self._auth_headers(), timeout=5.0)
+                resp.raise_for_status()
+                config = GatewayConfig.model_validate(resp.json()["config"])
+                await asyncio.to_thread(_write, self.config_file,
+                                        json.dumps(resp.json()["config"]))
+                return config
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                with contextlib.suppress(OSError, ValueError):
+                    saved = GatewayConfig.model_validate_json(self.config_file.read_text())
+                    log.warning("agent: starting on the configuration kept last time (%s)",
+                                exc)
+                    return saved
+                log.warning("agent: no configuration yet from %s: %s",
+                            self.settings.control_http, exc)
+            await asyncio.sleep(self.settings.retry_s)
+
+    def _auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.settings.token}"} if self.settings.token \
+            else {}
 
     def _saved(self) -> Snapshot | None:
         with contextlib.suppress(OSError, ValueError, json.JSONDecodeError):
@@ -223,6 +262,8 @@ class Agent:
 
     async def _apply(self, snapshot: Snapshot) -> None:
         self.received = snapshot
+        if self.replica is not None:
+            self.replica.follow(snapshot)
         try:
             how = await self.proxy.amove(self._localized(snapshot))
         except Exception:  # noqa: BLE001 - keep routing on the last good snapshot
@@ -260,10 +301,24 @@ class Agent:
 
         return app
 
+    async def _start_replica(self, client: httpx.AsyncClient) -> ReplicaForwarder:
+        settings = self.settings
+        replica = ReplicaForwarder(await self.first_config(client), ReplicaSettings(
+            settings.control_http, settings.token, settings.upstream_timeout_s,
+            settings.drain_timeout_s, settings.max_request_bytes))
+        await replica.start()
+        # HAProxy sends what it cannot route to it: its ports are in HAProxy's config
+        self.layout = replace(self.layout, local_http=replica.http_address,
+                              local_grpc=replica.grpc_address)
+        self.proxy = self._proxy()
+        return replica
+
     async def run(self, stop: asyncio.Event) -> None:
         async with httpx.AsyncClient(trust_env=False) as client:
+            self.replica = await self._start_replica(client)
             snapshot = await self.first_snapshot(client)
             self.received = snapshot
+            self.replica.follow(snapshot)
             self._receiver.start()
             await asyncio.to_thread(self.proxy.start, self._localized(snapshot))
             await asyncio.to_thread(self._save, snapshot)
@@ -286,7 +341,11 @@ class Agent:
                 status.should_exit = True
                 tasks[0].cancel()
                 tasks[1].cancel()
-                await asyncio.to_thread(self.proxy.process.stop, self.settings.drain_timeout_s)
+                # HAProxy drains and stops while the forwarder still serves what it sends
+                await asyncio.gather(
+                    asyncio.to_thread(self.proxy.process.stop, self.settings.drain_timeout_s),
+                    self.replica.drain(self.settings.drain_timeout_s))
+                await self.replica.stop()
                 self._receiver.stop()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.gather(*tasks, return_exceptions=True)
@@ -299,3 +358,11 @@ async def run_agent(settings: AgentSettings) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     await Agent(settings).run(stop)
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (a crash leaves the last one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -133,6 +133,24 @@ class TokenTable:
         # When auth is on and predict is gated, inference needs a predict token.
         self.predict_gated = self.enabled and not predict_open
 
+    @classmethod
+    def of_digests(cls, digests: Iterable[tuple[bytes, Principal]],
+                   predict_gated: bool) -> TokenTable:
+        """A table of tokens known by their digests only (what a data-plane replica
+        receives in its snapshot: never a token itself)."""
+        table = cls()
+        for digest, principal in digests:
+            table._index[digest[:8]] = (digest, principal)
+        table.enabled = bool(table._index)
+        table.predict_gated = table.enabled and predict_gated
+        return table
+
+    def adopt(self, other: TokenTable) -> None:
+        """Check presented tokens against ``other``'s from now on (the servers holding
+        this table keep it: a replica's tokens change with its snapshot)."""
+        self._index, self.enabled = dict(other._index), other.enabled
+        self.predict_gated = other.predict_gated
+
     def digests(self) -> list[tuple[bytes, Principal]]:
         """Every token's SHA-256 digest and principal (what a native data plane checks
         presented tokens against); never a token itself."""

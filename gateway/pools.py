@@ -121,6 +121,12 @@ class PoolMember:
         return max((rate for when, rate in self.answer_rates.get(model, ())
                     if now - when <= window_s), default=0.0)
 
+    def routed(self, routable: bool, version: str | None) -> None:
+        """What the control plane's snapshot says of it: a data-plane replica probes
+        nothing itself, and routes as the control plane last decided."""
+        self.healthy, self.restoring = routable, False
+        self.triton_version, self.version_probed = version, True
+
     def restore_started(self) -> bool:
         """Held out of routing while its models are reloaded; False if already so."""
         if self.restoring:

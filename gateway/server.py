@@ -33,6 +33,7 @@ from gateway.console.pages import Console, create_console_router
 from gateway.console.placement import SchedulerPlans
 from gateway.console.session import Sessions
 from gateway.console.traffic import TrafficHistory
+from gateway.control.dataplane_http import create_dataplane_router
 from gateway.control.http_app import create_control_app
 from gateway.control.model_control import ModelControl
 from gateway.control.probes import probe_forever
@@ -133,6 +134,7 @@ async def serve(
                       if settings.scheduler_url else None, warmup.residency)
     control_app = create_control_app(core, control, upstream_http, auth, warmup.lifecycle,
                                      routers=(feed_router(feed, auth),
+                                              create_dataplane_router(core, auth),
                                               create_console_router(console)),
                                      residency=warmup.residency)
     app = create_http_app(forwarder, control_app, upstream_http, auth,

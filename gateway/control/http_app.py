@@ -79,6 +79,53 @@ def create_control_app(core: Core, control: ModelControl, upstream: UpstreamHTTP
     for router in routers:  # more control-plane surfaces (the data-plane snapshot feed)
         app.include_router(router)
 
+    add_serving_routes(app, core, control, upstream, auth)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        await core.refresh_gauges()
+        return Response(core.metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v2/repository/index", dependencies=[admin])
+    async def repository_index(request: Request) -> Response:
+        body = repository_index_body(await request.body())
+        answers = await control.index(
+            lambda m: upstream.request(m, "POST", "/v2/repository/index", body,
+                                       {"content-type": "application/json"})
+        )
+        merged: dict[tuple[str, str], Any] = {}
+        for answer in answers:
+            if answer.status != 200:
+                return relay(answer)
+            for entry in json.loads(answer.body):
+                merged.setdefault((entry.get("name"), entry.get("version", "")), entry)
+        return JSONResponse(list(merged.values()))
+
+    for action in ("load", "unload"):
+        app.add_api_route(f"/v2/repository/models/{{model}}/{action}",
+                          _repository_route(control, upstream, action), methods=["POST"],
+                          name=f"repository_{action}", dependencies=[admin])
+
+    @app.post("/v1/models/{model}/batching", dependencies=[admin])
+    async def tune_batching(model: str, body: BatchingRequest) -> JSONResponse:
+        """Derive dynamic-batching settings from the SLO and measured batch latency, and
+        reload the model with them on every member that serves it."""
+        decision = await control.apply_batching(model, body.latency_slo_ms)
+        return JSONResponse({"model": model, **decision.__dict__,
+                             "dynamic_batching": decision.as_config()})
+
+    return app
+
+
+def add_serving_routes(app: FastAPI, core: Core, control: ModelControl,
+                       upstream: UpstreamHTTP, auth: TokenTable) -> None:
+    """The calls a data plane serves whether or not the control plane is up
+    (``gateway/policy/planes.py``): health and readiness (``core``'s view), server and
+    model metadata, readiness, config and statistics (asked of the members), shared
+    memory (refused); the gateway's errors answered from the one table. The control
+    plane's app has them, and so has a data-plane replica's own
+    (``gateway/replica.py``)."""
     @app.exception_handler(GatewayError)
     async def _on_gateway_error(_: Request, error: GatewayError) -> Response:
         return relay(UpstreamResponse(*error_answer(error)))
@@ -108,37 +155,11 @@ def create_control_app(core: Core, control: ModelControl, upstream: UpstreamHTTP
     async def server_metadata() -> Response:
         return relay(await upstream.request(core.state.any_member(), "GET", "/v2"))
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        await core.refresh_gauges()
-        return Response(core.metrics.render(),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
-
     for suffix in ("", "/versions/{version}"):
         base = "/v2/models/{model}" + suffix
         for tail in ("", "/ready", "/config", "/stats"):
             app.add_api_route(base + tail, _model_route(model_call), methods=["GET"],
                               name=f"model{tail.replace('/', '_')}{suffix and '_version'}")
-
-    @app.post("/v2/repository/index", dependencies=[admin])
-    async def repository_index(request: Request) -> Response:
-        body = repository_index_body(await request.body())
-        answers = await control.index(
-            lambda m: upstream.request(m, "POST", "/v2/repository/index", body,
-                                       {"content-type": "application/json"})
-        )
-        merged: dict[tuple[str, str], Any] = {}
-        for answer in answers:
-            if answer.status != 200:
-                return relay(answer)
-            for entry in json.loads(answer.body):
-                merged.setdefault((entry.get("name"), entry.get("version", "")), entry)
-        return JSONResponse(list(merged.values()))
-
-    for action in ("load", "unload"):
-        app.add_api_route(f"/v2/repository/models/{{model}}/{action}",
-                          _repository_route(control, upstream, action), methods=["POST"],
-                          name=f"repository_{action}", dependencies=[admin])
 
     @app.api_route("/v2/systemsharedmemory{rest:path}", methods=["GET", "POST"])
     @app.api_route("/v2/cudasharedmemory{rest:path}", methods=["GET", "POST"])
@@ -152,16 +173,6 @@ def create_control_app(core: Core, control: ModelControl, upstream: UpstreamHTTP
         raise Unsupported("shared memory is not supported through the gateway (the gateway "
                           "and Triton do not share memory with the client); send tensors "
                           "in the request")
-
-    @app.post("/v1/models/{model}/batching", dependencies=[admin])
-    async def tune_batching(model: str, body: BatchingRequest) -> JSONResponse:
-        """Derive dynamic-batching settings from the SLO and measured batch latency, and
-        reload the model with them on every member that serves it."""
-        decision = await control.apply_batching(model, body.latency_slo_ms)
-        return JSONResponse({"model": model, **decision.__dict__,
-                             "dynamic_batching": decision.as_config()})
-
-    return app
 
 
 def _model_route(model_call: Callable[[str, Request], Awaitable[Response]]

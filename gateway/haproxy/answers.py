@@ -48,21 +48,38 @@ LOCAL_ERRORS: dict[int, tuple[type[errors.GatewayError], str]] = {
 }
 
 
+# what a data-plane replica answers for a call to the control plane while it cannot be
+# reached (gateway/policy/planes.py): it names the control plane, never the members
+CONTROL_DOWN = ("the gateway's control plane cannot be reached now (the lifecycle API, the "
+                "console and the repository API wait for it; inference goes on)")
+CONTROL_ERRORS: dict[int, tuple[type[errors.GatewayError], str]] = {
+    502: (errors.Unavailable, CONTROL_DOWN),
+    503: (errors.Unavailable, CONTROL_DOWN),
+    504: (errors.Unavailable, "the gateway's control plane did not answer in time"),
+}
+
+
 def error_files() -> dict[str, str]:
     """One file per status HAProxy may produce; each answers with the error table's
-    status and code (a 502 from a broken member is the table's 503, say)."""
+    status and code (a 502 from a broken member is the table's 503, say). ``control_``
+    files: a replica's backends toward the control plane (:data:`CONTROL_ERRORS`)."""
     files = {}
-    for status, (error, message) in LOCAL_ERRORS.items():
-        body = '{"error": "' + message + '"}'
-        code = errors.http_status_of(error)
-        retry = "retry-after: 1\r\n" if code == 503 else ""
-        files[f"http-{status}.http"] = (
-            f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\ncontent-type: application/json\r\n"
-            f"{retry}content-length: {len(body)}\r\ncache-control: no-cache\r\n\r\n{body}"
-        )
-        files[f"grpc-{status}.http"] = (
-            "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
-            f"grpc-status: {errors.grpc_code_number(error)}\r\ngrpc-message: {message}\r\n"
-            "content-length: 0\r\n\r\n"
-        )
+    for prefix, table in (("", LOCAL_ERRORS), ("control_", {**LOCAL_ERRORS, **CONTROL_ERRORS})):
+        for status, (error, message) in table.items():
+            files[f"{prefix}http-{status}.http"] = _http_file(error, message)
+            files[f"{prefix}grpc-{status}.http"] = _grpc_file(error, message)
     return files
+
+
+def _http_file(error: type[errors.GatewayError], message: str) -> str:
+    body = '{"error": "' + message + '"}'
+    code = errors.http_status_of(error)
+    retry = "retry-after: 1\r\n" if code == 503 else ""
+    return (f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\ncontent-type: application/json\r\n"
+            f"{retry}content-length: {len(body)}\r\ncache-control: no-cache\r\n\r\n{body}")
+
+
+def _grpc_file(error: type[errors.GatewayError], message: str) -> str:
+    return ("HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
+            f"grpc-status: {errors.grpc_code_number(error)}\r\ngrpc-message: {message}\r\n"
+            "content-length: 0\r\n\r\n")

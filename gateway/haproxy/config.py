@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway import errors
-from gateway.haproxy.answers import LOCAL_ERRORS, grpc_return, http_return
+from gateway.haproxy.answers import CONTROL_ERRORS, LOCAL_ERRORS, grpc_return, http_return
 from gateway.haproxy.maps import MISS, NO_RATE, split
 from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Resident, Snapshot
 from gateway.policy import (
@@ -53,6 +53,7 @@ from gateway.policy import (
     deadline,
     model_name,
     parse_errors,
+    planes,
     rate,
     readiness,
     shape,
@@ -63,6 +64,8 @@ from gateway.policy.upstream import EJECT_AFTER_FAILURES, HEALTH_FALL, RETRIES
 from gateway.upstream.triton_version import grpc_mode
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+# a replica waits this long to reach the control plane before answering that it cannot
+CONTROL_CONNECT_S = 1
 # one line per inference request, to the control plane's datagram socket (telemetry.py).
 # %Ta is the request's own active time, from its first byte to the response's last: %Tt
 # would add the time a keep-alive connection sat idle before the request (%Ti), so a
@@ -146,10 +149,15 @@ def _defaults(layout: Layout) -> str:
 
 def _errors_sections(layout: Layout) -> str:
     lines = []
-    for proto in ("http", "grpc"):
-        lines.append(f"http-errors {proto}_errors")
-        lines += [f"  errorfile {s} {layout.run_dir / 'errors' / f'{proto}-{s}.http'}"
-                  for s in LOCAL_ERRORS]
+    sets = [("", LOCAL_ERRORS)]
+    if layout.local_http is not None:  # a replica: the control plane may be away
+        sets.append(("control_", {**LOCAL_ERRORS, **CONTROL_ERRORS}))
+    for prefix, table in sets:
+        for proto in ("http", "grpc"):
+            lines.append(f"http-errors {prefix}{proto}_errors")
+            lines += [f"  errorfile {s} "
+                      f"{layout.run_dir / 'errors' / f'{prefix}{proto}-{s}.http'}"
+                      for s in table]
     return "\n".join(lines) + "\n"
 
 
@@ -174,10 +182,12 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
         lines.append(f"  acl infer_path path {GRPC_INFER}")
         guard = "infer_path"
         model_fetch = f"req.body,bytes(5),protobuf({model_name.GRPC_MODEL_FIELD})"
-    lines += [
-        f"  http-request set-log-level silent unless {guard}",
-        f"  use_backend control_{proto} unless {guard}",
-    ]
+    python = _python_backend(layout, proto)
+    lines.append(f"  http-request set-log-level silent unless {guard}")
+    if layout.local_http is not None:  # a replica: the control plane's calls go there
+        lines += [f"  acl control_call {acl}" for acl in _control_acls(http)]
+        lines.append(f"  use_backend control_{proto} if control_call")
+    lines.append(f"  use_backend {python} unless {guard}")
     first: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
     if not http:
         # only as much of the body as the model name needs (streams must not wait)
@@ -209,21 +219,39 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
         lines.append("  http-after-response set-header content-type application/grpc "
                      "if { var(txn.model) -m found } !{ res.hdr(content-type) -m found }")
     if not http:
-        lines.append("  use_backend control_grpc if { var(txn.out) -m str too_large }")
-        lines.append("  use_backend control_grpc if { var(txn.detour) -m found }")
-    # a rollout's shadow step: its sampled share is the control plane's (it mirrors it)
-    lines.append(f"  use_backend control_{proto} if {{ var(txn.shadow) -m found }}")
+        lines.append(f"  use_backend {python} if {{ var(txn.out) -m str too_large }}")
+        lines.append(f"  use_backend {python} if {{ var(txn.detour) -m found }}")
+    # a rollout's shadow step: its sampled share is the Python forwarder's (it mirrors it;
+    # a replica's goes to the control plane's, which tallies the verdict, while it is up)
+    shadow = f"shadow_{proto}" if layout.local_http is not None else python
+    lines.append(f"  use_backend {shadow} if {{ var(txn.shadow) -m found }}")
     # a gRPC request pinned here goes to its backend's pin twin (_pin_backends)
     pinned = [] if http else [f"{{ var(txn.ver) -m found }} {{ var(txn.{v}) -m found }}"
                               for v in ("rb", "pool")]
     if snapshot.residents():
-        lines += [f"  use_backend control_{proto} if {{ var(txn.rb) -m str {MISS} }}",
+        lines += [f"  use_backend {python} if {{ var(txn.rb) -m str {MISS} }}",
                   *(f"  use_backend {proto}_%[var(txn.rb)]{PIN} if {cond}"
                     for cond in pinned[:1]),
                   f"  use_backend {proto}_%[var(txn.rb)] if {{ var(txn.rb) -m found }}"]
     lines += [f"  use_backend {proto}_%[var(txn.pool)]{PIN} if {cond}" for cond in pinned[1:]]
     lines.append(f"  use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}")
     return "\n".join(lines) + "\n"
+
+
+def _python_backend(layout: Layout, proto: str) -> str:
+    """The backend of the Python forwarder, for what HAProxy cannot route: a replica's
+    own (``local_``), else the control plane's process, which runs it too."""
+    return f"{'local' if layout.local_http is not None else 'control'}_{proto}"
+
+
+def _control_acls(http: bool) -> list[str]:
+    """``control_call``: a call that is the control plane's (gateway/policy/planes.py)."""
+    if not http:
+        return ["path " + " ".join(f"/{planes.GRPC_SERVICE}/{m}"
+                                   for m in planes.CONTROL_GRPC_METHODS)]
+    return ["path_beg " + " ".join(planes.CONTROL_HTTP_PREFIXES),
+            "path " + " ".join(planes.CONTROL_HTTP_PATHS),
+            f"path_reg {planes.CONTROL_HTTP_PATTERN}"]
 
 
 def _acls() -> list[str]:
@@ -670,20 +698,66 @@ def _tables(snapshot: Snapshot) -> str:
 
 
 def _control_backends(layout: Layout) -> str:
+    """The control plane's backends, and a replica's own Python forwarder's. On a
+    replica, a call to the control plane fails within a second while it is down, with
+    an answer that names it (``answers.CONTROL_ERRORS``), never retried elsewhere."""
+    if layout.local_http is None or layout.local_grpc is None:
+        return _python_backends("control", layout.control_http, layout.control_grpc,
+                                layout, ())
+    down = (f"  timeout connect {CONTROL_CONNECT_S}s", "  retries 0")
     return "\n".join([
-        "backend control_http",
-        "  errorfiles http_errors",
+        _python_backends("control", layout.control_http, layout.control_grpc, layout,
+                         down, "control_"),
+        _python_backends("local", layout.local_http, layout.local_grpc, layout, ()),
+        _shadow_backends(layout),
+    ])
+
+
+def _shadow_backends(layout: Layout) -> str:
+    """A replica's shadow share: to the control plane, whose forwarder mirrors it and
+    tallies the pairs its verdict reads; to the replica's own forwarder (a backup
+    server) once the control plane cannot be reached: the first connection refused marks
+    it down and the request is sent again there, so no user request fails for it (and
+    no verdict is taken while it is away)."""
+    assert layout.local_http is not None and layout.local_grpc is not None
+    check = ("check inter 1s fall 1 rise 1 observe layer4 error-limit 1 "
+             "on-error mark-down")
+    lines = []
+    for proto, control, local in (("http", layout.control_http, layout.local_http),
+                                  ("grpc", layout.control_grpc, layout.local_grpc)):
+        h2 = " proto h2" if proto == "grpc" else ""
+        lines += [
+            f"backend shadow_{proto}",
+            f"  errorfiles {proto}_errors",
+            "  option http-no-delay",
+            "  option redispatch 1",
+            "  retries 1",
+            "  retry-on conn-failure empty-response",
+            f"  timeout connect {CONTROL_CONNECT_S}s",
+            f"  server control {control}{h2} {check}",
+            f"  server local {local}{h2} backup",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _python_backends(name: str, http: str, grpc: str, layout: Layout,
+                     extra: tuple[str, ...], errors_prefix: str = "") -> str:
+    return "\n".join([
+        f"backend {name}_http",
+        f"  errorfiles {errors_prefix}http_errors",
         "  http-reuse always",
         # generate_stream's server-sent events: each chunk leaves when it arrives (else
         # HAProxy holds small chunks back for more data, a whole stream's worth)
         "  option http-no-delay",
-        f"  server control {layout.control_http}",
-        "backend control_grpc",
-        "  errorfiles grpc_errors",
+        *extra,
+        f"  server {name} {http}",
+        f"backend {name}_grpc",
+        f"  errorfiles {errors_prefix}grpc_errors",
         "  option http-no-delay",
         f"  timeout server {layout.stream_timeout_s}s",
         f"  timeout client {layout.stream_timeout_s}s",
-        f"  server control {layout.control_grpc} proto h2",
+        *extra,
+        f"  server {name} {grpc} proto h2",
         "",
     ])
 

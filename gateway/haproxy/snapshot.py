@@ -194,6 +194,12 @@ class Layout:
     grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO
     # HAProxy ``tune.*`` settings over config.TUNING's defaults: (key, value)
     tune: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    # a data-plane replica's own Python forwarder (gateway/replica.py), "127.0.0.1:PORT":
+    # what HAProxy cannot route, and every call that is not the control plane's
+    # (gateway/policy/planes.py), go there; None: the control plane's servers carry
+    # them (one process serves both, ``gateway serve``)
+    local_http: str | None = None
+    local_grpc: str | None = None
 
     @property
     def config_path(self) -> Path:

@@ -127,8 +127,17 @@ def _rollout() -> tuple[Snapshot, dict[str, object]]:
                                        shadow=20))), {}
 
 
+def _replica() -> tuple[Snapshot, dict[str, object]]:
+    """A data-plane replica (gateway/replica.py): what HAProxy cannot route, and every
+    call that is not the control plane's, to its own forwarder (backends ``local_``);
+    the control plane's calls fail within a second when it is away, saying so; the
+    shadow share to the control plane while it is up, else to the replica."""
+    snapshot, _ = _rollout()
+    return snapshot, {"local_http": "127.0.0.1:8090", "local_grpc": "127.0.0.1:8091"}
+
+
 CASES = {"open": _open, "gated": _gated, "versions": _versions, "tenants": _tenants,
-         "rollout": _rollout}
+         "rollout": _rollout, "replica": _replica}
 
 
 def _rendered(case: str, run_dir: Path) -> Rendered:

@@ -6,12 +6,9 @@ per model backend. The last test runs a real HAProxy in front of two HTTP server
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -32,13 +29,19 @@ from gateway.haproxy.snapshot import (
     TenancyState,
     TenantState,
     residency_suffix,
-    server_name,
     snapshot_from_dict,
     snapshot_to_dict,
     snapshot_version,
 )
 from gateway.telemetry import read_haproxy
-from tests.gateway.haproxy.conftest import haproxy_check, layout_in, member, snapshot
+from tests.gateway.haproxy.conftest import (
+    as_member,
+    haproxy_check,
+    layout_in,
+    member,
+    serving,
+    snapshot,
+)
 from tests.procs import wait_until
 
 A, B = member(9000).name, member(9010).name  # snapshot()'s pool main
@@ -218,71 +221,11 @@ def test_residency_config_passes_haproxy_check_when_written(tmp_path: Path) -> N
 
 # -- a real HAProxy in front of two HTTP servers and a stand-in control plane
 
-class _Member(ThreadingHTTPServer):
-    """Answers health checks, and every request with its own name; a request with
-    ``x-hold`` waits until ``release`` is set."""
-
-    daemon_threads = True
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.release = threading.Event()
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Member
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        self._answer()
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        if self.headers.get("x-hold"):
-            self.server.release.wait(30)
-        self._answer()
-
-    def _answer(self) -> None:
-        body = json.dumps({"by": self.server.name}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
-
-
-@contextlib.contextmanager
-def _serving(name: str) -> Iterator[_Member]:
-    server = _Member(name)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
-def _as_member(server: _Member) -> MemberState:
-    key = f"127.0.0.1:{server.port}"
-    return MemberState(server_name(key), "127.0.0.1", server.port, server.port, True)
-
-
 @pytest.mark.integration  # runs the real HAProxy: make test installs it
 def test_haproxy_routes_a_managed_model_to_its_holders_and_moves_them_live(
         tmp_path: Path) -> None:
-    with _serving("a") as a, _serving("b") as b, _serving("control") as control:
-        ma, mb = _as_member(a), _as_member(b)
+    with serving("a") as a, serving("b") as b, serving("control") as control:
+        ma, mb = as_member(a), as_member(b)
 
         def held(*holders: MemberState) -> Snapshot:
             names = tuple(m.name for m in holders)

@@ -1,19 +1,28 @@
 """The Kubernetes split on one machine, with real processes: one control plane, two
 data-plane replicas (HAProxy + agent each), two Triton members sharing one repository.
 An upload through replica A becomes routable through replica B without a restart;
-killing the control plane leaves both replicas serving; restarting it resumes."""
+killing the control plane leaves both replicas serving (inference, an open stream and
+new ones, health, metadata), its own calls answered at once saying it is away;
+restarting it resumes."""
 
 from __future__ import annotations
 
+import queue
 import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
-from converters.tiny import tiny_onnx
-from infergate.processes import run_agent
+from converters.tiny import TINY_WIDTH, tiny_onnx
+from gateway.haproxy.answers import CONTROL_DOWN
+from infergate.processes import AgentProcess, run_agent
 from infergate.triton.local import LocalTriton, free_port
 from tests.conftest import triton_settings
 from tests.gateway.conftest import tiny_infers_over_grpc
@@ -43,6 +52,51 @@ def _member_info(status_port: int) -> dict[tuple[str, str, str], float]:
     return {(s.labels["member"], s.labels["version"], s.labels["grpc_connections"]): s.value
             for family in text_string_to_metric_families(text)
             if family.name == "infergate_member_info" for s in family.samples}
+
+
+class _Stream:
+    """One open ``ModelStreamInfer`` stream of tritonclient through a gateway: each
+    :meth:`infers` sends ``x = 1`` to ``model`` on it and waits for its ``y``."""
+
+    def __init__(self, grpc_url: str, model: str) -> None:
+        self.model = model
+        self.answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.client = grpcclient.InferenceServerClient(grpc_url)
+        self.client.start_stream(callback=lambda result, error: self.answers.put(
+            (result, error)))
+
+    def infers(self) -> bool:
+        x = np.ones((1, TINY_WIDTH), np.float32)
+        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        self.client.async_stream_infer(self.model, [inp])
+        result, error = self.answers.get(timeout=10)
+        return error is None and bool(result.as_numpy("y")[0][0] == 3.0)
+
+    def close(self) -> None:
+        self.client.stop_stream()
+        self.client.close()
+
+
+def _serves_alone(agent: AgentProcess, model: str) -> None:
+    """What a replica serves by itself: health and readiness, server and model
+    metadata (HTTP and gRPC), a new stream."""
+    url = f"http://{agent.http_url}"
+    assert httpx.get(f"{url}/v2/health/ready").status_code == 200
+    assert httpx.get(f"{url}/v2").json()["name"] == "triton"
+    assert httpx.get(f"{url}/v2/models/{model}").json()["name"] == model
+    assert httpx.get(f"{url}/v2/models/{model}/ready").status_code == 200
+    client = grpcclient.InferenceServerClient(agent.grpc_url)
+    try:
+        assert client.is_server_ready() and client.is_model_ready(model)
+        assert client.get_model_metadata(model).name == model
+    finally:
+        client.close()
+    stream = _Stream(agent.grpc_url, model)
+    try:
+        assert stream.infers()
+    finally:
+        stream.close()
 
 
 def _infers(http_url: str, model: str) -> bool:
@@ -82,8 +136,12 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
                     (member.grpc_url, triton_version, "per_request"): 1.0
                     for member in (ea, eb)}
 
+            opened = _Stream(agent_a.grpc_url, "owned")  # a stream open across the loss
+            assert opened.infers()
             control.proc.send_signal(signal.SIGKILL)
             control.proc.wait(10)
+            assert opened.infers()  # it never went through the control plane
+            opened.close()
             # the snapshot may have moved since (a probe round measures the service time
             # of the requests above): each replica keeps the last one it had
             last = {agent.status_port: agent.status()["version"] for agent in (agent_a, agent_b)}
@@ -93,9 +151,21 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
                 assert agent.status()["version"] == last[agent.status_port] != ""
                 ready = httpx.get(f"http://127.0.0.1:{agent.status_port}/ready")
                 assert ready.status_code == 200  # the replica stays in its Service
+                _serves_alone(agent, "owned")
+            started = time.monotonic()
             down = httpx.get(f"http://{agent_a.http_url}/v1/jobs/{accepted['id']}",
                              headers=bearer("upload"))
-            assert down.status_code == 503 and "error" in down.json()  # its API, not ours
+            # the control plane's own call: at once, saying so (not blaming Triton)
+            assert time.monotonic() - started < 1.5
+            assert down.status_code == 503 and down.json()["error"] == CONTROL_DOWN
+            client = grpcclient.InferenceServerClient(agent_b.grpc_url)
+            try:
+                with pytest.raises(InferenceServerException) as refused:
+                    client.get_model_repository_index()
+            finally:
+                client.close()
+            assert refused.value.status() == "StatusCode.UNAVAILABLE"
+            assert refused.value.message() == CONTROL_DOWN
 
             with run_gateway(config, tmp_path, data_plane="python", ports=ports):
                 url_a = f"http://{agent_a.http_url}"

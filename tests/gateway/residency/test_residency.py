@@ -1,11 +1,13 @@
 """Residency on real Triton members, through both data planes: a miss loads its model
 and is served (HTTP and gRPC), the budget is never exceeded, an eviction under load
-loses no request, a failing load is answered clearly, and a restarted gateway preloads
-by the use it recorded."""
+loses no request, a failing load is answered clearly, a restarted gateway preloads
+by the use it recorded, and a data-plane replica holds its misses itself."""
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,8 @@ import yaml
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from converters.tiny import TINY_WIDTH, build_tiny_model
-from infergate.triton.local import LocalTriton, TritonEndpoints
+from infergate.processes import run_agent
+from infergate.triton.local import LocalTriton, TritonEndpoints, free_port
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import SteadyLoad, infer_body, stop
 from tests.procs import end_in_background, run_gateway, wait_until
@@ -265,3 +268,41 @@ def test_the_waiting_room_is_bounded_by_its_size_and_the_request_deadline(
         full = [a for a in answers if a.status_code == 503]
         assert full and all("waiting room" in a.json()["error"] for a in full)
         assert all("retry-after" in a.headers for a in full)
+
+
+def test_a_replica_serves_misses_and_says_so_at_once_without_its_control_plane(
+    repo: Path, members: list[TritonEndpoints], tmp_path: Path
+) -> None:
+    """The split layout (gateway/replica.py): a miss through a data-plane replica waits
+    in the replica, the control plane loads, the replica's snapshot routes it. With the
+    control plane killed, what is held is served and a miss is answered within a second
+    saying why; restarted, misses are served again."""
+    unload_all(members)
+    path = config(tmp_path / "gw.yaml", members)
+    ports = (free_port(), free_port())
+    with run_gateway(path, tmp_path, data_plane="python", ports=ports) as control, \
+            run_agent(control, tmp_path / "agent") as agent:
+        url = f"http://{agent.http_url}"
+        first = infer(url, "m0")
+        assert first.status_code == 200, first.text
+        assert LOAD_WAIT in first.headers  # held in the replica while it loaded
+        assert LOAD_WAIT in grpc_infer(agent.grpc_url, "m1")
+
+        control.proc.send_signal(signal.SIGKILL)
+        control.proc.wait(10)
+        assert infer(url, "m0").status_code == 200  # held: HAProxy routes it
+        assert LOAD_WAIT not in grpc_infer(agent.grpc_url, "m1")
+        started = time.monotonic()
+        miss = infer(url, "m2")
+        assert time.monotonic() - started < 1.0
+        assert miss.status_code == 503 and "control plane" in miss.json()["error"], miss.text
+        assert "retry-after" in miss.headers
+        with pytest.raises(grpc.RpcError) as refused:
+            grpc_infer(agent.grpc_url, "m3")
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "control plane" in (refused.value.details() or "")
+
+        with run_gateway(path, tmp_path, data_plane="python", ports=ports):
+            again = infer(url, "m2")
+            assert again.status_code == 200, again.text
+            assert LOAD_WAIT in grpc_infer(agent.grpc_url, "m3")

@@ -1,0 +1,132 @@
+"""A data-plane replica's own forwarder (gateway/replica.py): its state moved by
+snapshots alone, its tokens by digest, its misses asked of the control plane (an
+``httpx.MockTransport`` in its place)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from gateway.auth import Scope, token_digest
+from gateway.core import Core
+from gateway.errors import ModelNotFound, Unauthorized, Unavailable
+from gateway.haproxy.snapshot import MemberState, PoolState, RouteState, Snapshot, server_name
+from gateway.policy.rollout import Split
+from gateway.replica import ControlPlaneMisses, apply_snapshot, snapshot_tokens
+from tests.gateway.residency.fakes import MB, A, B, config
+
+A_NAME, B_NAME = server_name(A), server_name(B)
+
+
+def _core() -> Core:
+    return Core.for_config(config({"m": 30 * MB, "n": 30 * MB}, budget=100 * MB))
+
+
+def _members(a: bool = True, b: bool = True) -> tuple[PoolState, ...]:
+    return (PoolState("p", (MemberState(A_NAME, "127.0.0.1", 9000, 9001, a),
+                            MemberState(B_NAME, "127.0.0.1", 9010, 9011, b))),)
+
+
+def _snapshot(*routes: RouteState, a: bool = True, b: bool = True) -> Snapshot:
+    return Snapshot(pools=_members(a, b), routes=routes)
+
+
+def test_apply_snapshot_routes_as_the_control_plane_decided() -> None:
+    core = _core()
+    state = core.state
+    first = _snapshot(
+        RouteState("m", (("p", 1.0),), 24, holders=(("p", (A_NAME,)),), split=(1, 2, 30)),
+        RouteState("n", (("p", 1.0),), 24, not_ready="version 2 is loading", holders=()),
+        b=False)
+    apply_snapshot(state, first)
+    now = core.clock()
+    assert [m.available(now) for m in state.members()] == [True, False]
+    assert state.holders("m") == {A} and state.resident("m")
+    assert not state.resident("n")  # held nowhere: a miss
+    assert state.split_of("m") == Split(1, 2, 30)
+    assert state.not_ready_reason("n") == "version 2 is loading"
+    assert state.ready()  # a snapshot applied, a member of every pool available
+
+    second = _snapshot(RouteState("m", (("p", 1.0),), 24, holders=(("p", (A_NAME, B_NAME)),),
+                                  split=(1, 2, 0), shadow=20))
+    apply_snapshot(state, second, first)
+    assert all(m.available(core.clock()) for m in state.members())
+    assert state.holders("m") == {A, B}
+    shadow = state.shadow_of("m")
+    assert shadow is not None and (shadow.stable, shadow.candidate, shadow.percent) == (1, 2, 20)
+    assert state.not_ready_reason("n") is None  # its route is gone: nothing of it stays
+
+    apply_snapshot(state, _snapshot(RouteState("m", (("p", 1.0),), 24,
+                                               holders=(("p", (A_NAME,)),))), second)
+    assert state.split_of("m") is None and state.shadow_of("m") is None
+
+
+def test_snapshot_tokens_check_presented_tokens_by_digest() -> None:
+    snapshot = Snapshot(pools=(), tokens=(
+        (token_digest("s3cret-admin").hex(), "admin;ops"),
+        (token_digest("s3cret-app").hex(), "predict;app")), predict_gated=True)
+    table = snapshot_tokens(snapshot)
+    assert table.require("s3cret-app", Scope.PREDICT).name == "app"
+    assert table.require("s3cret-admin", Scope.UPLOAD).name == "ops"  # admin holds all
+    with pytest.raises(Unauthorized):
+        table.require("guess", Scope.PREDICT)
+
+
+def _misses(core: Core, handler: httpx.MockTransport) -> ControlPlaneMisses:
+    client = httpx.AsyncClient(transport=handler)
+    misses = ControlPlaneMisses(core.state, client, "127.0.0.1:1", "tok")
+    core.state.on_miss(misses)
+    return misses
+
+
+async def test_miss_answered_at_once_when_the_control_plane_cannot_be_reached() -> None:
+    core = _core()
+    apply_snapshot(core.state, _snapshot(RouteState("m", (("p", 1.0),), 24, holders=())))
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    _misses(core, httpx.MockTransport(refused))
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match="control plane, which loads it, cannot be reached"):
+        await core.state.wait_resident("m", 15.0)
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize(("status", "error"), [(503, Unavailable), (404, ModelNotFound)])
+async def test_miss_relays_the_control_planes_answer_when_it_refuses(
+        status: int, error: type[Exception]) -> None:
+    core = _core()
+    apply_snapshot(core.state, _snapshot(RouteState("m", (("p", 1.0),), 24, holders=())))
+    _misses(core, httpx.MockTransport(lambda request: httpx.Response(
+        status, json={"error": "the waiting room says why"}, headers={"retry-after": "3"})))
+    with pytest.raises(error, match="the waiting room says why") as raised:
+        await core.state.wait_resident("m", 15.0)
+    if status == 503:
+        assert raised.value.retry_after_s == 3.0  # type: ignore[attr-defined]
+
+
+async def test_miss_served_once_this_replicas_snapshot_names_a_holder() -> None:
+    core = _core()
+    empty = _snapshot(RouteState("m", (("p", 1.0),), 24, holders=()))
+    apply_snapshot(core.state, empty)
+    asked: list[httpx.Request] = []
+
+    def loaded(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        return httpx.Response(200, json={"model": "m", "holders": [A]})
+
+    misses = _misses(core, httpx.MockTransport(loaded))
+    waiting = asyncio.ensure_future(core.state.wait_resident("m", 5.0))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # the control plane holds it, our snapshot not yet
+    apply_snapshot(core.state, _snapshot(RouteState("m", (("p", 1.0),), 24,
+                                                    holders=(("p", (A_NAME,)),))), empty)
+    misses.snapshot_applied()
+    await asyncio.wait_for(waiting, 1.0)
+    assert asked[0].url.path == "/v1/dataplane/misses/m"
+    assert asked[0].url.params["wait"] == "5.000"
+    assert asked[0].headers["authorization"] == "Bearer tok"
