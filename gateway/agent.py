@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -48,8 +49,10 @@ from gateway.embedded import EmbeddedServer
 from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.snapshot import (
+    LEASE_S,
     Layout,
     Snapshot,
+    fail_safe,
     snapshot_from_dict,
     snapshot_to_dict,
     snapshot_version,
@@ -62,6 +65,7 @@ from gateway.telemetry import HAProxyCounts, Telemetry, read_haproxy
 from gateway.upstream.triton_version import GrpcReuse, VersionWatch
 
 log = logging.getLogger(__name__)
+LEASE_CHECK_S = 1.0  # how often the rollouts' leases are looked at
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,9 @@ class Agent:
         self.activity = TenantActivity()
         self._active: dict[str, frozenset[str]] = {}  # pool -> tenants, as last applied
         self.control_plane_seen_at: float | None = None
+        # (the control plane's clock, ours) at its last snapshot: the leases' clock
+        self._control_clock: tuple[float, float] | None = None
+        self.routed_version = ""  # what HAProxy and the forwarder route by (fail_safe)
         self._receiver = LogReceiver(self.layout.log_socket, RequestLog(self.metrics))
         # what this replica does with each member's gRPC connections (its own setting
         # over the versions the control plane read)
@@ -145,6 +152,8 @@ class Agent:
             return None
         resp.raise_for_status()
         body = resp.json()
+        if "now" in body:  # the control plane's clock, which its rollouts' leases are on
+            self._control_clock = (float(body["now"]), time.monotonic())
         snapshot = snapshot_from_dict(body["snapshot"])
         if snapshot_version(snapshot) != body["version"]:
             raise ValueError("snapshot does not match its version")
@@ -260,20 +269,52 @@ class Agent:
         self._active = {p.name: self.activity.active(p.name, now) for p in snapshot.pools}
         return replace(snapshot, tenancy=snapshot.tenancy.with_shares(self._active))
 
+    def control_now(self) -> float:
+        """The control plane's clock as this replica estimates it: its last snapshot's
+        ``now`` plus what our monotonic clock counted since (the skew between the two
+        machines cancels); ``inf`` before any (started on the saved snapshot)."""
+        if self._control_clock is None:
+            return math.inf
+        at, seen = self._control_clock
+        return at + time.monotonic() - seen
+
+    def _routed(self, snapshot: Snapshot) -> Snapshot:
+        """What to route by: ``snapshot`` with every rollout whose lease ran out moved to
+        stable (canaries fail safe while the control plane is away)."""
+        routed = fail_safe(snapshot, self.control_now())
+        if routed is not snapshot and self.routed_version != snapshot_version(routed):
+            stale = [r.model for r in snapshot.routes if r not in routed.routes]
+            log.warning("agent: no verdict from the control plane for %.0f s: %s served by "
+                        "stable alone", LEASE_S, ", ".join(stale) or "the default route")
+        return routed
+
     async def _apply(self, snapshot: Snapshot) -> None:
         self.received = snapshot
+        routed = self._routed(snapshot)
         if self.replica is not None:
-            self.replica.follow(snapshot)
+            self.replica.follow(routed)
         try:
-            how = await self.proxy.amove(self._localized(snapshot))
+            how = await self.proxy.amove(self._localized(routed))
         except Exception:  # noqa: BLE001 - keep routing on the last good snapshot
             log.exception("agent: HAProxy refused snapshot %s", snapshot_version(snapshot))
             await asyncio.sleep(self.settings.retry_s)
             return
         await asyncio.to_thread(self._save, snapshot)
-        self.version = snapshot_version(snapshot)
+        self.version = snapshot_version(snapshot)  # what the feed sent: what we report
+        self.routed_version = snapshot_version(routed)
         self._note_versions(snapshot)
         log.info("agent: routing on snapshot %s (%s)", self.version, how)
+
+    async def _watch_leases(self) -> None:
+        """Every second: a rollout whose lease ran out meanwhile moves to stable (no
+        snapshot arrives when the control plane is gone, which is when it matters)."""
+        while True:
+            await asyncio.sleep(LEASE_CHECK_S)
+            received = self.received
+            if received is not None and \
+                    snapshot_version(fail_safe(received, self.control_now())) != \
+                    self.routed_version:
+                await self._apply(received)
 
     # -- its own status port -----------------------------------------------------------
     def status_app(self) -> FastAPI:
@@ -318,11 +359,13 @@ class Agent:
             self.replica = await self._start_replica(client)
             snapshot = await self.first_snapshot(client)
             self.received = snapshot
-            self.replica.follow(snapshot)
+            routed = self._routed(snapshot)
+            self.replica.follow(routed)
             self._receiver.start()
-            await asyncio.to_thread(self.proxy.start, self._localized(snapshot))
+            await asyncio.to_thread(self.proxy.start, self._localized(routed))
             await asyncio.to_thread(self._save, snapshot)
             self.version = snapshot_version(snapshot)
+            self.routed_version = snapshot_version(routed)
             self._note_versions(snapshot)
             status = EmbeddedServer(uvicorn.Config(
                 self.status_app(), host=self.settings.host, port=self.settings.status_port,
@@ -330,6 +373,7 @@ class Agent:
             tasks: list[asyncio.Task[Any]] = [
                 asyncio.create_task(self._follow(client), name="follow"),
                 asyncio.create_task(self._observe(), name="observe"),
+                asyncio.create_task(self._watch_leases(), name="leases"),
                 asyncio.create_task(status.serve(), name="status"),
             ]
             log.warning("infergate data-plane agent: HTTP %s gRPC %s, control plane %s, "
@@ -339,8 +383,8 @@ class Agent:
                 await stop.wait()
             finally:
                 status.should_exit = True
-                tasks[0].cancel()
-                tasks[1].cancel()
+                for task in tasks[:3]:
+                    task.cancel()
                 # HAProxy drains and stops while the forwarder still serves what it sends
                 await asyncio.gather(
                     asyncio.to_thread(self.proxy.process.stop, self.settings.drain_timeout_s),

@@ -57,6 +57,8 @@ class GatewayState:
         self._tenancy: Tenancy | None = None
         self._splits: dict[str, Split] = {}
         self._shadows: dict[str, Shadow] = {}
+        # model -> its rollout's last verdict, epoch seconds (the split's lease)
+        self._verdicts: dict[str, float] = {}
         # models of pools with residency: the member keys that hold each and may take its
         # requests (absent: none, a miss)
         self._holders: dict[str, frozenset[str]] = {}
@@ -185,6 +187,11 @@ class GatewayState:
     def splits(self) -> Mapping[str, Split]:
         return self._splits
 
+    def verdict_at(self, model: str) -> float | None:
+        """When the rollout of ``model`` last took a verdict (epoch seconds), while it
+        holds a lease (None: none): the lease the snapshot publishes with the split."""
+        return self._verdicts.get(model)
+
     @property
     def tenancy(self) -> Tenancy | None:
         """Tenants and priority classes (None: admission per model only)."""
@@ -241,9 +248,21 @@ class GatewayState:
         (the rollout's one call; None: no split, Triton's own choice)."""
         if split is None:
             self._splits.pop(model, None)
+            self._verdicts.pop(model, None)  # no split, no lease
         else:
             self._splits[model] = split
         self._changed()
+
+    def note_verdict(self, model: str, at: float | None) -> None:
+        """The rollout of ``model`` took a verdict at ``at`` (epoch seconds): its lease
+        runs from then (:func:`gateway.haproxy.snapshot.fail_safe`); None: it holds no
+        lease (its share is no longer under judgement). Every verdict (every tick of
+        the rollout) lands here, without telling the watchers: nothing the Python
+        forwarder routes by changes, and a snapshot reads it on its own grid."""
+        if at is None:
+            self._verdicts.pop(model, None)
+        else:
+            self._verdicts[model] = at
 
     def shadow_of(self, model: str) -> Shadow | None:
         """The model's shadow step while it runs (None: none)."""

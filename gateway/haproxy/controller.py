@@ -30,6 +30,7 @@ from gateway.haproxy.snapshot import (
     Snapshot,
     TenancyState,
     TenantState,
+    published_lease,
     residency_suffix,
     server_name,
 )
@@ -136,7 +137,17 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
                                                    if m.key in holders and m.healthy
                                                    and not m.restoring)))
                           for pool in pools),
-                      shadow=None if shadow is None else shadow.percent)
+                      shadow=None if shadow is None else shadow.percent,
+                      verdict_at=_lease(state, model))
+
+
+def _lease(state: GatewayState, model: str) -> float | None:
+    """The rollout's lease, while its candidate has a share (a split above 0 % or a
+    shadow step), on the published grid: the snapshot changes once per LEASE_STEP_S
+    while verdicts come every tick."""
+    split, shadow, at = state.split_of(model), state.shadow_of(model), state.verdict_at(model)
+    share = (split is not None and split.percent > 0) or (shadow is not None and shadow.percent)
+    return published_lease(at) if share and at is not None else None
 
 
 @dataclass

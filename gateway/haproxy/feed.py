@@ -5,14 +5,36 @@ Replicas long-poll ``GET /v1/dataplane/snapshot?have=<version>&agent=<id>``: the
 comes as soon as the snapshot differs from ``have`` (or after ``wait`` seconds with
 304). Each poll also says which version that replica has applied, so a lifecycle step
 can wait (bounded) until every live replica routes by what it just changed.
+
+The answer (200) is ``{"version", "snapshot", "now"}``: ``now`` is the control plane's
+clock when it answered, epoch seconds, the clock a rollout's lease is written in
+(:attr:`RouteState.verdict_at`). A replica judges a lease's age in that clock
+(:func:`gateway.haproxy.snapshot.fail_safe`): ``now`` plus what its own monotonic clock
+counted since, never its own wall clock, so clock skew between the machines does not
+count. ``now`` is not part of the snapshot or its version.
+
+The replicas the feed knows outlive a restart of the control plane: their ids and when
+each last polled are kept in the lifecycle's state folder (``dataplane-agents.json``).
+A restarted control plane must not decide too early that no replica exists: the first
+thing it settles is an interrupted rollout's split back to stable, before the candidate
+is unloaded, and a replica not waited for would send its share to a version gone. Why a
+file rather than waiting one poll interval for replicas to check in: the file says
+*which* replicas to wait for, so :meth:`SnapshotFeed.settle` waits until each of them
+has the new snapshot, not only the first to poll, and a control plane that never had
+replicas (a single node) waits for nobody at start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
@@ -23,8 +45,13 @@ from gateway.core import Core
 from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.snapshot import Snapshot, snapshot_to_dict, snapshot_version
 
+log = logging.getLogger(__name__)
 POLL_S = 0.1
-LIVE_AGENT_S = 10.0  # a replica that polled within this long counts as live
+MAX_WAIT_S = 30.0  # the longest long-poll the feed holds
+LIVE_AGENT_S = 10.0  # a replica that polled within this long (or polls now) counts as live
+AGENTS_FILE = "dataplane-agents.json"  # in the lifecycle's state folder
+SAVE_EVERY_S = 5.0  # the replicas' last polls are written at most this often (and new ones)
+MAX_AGENTS = 1000
 
 
 @dataclass
@@ -34,16 +61,51 @@ class SnapshotFeed:
     settle_timeout_s: float = 5.0
     clock: Callable[[], float] = time.monotonic
     agents: dict[str, tuple[str, float]] = field(default_factory=dict)  # id -> (have, seen)
+    wall_clock: Callable[[], float] = time.time  # ``now`` in answers; the file's times
+    # where the known replicas are kept (None: the lifecycle's state folder, when the
+    # gateway has a lifecycle; else nowhere)
+    agents_path: Path | None = None
+    _polling: dict[str, int] = field(default_factory=dict, init=False)  # open long polls
+    _polled: dict[str, float] = field(default_factory=dict, init=False)  # id -> wall time
+    _written: float = field(default=float("-inf"), init=False)
+
+    def __post_init__(self) -> None:
+        lifecycle = self.core.state.config.lifecycle
+        if self.agents_path is None and lifecycle is not None:
+            self.agents_path = lifecycle.state_dir / AGENTS_FILE
+        self._restore()
 
     def current(self) -> tuple[str, Snapshot]:
         snapshot = snapshot_of(self.core.state, self.auth, self.core.clock())
         return snapshot_version(snapshot), snapshot
 
     def saw(self, agent: str, have: str) -> None:
+        """``agent`` polled, having applied version ``have``."""
+        new = agent not in self.agents
         self.agents[agent] = (have, self.clock())
-        if len(self.agents) > 1000:  # bounded: forget the longest silent
+        self._polled[agent] = now = self.wall_clock()
+        if len(self.agents) > MAX_AGENTS:  # bounded: forget the longest silent
             oldest = min(self.agents, key=lambda a: self.agents[a][1])
             del self.agents[oldest]
+            self._polled.pop(oldest, None)
+        if new or now - self._written >= SAVE_EVERY_S:
+            self._save(now)
+
+    @contextlib.contextmanager
+    def polling(self, agent: str, have: str) -> Iterator[None]:
+        """One long poll of ``agent``: seen at its start and at its end, and live all
+        along (a replica waits up to MAX_WAIT_S in a poll, longer than LIVE_AGENT_S)."""
+        self.saw(agent, have)
+        self._polling[agent] = self._polling.get(agent, 0) + 1
+        try:
+            yield
+        finally:
+            if self._polling[agent] <= 1:
+                del self._polling[agent]
+            else:
+                self._polling[agent] -= 1
+            if agent in self.agents:
+                self.saw(agent, self.agents[agent][0])
 
     async def next_after(self, have: str, wait_s: float) -> tuple[str, Snapshot] | None:
         """The snapshot once it differs from ``have``; None after ``wait_s``."""
@@ -57,16 +119,74 @@ class SnapshotFeed:
             await asyncio.sleep(POLL_S)
 
     async def settle(self) -> None:
-        """Until every live replica has applied the current snapshot (bounded)."""
+        """Until every live replica has applied the current snapshot (bounded; the
+        replicas still behind then are named in the log)."""
         deadline = self.clock() + self.settle_timeout_s
-        while self.clock() < deadline:
-            version, _ = self.current()
-            now = self.clock()
-            behind = [a for a, (have, seen) in self.agents.items()
-                      if now - seen <= LIVE_AGENT_S and have != version]
+        while True:
+            behind = self.behind()
             if not behind:
                 return
+            if self.clock() >= deadline:
+                log.warning("data-plane replicas %s have not applied the current snapshot "
+                            "after %.0f s: going on", ", ".join(sorted(behind)),
+                            self.settle_timeout_s)
+                return
             await asyncio.sleep(POLL_S)
+
+    def behind(self) -> list[str]:
+        """The live replicas that have not applied the current snapshot."""
+        version, _ = self.current()
+        now = self.clock()
+        return [a for a, (have, seen) in self.agents.items()
+                if have != version and (a in self._polling or now - seen <= LIVE_AGENT_S)]
+
+    # -- the known replicas, across restarts ------------------------------------------------
+    def _restore(self) -> None:
+        """The replicas the previous process knew and heard of last (within
+        LIVE_AGENT_S + MAX_WAIT_S of the last poll it wrote: one in a long poll was last
+        written at its start): each is expected back, as if it had polled just now with
+        no version, so :meth:`settle` waits for it until it polls with the current
+        one, or LIVE_AGENT_S passes without a poll (a replica gone meanwhile costs the
+        first settles one bounded wait)."""
+        if self.agents_path is None:
+            return
+        try:
+            saved = json.loads(self.agents_path.read_text())["agents"]
+            polled = {str(a): float(t) for a, t in saved.items()}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("%s: unreadable (%r): no data-plane replica is expected",
+                        self.agents_path, exc)
+            return
+        last = max(polled.values(), default=0.0)
+        expected = sorted(a for a, t in polled.items()
+                          if last - t <= LIVE_AGENT_S + MAX_WAIT_S)[:MAX_AGENTS]
+        now, wall = self.clock(), self.wall_clock()
+        for agent in expected:  # on file until silent for as long as any other
+            self.agents.setdefault(agent, ("", now))
+            self._polled[agent] = wall
+        if expected:
+            log.warning("expecting %d data-plane replica(s) known before the restart: %s",
+                        len(expected), ", ".join(expected))
+
+    def _save(self, now: float) -> None:
+        """The replicas heard of lately, written whole and atomically (a rename): a few
+        hundred bytes, when a replica first polls, else at most once per SAVE_EVERY_S."""
+        self._written = now
+        if self.agents_path is None:
+            return
+        recent = {a: t for a, t in self._polled.items()
+                  if now - t <= LIVE_AGENT_S + MAX_WAIT_S or a in self._polling}
+        temporary = self.agents_path.with_name(f".{self.agents_path.name}.tmp")
+        try:
+            self.agents_path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({"agents": recent}, sort_keys=True))
+            os.replace(temporary, self.agents_path)
+        except OSError as exc:  # the feed serves on; only a restart's wait is at stake
+            log.warning("%s: not written: %r", self.agents_path, exc)
+            with contextlib.suppress(OSError):
+                temporary.unlink()
 
 
 def feed_router(feed: SnapshotFeed, auth: TokenTable) -> APIRouter:
@@ -74,16 +194,17 @@ def feed_router(feed: SnapshotFeed, auth: TokenTable) -> APIRouter:
 
     @router.get("/v1/dataplane/snapshot", dependencies=[Depends(requires(auth, Scope.ADMIN))])
     async def snapshot(have: str = "", agent: str = "",
-                       wait: float = Query(0.0, ge=0.0, le=30.0)) -> Response:
+                       wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S)) -> Response:
         """The data-plane snapshot (versioned by content); long-polls up to ``wait``
-        seconds for one newer than ``have``."""
-        if agent:
-            feed.saw(agent[:128], have)
-        found = await feed.next_after(have, wait)
+        seconds for one newer than ``have``. ``now``: the control plane's clock when it
+        answered (epoch seconds), for the replica to age rollout leases in."""
+        with feed.polling(agent[:128], have) if agent else contextlib.nullcontext():
+            found = await feed.next_after(have, wait)
         if found is None:
             return Response(status_code=304)
         version, current = found
-        return JSONResponse({"version": version, "snapshot": snapshot_to_dict(current)},
+        return JSONResponse({"version": version, "snapshot": snapshot_to_dict(current),
+                             "now": feed.wall_clock()},
                             headers={"ETag": f'"{version}"'})
 
     return router

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -70,6 +71,18 @@ class RouteState:
     # a rollout's shadow step: the percent of unversioned requests HAProxy hands to the
     # control plane, whose forwarder answers them from stable and mirrors them
     shadow: int | None = None
+    # the lease of a rollout that gives the candidate a share (a split above 0 % or a
+    # shadow step): when the control plane last took a verdict on it, epoch seconds of
+    # its clock, published on a LEASE_STEP_S grid (:func:`published_lease`); None
+    # otherwise. A replica that sees it grow older than LEASE_S moves the model's
+    # traffic to stable (:func:`fail_safe`)
+    verdict_at: float | None = None
+
+    @property
+    def candidate_share(self) -> bool:
+        """Whether the candidate of a rollout answers any unversioned request here: a
+        split above 0 %, or a shadow step's mirrors."""
+        return (self.split is not None and self.split[2] > 0) or bool(self.shadow)
 
 
 @dataclass(frozen=True)
@@ -266,7 +279,8 @@ def snapshot_from_dict(data: Any) -> Snapshot:
                           tuple((str(p), int(us), int(q)) for p, us, q in r.get("service", ())),
                           None if holders is None else tuple(
                               (str(p), tuple(str(n) for n in names)) for p, names in holders),
-                          None if r.get("shadow") is None else int(r["shadow"]))
+                          None if r.get("shadow") is None else int(r["shadow"]),
+                          None if r.get("verdict_at") is None else float(r["verdict_at"]))
 
     def rate(r: Any) -> RateClass | None:
         return None if r is None else RateClass(float(r["rate_per_s"]), float(r["burst"]))
@@ -311,3 +325,60 @@ def snapshot_version(snapshot: Snapshot) -> str:
     canonical = snapshot_to_dict(snapshot_from_dict(snapshot_to_dict(snapshot)))  # 1 == 1.0
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- a rollout's lease: canaries that fail safe -------------------------------------------
+LEASE_S = 15.0  # a replica sends a candidate's share to stable once its lease is this old
+# the published lease moves on this grid: while a rollout judges, the snapshot (and each
+# replica's copy) changes once per LEASE_STEP_S, not at every verdict (every 0.25 s)
+LEASE_STEP_S = 5.0
+
+
+def published_lease(verdict_at: float) -> float:
+    """A verdict's time as a snapshot carries it: rounded down to the LEASE_STEP_S grid.
+    Rounding down errs towards safety: a published lease reads older than the verdict,
+    never younger, so a replica fails safe at most ``LEASE_S`` after the last verdict,
+    and a live control plane's lease is at most ``LEASE_STEP_S`` old when published."""
+    return math.floor(verdict_at / LEASE_STEP_S) * LEASE_STEP_S
+
+
+def fail_safe(snapshot: Snapshot, now: float, lease_s: float = LEASE_S) -> Snapshot:
+    """``snapshot`` with every route whose rollout lease is older than ``lease_s`` at
+    ``now`` moved to stable: the split pinned to stable at 0 % (as a recovered rollout
+    is, so requests that name either version still get it) and no shadow step. The same
+    object when every lease is fresh, so ``fail_safe(s, now) is s`` says nothing moved.
+
+    Only routes that give a candidate a share carry a lease
+    (:attr:`RouteState.candidate_share`); a share without one is left as it is: a
+    promotion under way (stable may be unloading, the candidate is the verdict), or a
+    control plane older than leases.
+
+    How a data-plane replica calls it: keep each snapshot as the feed sent it, and route
+    by ``fail_safe(received, now)``, checked on a timer (every second, say), not only
+    when a snapshot arrives: a gone control plane is exactly when none arrives. When the
+    result differs from what HAProxy runs, move HAProxy to it (runtime map changes, no
+    reload). ``now`` is the control plane's clock, as the replica estimates it: the
+    ``now`` of the feed's last 200 answer (``GET /v1/dataplane/snapshot``, epoch seconds
+    on the control plane when it answered) plus what the replica's own monotonic clock
+    counted since that answer arrived. Not the replica's wall clock: the lease and
+    ``now`` come from one clock, so the skew between the two machines cancels, and only
+    the replica's drift over the outage counts. A replica with no answer yet (started
+    from its saved snapshot while the control plane is down) has no estimate and passes
+    ``math.inf``: every leased share goes to stable."""
+    routes = tuple(_stable_if_stale(r, now, lease_s) for r in snapshot.routes)
+    default = snapshot.default_route
+    if default is not None:
+        default = _stable_if_stale(default, now, lease_s)
+    if default is snapshot.default_route and \
+            all(a is b for a, b in zip(routes, snapshot.routes, strict=True)):
+        return snapshot
+    return replace(snapshot, routes=routes, default_route=default)
+
+
+def _stable_if_stale(route: RouteState, now: float, lease_s: float) -> RouteState:
+    if not route.candidate_share or route.verdict_at is None or \
+            now - route.verdict_at <= lease_s:
+        return route
+    split = route.split
+    return replace(route, split=None if split is None else (split[0], split[1], 0),
+                   shadow=None)

@@ -25,7 +25,7 @@ from gateway.lifecycle.service import ModelLifecycle
 from gateway.lifecycle.warmup.deploy import Deployer
 from gateway.lifecycle.warmup.keepwarm import KeepWarm
 from gateway.lifecycle.warmup.plan import ConfiguredLoader, ModelLoader, WarmupPlan
-from gateway.lifecycle.warmup.preload import Preloader
+from gateway.lifecycle.warmup.preload import Preloader, ServedNow, ServedOnMembers
 from gateway.lifecycle.warmup.rollout import Rollouts
 from gateway.pools import PoolMember
 from gateway.residency.manager import Residency, build_residency
@@ -47,11 +47,13 @@ class Warmup:
     lifecycle: ModelLifecycle | None = None
     # which models each member holds, in pools with a memory budget (gateway.residency)
     residency: Residency | None = None
+    # which preloaded models the members serve already: not marked not ready at start
+    served: ServedNow | None = None
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     preloader: Preloader = field(init=False)
 
     def __post_init__(self) -> None:
-        self.preloader = Preloader(self.core, self.loader.preload_one)
+        self.preloader = Preloader(self.core, self.loader.preload_one, served=self.served)
 
     async def restore_member(self, member: PoolMember) -> None:
         """Reload what a member that came back empty must serve (see probes.py); in a
@@ -117,14 +119,19 @@ def build_warmup(config: GatewayConfig, core: Core, admin: MemberAdmin) -> Warmu
     if config.lifecycle is None:
         loader = ConfiguredLoader(core, admin, plan)
         return Warmup(core, plan, loader, keepwarm,
-                      residency=build_residency(config, core, admin, loader.restore_one))
+                      residency=build_residency(config, core, admin, loader.restore_one),
+                      served=ServedOnMembers(core, admin))
     lifecycle = build_lifecycle(config.lifecycle, config, core, admin,
                                 on_version_changed=keepwarm.forget)
-    lifecycle.recover()  # explicit, at start-up, before any request is served
+    # explicit, at start-up, before any request is served: an interrupted rollout's
+    # split is pinned to stable here; its candidate goes in the preload, once every
+    # data plane routes by that (ModelLifecycle.preload_one)
+    lifecycle.recover()
     plan = lifecycle.catalog.plan
     residency = build_residency(config, core, admin, lifecycle.restore_one)
     lifecycle.deployer.placement = residency
-    return Warmup(core, plan, lifecycle, keepwarm, lifecycle, residency=residency)
+    return Warmup(core, plan, lifecycle, keepwarm, lifecycle, residency=residency,
+                  served=ServedOnMembers(core, admin, lifecycle.serving_version))
 
 
 def build_lifecycle(spec: LifecycleSpec, config: GatewayConfig, core: Core,

@@ -47,10 +47,18 @@ class ModelLifecycle:
 
     def recover(self) -> None:
         """At start-up, before any request: jobs a previous process left running are
-        reported failed and their traces removed; models go back to their pools."""
+        reported failed and their traces removed; models go back to their pools.
+        Interrupted rollouts first: their split pins stable before any data plane asks
+        this process for a snapshot; their candidate is unloaded by the preload, once
+        every data plane routes by that (:meth:`preload_one`)."""
         self.rollouts.recover()  # pinned to stable until preloading serves it alone
         self.jobs.recover()
         self.catalog.reassign_pools()
+
+    def serving_version(self, model: str) -> int | None:
+        """The version ``model`` serves by its record (None: none, or not managed)."""
+        record = self.catalog.store.model(model)
+        return record.serving_version if record is not None else None
 
     # -- admin -----------------------------------------------------------------------------
     async def rollback(self, name: str, version: int | None) -> str:
@@ -89,6 +97,9 @@ class ModelLifecycle:
     async def preload_one(self, model: str) -> None:
         record = self.catalog.store.model(model)
         if record is not None and record.serving_version is not None:
+            # an interrupted rollout's candidate goes (the activation below loads stable
+            # alone) only once every data plane routes the model to stable
+            await self.rollouts.until_stable(model)
             async with self.deployer.lock(model):
                 await self.deployer.activate(model, record.serving_version,
                                              self.catalog.warm_batches(model))

@@ -48,6 +48,7 @@ from gateway.lifecycle.records.jobs import (
     with_step,
 )
 from gateway.lifecycle.warmup.deploy import Deployer
+from gateway.lifecycle.warmup.rollout import INTERRUPTED as ROLLOUT_INTERRUPTED
 from gateway.lifecycle.warmup.rollout import Rollouts
 from gateway.policy.rollout import effective
 
@@ -84,10 +85,12 @@ class JobRunner:
 
     # -- start-up ----------------------------------------------------------------------------
     def recover(self) -> None:
-        """Jobs a previous process left running are reported failed, and whatever they
-        left behind (a version published but never served, staging, upload folders) is
-        removed."""
-        for job_id in self.store.fail_interrupted(RESTART_REASON):
+        """Jobs a previous process left running are reported failed (a conversion's
+        worker died with it; a rollout was interrupted: each says which), and whatever
+        they left behind (a version published but never served, staging, upload
+        folders) is removed."""
+        for job_id in self.store.fail_interrupted(RESTART_REASON,
+                                                  {"rolling_out": ROLLOUT_INTERRUPTED}):
             self._recover(self.store.job(job_id))
         for incoming in (self.spec.state_dir / "jobs").glob(f"{INCOMING}*"):
             shutil.rmtree(incoming, ignore_errors=True)  # a form body cut by the stop

@@ -9,7 +9,8 @@ deleted) keeps its record with that final state and why (:meth:`LifecycleStore.e
 
 A restarted gateway reads them back: finished and failed jobs are reported as they
 ended; a job that was still running when the gateway died is marked failed with that
-reason (:meth:`LifecycleStore.fail_interrupted`), since its worker died with it.
+reason (:meth:`LifecycleStore.fail_interrupted`): its worker died with it, or, for a
+rollout, the rollout was interrupted.
 
 The store is used by the control plane only (uploads, job polls, deploys), never on
 the inference path. WAL journal with ``synchronous=NORMAL``: a commit does not fsync,
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -310,18 +312,22 @@ class LifecycleStore:
         rows = self._db.execute(query + " ORDER BY created_at DESC LIMIT ?", (*args, limit))
         return [_job(r) for r in rows]
 
-    def fail_interrupted(self, reason: str) -> list[str]:
-        """Jobs left active by a previous gateway process become failed."""
+    def fail_interrupted(self, reason: str,
+                         by_state: Mapping[str, str] | None = None) -> list[str]:
+        """Jobs left active by a previous gateway process become failed, with
+        ``reason``, or the reason ``by_state`` gives for the state the job was in (a job
+        cut while ``rolling_out`` had no worker to lose: its wording is the rollout's)."""
         rows = self._db.execute(
             f"SELECT id FROM jobs WHERE state IN ({','.join('?' * len(ACTIVE_JOB_STATES))})",
             ACTIVE_JOB_STATES,
         ).fetchall()
         for row in rows:
             job = self.job(row["id"])
+            why = (by_state or {}).get(job.state, reason)
             now = time.time()
-            steps = tuple(replace(s, state="failed", finished_at=now, detail=reason)
+            steps = tuple(replace(s, state="failed", finished_at=now, detail=why)
                           if s.state == "running" else s for s in job.steps)
-            self.update_job(job.id, state="failed", error=reason, steps=steps)
+            self.update_job(job.id, state="failed", error=why, steps=steps)
         return [r["id"] for r in rows]
 
     # -- versions --------------------------------------------------------------------------

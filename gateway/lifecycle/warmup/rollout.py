@@ -37,10 +37,22 @@ activation when its model has a rollout policy and a serving version:
 
 Every verdict (the gate's and the shadow step's: ``step`` "gate" / "shadow", ``stage``
 beside it) is recorded on the rollout (SQLite, with its figures), on the job as a
-step detail, in the log and as ``infergate_rollout_decisions_total``. A gateway that
-stops during a rollout ends it on the next start (:meth:`Rollouts.recover`): the split
-pins everything to stable until the start-up preload has the members serve stable
-alone; the job runner's recovery removes the candidate. Never a half state.
+step detail, in the log and as ``infergate_rollout_decisions_total``.
+
+**The lease.** While the candidate has a share (the shadow step, the steps), every tick
+(each verdict, and each tick of a pause: an operator's hold) renews the split's lease
+(:meth:`GatewayState.note_verdict`); the snapshot publishes it, and a data-plane replica
+that sees no fresh one within ``LEASE_S`` sends the model's traffic to stable by itself
+(:func:`gateway.haproxy.snapshot.fail_safe`): a control plane that died mid-rollout leaves
+no canary serving without a judge. The promotion drops the lease before it gives the
+candidate 100 %: that share is the verdict, and stable is unloading under it.
+
+A gateway that stops during a rollout ends it on the next start (:meth:`Rollouts.recover`):
+recorded ``interrupted``, the split pins everything to stable, and only once every data
+plane routes by that (:meth:`Rollouts.until_stable`: the local HAProxy and every replica
+the feed knows, across the restart) does the start-up preload have the members serve
+stable alone, unloading the candidate; the job runner's recovery removes its files.
+Never a half state.
 """
 
 from __future__ import annotations
@@ -82,8 +94,10 @@ log = logging.getLogger(__name__)
 TICK_S = 0.25
 GATE_PROBE_MAX_S = 30.0  # the gate's latency probe runs at most this long (and step_seconds)
 SHADOW_MAX_HOLDS = 3  # a shadow step short of mirrored requests runs on at most this often
-INTERRUPTED = ("the gateway stopped during the rollout: stable version {stable} serves, "
-               "candidate {candidate} was removed")
+# the rollout's record and its job say so (not the conversion's "worker died")
+INTERRUPTED = "interrupted: the control plane restarted"
+INTERRUPTED_DETAIL = (INTERRUPTED + ": stable version {stable} serves, candidate "
+                      "{candidate} was removed")
 
 
 @dataclass
@@ -117,7 +131,10 @@ class Rollouts:
     deployer: Deployer
     store: LifecycleStore
     samples_dir: Path  # <state>/rollouts: each rollout's replay sample, while it runs
+    wall_clock: Callable[[], float] = time.time  # the lease's clock (epoch seconds)
     _control: dict[str, _Control] = field(default_factory=dict)
+    # models whose rollout recover() ended: pinned to stable until the preload serves it
+    _interrupted: set[str] = field(default_factory=set)
     _step_started: dict[str, float] = field(default_factory=dict)  # model -> its window's start
 
     @property
@@ -174,20 +191,38 @@ class Rollouts:
     # -- start-up ----------------------------------------------------------------------
     def recover(self) -> list[RolloutRecord]:
         """Rollouts a previous process left running end: recorded ``interrupted``, and
-        the split pins the model to stable until :meth:`settled` (the members serve
-        stable alone once preloading has loaded it pinned)."""
+        the split pins the model to stable (no lease: nothing to fail safe from) until
+        :meth:`settled`. Synchronous, before any request: the first snapshot any data
+        plane gets from this process routes stable only. The candidate stays loaded
+        until :meth:`until_stable` (the preload awaits it)."""
         ended = []
         for record in self.store.active_rollouts():
-            reason = INTERRUPTED.format(stable=record.stable, candidate=record.candidate)
+            reason = INTERRUPTED_DETAIL.format(stable=record.stable,
+                                               candidate=record.candidate)
             ended.append(self._record(replace(record, state="interrupted", percent=0,
                                               detail=reason),
                                       "interrupted", reason, {}))
             self.state.set_split(record.model, Split(record.stable, record.candidate, 0))
+            self._interrupted.add(record.model)
             log.warning("rollout of %s: %s", record.model, reason)
         return ended
 
+    def interrupted(self, model: str) -> bool:
+        """Whether :meth:`recover` ended a rollout of ``model`` that still pins it."""
+        return model in self._interrupted
+
+    async def until_stable(self, model: str) -> None:
+        """For a model whose rollout :meth:`recover` ended: returns once every data
+        plane routes it to stable alone (:meth:`GatewayState.settle`: the local HAProxy
+        and every data-plane replica the feed knows, those that polled the previous
+        process included), so that the candidate may be unloaded: a replica still on
+        the old split would send its share to a version no longer there."""
+        if model in self._interrupted:
+            await self.state.settle()
+
     def settled(self, model: str) -> None:
         """The members serve one version of ``model`` again: no split needed."""
+        self._interrupted.discard(model)
         if self.state.split_of(model) is not None and model not in self._control:
             self.state.set_split(model, None)
 
@@ -277,7 +312,7 @@ class Rollouts:
                     self._record(record, "abort", control.abort, {})
                     return Outcome(False, control.abort)
                 if control.paused:
-                    await self._wait(control)
+                    await self._paused(model, control)
                     started = self._step_started[model] = time.monotonic()  # a fresh window
                     verdict_at = spec.step_seconds
                     record = self.store.rollout(model) or record
@@ -292,6 +327,7 @@ class Rollouts:
                 if step_over and samples is not None:
                     agreement = await self.agreement(model, stable, candidate, samples, spec)
                 decision = judge(spec, baseline, candidate_w, agreement, step_over)
+                self._renew(model)
                 if decision is not None:
                     decision.figures.update(step=index + 1, stage="step", percent=percent,
                                             seconds=round(elapsed, 1))
@@ -350,6 +386,7 @@ class Rollouts:
         detail = (f"shadow step: {shadow.percent}% of live requests mirrored to version "
                   f"{shadow.candidate}, users answered by {shadow.stable}")
         record = self.store.put_rollout(replace(record, detail=detail))
+        self._renew(model)  # the lease before the share: never a share without one
         self.state.set_shadow(model, shadow)
         await self.state.settle()  # both planes mirror from now on
         on_step("rollout", "running", detail)
@@ -361,7 +398,7 @@ class Rollouts:
                     self._record(record, "abort", control.abort, {})
                     return Outcome(False, control.abort)
                 if control.paused:
-                    await self._wait(control)
+                    await self._paused(model, control)
                     shadow.tally.clear()  # a fresh window
                     started = self._step_started[model] = time.monotonic()
                     verdict_at, holds = seconds, 0
@@ -372,6 +409,7 @@ class Rollouts:
                 decision = judge_side_by_side(
                     spec, stable_w, candidate_w, agreement, min_requests=need,
                     over=elapsed >= verdict_at, final=holds >= SHADOW_MAX_HOLDS)
+                self._renew(model)
                 if decision is not None:
                     decision.figures.update(step="shadow", stage="shadow", percent=0,
                                             mirror_percent=shadow.percent,
@@ -397,8 +435,21 @@ class Rollouts:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(control.changed.wait(), timeout_s)
 
+    async def _paused(self, model: str, control: _Control) -> None:
+        """Until resumed or aborted. No verdict meanwhile, but the lease is renewed
+        every tick all the same: the operator's hold is the verdict, and the control
+        plane is there to lift it; were it gone, the replicas fail safe."""
+        while control.paused and control.abort is None:
+            self._renew(model)
+            await self._wait(control, TICK_S)
+
+    def _renew(self, model: str) -> None:
+        """The split's lease runs from now (:meth:`GatewayState.note_verdict`)."""
+        self.state.note_verdict(model, self.wall_clock())
+
     async def _set_percent(self, record: RolloutRecord, index: int, percent: int,
                            gauge: Any) -> RolloutRecord:
+        self._renew(record.model)  # the lease before the share: never a share without one
         self.state.set_split(record.model, Split(record.stable, record.candidate, percent))
         await self.state.settle()  # the step is on record once both planes route by it
         gauge.set(percent)
@@ -418,6 +469,9 @@ class Rollouts:
     # -- the end -------------------------------------------------------------------------
     async def _promote(self, model: str, stable: int, candidate: int,
                        warm_batches: Sequence[int]) -> None:
+        # the verdict is final: no replica may send this share back to stable, which
+        # the activation below unloads
+        self.state.note_verdict(model, None)
         self.state.set_split(model, Split(stable, candidate, 100))
         await self.state.settle()
         async with self.deployer.lock(model):
@@ -431,6 +485,7 @@ class Rollouts:
     async def _back_to_stable(self, model: str, stable: int, candidate: int,
                               warm_batches: Sequence[int]) -> None:
         """Everything pinned to stable, then the members serve stable alone."""
+        self.state.note_verdict(model, None)  # no share left to fail safe from
         self.state.set_split(model, Split(stable, candidate, 0))
         await self.state.settle()
         try:

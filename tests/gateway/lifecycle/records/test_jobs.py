@@ -41,6 +41,21 @@ def test_store_reports_jobs_truthfully_when_reopened_after_crash(tmp_path: Path)
     with pytest.raises(JobNotFound):
         reopened.job("nope")
 
+def test_interrupted_jobs_get_their_states_reason_when_one_is_given(tmp_path: Path) -> None:
+    store = LifecycleStore(tmp_path / "db.sqlite")
+    store.create_job("convert", "a", "ci")
+    store.update_job("convert", state="converting", steps=with_step((), "convert", "running"))
+    store.create_job("roll", "b", "ci")
+    store.update_job("roll", state="rolling_out", steps=with_step((), "rollout", "running"))
+    reopened = LifecycleStore(tmp_path / "db.sqlite")
+    failed = reopened.fail_interrupted("worker died", {"rolling_out": "interrupted"})
+    assert sorted(failed) == ["convert", "roll"]
+    for job_id, why in (("convert", "worker died"), ("roll", "interrupted")):
+        job = reopened.job(job_id)
+        assert (job.state, job.error, job.steps[0].state, job.steps[0].detail) == (
+            "failed", why, "failed", why)
+
+
 
 def test_store_keeps_versions_and_models_when_reopened(tmp_path: Path) -> None:
     store = LifecycleStore(tmp_path / "db.sqlite")

@@ -20,8 +20,15 @@ from gateway.config.lifecycle import LifecycleSpec
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.core import Core
 from gateway.lifecycle.assembly import build_lifecycle
-from gateway.lifecycle.records.jobs import LifecycleStore, ModelRecord, RolloutRecord, VersionRecord
+from gateway.lifecycle.records.jobs import (
+    LifecycleStore,
+    ModelRecord,
+    RolloutRecord,
+    VersionRecord,
+    with_step,
+)
 from gateway.lifecycle.service import RESTART_REASON
+from gateway.lifecycle.warmup.rollout import INTERRUPTED as ROLLOUT_INTERRUPTED
 from gateway.models_cli import app as models_app
 from gateway.upstream.triton import MemberAdmin
 from infergate.triton.local import locate_tritonserver
@@ -101,7 +108,8 @@ def test_candidate_of_a_rollout_cut_by_a_restart_is_recorded_rolled_back(
     store.put_version(VersionRecord(TINY, 2, "available", text, time.time()))
     store.put_model(ModelRecord(TINY, "serving", 0.0, serving_version=1))
     store.create_job("job-r", TINY, "ci")
-    store.update_job("job-r", state="rolling_out", version=2)
+    store.update_job("job-r", state="rolling_out", version=2,
+                     steps=with_step((), "rollout", "running", "step 1 of 2: 50%"))
     now = time.time()
     store.put_rollout(RolloutRecord("job-r", TINY, 1, 2, {"steps": [50, 100]}, "running",
                                     now, now, percent=50))
@@ -116,5 +124,15 @@ def test_candidate_of_a_rollout_cut_by_a_restart_is_recorded_rolled_back(
     store = lifecycle.catalog.store
     candidate = store.version(TINY, 2)
     assert candidate is not None and candidate.state == "rolled_back"
-    assert candidate.reason == RESTART_REASON and not (repo / TINY / "2").exists()
+    # a rollout's words, not a conversion's ("its worker died")
+    assert candidate.reason == ROLLOUT_INTERRUPTED != RESTART_REASON
+    assert not (repo / TINY / "2").exists()
     assert store.version_floor(TINY) == 3
+    cut = store.job("job-r")
+    assert (cut.state, cut.error) == ("failed", "interrupted: the control plane restarted")
+    assert [(s.name, s.state, s.detail) for s in cut.steps] == [
+        ("rollout", "failed", cut.error)]
+    rollout = store.rollout(TINY)
+    assert rollout is not None and rollout.state == "interrupted"
+    assert rollout.detail.startswith("interrupted: the control plane restarted: stable "
+                                     "version 1 serves")

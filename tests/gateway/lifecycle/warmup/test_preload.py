@@ -19,8 +19,9 @@ from converters.tiny import TINY_MODEL_NAME
 from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.control.model_control import ModelControl
+from gateway.core import Core
 from gateway.errors import Unavailable
-from gateway.lifecycle.warmup.preload import Preloader
+from gateway.lifecycle.warmup.preload import Preloader, ServedOnMembers
 from gateway.python.forwarder import Forwarder
 from gateway.upstream.http import UpstreamHTTP, UpstreamResponse
 from gateway.upstream.triton import MemberAdmin
@@ -151,3 +152,67 @@ def test_preloading_says_which_model_still_loads_when_a_load_takes_long(
 
     with caplog.at_level("WARNING", logger="gateway.lifecycle.warmup.preload"):
         asyncio.run(scenario())
+
+
+def _two_members() -> tuple[Core, Any, dict[str, Any]]:
+    """Pool ``p`` (members a, b) serves m and n; pool ``q`` (member c) serves o. The
+    fake admin answers each member's ready index from ``indexes`` (an exception: raised)."""
+    a, b, c = (MemberSpec(grpc_port=port) for port in (8001, 8101, 8201))
+    core = Core.for_config(GatewayConfig(pools=(
+        PoolSpec(name="p", members=(a, b), models=("m", "n")),
+        PoolSpec(name="q", members=(c,), models=("o",)))))
+    admin: Any = create_autospec(MemberAdmin, instance=True)
+    indexes: dict[str, Any] = {}
+
+    async def index(member: Any, ready: bool = False) -> list[dict[str, Any]]:
+        assert ready
+        answer = indexes[member.key]
+        if isinstance(answer, BaseException):
+            raise answer
+        return list(answer)
+
+    admin.repository_index.side_effect = index
+    return core, admin, indexes
+
+
+def _ready(name: str, version: str = "1") -> dict[str, Any]:
+    return {"name": name, "version": version, "state": "READY"}
+
+
+def test_served_on_members_counts_a_model_ready_on_every_member_that_answers() -> None:
+    core, admin, indexes = _two_members()
+    indexes["127.0.0.1:8001"] = [_ready("m"), _ready("n", "2")]
+    indexes["127.0.0.1:8101"] = [_ready("m"), _ready("n", "3")]
+    indexes["127.0.0.1:8201"] = Unavailable("member down")  # not held against o...
+    served = asyncio.run(ServedOnMembers(core, admin)(["m", "n", "o"]))
+    assert served == {"m", "n"}  # ...but no member answered for it
+    by_version = ServedOnMembers(core, admin, {"m": 1, "n": 2}.get)
+    assert asyncio.run(by_version(["m", "n"])) == {"m"}  # n's serving version 2: not on b
+    indexes["127.0.0.1:8101"] = [_ready("n", "2")]  # b lost m (a restarted Triton)
+    assert asyncio.run(ServedOnMembers(core, admin)(["m", "n"])) == {"n"}
+
+
+def test_preload_marks_only_models_not_served_not_ready_when_control_plane_restarts() -> None:
+    core, admin, indexes = _two_members()
+    indexes["127.0.0.1:8001"] = indexes["127.0.0.1:8101"] = [_ready("m")]
+    indexes["127.0.0.1:8201"] = []
+
+    async def scenario() -> dict[str, str | None]:
+        release = asyncio.Event()
+
+        async def load(model: str) -> None:
+            await release.wait()
+
+        preloader = Preloader(core, load, served=ServedOnMembers(core, admin))
+        run = asyncio.create_task(preloader.run(["m", "o"]))
+        await eventually(lambda: admin.repository_index.await_count == 3)
+        await asyncio.sleep(0.05)
+        during = {model: core.state.not_ready_reason(model) for model in ("m", "o")}
+        assert not core.state.preloaded  # the gateway's readiness still waits
+        release.set()
+        await run
+        assert core.state.preloaded and core.state.not_ready_reason("o") is None
+        return during
+
+    during = asyncio.run(scenario())
+    assert during == {"m": None, "o": "preloading at gateway start-up"}
