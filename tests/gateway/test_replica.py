@@ -1,22 +1,35 @@
 """A data-plane replica's own forwarder (gateway/replica.py): its state moved by
 snapshots alone, its tokens by digest, its misses asked of the control plane (an
-``httpx.MockTransport`` in its place)."""
+``httpx.MockTransport`` in its place); and, on real processes, the streams and
+generate calls it serves through a crash of the control plane."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import queue
+import signal
+import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import tritonclient.grpc as grpcclient
 
+from converters.decoupled import DECOUPLED_MODEL_NAME as DECOUPLED
 from gateway.auth import Scope, token_digest
 from gateway.core import Core
 from gateway.errors import ModelNotFound, Unauthorized, Unavailable
 from gateway.haproxy.snapshot import MemberState, PoolState, RouteState, Snapshot, server_name
 from gateway.policy.rollout import Split
 from gateway.replica import ControlPlaneMisses, apply_snapshot, snapshot_tokens
+from infergate.processes import run_agent
+from infergate.triton.local import LocalTriton
+from tests.gateway.python.test_streams import stream_inputs
 from tests.gateway.residency.fakes import MB, A, B, config
+from tests.procs import pools_yaml, run_gateway, wait_until
 
 A_NAME, B_NAME = server_name(A), server_name(B)
 
@@ -130,3 +143,65 @@ async def test_miss_served_once_this_replicas_snapshot_names_a_holder() -> None:
     assert asked[0].url.path == "/v1/dataplane/misses/m"
     assert asked[0].url.params["wait"] == "5.000"
     assert asked[0].headers["authorization"] == "Bearer tok"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_replica_serves_generate_and_streams_through_a_control_plane_crash(
+        triton: LocalTriton, tmp_path: Path) -> None:
+    """Real processes: Triton with the decoupled model, a control plane, one replica.
+    A ``generate_stream`` and a ``ModelStreamInfer`` stream open across a SIGKILL of the
+    control plane end whole; new ones, and ``generate``, are served during the outage."""
+    assert triton.endpoints is not None
+    pools = pools_yaml(tmp_path / "pools.yaml", {"local": [triton.endpoints]})
+    body = {"text_input": "hi", "count": 8, "delay_ms": 250}
+    with run_gateway(pools, tmp_path, data_plane="python") as control, \
+            run_agent(control, tmp_path / "agent") as agent:
+        events: list[str] = []
+
+        def long_stream() -> None:
+            with httpx.stream("POST", f"http://{agent.http_url}/v2/models/{DECOUPLED}"
+                              "/generate_stream", json=body, timeout=30) as resp:
+                events.extend(line for line in resp.iter_lines() if line)
+
+        reader = threading.Thread(target=long_stream)
+        reader.start()
+        stream = _DecoupledStream(agent.grpc_url)
+        assert stream.ask("a", 2) == ["a 0", "a 1"]
+        assert wait_until(lambda: len(events) >= 1, 10)  # under way through the replica
+        control.proc.send_signal(signal.SIGKILL)
+        control.proc.wait(10)
+        reader.join(30)
+        assert [json.loads(e.removeprefix("data: "))["text_output"] for e in events] == \
+            [f"hi {i}" for i in range(8)]
+        assert stream.ask("b", 3) == ["b 0", "b 1", "b 2"]  # the open stream goes on
+        stream.close()
+        fresh = _DecoupledStream(agent.grpc_url)
+        assert fresh.ask("c", 1) == ["c 0"]  # a new stream
+        fresh.close()
+        one = httpx.post(f"http://{agent.http_url}/v2/models/{DECOUPLED}/generate",
+                         json={"text_input": "hi", "count": 1}, timeout=30)
+        assert one.status_code == 200 and one.json()["text_output"] == "hi 0"
+
+
+class _DecoupledStream:
+    """An open ``ModelStreamInfer`` stream to the decoupled test model."""
+
+    def __init__(self, grpc_url: str) -> None:
+        self.answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.client = grpcclient.InferenceServerClient(grpc_url)
+        self.client.start_stream(callback=lambda result, error: self.answers.put(
+            (result, error)))
+
+    def ask(self, text: str, count: int) -> list[str]:
+        self.client.async_stream_infer(DECOUPLED, stream_inputs(grpcclient, text, count))
+        out = []
+        for _ in range(count):
+            result, error = self.answers.get(timeout=15)
+            assert error is None, error
+            out.append(result.as_numpy("text_output")[0].decode())
+        return out
+
+    def close(self) -> None:
+        self.client.stop_stream()
+        self.client.close()
