@@ -186,7 +186,9 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
     lines.append(f"  http-request set-log-level silent unless {guard}")
     if layout.local_http is not None:  # a replica: the control plane's calls go there
         lines += [f"  acl control_call {acl}" for acl in _control_acls(http)]
-        lines.append(f"  use_backend control_{proto} if control_call")
+        # (an inference request has txn.proto set: it never evaluates control_call)
+        lines.append(f"  use_backend control_{proto} if !{{ var(txn.proto) -m found }} "
+                     "control_call")
     lines.append(f"  use_backend {python} unless {guard}")
     first: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
     if not http:
