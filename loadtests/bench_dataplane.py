@@ -29,7 +29,9 @@ requests reach the same Triton.)
         [--model tiny] [--protocol grpc] [--in-flight 16]
 
 ``--plane NAME`` starts ``gateway serve --data-plane NAME``; ``NAME=ARGS`` passes ARGS
-instead (none after ``=``: the gateway's default). ``--source NAME=DIR`` runs that
+instead (none after ``=``: the gateway's default); ``replica`` (or ``NAME=replica``)
+measures through a data-plane replica (``gateway agent``) over a control plane, as in
+Kubernetes. ``--source NAME=DIR`` runs that
 plane's gateway from another checkout (``git worktree add DIR REV``): before and after a
 change, side by side in one run. A data plane whose gateway does not
 start is skipped with a printed line; a run it fails counts as 0 req/s.
@@ -58,7 +60,7 @@ import numpy as np
 
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model, cat_input
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
-from infergate.processes import ROOT
+from infergate.processes import ROOT, AgentProcess, GatewayProcess, run_agent
 from infergate.triton.local import TritonEndpoints
 from loadtests.h2load import (
     H2loadSummary,
@@ -466,8 +468,18 @@ def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
 Plane = tuple[str, tuple[str, ...]]
 
 
+# plane "replica": a data-plane replica (``gateway agent``: HAProxy and the replica's own
+# forwarder) over a control plane (``gateway serve --data-plane python``), measured through
+# the replica, as in Kubernetes
+REPLICA_ARGS = ("replica",)  # (a marker, never a gateway's arguments)
+CONTROL_ARGS = ("--data-plane", "python")  # the control plane a replica follows
+
+
 def parse_plane(spec: str) -> Plane:
-    """'haproxy' -> --data-plane haproxy; 'name=ARGS' -> ARGS (shell words; may be empty)."""
+    """'haproxy' -> --data-plane haproxy; 'replica' -> a replica over a control plane
+    (:data:`REPLICA_ARGS`); 'name=ARGS' -> ARGS (shell words; may be empty)."""
+    if spec.strip() == "replica" or spec.partition("=")[2].strip() == "replica":
+        return spec.partition("=")[0].strip(), REPLICA_ARGS
     name, sep, args = spec.partition("=")
     if not name.strip():
         raise ValueError(f"a data plane needs a name: {spec!r}")
@@ -525,15 +537,22 @@ def stack(workdir: Path, planes: Sequence[Plane], sources: Mapping[str, Path] | 
         pools = gateway_yaml(workdir / "pools.yaml", {"local": [ep]})
         targets = [Target("direct", ep, None)]
         for name, args in planes:
+            source = (sources or {}).get(name)
             try:
-                gw = gateways.enter_context(gateway(pools, workdir / f"gateway-{name}", *args,
-                                                    source=(sources or {}).get(name)))
-            except GatewayFailed as err:
+                replica = args == REPLICA_ARGS
+                gw = gateways.enter_context(gateway(
+                    pools, workdir / f"gateway-{name}", *(CONTROL_ARGS if replica else args),
+                    source=source))
+                front: GatewayProcess | AgentProcess = gw
+                if replica:  # measured through a replica of it: its tree's CPU is counted
+                    front = gateways.enter_context(run_agent(gw, workdir / f"agent-{name}",
+                                                             source=source))
+            except (GatewayFailed, RuntimeError) as err:
                 say(f"skipped data plane {name}: the gateway with {list(args)} did not start "
                     f"({err})")
                 continue
-            targets.append(Target(name, gw, gw.proc.pid, gw.log))
-            describe_tree(name, gw.proc.pid)
+            targets.append(Target(name, front, front.proc.pid, front.log))
+            describe_tree(name, front.proc.pid)
         yield ep, targets
 
 
