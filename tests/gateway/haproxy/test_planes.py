@@ -1,8 +1,9 @@
 """A replica's HAProxy sends each call where ``gateway/policy/planes.py`` says: the
 control plane's calls to the control plane, everything else HAProxy does not route
 itself to the replica's own forwarder; a call to a control plane that is away fails
-within a second, saying so. A real HAProxy in front of two HTTP servers that answer
-with their name."""
+within a second, saying so; a rollout's shadow share goes to the control plane while
+it is up and to the replica's forwarder, failing none, once it is not. A real HAProxy
+in front of two HTTP servers that answer with their name."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def test_replica_sends_each_call_to_the_plane_the_rule_names(tmp_path: Path) -> 
             serving("local") as local:
         snapshot = Snapshot(pools=(PoolState("p", (as_member(member),)),), routes=(
             RouteState("tiny", (("p", 1.0),), 64),
-            RouteState("cold", (("p", 1.0),), 64, holders=(("p", ()),))))
+            RouteState("cold", (("p", 1.0),), 64, holders=(("p", ()),)),
+            # a shadow step sampling every unversioned request
+            RouteState("shadowed", (("p", 1.0),), 64, split=(1, 2, 0), shadow=100)))
         layout = replace(
             Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
                    f"127.0.0.1:{control.port}", f"127.0.0.1:{free_port()}",
@@ -61,7 +64,15 @@ def test_replica_sends_each_call_to_the_plane_the_rule_names(tmp_path: Path) -> 
                 assert client.post("/v2/models/tiny/infer", content=b"{}").json()["by"] \
                     == "member"  # inference: HAProxy's own
 
+                # the shadow share: the control plane's forwarder mirrors it (and tallies)
+                assert client.post("/v2/models/shadowed/infer", content=b"{}").json()["by"] \
+                    == "control"
+
                 control.vanish()
+                # ... and the replica's own once the control plane is gone: none fails
+                shadowed = [client.post("/v2/models/shadowed/infer", content=b"{}")
+                            for _ in range(5)]
+                assert [a.json()["by"] for a in shadowed] == ["local"] * 5
                 started = time.monotonic()
                 down = client.get("/v1/models")
                 assert time.monotonic() - started < 1.5
