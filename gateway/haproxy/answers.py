@@ -11,7 +11,7 @@ from __future__ import annotations
 from http import HTTPStatus
 
 from gateway import errors
-from gateway.policy import access
+from gateway.policy import access, deadline
 
 
 def http_return(error: type[errors.GatewayError], message_lf: str,
@@ -44,7 +44,8 @@ LOCAL_ERRORS: dict[int, tuple[type[errors.GatewayError], str]] = {
     500: (errors.GatewayError, "internal error in the gateway's data plane"),
     502: (errors.Unavailable, "invalid or no answer from the Triton member"),
     503: (errors.Unavailable, "no healthy Triton member could take the request"),
-    504: (errors.DeadlineExceeded, "deadline exceeded waiting for the Triton member"),
+    504: (errors.DeadlineExceeded,
+          deadline.EXCEEDED + ": no answer from the Triton member in time"),
 }
 
 

@@ -13,12 +13,13 @@ HAProxy's rules match :data:`HTTP_TIMEOUT_PATTERN` and convert with
 
 **Hopeless work is shed** (:func:`expected_ms`): a request with a deadline that the
 pool it was routed to cannot meet is refused at once, 504 / DEADLINE_EXCEEDED with
-:data:`HOPELESS`, before Triton spends anything on it. The expected time is the
-model's service time *S* in that pool plus its wait: each of the ``load + 1 - capacity``
-requests beyond what the pool executes at once waits for one request's worth of the
-pool's throughput (*drain*). Both come from Triton's own counters, read every probe
-round (``gateway/control/probes.py``): *S* is the compute time per request
-(``nv_inference_compute_{input,infer,output}_duration_us`` over
+:data:`HOPELESS`, before Triton spends anything on it (every deadline answer of the
+gateway's own begins "Deadline Exceeded", :data:`EXCEEDED`, as gRPC's and Triton's
+do). The expected time is the model's service time *S* in that pool plus its wait:
+each of the ``load + 1 - capacity`` requests beyond what the pool executes at once waits
+for one request's worth of the pool's throughput (*drain*). Both come from Triton's own
+counters, read every probe round (``gateway/control/probes.py``): *S* is the compute
+time per request (``nv_inference_compute_{input,infer,output}_duration_us`` over
 ``nv_inference_request_success``) of the last round with answers, within
 :data:`FRESH_S`; *drain* is the slower of *S* over the pool's capacity and one over the
 most answers per second the pool gave the model within :data:`PEAK_WINDOW_S` (its
@@ -61,9 +62,15 @@ def http_deadline_s(value: str | None) -> float | None:
     return int(value) / 1e3
 
 
-HOPELESS = ("deadline of {deadline} ms cannot be met: model '{model}' is expected to take "
-            "{expected} ms in pool '{pool}' (load {load} for capacity {capacity}), more than "
-            "9/10 of it; refused before Triton does the work")
+# every answer the gateway gives for a deadline begins with gRPC's own words for it (what
+# a client's deadline, and Triton, say), then the gateway's reason: Triton's clients and
+# QA tests look for them
+EXCEEDED = "Deadline Exceeded"
+HOPELESS = (EXCEEDED + ": deadline of {deadline} ms cannot be met: model '{model}' is "
+            "expected to take {expected} ms in pool '{pool}' (load {load} for capacity "
+            "{capacity}), more than 9/10 of it; refused before Triton does the work")
+EXPIRED = EXCEEDED + ": the deadline passed before the request was admitted"
+NO_ANSWER = EXCEEDED + ": no answer from member {member} in time"
 # a request is admitted when it is expected within this share of its deadline: the rest
 # is for what the estimate leaves out (the answer's way back, connections, a busy host)
 SHARE_NUM, SHARE_DEN = 9, 10

@@ -305,7 +305,7 @@ class Forwarder:
             raise ModelNotReady(readiness.not_ready_message(route.model, reason),
                                 retry_after_s=readiness.RETRY_AFTER_S)
         if options.deadline_s is not None and options.deadline_s <= 0:
-            raise DeadlineExceeded("deadline exceeded before the request was admitted")
+            raise DeadlineExceeded(deadline.EXPIRED)
         pool = self.policy.choose_pool(route.pools, route.model, self.clock(), self.rng)
         limit, count = route.limits.in_system, route.in_system
         tenancy_now = self.tenants.tenancy if self.tenants is not None else None

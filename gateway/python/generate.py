@@ -30,7 +30,7 @@ from gateway.errors import (
     error_answer,
     outcome_of_answer,
 )
-from gateway.policy import parse_errors
+from gateway.policy import deadline, parse_errors
 from gateway.policy.rollout import http_pinned_path
 from gateway.pools import PoolMember
 from gateway.python.fast_path import FastPath, options_from_headers, read_body
@@ -178,7 +178,7 @@ class _Relay:
         except (aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise Unavailable(f"member {member.key} unreachable: {exc!r}") from exc
         except TimeoutError as exc:
-            raise DeadlineExceeded(f"no answer from member {member.key} in time") from exc
+            raise DeadlineExceeded(deadline.NO_ANSWER.format(member=member.key)) from exc
 
     async def _relay_events(self, resp: aiohttp.ClientResponse, sent_at: float) -> None:
         metrics = self.forwarder.metrics

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import aiohttp
 
 from gateway.errors import DeadlineExceeded, Unavailable
+from gateway.policy import deadline
 from gateway.pools import PoolMember
 
 FORWARDED_RESPONSE_HEADERS = ("content-type", "inference-header-content-length")
@@ -65,7 +66,7 @@ class UpstreamHTTP:
         except (aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise Unavailable(f"member {member.key} unreachable: {exc!r}") from exc
         except TimeoutError as exc:
-            raise DeadlineExceeded(f"no answer from member {member.key} in time") from exc
+            raise DeadlineExceeded(deadline.NO_ANSWER.format(member=member.key)) from exc
 
     async def aclose(self) -> None:
         if self._session is not None:

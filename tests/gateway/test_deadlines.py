@@ -36,9 +36,9 @@ from tests.procs import pools_yaml, run_gateway, started_triton, wait_until
 
 pytestmark = [pytest.mark.integration]
 SLOW, SLO, HELD, HOLD_S = "slow", "slo", "held", 8.0
-HOPELESS = re.compile(r"deadline of (\d+) ms cannot be met: model 'slow' is expected to take "
-                      r"(\d+) ms in pool 'p' \(load 0 for capacity 1\), more than 9/10 of "
-                      r"it; refused before Triton does the work")
+HOPELESS = re.compile(r"Deadline Exceeded: deadline of (\d+) ms cannot be met: model 'slow' "
+                      r"is expected to take (\d+) ms in pool 'p' \(load 0 for capacity 1\), "
+                      r"more than 9/10 of it; refused before Triton does the work")
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,8 @@ def test_the_clients_deadline_ends_the_wait_on_both_planes(gateway: GatewayProce
     if gateway.data_plane == "python":  # Triton's queue dropped it: the timeout reached it
         assert answer.json() == {"error": "Request timeout expired"}
     else:  # HAProxy's server timeout: it cannot add the parameter to the body
-        assert answer.json()["error"] == "deadline exceeded waiting for the Triton member"
+        assert answer.json()["error"] == ("Deadline Exceeded: no answer from the Triton "
+                                          "member in time")
     code, _ = _grpc(gateway, HELD, deadline_s=0.5)
     assert code == "StatusCode.DEADLINE_EXCEEDED"
     assert time.monotonic() - started < HOLD_S

@@ -58,9 +58,10 @@ def test_hopeless_only_when_expected_beyond_nine_tenths_of_the_deadline() -> Non
     assert hopeless(20, 20) and hopeless(22, 20) and not hopeless(23, 20)
     assert not hopeless(1000, 0) and not hopeless(10, 9) and hopeless(9, 9)
     message = HOPELESS.format(deadline=5, model="m", expected=20, pool="p", load=0, capacity=1)
-    assert message == ("deadline of 5 ms cannot be met: model 'm' is expected to take 20 ms "
-                       "in pool 'p' (load 0 for capacity 1), more than 9/10 of it; refused "
-                       "before Triton does the work")
+    # gRPC's and Triton's own words first (clients and Triton's QA look for them)
+    assert message == ("Deadline Exceeded: deadline of 5 ms cannot be met: model 'm' is "
+                       "expected to take 20 ms in pool 'p' (load 0 for capacity 1), more than "
+                       "9/10 of it; refused before Triton does the work")
 
 
 @pytest.mark.parametrize(("us", "kept"), [(0.2, 1), (7.4, 7), (17_431.0, 17_000),

@@ -38,8 +38,9 @@ async def test_a_deadline_the_pool_cannot_meet_is_refused_before_the_member_sees
     with pytest.raises(DeadlineExceeded) as refused:  # 30 ms is more than 9/10 of 33
         await dp.forward("m", held, protocol="grpc", options=RequestOptions(deadline_s=0.033))
     assert refused.value.message == (
-        "deadline of 33 ms cannot be met: model 'm' is expected to take 30 ms in pool 'p' "
-        "(load 2 for capacity 2), more than 9/10 of it; refused before Triton does the work")
+        "Deadline Exceeded: deadline of 33 ms cannot be met: model 'm' is expected to take "
+        "30 ms in pool 'p' (load 2 for capacity 2), more than 9/10 of it; refused before "
+        "Triton does the work")
     third = asyncio.create_task(dp.forward("m", held, protocol="http",
                                            options=RequestOptions(deadline_s=0.034)))
     no_deadline = asyncio.create_task(dp.forward("m", held, protocol="http"))
