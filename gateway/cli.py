@@ -68,7 +68,10 @@ def serve_command(
     http_port: int = typer.Option(8000, help="HTTP (KServe v2 REST) port."),
     grpc_port: int = typer.Option(8001, help="gRPC (inference.GRPCInferenceService) port."),
     probe_interval: float = typer.Option(1.0, help="Seconds between member health probes."),
-    drain_timeout: float = typer.Option(10.0, help="Seconds to finish in-flight on SIGTERM."),
+    drain_timeout: float = typer.Option(
+        10.0, help="Seconds to finish in-flight on SIGTERM/SIGINT; then open streams end "
+                   "with a retryable error (UNAVAILABLE) and the process exits within a "
+                   "few seconds."),
     log_level: str = typer.Option("warning", help="Log level."),
     event_loop: str = typer.Option("uvloop", help="Event loop: uvloop or asyncio."),
     data_plane: str = typer.Option(
@@ -79,8 +82,9 @@ def serve_command(
         help="Largest inference request body (HTTP) or message (gRPC); larger ones are "
              "answered 413 / RESOURCE_EXHAUSTED."),
     haproxy_run_dir: Annotated[Path | None, typer.Option(
-        help="Folder for HAProxy's configuration, maps and sockets (default: a new "
-             "temporary folder).")] = None,
+        help="Folder for HAProxy's configuration, maps and sockets (default: one in the "
+             "temporary folder named after --host and the ports, so that a restart finds "
+             "the HAProxy a crash left running).")] = None,
     haproxy_external: bool = typer.Option(
         False, help="HAProxy runs elsewhere on --haproxy-run-dir (its own container): "
                     "write its files and reload it through its master socket."),
@@ -98,7 +102,13 @@ def serve_command(
              "'Pools and placement' page pictures its newest MIG plan.")] = None,
 ) -> None:
     """Serve HTTP and gRPC until SIGTERM/SIGINT, then drain and exit. The web console is
-    at /ui on the HTTP port (sign in with an upload or admin token)."""
+    at /ui on the HTTP port (sign in with an upload or admin token).
+
+    With the HAProxy data plane, HAProxy outlives a crash of this process: it
+    keeps routing inference on its last configuration, and the same command
+    started again adopts it through its master socket (on --haproxy-run-dir,
+    whose default is derived from the ports). SIGTERM/SIGINT stops it after
+    the drain."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     settings = GatewaySettings(
         host=host,
@@ -111,6 +121,7 @@ def serve_command(
         max_request_bytes=max_request_bytes,
         haproxy_run_dir=haproxy_run_dir,
         haproxy_external=haproxy_external,
+        haproxy_detached=True,
         grpc_upstream_reuse=grpc_upstream_reuse,
         haproxy_tune=_tune(haproxy_tune),
         scheduler_url=scheduler_url,

@@ -232,8 +232,7 @@ class ReplicaForwarder:
         self._http = EmbeddedServer(uvicorn.Config(
             app, host=host, port=int(port), log_level=self.settings.log_level,
             access_log=False, lifespan="off", loop="asyncio", http=GatewayHttpToolsProtocol,
-            proxy_headers=False, server_header=False, date_header=False,
-            timeout_graceful_shutdown=max(1, round(self.settings.drain_timeout_s))))
+            proxy_headers=False, server_header=False, date_header=False))
         self._grpc, _ = create_grpc_server(
             self.forwarder, control, self.upstream_grpc, self.grpc_address, self.auth,
             max_message_bytes=self.settings.max_request_bytes)

@@ -7,9 +7,19 @@ pools; everything else (health, metadata, repository, streams, uploads, metrics)
 forwards to this process's servers on private loopback ports. ``data_plane="python"``:
 this process listens on the gateway's ports itself and forwards every request.
 
-Shutdown (SIGTERM/SIGINT or ``stop`` set): readiness turns false at once, new work is
-still served while in-flight requests finish for up to ``drain_timeout_s``, then
-HAProxy stops softly and both servers close.
+Shutdown (SIGTERM/SIGINT or ``stop`` set) is bounded by ``drain_timeout_s`` plus a few
+seconds: readiness turns false at once, new work is still served while in-flight
+requests finish for up to ``drain_timeout_s``. Then what is still open ends in a way a
+client retries, each step given ``CLOSE_S``: the HTTP server closes (a
+``generate_stream`` ends with an error event saying the gateway is shutting down),
+HAProxy stops (its clients' connections close: a gRPC stream through it ends
+``UNAVAILABLE``), and the gRPC server ends its streams with ``UNAVAILABLE`` and that
+message, then closes.
+
+HAProxy's lifetime (``haproxy_detached``): ``gateway serve`` leaves it serving on its
+last configuration when this process crashes, and a restart on the same run folder
+adopts it (:class:`~gateway.haproxy.process.HAProxyProcess`); the run folder's default
+is derived from the ports, so the restart finds it. A graceful stop ends it.
 """
 
 from __future__ import annotations
@@ -17,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import signal
+import stat
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,7 +50,7 @@ from gateway.control.http_app import create_control_app
 from gateway.control.model_control import ModelControl
 from gateway.control.probes import probe_forever
 from gateway.core import Core
-from gateway.embedded import EmbeddedServer
+from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.haproxy.controller import HAProxyController, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
@@ -69,10 +81,13 @@ class GatewaySettings:
     data_plane: str = "python"  # "haproxy": HAProxy carries the hot path
     max_request_bytes: int = 256 * 1024 * 1024  # larger requests: 413 / RESOURCE_EXHAUSTED
     haproxy_binary: str | None = None
-    # HAProxy's files and sockets (a fresh temporary folder when None); with
-    # ``haproxy_external`` HAProxy runs elsewhere (its own container) on this folder
+    # HAProxy's files and sockets (default_run_dir when None); with ``haproxy_external``
+    # HAProxy runs elsewhere (its own container) on this folder
     haproxy_run_dir: Path | None = None
     haproxy_external: bool = False
+    # HAProxy outlives a crash of this process, and a restart adopts it (``gateway
+    # serve``); False: it ends with this process (``infergate up``, in-process tests)
+    haproxy_detached: bool = False
     grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO  # Layout.grpc_upstream_reuse
     haproxy_tune: tuple[tuple[str, str], ...] = ()  # Layout.tune
     # the placement scheduler whose newest plan the console's placement page pictures
@@ -139,6 +154,7 @@ async def serve(
                                      residency=warmup.residency)
     app = create_http_app(forwarder, control_app, upstream_http, auth,
                           max_body_bytes=settings.max_request_bytes)
+    closing = asyncio.Event()  # the drain is over: the streams still open end
     native = settings.data_plane == "haproxy"
     # with HAProxy in front, this process serves on private loopback ports
     own_host = "127.0.0.1" if native else settings.host
@@ -162,7 +178,7 @@ async def serve(
     )
     grpc_server, _ = create_grpc_server(
         forwarder, control, upstream_grpc, f"{own_host}:{own_grpc}", auth,
-        max_message_bytes=settings.max_request_bytes,
+        max_message_bytes=settings.max_request_bytes, closing=closing,
     )
     await grpc_server.start()
     # preloading holds readiness down until the models are warm
@@ -195,14 +211,21 @@ async def serve(
         await stop.wait()
     finally:
         await _drain(core, settings.drain_timeout_s, haproxy)
-        if haproxy is not None:
-            await asyncio.to_thread(haproxy.stop, settings.drain_timeout_s)
-            if settings.haproxy_run_dir is None or \
-                    haproxy.layout.run_dir != settings.haproxy_run_dir.resolve():  # temporary
-                shutil.rmtree(haproxy.layout.run_dir, ignore_errors=True)
-        await warmup.close()
+        # HTTP first: its event streams end with an error event that HAProxy relays
         http_server.should_exit = True
-        await grpc_server.stop(grace=1.0)
+        await _closed(tasks[0])
+        if haproxy is not None:
+            # then HAProxy, before the gRPC streams end: it closes its clients'
+            # connections (GOAWAY), which a gRPC client reads as UNAVAILABLE; HAProxy
+            # 2.6 turns a server's end of a stream the client keeps open into
+            # RST_STREAM(CANCEL) (haproxy/haproxy#1219), which clients do not retry
+            await asyncio.to_thread(haproxy.stop, CLOSE_S)
+            if settings.haproxy_run_dir is None or \
+                    haproxy.layout.run_dir != settings.haproxy_run_dir.resolve():  # default
+                shutil.rmtree(haproxy.layout.run_dir, ignore_errors=True)
+        closing.set()
+        await grpc_server.stop(grace=CLOSE_S)
+        await warmup.close()
         for task in tasks[1:]:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -213,26 +236,53 @@ async def serve(
         await admin_client.aclose()
 
 
+async def _closed(server: asyncio.Task[Any]) -> None:
+    """The HTTP server's task, once its shutdown is over (bounded by ``CLOSE_S``)."""
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await server
+
+
+def default_run_dir(host: str, http_port: int, grpc_port: int) -> Path:
+    """HAProxy's folder when none is given: named after what it binds, so that a
+    restart of the same command finds the HAProxy a crash left serving; private to this
+    user (a folder someone else made or can write is refused)."""
+    run_dir = Path(tempfile.gettempdir()) / (
+        f"infergate-haproxy-{os.getuid()}-{host}-{http_port}-{grpc_port}")
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    found = os.lstat(run_dir)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or \
+            found.st_mode & 0o077:
+        raise ValueError(f"{run_dir} is not a private folder of this user: remove it or "
+                         "pass --haproxy-run-dir")
+    return run_dir
+
+
+def haproxy_run_dir(settings: GatewaySettings) -> Path:
+    """``--haproxy-run-dir``, absolute (HAProxy reads a relative "stats socket" path as
+    host:port), or :func:`default_run_dir` where none is given or its socket paths would
+    be too long (unix socket paths are limited to ~108 bytes)."""
+    given = settings.haproxy_run_dir.resolve() if settings.haproxy_run_dir else None
+    if given is not None and max(len(str(given / name)) for name in
+                                 ("admin.sock", "master.sock")) > MAX_SOCKET_PATH:
+        if settings.haproxy_external:
+            raise ValueError(f"--haproxy-run-dir {given}: too long for a unix socket path")
+        given = None
+    return given or default_run_dir(settings.host, settings.http_port, settings.grpc_port)
+
+
 def _haproxy(settings: GatewaySettings, core: Core, auth: TokenTable,
              control_http: str, control_grpc: str) -> HAProxyController:
-    # absolute: HAProxy reads a relative "stats socket" path as host:port
-    run_dir = settings.haproxy_run_dir.resolve() if settings.haproxy_run_dir else None
-    too_long = run_dir is not None and max(
-        len(str(run_dir / name)) for name in ("admin.sock", "master.sock")) > MAX_SOCKET_PATH
-    if too_long and settings.haproxy_external:
-        raise ValueError(f"--haproxy-run-dir {run_dir}: too long for a unix socket path")
-    if run_dir is None or too_long:  # unix socket paths are limited to ~108 bytes
-        run_dir = Path(tempfile.mkdtemp(prefix="infergate-haproxy-"))
     layout = replace(
         default_layout(settings.host, settings.http_port, settings.grpc_port,
-                       control_http, control_grpc, run_dir),
+                       control_http, control_grpc, haproxy_run_dir(settings)),
         max_body_bytes=settings.max_request_bytes,
         server_timeout_s=max(1, round(settings.upstream_timeout_s)),
         grpc_upstream_reuse=settings.grpc_upstream_reuse,
         tune=settings.haproxy_tune,
     )
     process = HAProxyProcess(layout, settings.haproxy_binary,
-                             external=settings.haproxy_external)
+                             external=settings.haproxy_external,
+                             detached=settings.haproxy_detached)
     return HAProxyController(core, auth, layout, process)
 
 

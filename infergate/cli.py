@@ -95,6 +95,10 @@ def up(
     locally and print where to point a client.
 
     Ctrl-C (or SIGTERM) stops everything; no Triton process is left behind.
+
+    For development, all in one process: HAProxy ends with it however it
+    ends, a crash included (`infergate gateway serve` keeps HAProxy serving
+    through a crash and adopts it when started again).
     """
     from converters.repository import VersionConflict
     from gateway.config.tenancy import load_tenancy_file

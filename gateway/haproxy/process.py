@@ -6,6 +6,13 @@ sockets pass to the new worker (``expose-fd listeners``), so a reload drops no
 connection and the old worker finishes what it has in flight. In Kubernetes HAProxy
 runs in its own container (``external=True``): the control plane only writes the files
 and talks to the master socket on the shared volume.
+
+Started here, HAProxy either ends with the process that started it (a parent-death
+signal: ``infergate up``, the agent) or, ``detached``, outlives its crash (``gateway
+serve``): it keeps routing on its last configuration, and the next start on the same
+run folder finds its master alive on ``master.sock`` and adopts it with a reload, as
+the control plane does with HAProxy in its own container. A graceful stop ends it
+either way.
 """
 
 from __future__ import annotations
@@ -98,14 +105,36 @@ def _die_with_parent_command() -> list[str]:
     return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
+def _master_pid(show_proc: str) -> int | None:
+    """The master's pid in the master CLI's ``show proc`` answer."""
+    for line in show_proc.splitlines():
+        fields = line.split()
+        if len(fields) > 1 and fields[1] == "master":
+            return int(fields[0])
+    return None
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (an adopted master is not ours to reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 class HAProxyProcess:
+    """``detached``: HAProxy outlives a crash of this process and a later start on the
+    same run folder adopts it (module docstring); else it ends with this process."""
+
     def __init__(self, layout: Layout, binary: str | None = None, external: bool = False,
-                 log_file: Path | None = None) -> None:
+                 log_file: Path | None = None, detached: bool = False) -> None:
         self.layout = layout
         self.binary = binary or find_haproxy() or "haproxy"
         self.external = external
+        self.detached = detached
         self.log_file = log_file or layout.run_dir / "haproxy.log"
         self._proc: subprocess.Popen[bytes] | None = None
+        self._master: int | None = None  # the master's pid, started or adopted here
 
     def check(self) -> None:
         """``haproxy -c``: refuse a configuration before any process sees it (skipped
@@ -125,20 +154,46 @@ class HAProxyProcess:
             # the HAProxy container starts on the first configuration it finds
             self._wait_for_admin(max(timeout_s, 120.0))
             return
+        master = self.live_master() if self.detached else None
+        if master is not None:
+            self._adopt(master, timeout_s)
+            return
         for stale in (self.layout.admin_socket, self.layout.master_socket):
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
         out = self.log_file.open("ab")
-        prefix = _die_with_parent_command()
+        prefix = [] if self.detached else _die_with_parent_command()
         self._proc = subprocess.Popen(
             [*prefix, self.binary, "-W", "-db", "-S", f"{self.layout.master_socket},mode,600",
              "-f", str(self.layout.config_path)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,  # a Ctrl-C reaches us first; we stop it in order
-            preexec_fn=None if prefix else _die_with_parent,
+            # a Ctrl-C reaches us first; we stop it in order (or, detached, not at all)
+            start_new_session=True,
+            preexec_fn=None if prefix or self.detached else _die_with_parent,
         )
         out.close()
-        self._wait_for_admin(timeout_s)
+        self._master = self._proc.pid
+        try:
+            self._wait_for_admin(timeout_s)
+        except HAProxyError:
+            self.stop(0)  # one that never answered serves nobody: not left behind
+            raise
+
+    def live_master(self) -> int | None:
+        """The pid of the master answering on the run folder's master socket, if one
+        does (a predecessor's, left serving by its crash)."""
+        with contextlib.suppress(OSError, ValueError):
+            # the master CLI keeps a connection open after one command: quit closes it
+            return _master_pid(send(self.layout.master_socket, "show proc; quit", 2.0))
+        return None
+
+    def _adopt(self, master: int, timeout_s: float) -> None:
+        """The files written are this start's (its control plane listens on new ports):
+        a seamless reload moves the running HAProxy onto them."""
+        log.warning("HAProxy: adopting the running master (pid %d) on %s", master,
+                    self.layout.run_dir)
+        self._master = master
+        self._reload(timeout_s)
 
     def _wait_for_admin(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -156,6 +211,9 @@ class HAProxyProcess:
     def reload(self, timeout_s: float = 10.0) -> None:
         """Seamless reload through the master CLI; returns once the new worker answers."""
         self.check()
+        self._reload(timeout_s)
+
+    def _reload(self, timeout_s: float) -> None:
         before = self._worker_pid()
         answer = send(self.layout.master_socket, "reload", timeout_s)
         if "Success=0" in answer:
@@ -178,25 +236,40 @@ class HAProxyProcess:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        """The master's (None where HAProxy runs elsewhere)."""
+        return self._master
 
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._master is not None and not self._exited(0)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Soft stop (listeners close, in-flight finishes), then SIGTERM, then SIGKILL."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
+        """Soft stop (listeners close, in-flight finishes) for up to ``grace_s``, then
+        SIGTERM, then SIGKILL: over within ``grace_s`` + 2 s."""
+        master = self._master
+        if master is None or self._exited(0):
             return
-        for sig, wait_s in ((signal.SIGUSR1, grace_s), (signal.SIGTERM, 5.0),
-                            (signal.SIGKILL, 5.0)):
+        for sig, wait_s in ((signal.SIGUSR1, grace_s), (signal.SIGTERM, 1.0),
+                            (signal.SIGKILL, 1.0)):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=wait_s)
+                os.killpg(master, sig)  # its own session: the group is the master's pid
+            if self._exited(wait_s):
                 return
+            log.warning("HAProxy did not stop after %s", sig.name)
+
+    def _exited(self, wait_s: float) -> bool:
+        """Whether the master is gone within ``wait_s`` (a child of ours is reaped)."""
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=wait_s)
+                return True
             except subprocess.TimeoutExpired:
-                log.warning("HAProxy did not stop after %s", sig.name)
+                return False
+        deadline = time.monotonic() + wait_s
+        while not _gone(self._master or 0):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def log_tail(self, lines: int = 20) -> str:
         with contextlib.suppress(OSError):

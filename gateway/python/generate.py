@@ -8,13 +8,18 @@ chunk as the member writes them: nothing is buffered, so each event reaches the 
 when Triton sends it. The request holds its admission slot until the last event. A
 client that goes away cancels the upstream request. Errors the gateway produces are
 Triton's shape, ``{"error": "..."}``; Triton's own answers (an error event mid-stream
-included) are relayed as they are.
+included) are relayed as they are. A request still open when the server closes (its
+task cancelled by uvicorn once the gateway's drain is over, ``gateway/embedded.py``)
+ends as Triton ends a failed one: a 503, or, once its events have begun, an error event
+saying the gateway is shutting down, so that the client retries instead of reading a
+body cut short.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -40,6 +45,7 @@ from gateway.upstream.http import UpstreamHTTP
 GENERATE_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/generate(_stream)?$")
 FORWARDED = ("content-type", "content-encoding")
 RELAYED = ("content-type",)
+SHUTTING_DOWN = "the gateway is shutting down: retry the request"
 
 ASGIScope = dict[str, Any]
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
@@ -73,7 +79,7 @@ class GenerateFastPath(FastPath):
             await self.app(scope, receive, send)
             return
         stream = match.group(3) is not None
-        started = False
+        started = ended = False
         try:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             options = options_from_headers(headers)
@@ -89,7 +95,14 @@ class GenerateFastPath(FastPath):
                            forwarded, options, stream)
             async for message in relay.run(receive):
                 started = True
+                ended = message["type"] == "http.response.body" and \
+                    not message.get("more_body")
                 await send(message)
+        except asyncio.CancelledError:
+            # the server is closing (only uvicorn cancels a request): this request's
+            # task ends here, with the answer ended rather than cut
+            if not ended:
+                await _end_at_shutdown(send, started, stream)
         except GatewayError as error:
             if started:  # the answer has begun: all that is left is to end it
                 await send({"type": "http.response.body", "body": b""})
@@ -195,6 +208,19 @@ class _Relay:
             metrics.responses_per_request.labels(self.model, self.protocol).observe(
                 counter.events)
         await self.out.put({"type": "http.response.body", "body": b""})
+
+
+async def _end_at_shutdown(send: ASGISend, started: bool, stream: bool) -> None:
+    """A 503 (``Unavailable``) if nothing was sent yet, else the events' last one,
+    Triton's ``{"error": ...}``, and the end of the body."""
+    if not started:
+        status, data, headers = error_answer(Unavailable(SHUTTING_DOWN))
+        headers.append((b"content-length", str(len(data)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+        return
+    last = f"data: {json.dumps({'error': SHUTTING_DOWN})}\n\n".encode() if stream else b""
+    await send({"type": "http.response.body", "body": last})
 
 
 async def _disconnected(receive: ASGIReceive) -> None:

@@ -20,6 +20,7 @@ another member).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -94,10 +95,11 @@ class GatewayServicer(ControlServicer):
     """The control plane's servicer with the inference RPCs on the Python forwarder."""
 
     def __init__(self, forwarder: Forwarder, control: ModelControl,
-                 upstream: UpstreamGRPC, auth: TokenTable | None = None) -> None:
+                 upstream: UpstreamGRPC, auth: TokenTable | None = None,
+                 closing: asyncio.Event | None = None) -> None:
         super().__init__(forwarder.core, control, upstream, auth)
         self.forwarder = forwarder
-        self.streams = StreamRelay(forwarder, upstream)
+        self.streams = StreamRelay(forwarder, upstream, closing)
 
     def _options(self, context: Any, scope: Scope) -> RequestOptions:
         self._require(context, scope)
@@ -188,15 +190,17 @@ class GatewayServicer(ControlServicer):
 def create_grpc_server(
     forwarder: Forwarder, control: ModelControl, upstream: UpstreamGRPC, address: str,
     auth: TokenTable | None = None, max_message_bytes: int = 256 * 1024 * 1024,
+    closing: asyncio.Event | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """``max_message_bytes``: larger requests are refused by grpc-core itself with
-    RESOURCE_EXHAUSTED before any handler runs."""
+    RESOURCE_EXHAUSTED before any handler runs; ``closing``: set once the drain is
+    over, it ends the ``ModelStreamInfer`` streams still open (UNAVAILABLE)."""
     server = grpc.aio.server(options=[
         *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
         ("grpc.so_reuseport", 1),
         ("grpc.max_receive_message_length", max_message_bytes),
     ])
-    servicer = GatewayServicer(forwarder, control, upstream, auth)
+    servicer = GatewayServicer(forwarder, control, upstream, auth, closing)
     handlers = method_handlers(servicer)
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer, request_deserializer=None, response_serializer=None

@@ -14,7 +14,9 @@ of the stream (its status and message, e.g. CANCELLED or DEADLINE_EXCEEDED). A m
 that fails before its first response is replaced once (the requests it was sent are
 replayed on another member); after that its failure ends the stream with UNAVAILABLE.
 A client message that is not a ``ModelInferRequest`` is not forwarded: the member
-finishes the requests before it, then the stream ends with INVALID_ARGUMENT.
+finishes the requests before it, then the stream ends with INVALID_ARGUMENT. A stream
+still open when the gateway's drain is over (``closing``) ends with UNAVAILABLE, which
+a client retries on another replica (the upstream call is cancelled).
 
 Per-request metrics (:class:`StreamTally`): the gateway asks Triton for its empty final
 response (``triton_enable_empty_final_response``), so it knows when each request is
@@ -53,6 +55,7 @@ def _force_empty_final() -> bytes:
 
 
 FORCE_EMPTY_FINAL = _force_empty_final()  # appended on the wire: a later map entry wins
+SHUTTING_DOWN = "the gateway is shutting down: retry the stream"
 
 
 @dataclass
@@ -231,11 +234,14 @@ class StreamSession:
 
 
 class StreamRelay:
-    """What the gRPC adapter's ``ModelStreamInfer`` calls."""
+    """What the gRPC adapter's ``ModelStreamInfer`` calls. ``closing``: set once the
+    gateway's drain is over."""
 
-    def __init__(self, forwarder: Forwarder, upstream: Any) -> None:
+    def __init__(self, forwarder: Forwarder, upstream: Any,
+                 closing: asyncio.Event | None = None) -> None:
         self.forwarder = forwarder
         self.upstream = upstream
+        self.closing = closing or asyncio.Event()
 
     def _pin(self, model: str, raw: bytes) -> bytes:
         """A rollout's version appended to a message whole at its top level; one cut
@@ -244,9 +250,9 @@ class StreamRelay:
 
     async def relay(self, model: str, first: bytes, requests: AsyncIterator[bytes],
                     options: RequestOptions) -> AsyncGenerator[bytes | StreamEnd, None]:
-        """The member's responses as raw bytes, then how the stream ended. Gateway
-        errors before the stream is established (unknown model, overload, no member)
-        are raised."""
+        """The member's responses as raw bytes, then how the stream ended (UNAVAILABLE
+        once ``closing`` is set). Gateway errors before the stream is established
+        (unknown model, overload, no member) are raised."""
         session = StreamSession(self.upstream, self.forwarder.metrics, requests, first,
                                 options, pin=self._pin)
         reader = asyncio.create_task(session.read_client())
@@ -260,17 +266,28 @@ class StreamRelay:
                 await session.out.put(_END)
 
         task = asyncio.create_task(forward())
+        watcher = asyncio.create_task(self._wake_at_close(session))
         try:
             while True:
                 item = await session.out.get()
+                if self.closing.is_set() and not task.done():
+                    yield StreamEnd(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
+                    return
                 if item is _END:
                     break
                 yield item
             yield await task
         finally:
-            for pending in (task, reader):
+            for pending in (task, reader, watcher):
                 pending.cancel()
-            for pending in (task, reader):
+            for pending in (task, reader, watcher):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pending
             session.tally.close()
+
+    async def _wake_at_close(self, session: StreamSession) -> None:
+        """Once the drain is over, wakes the relay waiting for the member's next
+        response (a full queue has it awake already)."""
+        await self.closing.wait()
+        with contextlib.suppress(asyncio.QueueFull):
+            session.out.put_nowait(_END)

@@ -262,7 +262,8 @@ def test_gateway_killed_during_upload_leaves_repository_whole_and_job_failed(
                 release.set()
                 sender.join(60)
         assert tree(repo) == before, "the killed upload left files in the repository"
-        with run_gateway(config, tmp_path) as gw:
+        # the same command again: it adopts the HAProxy the crash left serving
+        with run_gateway(config, tmp_path, ports=(gw.http_port, gw.grpc_port)) as gw:
             url = f"http://{gw.http_url}"
             reported = job(url, job_id)
             assert reported["state"] == "failed"

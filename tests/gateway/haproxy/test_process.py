@@ -1,20 +1,30 @@
 """HAProxy as the gateway's child: it ends with the process that started it, however
 that process ends, and it is started without running Python between fork and exec (the
-gateway's gRPC threads make such a fork unsafe)."""
+gateway's gRPC threads make such a fork unsafe). Detached (``gateway serve``), it
+outlives its starter's crash, and the next start on its folder adopts it."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 
-from gateway.haproxy.process import _die_with_parent_command
+from gateway.haproxy.process import (
+    HAProxyProcess,
+    _die_with_parent_command,
+    free_port,
+    write_files,
+)
+from gateway.haproxy.render import render
+from gateway.haproxy.snapshot import Layout, Snapshot
 from tests.procs import ROOT, wait_until
 
 STARTER = textwrap.dedent("""
@@ -33,7 +43,7 @@ STARTER = textwrap.dedent("""
                     f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", run,
                     run / "log.sock")
     write_files(render(Snapshot(pools=()), layout), layout)
-    process = HAProxyProcess(layout)
+    process = HAProxyProcess(layout, detached=sys.argv[2] == "detached")
     process.start()
     print(process.pid, flush=True)
     time.sleep(600)
@@ -51,8 +61,8 @@ def _alive(pid: int) -> bool:
 @pytest.mark.integration  # starts the real HAProxy: make test installs it
 def test_haproxy_ends_with_its_starter_when_the_starter_is_killed(tmp_path: Path) -> None:
     assert grpc is not None
-    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path)], cwd=ROOT,
-                               stdout=subprocess.PIPE, text=True)
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path), "attached"],
+                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert starter.stdout is not None
         pid = int(starter.stdout.readline())
@@ -63,6 +73,40 @@ def test_haproxy_ends_with_its_starter_when_the_starter_is_killed(tmp_path: Path
     finally:
         starter.kill()
         starter.wait(10)
+
+
+@pytest.mark.integration
+def test_detached_haproxy_outlives_its_starter_and_is_adopted_when_started_again(
+    tmp_path: Path,
+) -> None:
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path), "detached"],
+                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    master = None
+    try:
+        assert starter.stdout is not None
+        master = int(starter.stdout.readline())
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait(10)
+        time.sleep(0.5)
+        assert _alive(master), "a detached HAProxy died with its starter"
+        # the next start on the same folder: new control ports, the same master
+        layout = Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
+                        f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", tmp_path,
+                        tmp_path / "log.sock")
+        write_files(render(Snapshot(pools=()), layout), layout)
+        process = HAProxyProcess(layout, detached=True)
+        assert process.live_master() == master
+        process.start()
+        assert process.pid == master
+        host, port = layout.http_bind.split(":")
+        socket.create_connection((host, int(port)), timeout=5).close()  # reloaded onto it
+        process.stop(1.0)
+        assert not _alive(master) and process.live_master() is None
+    finally:
+        starter.kill()
+        starter.wait(10)
+        if master is not None and _alive(master):
+            os.killpg(master, signal.SIGKILL)
 
 
 GET_PDEATHSIG = ("import ctypes; libc = ctypes.CDLL('libc.so.6'); sig = ctypes.c_int(); "

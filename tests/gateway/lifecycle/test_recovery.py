@@ -77,7 +77,8 @@ def test_restarted_gateway_reports_jobs_truthfully_when_killed_mid_conversion(
             gw.proc.wait(10)
             assert wait_until(lambda: not _alive(worker), 10), "the worker outlived its gateway"
 
-        with run_gateway(config, tmp_path) as gw:
+        # the same command again: it adopts the HAProxy the crash left serving
+        with run_gateway(config, tmp_path, ports=(gw.http_port, gw.grpc_port)) as gw:
             url = f"http://{gw.http_url}"
             assert job(url, good["id"])["state"] == "succeeded"
             assert job(url, good["id"])["version"] == good["version"]

@@ -15,7 +15,13 @@ from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.metrics import create_metrics
 from gateway.pools import PoolMember
 from gateway.python.forwarder import NO_OPTIONS, Forwarder, RequestOptions
-from gateway.python.streams import EMPTY_FINAL, StreamEnd, StreamRelay, StreamTally
+from gateway.python.streams import (
+    EMPTY_FINAL,
+    SHUTTING_DOWN,
+    StreamEnd,
+    StreamRelay,
+    StreamTally,
+)
 
 
 def _response(request_id: str, final: bool, output: bool = True) -> bytes:
@@ -203,3 +209,31 @@ def test_relay_ends_invalid_argument_after_earlier_answers_when_message_malforme
     assert items[-1] == StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
                                   "malformed protobuf request in the stream")
     assert [r.id for r in upstream.calls[0][1].written] == ["a"]
+
+
+def test_relay_ends_unavailable_and_cancels_upstream_when_gateway_closes() -> None:
+    """The drain is over (``closing`` set) while the client's stream is open and the
+    member still has work: the stream ends with a status a client retries."""
+    upstream = FakeUpstream([None])
+
+    async def run() -> list[Any]:
+        closing = asyncio.Event()
+
+        async def still_open() -> AsyncIterator[bytes]:
+            await asyncio.Event().wait()
+            yield b""  # never reached
+
+        relay = StreamRelay(_dataplane(), upstream, closing)
+        items = []
+        stream = relay.relay("m", _request("a"), still_open(), NO_OPTIONS)
+        async for item in stream:
+            items.append(item)
+            closing.set()  # after the first response
+        await stream.aclose()
+        return items
+
+    items = asyncio.run(run())
+    assert _ids(items) == ["a"]
+    assert items[-1] == StreamEnd(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
+    assert "shutting down" in SHUTTING_DOWN
+    assert upstream.calls[0][1].cancelled
