@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from aiohttp import web
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.pools import PoolMember
@@ -55,3 +57,15 @@ def gateway_app(dataplane: Any, control: Any, upstream: Any, auth: Any = None,
     return create_http_app(dataplane,
                            create_control_app(dataplane.core, control, upstream, auth,
                                               lifecycle), upstream, auth)
+
+
+async def generate_member(port: int, handler: Callable[[web.Request], Awaitable[Any]]
+                          ) -> web.AppRunner:
+    """A fake member on ``port`` whose ``POST /v2/models/m/generate_stream`` is
+    ``handler`` (aiohttp): the generate relay's unit tests; ``cleanup()`` ends it."""
+    app = web.Application()
+    app.router.add_post("/v2/models/m/generate_stream", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner

@@ -16,6 +16,7 @@ from gateway.python.forwarder import Forwarder
 from gateway.python.generate import GenerateFastPath
 from gateway.upstream.http import UpstreamHTTP
 from infergate.triton.local import free_port
+from tests.gateway.conftest import generate_member
 
 EVENTS = [b'data: {"index":0}\n\n', b'data: {"index":1}\n\n', b'data: {"index":2}\n\n']
 
@@ -33,12 +34,7 @@ async def _member(port: int, break_after: int | None = None) -> web.AppRunner:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v2/models/m/generate_stream", generate_stream)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner
+    return await generate_member(port, generate_stream)
 
 
 async def _call(break_after: int | None = None) -> tuple[httpx.Response, Forwarder, Any]:

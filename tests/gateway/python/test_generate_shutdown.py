@@ -17,6 +17,7 @@ from gateway.python.forwarder import Forwarder
 from gateway.python.generate import SHUTTING_DOWN, GenerateFastPath
 from gateway.upstream.http import UpstreamHTTP
 from infergate.triton.local import free_port
+from tests.gateway.conftest import generate_member
 
 FIRST = b'data: {"index":0}\n\n'
 
@@ -35,12 +36,7 @@ async def _member(port: int, events: int, arrived: asyncio.Event,
         await release.wait()  # a long generation
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v2/models/m/generate_stream", generate_stream)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner
+    return await generate_member(port, generate_stream)
 
 
 async def _cancelled_after(events: int) -> list[dict[str, Any]]:
