@@ -13,6 +13,12 @@ snapshot) and moved by every snapshot. Only the control plane's own calls (the
 lifecycle API, uploads, the console, the repository API) go to its Service: while it is
 down they fail within a second saying so, and everything else goes on.
 
+Every second the agent reports what its replica served (``POST /v1/dataplane/report``):
+user requests per model, which the residency's demand counts, and the answers per
+version of the models under rollout, which the rollout's verdicts judge. A rollout's
+split carries a lease: with no fresh verdict for ``LEASE_S`` (the control plane gone),
+the replica sends the model's traffic to stable by itself (``fail_safe``).
+
 Its own port (``--status-port``) serves ``/metrics`` (this replica's request counts and
 latency from HAProxy's per-request lines) and ``/status`` (the snapshot it routes by).
 
@@ -60,12 +66,13 @@ from gateway.haproxy.snapshot import (
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import GatewayMetrics
 from gateway.policy.tenancy import TenantActivity
-from gateway.replica import ReplicaForwarder, ReplicaSettings
-from gateway.telemetry import HAProxyCounts, Telemetry, read_haproxy
+from gateway.replica import ReplicaForwarder, ReplicaSettings, watch_rollouts
+from gateway.telemetry import HAProxyCounts, Telemetry, VersionTally, read_haproxy
 from gateway.upstream.triton_version import GrpcReuse, VersionWatch
 
 log = logging.getLogger(__name__)
 LEASE_CHECK_S = 1.0  # how often the rollouts' leases are looked at
+REPORT_S = 1.0  # how often what the replica served is reported to the control plane
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,7 @@ class AgentSettings:
     haproxy_tune: tuple[tuple[str, str], ...] = ()  # Layout.tune
     observe_s: float = 1.0
     upstream_timeout_s: float = 60.0  # the replica's forwarder's bound on a member's answer
+    canary_lease_s: float = LEASE_S  # no verdict for this long: the candidate's share to stable
     agent_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
 
@@ -120,7 +128,12 @@ class Agent:
         # (the control plane's clock, ours) at its last snapshot: the leases' clock
         self._control_clock: tuple[float, float] | None = None
         self.routed_version = ""  # what HAProxy and the forwarder route by (fail_safe)
-        self._receiver = LogReceiver(self.layout.log_socket, RequestLog(self.metrics))
+        # HAProxy's answers per version of the models under rollout (its log lines): the
+        # report carries them to the control plane's verdicts, beside the forwarder's
+        self.tally = VersionTally()
+        self._receiver = LogReceiver(self.layout.log_socket,
+                                     RequestLog(self.metrics, tally=self.tally))
+        self._reported: dict[str, float] = {}  # user requests per model, at the last report
         # what this replica does with each member's gRPC connections (its own setting
         # over the versions the control plane read)
         self.versions = VersionWatch(self.metrics.member_info, settings.grpc_upstream_reuse)
@@ -281,16 +294,17 @@ class Agent:
     def _routed(self, snapshot: Snapshot) -> Snapshot:
         """What to route by: ``snapshot`` with every rollout whose lease ran out moved to
         stable (canaries fail safe while the control plane is away)."""
-        routed = fail_safe(snapshot, self.control_now())
-        if routed is not snapshot and self.routed_version != snapshot_version(routed):
-            stale = [r.model for r in snapshot.routes if r not in routed.routes]
-            log.warning("agent: no verdict from the control plane for %.0f s: %s served by "
-                        "stable alone", LEASE_S, ", ".join(stale) or "the default route")
-        return routed
+        return fail_safe(snapshot, self.control_now(), self.settings.canary_lease_s)
 
     async def _apply(self, snapshot: Snapshot) -> None:
         self.received = snapshot
+        watch_rollouts(self.tally, snapshot)
         routed = self._routed(snapshot)
+        if routed is not snapshot and self.routed_version != snapshot_version(routed):
+            stale = [r.model for r in snapshot.routes if r not in routed.routes]
+            log.warning("agent: no verdict from the control plane for %.0f s: %s served by "
+                        "stable alone", self.settings.canary_lease_s,
+                        ", ".join(stale) or "the default route")
         if self.replica is not None:
             self.replica.follow(routed)
         try:
@@ -305,14 +319,48 @@ class Agent:
         self._note_versions(snapshot)
         log.info("agent: routing on snapshot %s (%s)", self.version, how)
 
+    def report(self) -> dict[str, Any] | None:
+        """What this replica served since the last report (None: nothing): user
+        requests per model (its request counter's growth) and the answers per version of
+        the models under rollout (HAProxy's and the forwarder's)."""
+        totals: dict[str, float] = {}
+        for family in self.metrics.requests.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels.get("traffic") == "user":
+                    model = sample.labels["model"]
+                    totals[model] = totals.get(model, 0.0) + sample.value
+        served = {m: int(n - self._reported.get(m, 0.0)) for m, n in totals.items()
+                  if n - self._reported.get(m, 0.0) >= 1}
+        self._reported = {m: self._reported.get(m, 0.0) + served.get(m, 0)
+                          for m in totals}
+        answers: dict[str, dict[int, list[tuple[bool, float]]]] = self.tally.take()
+        if self.replica is not None:
+            for model, versions in self.replica.core.state.tally.take().items():
+                for version, more in versions.items():
+                    answers.setdefault(model, {}).setdefault(version, []).extend(more)
+        return {"served": served, "answers": answers} if served or answers else None
+
+    async def _report(self, client: httpx.AsyncClient) -> None:
+        """Every second, what this replica served, to the control plane
+        (``POST /v1/dataplane/report``): the residency's demand and the rollouts'
+        verdicts count the traffic the replicas carry. Lost while it is away (no verdict
+        is taken then; demand resumes with the next report)."""
+        while True:
+            await asyncio.sleep(REPORT_S)
+            body = self.report()
+            if body is None:
+                continue
+            with contextlib.suppress(httpx.HTTPError):
+                await client.post(f"http://{self.settings.control_http}/v1/dataplane/report",
+                                  json=body, headers=self._auth_headers(), timeout=REPORT_S * 2)
+
     async def _watch_leases(self) -> None:
         """Every second: a rollout whose lease ran out meanwhile moves to stable (no
         snapshot arrives when the control plane is gone, which is when it matters)."""
         while True:
             await asyncio.sleep(LEASE_CHECK_S)
             received = self.received
-            if received is not None and \
-                    snapshot_version(fail_safe(received, self.control_now())) != \
+            if received is not None and snapshot_version(self._routed(received)) != \
                     self.routed_version:
                 await self._apply(received)
 
@@ -346,7 +394,7 @@ class Agent:
         settings = self.settings
         replica = ReplicaForwarder(await self.first_config(client), ReplicaSettings(
             settings.control_http, settings.token, settings.upstream_timeout_s,
-            settings.drain_timeout_s, settings.max_request_bytes))
+            settings.drain_timeout_s, settings.max_request_bytes), self.metrics)
         await replica.start()
         # HAProxy sends what it cannot route to it: its ports are in HAProxy's config
         self.layout = replace(self.layout, local_http=replica.http_address,
@@ -374,6 +422,7 @@ class Agent:
                 asyncio.create_task(self._follow(client), name="follow"),
                 asyncio.create_task(self._observe(), name="observe"),
                 asyncio.create_task(self._watch_leases(), name="leases"),
+                asyncio.create_task(self._report(client), name="report"),
                 asyncio.create_task(status.serve(), name="status"),
             ]
             log.warning("infergate data-plane agent: HTTP %s gRPC %s, control plane %s, "
@@ -383,7 +432,7 @@ class Agent:
                 await stop.wait()
             finally:
                 status.should_exit = True
-                for task in tasks[:3]:
+                for task in tasks[:4]:
                     task.cancel()
                 # HAProxy drains and stops while the forwarder still serves what it sends
                 await asyncio.gather(

@@ -14,7 +14,7 @@ import typer
 from gateway.auth import TOKENS_ENV, TokenConfigError, TokenTable, load_token_entries
 from gateway.config import GatewayConfig, load_gateway_config
 from gateway.config.tenancy import load_tenancy_file
-from gateway.haproxy.snapshot import parse_tune
+from gateway.haproxy.snapshot import LEASE_S, LEASE_STEP_S, parse_tune
 from gateway.server import GatewaySettings, choose_data_plane, serve
 from gateway.upstream.triton_version import GrpcReuse
 
@@ -167,11 +167,17 @@ def agent_command(
                     "files and reload it through its master socket."),
     grpc_upstream_reuse: GrpcReuse = typer.Option(GrpcReuse.AUTO, help=GRPC_REUSE_HELP),
     haproxy_tune: Annotated[list[str], typer.Option(help=HAPROXY_TUNE_HELP)] = [],  # noqa: B006
+    canary_lease: float = typer.Option(
+        LEASE_S, min=LEASE_STEP_S + 1.0,
+        help="Seconds without a rollout verdict from the control plane after which this "
+             "replica sends the model's traffic to stable (more than the lease's "
+             f"{LEASE_STEP_S:.0f} s publication step)."),
     log_level: str = typer.Option("warning", help="Log level."),
 ) -> None:
     """One data-plane replica: HAProxy following the control plane's snapshots (and its
-    last one on disk while the control plane is down). Token: $INFERGATE_AGENT_TOKEN
-    (admin scope) when the control plane has auth on."""
+    last one on disk while the control plane is down), with its own Python forwarder for
+    streams, generate, misses, health and metadata. Token: $INFERGATE_AGENT_TOKEN (admin
+    scope) when the control plane has auth on."""
     from gateway.agent import AgentSettings, run_agent
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -180,6 +186,6 @@ def agent_command(
         host=host, http_port=http_port, grpc_port=grpc_port, status_port=status_port,
         token=os.environ.get("INFERGATE_AGENT_TOKEN"), max_request_bytes=max_request_bytes,
         haproxy_external=haproxy_external, grpc_upstream_reuse=grpc_upstream_reuse,
-        haproxy_tune=_tune(haproxy_tune),
+        haproxy_tune=_tune(haproxy_tune), canary_lease_s=canary_lease,
     )
     asyncio.run(run_agent(settings))

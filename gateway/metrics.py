@@ -43,6 +43,7 @@ class GatewayMetrics:
     responses_per_request: Histogram
     rollout_percent: Gauge
     rollout_decisions: Counter
+    replica_requests: Counter
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -182,6 +183,14 @@ def create_metrics(registry: CollectorRegistry | None = None) -> GatewayMetrics:
             "infergate_rollout_decisions",
             "Rollout verdicts per model: promote, hold, rollback (and abort, interrupted).",
             ("model", "decision"),
+            registry=registry,
+        ),
+        replica_requests=Counter(
+            "infergate_replica_requests",
+            "User inference requests the data-plane replicas served, as they report them to "
+            "the control plane every second (the residency's demand; each replica's own "
+            "/metrics has them by pool, protocol and outcome).",
+            ("model",),
             registry=registry,
         ),
         responses_per_request=Histogram(

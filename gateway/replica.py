@@ -42,12 +42,14 @@ from gateway.embedded import EmbeddedServer
 from gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, Overloaded, Unavailable
 from gateway.haproxy.process import free_port
 from gateway.haproxy.snapshot import Snapshot, server_name
+from gateway.metrics import GatewayMetrics
 from gateway.policy.rollout import Shadow, Split
 from gateway.python.forwarder import Forwarder
 from gateway.python.grpc_api import create_grpc_server
 from gateway.python.http_api import create_http_app
 from gateway.python.http_framing import GatewayHttpToolsProtocol
 from gateway.state import GatewayState
+from gateway.telemetry import VersionTally
 from gateway.upstream.grpc import UpstreamGRPC
 from gateway.upstream.http import UpstreamHTTP
 from gateway.upstream.triton import MemberAdmin
@@ -99,7 +101,18 @@ def apply_snapshot(state: GatewayState, snapshot: Snapshot,
             if state.split_of(route.model) is not None:
                 state.set_split(route.model, None)
             _apply_shadow(state, route.model, None, None)
+    watch_rollouts(state.tally, snapshot)
     state.set_preloaded(True)  # the control plane publishes only what may be routed
+
+
+def watch_rollouts(tally: VersionTally, snapshot: Snapshot) -> None:
+    """``tally`` keeps the answers of the models under rollout in ``snapshot`` (a split),
+    and only theirs: what the replica reports to the control plane's verdicts."""
+    rolling = {r.model for r in snapshot.routes if r.split is not None}
+    for model in tally.watched() - rolling:
+        tally.forget(model)
+    for model in rolling:
+        tally.watch(model)
 
 
 def _apply_shadow(state: GatewayState, model: str, percent: int | None,
@@ -195,9 +208,10 @@ class ReplicaForwarder:
     """The replica's Python forwarder and its HTTP and gRPC servers, on private loopback
     ports that HAProxy sends to (``Layout.local_http`` / ``local_grpc``)."""
 
-    def __init__(self, config: GatewayConfig, settings: ReplicaSettings) -> None:
+    def __init__(self, config: GatewayConfig, settings: ReplicaSettings,
+                 metrics: GatewayMetrics | None = None) -> None:
         self.settings = settings
-        self.core = Core.for_config(config)
+        self.core = Core.for_config(config, metrics)  # the agent's: one /metrics
         self.core.state.set_preloaded(False)  # ready once a snapshot says where to route
         self.auth = TokenTable()
         self.forwarder = Forwarder(self.core)

@@ -186,6 +186,22 @@ class VersionTally:
             if len(answers) > MAX_TALLIED:  # unread for long: keep the newest half
                 del answers[: len(answers) // 2]
 
+    def take(self) -> dict[str, dict[int, list[tuple[bool, float]]]]:
+        """Every answer recorded since the last take, (ok, seconds) per model and version,
+        and none kept: what a data-plane replica reports to the control plane, whose
+        rollout judges them."""
+        with self._lock:
+            taken = {model: {v: [(ok, s) for _, ok, s in answers]
+                             for v, answers in versions.items() if answers}
+                     for model, versions in self._answers.items()}
+            for versions in self._answers.values():
+                versions.clear()
+        return {model: versions for model, versions in taken.items() if versions}
+
+    def watched(self) -> set[str]:
+        with self._lock:
+            return set(self._answers)
+
     def window(self, model: str, version: int, since: float) -> Window:
         """Answers of ``version`` recorded at or after ``since`` (older ones dropped)."""
         with self._lock:

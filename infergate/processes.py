@@ -148,9 +148,10 @@ class AgentProcess(FrontDoor):
 
 @contextlib.contextmanager
 def run_agent(control: GatewayProcess, state_dir: Path, token: str | None = None,
-              source: Path | None = None) -> Iterator[AgentProcess]:
+              source: Path | None = None, *args: str) -> Iterator[AgentProcess]:
     """A data-plane replica (HAProxy + agent) following ``control``'s snapshots;
-    ``source``: another checkout's agent (default this one)."""
+    ``source``: another checkout's agent (default this one); ``args``: more of the
+    agent's options."""
     http_port, grpc_port, status_port = free_port(), free_port(), free_port()
     state_dir.mkdir(parents=True, exist_ok=True)
     log = state_dir / "agent.log"
@@ -162,7 +163,7 @@ def run_agent(control: GatewayProcess, state_dir: Path, token: str | None = None
             [sys.executable, "-m", "gateway", "agent", "--control-plane", control.http_url,
              "--control-grpc", control.grpc_url, "--state-dir", str(state_dir),
              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-             "--status-port", str(status_port), "--log-level", "warning"],
+             "--status-port", str(status_port), "--log-level", "warning", *args],
             cwd=source or ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
         )
     agent = AgentProcess(proc, http_port, grpc_port, status_port, log)

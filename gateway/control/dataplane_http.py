@@ -8,17 +8,32 @@
   many replicas and requests ask) and answers once a member holds it, or with the
   waiting room's own answer (503 + ``Retry-After`` saying why, 404 for a name no pool
   knows); ``wait``: what the request may still wait (absent: the waiting room's
-  ``max_wait_s``).
+  ``max_wait_s``);
+- ``POST /v1/dataplane/report``: what a replica served since its last report, every
+  second: user requests per model (the residency's demand and last use:
+  ``infergate_replica_requests_total``) and the answers of each version of the models
+  under rollout (the rollout judges them beside its own: without them a canary's verdict
+  would see none of the traffic the replicas carry).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
 from gateway.auth import Scope, TokenTable
 from gateway.control.lifecycle_http import requires
 from gateway.core import Core
+
+MAX_REPORTED = 100_000  # answers one report may carry (a replica sends a second's worth)
+
+
+class ReplicaReport(BaseModel):
+    # model -> user requests the replica served since its last report
+    served: dict[str, int] = Field(default_factory=dict)
+    # model -> version -> (ok, seconds) per answer, for the models under rollout
+    answers: dict[str, dict[int, list[tuple[bool, float]]]] = Field(default_factory=dict)
 
 
 def create_dataplane_router(core: Core, auth: TokenTable) -> APIRouter:
@@ -35,5 +50,20 @@ def create_dataplane_router(core: Core, auth: TokenTable) -> APIRouter:
         await core.state.wait_resident(model, wait)
         return JSONResponse({"model": model, "holders": sorted(core.state.holders(model)
                                                               or ())})
+
+    @router.post("/report", status_code=204)
+    async def report(body: ReplicaReport) -> Response:
+        state, now = core.state, core.clock()
+        for model, count in body.served.items():
+            if count > 0 and state.pools_for(model):  # (a model no pool serves: no label)
+                core.metrics.replica_requests.labels(model).inc(count)
+                state.note_used(model, now)
+        room = MAX_REPORTED
+        for model, versions in body.answers.items():
+            for version, answers in versions.items():
+                for ok, seconds in answers[:room]:
+                    state.tally.record(model, version, ok, seconds, now)
+                room -= min(room, len(answers))
+        return Response(status_code=204)
 
     return router

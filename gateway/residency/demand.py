@@ -1,6 +1,8 @@
 """Each model's demand: user requests per second, smoothed, read once per round from the
 request counter both data planes feed (``infergate_requests_total{traffic="user"}``:
-the Python forwarder counts its own, HAProxy's log lines count its), and recorded to a
+the Python forwarder counts its own, HAProxy's log lines count its) and from what the
+data-plane replicas report they served (``infergate_replica_requests_total``,
+``POST /v1/dataplane/report``), and recorded to a
 file so that a restarted gateway preloads by the use it measured before.
 """
 
@@ -49,6 +51,10 @@ class DemandMeter:
         for family in self.metrics.requests.collect():
             for sample in family.samples:
                 if sample.name.endswith("_total") and sample.labels.get("traffic") == "user":
+                    totals[sample.labels["model"]] += sample.value
+        for family in self.metrics.replica_requests.collect():  # what replicas served
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
                     totals[sample.labels["model"]] += sample.value
         return totals
 

@@ -49,3 +49,14 @@ def test_tally_keeps_watched_models_per_version_when_recorded() -> None:
     tally.forget("m")
     tally.record("m", 1, True, 0.01, at=9.0)
     assert tally.window("m", 1, since=0.0).requests == 0
+
+
+def test_tally_take_hands_over_what_was_recorded_once() -> None:
+    """What a replica reports: every answer since the last take, then none."""
+    tally = VersionTally()
+    tally.watch("m")
+    tally.record("m", 1, True, 0.01, at=1.0)
+    tally.record("m", 2, False, 0.02, at=2.0, count=2)
+    assert tally.take() == {"m": {1: [(True, 0.01)], 2: [(False, 0.02), (False, 0.02)]}}
+    assert tally.take() == {}
+    assert tally.watched() == {"m"}  # still watched: the next answers are kept

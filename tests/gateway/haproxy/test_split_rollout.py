@@ -3,9 +3,10 @@ plane, one data-plane replica (HAProxy + agent), one Triton. The control plane i
 (SIGKILL) at the 50 % step and restarted with the same command: the restarted process
 knows the replica from before, moves it to stable and waits for its acknowledgement
 before Triton unloads the candidate, and does not answer 503 for the model while its
-preload runs. During the outage the candidate's lease runs out: within LEASE_S of the
-loss, the replica sends every request to stable. Unversioned requests through the
-replica never fail, and the job says the rollout was interrupted (issue 35: 2 and 6
+preload runs. The control plane's verdict judges the requests the replica carries (its
+reports). During the outage the candidate's lease runs out: within the replica's
+--canary-lease of the loss, it sends every request to stable. Unversioned requests
+through the replica never fail, and the job says the rollout was interrupted (issue 35: 2 and 6
 requests had failed with "version 2 is not at ready state")."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,7 +24,7 @@ import pytest
 from converters.tiny import build_tiny_model
 from gateway.agent import LEASE_CHECK_S
 from gateway.haproxy.feed import AGENTS_FILE
-from gateway.haproxy.snapshot import LEASE_S
+from gateway.haproxy.snapshot import LEASE_STEP_S
 from infergate.processes import run_agent
 from infergate.triton.local import LocalTriton, free_port
 from tests.conftest import triton_settings
@@ -42,6 +44,7 @@ from tests.procs import end_in_background, run_gateway, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "canary"
+LEASE = LEASE_STEP_S + 2  # the replica's --canary-lease: the shortest it takes, nearly
 
 
 class Traffic:
@@ -92,6 +95,13 @@ def _split(agent_dir: Path) -> list[int] | None:
     return next((r["split"] for r in routes if r["model"] == MODEL), None)
 
 
+def _window(control_url: str) -> dict[str, Any]:
+    """The running step's windows per version, as the control plane's rollout has them."""
+    status = httpx.get(f"{control_url}/v1/models/{MODEL}/rollout", headers=bearer("upload"))
+    return dict(status.json().get("window") or {"stable": {"requests": 0},
+                                                 "candidate": {"requests": 0}})
+
+
 def _versions_loaded(triton_http: str) -> list[str]:
     answer = httpx.get(f"http://{triton_http}/v2/models/{MODEL}")
     return list(answer.json().get("versions", [])) if answer.status_code == 200 else []
@@ -107,7 +117,8 @@ def test_restart_mid_rollout_fails_no_request_through_the_replica(tmp_path: Path
                                   models={MODEL: {"preload": True}})
         ports = (free_port(), free_port())
         with run_gateway(config, tmp_path, data_plane="python", ports=ports) as control, \
-                run_agent(control, tmp_path / "agent", TOKENS["admin"]) as agent:
+                run_agent(control, tmp_path / "agent", TOKENS["admin"], None,
+                          "--canary-lease", str(LEASE)) as agent:
             url = f"http://{control.http_url}"
             accepted = upload(url, MODEL, affine_onnx(tmp_path / "v2.onnx", 2.1),
                               {**TINY_SPEC, "rollout": {
@@ -121,12 +132,16 @@ def test_restart_mid_rollout_fails_no_request_through_the_replica(tmp_path: Path
             with Traffic(agent.http_url) as traffic:
                 assert wait_until(lambda: len(traffic.answers) >= 20, 30)
                 assert wait_until(lambda: traffic.candidate_answered(0.0) > 0, 30)
+                # the verdict judges the traffic the replica carries (its reports)
+                assert wait_until(lambda: all(_window(url)[v]["requests"] > 0
+                                              for v in ("stable", "candidate")), 10), \
+                    _window(url)
                 control.proc.send_signal(signal.SIGKILL)
                 lost = time.monotonic()
                 control.proc.wait(10)
-                # the outage: no verdict, so the candidate's lease runs out (LEASE_S after
+                # the outage: no verdict, so the candidate's lease runs out (LEASE after
                 # the last one at most) and the replica sends everything to stable
-                safe = lost + LEASE_S + LEASE_CHECK_S
+                safe = lost + LEASE + LEASE_CHECK_S
                 assert wait_until(lambda: sum(1 for sent, _ in traffic.slopes
                                               if sent > safe) >= 40, 60)
                 assert traffic.candidate_answered(after=safe) == 0

@@ -55,3 +55,13 @@ def test_an_unreadable_record_starts_empty(tmp_path: Path) -> None:
     path = tmp_path / "demand.json"
     path.write_text("{not json")
     assert DemandMeter(create_metrics(), 1.0, path).recorded() == {}
+
+
+def test_the_rate_counts_what_the_replicas_report_they_served() -> None:
+    metrics = create_metrics()
+    meter = DemandMeter(metrics, half_life_s=0.0)
+    meter.read(0.0)
+    count(metrics, "a", 5)  # served here
+    metrics.replica_requests.labels("a").inc(15)  # served by the data-plane replicas
+    meter.read(1.0)
+    assert meter.rate("a") == pytest.approx(20.0)

@@ -1,0 +1,65 @@
+"""What the control plane tells data-plane replicas and hears from them
+(gateway/control/dataplane_http.py): its configuration, and their reports of what they
+served, which the residency's demand and the rollouts' verdicts count."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request, Response
+from fastapi.testclient import TestClient
+
+from gateway.auth import TokenEntry, TokenTable
+from gateway.config import GatewayConfig
+from gateway.config.pools import MemberSpec, PoolSpec
+from gateway.control.dataplane_http import create_dataplane_router
+from gateway.core import Core
+from gateway.errors import GatewayError, error_answer
+
+CONFIG = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),), models=("m",)),))
+
+
+def _client(core: Core, auth: TokenTable | None = None) -> TestClient:
+    app = FastAPI()
+    app.include_router(create_dataplane_router(core, auth or TokenTable()))
+
+    @app.exception_handler(GatewayError)  # as the control plane's app answers them
+    async def _answer(_: Request, error: GatewayError) -> Response:
+        status, body, _headers = error_answer(error)
+        return Response(body, status_code=status)
+
+    return TestClient(app)
+
+
+def test_the_configuration_a_replica_builds_its_forwarder_from() -> None:
+    core = Core.for_config(CONFIG)
+    answer = _client(core).get("/v1/dataplane/config")
+    assert GatewayConfig.model_validate(answer.json()["config"]) == CONFIG
+
+
+def test_a_report_counts_into_demand_use_and_the_watched_rollouts() -> None:
+    core = Core.for_config(CONFIG)
+    core.state.tally.watch("m")
+    client = _client(core)
+    answer = client.post("/v1/dataplane/report", json={
+        "served": {"m": 7, "nobody-serves-this": 3},
+        "answers": {"m": {"1": [[True, 0.01], [True, 0.02]], "2": [[False, 0.5]]},
+                    "unwatched": {"1": [[True, 0.01]]}}})
+    assert answer.status_code == 204
+    samples = {s.labels["model"]: s.value for f in core.metrics.replica_requests.collect()
+               for s in f.samples if s.name.endswith("_total")}
+    assert samples == {"m": 7.0}  # a model no pool serves makes no label
+    assert "m" in core.state.last_used()
+    assert core.state.tally.window("m", 1, since=0.0).requests == 2
+    assert core.state.tally.window("m", 2, since=0.0).errors == 1
+    assert client.post("/v1/dataplane/report", json={"served": {"m": "x"}}).status_code == 422
+
+
+def test_the_replicas_calls_need_an_admin_token_when_auth_is_on() -> None:
+    auth = TokenTable([TokenEntry(name="ops", token="s3cret-admin-token", scopes=("admin",)),
+                       TokenEntry(name="app", token="s3cret-app-token", scopes=("predict",))])
+    client = _client(Core.for_config(CONFIG), auth)
+    assert client.post("/v1/dataplane/report", json={}).status_code == 401
+    app = {"Authorization": "Bearer s3cret-app-token"}
+    assert client.post("/v1/dataplane/report", json={}, headers=app).status_code == 403
+    admin = {"Authorization": "Bearer s3cret-admin-token"}
+    assert client.post("/v1/dataplane/report", json={}, headers=admin).status_code == 204
+    assert client.get("/v1/dataplane/config", headers=admin).status_code == 200
