@@ -41,7 +41,7 @@ run: venv runtime haproxy-optional
 
 ## test: set up the same environments and run the whole suite
 test: venv runtime system-deps $(KSERVE_ENV)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 test-fast: venv runtime
 	$(PY) -m pytest -q -m "not slow and not integration"

@@ -445,7 +445,7 @@ def open_loop(stack: Stack, protocol: str, load_x: int, arm: str, round_: int,
                             stack.scratch / "open.tsv",
                             deadline_headers(protocol, deadline if arm == ON else None))
     # the arm without shedding works off up to (x - 1) x capacity x seconds afterwards
-    limit = plan.seconds * (1 + max(LOADS)) + RUN_LIMIT_SLACK_S
+    limit = plan.seconds * (1 + load_x) + RUN_LIMIT_SLACK_S
     done = run_h2load(cmd, limit)
     delta = settled(stack.counts).minus(before)
     problem = f"h2load interrupted after {limit:.0f} s" if done.cut_off else ""
@@ -480,12 +480,12 @@ def baseline(stack: Stack, protocol: str, setup: ModelSetup, seconds: float) -> 
     return Baseline(alone_p50, capacity)
 
 
-def measure(stack: Stack, protocol: str, base: Baseline, rounds: int, seconds: float
-            ) -> list[ArmRun]:
+def measure(stack: Stack, protocol: str, base: Baseline, rounds: int, seconds: float,
+            loads: Sequence[int] = LOADS) -> list[ArmRun]:
     runs = []
-    plans = {x: schedule(x * base.capacity_per_s, seconds) for x in LOADS}
+    plans = {x: schedule(x * base.capacity_per_s, seconds) for x in loads}
     for r in range(rounds):
-        for i, x in enumerate(LOADS):
+        for i, x in enumerate(loads):
             for arm in ((ON, OFF) if (r + i) % 2 == 0 else (OFF, ON)):
                 run = open_loop(stack, protocol, x, arm, r, plans[x], base.deadline_ms)
                 runs.append(run)
@@ -641,7 +641,10 @@ def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
 # -- the run --------------------------------------------------------------------------
 
 def run(model: str = "sample", protocols: Sequence[str] = PROTOCOLS, rounds: int = 3,
-        seconds: float = 2.0, data_plane: str = "haproxy") -> list[dict[str, Any]]:
+        seconds: float = 2.0, data_plane: str = "haproxy", loads: Sequence[int] = LOADS
+        ) -> list[dict[str, Any]]:
+    """The benchmark's rows; ``loads``: the offered loads, in multiples of the measured
+    capacity (a subset of :data:`LOADS`: the goals are judged at its highest)."""
     if shutil.which("h2load") is None:
         raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
     setup = MODELS[model]
@@ -658,7 +661,7 @@ def run(model: str = "sample", protocols: Sequence[str] = PROTOCOLS, rounds: int
             say(f"{protocol}: alone p50 {base.alone_p50_ms:.1f} ms -> deadline "
                 f"{base.deadline_ms} ms; capacity {base.capacity_per_s:.1f}/s at "
                 f"{setup.saturating_in_flight} in flight (closed loop)")
-            runs += measure(st, protocol, base, rounds, seconds)
+            runs += measure(st, protocol, base, rounds, seconds, loads)
             # a model that came out of overload slower than it went in (a Triton bug can
             # leave its batcher so: see the docstring) taints every run after the first
             after, _ = closed_loop(st, protocol, setup.saturating_in_flight, min(seconds, 2.0))

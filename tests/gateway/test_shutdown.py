@@ -27,7 +27,7 @@ from tests.procs import pools_yaml, run_gateway, started_triton
 
 pytestmark = pytest.mark.integration
 MODEL = DECOUPLED_MODEL_NAME
-DRAIN_S = 4.0
+DRAIN_S = 2.0
 COUNT, DELAY_MS = 1000, 100  # ~100 s of responses
 LONG = {"text_input": "x", "count": COUNT, "delay_ms": DELAY_MS}
 

@@ -273,9 +273,10 @@ def test_markdown_and_plot_show_every_row(tmp_path: Path) -> None:
 def test_quick_run_gives_consistent_rows_for_every_load_and_arm() -> None:
     if shutil.which("h2load") is None:
         pytest.fail("h2load not found: install Debian's nghttp2-client (make system-deps)")
-    rows = bo.run(model="tiny", protocols=("http",), rounds=1, seconds=2.0)
+    # the lowest and the highest load (where the goals are judged): 2x adds no case
+    rows = bo.run(model="tiny", protocols=("http",), rounds=1, seconds=1.0, loads=(1, 4))
     assert [(r["offered_x"], r["arm"]) for r in rows] == [
-        (1, bo.ON), (1, bo.OFF), (2, bo.OFF), (2, bo.ON), (4, bo.ON), (4, bo.OFF)]
+        (1, bo.ON), (1, bo.OFF), (4, bo.OFF), (4, bo.ON)]
     for r in rows:
         assert r["model"] == bo.TINY_WORK_NAME and r["latency"] == bo.EXACT
         assert r["capacity_per_s"] > 0 and r["deadline_ms"] >= bo.DEADLINE_FLOOR_MS
@@ -292,6 +293,6 @@ def test_quick_run_gives_consistent_rows_for_every_load_and_arm() -> None:
     by = {(r["offered_x"], r["arm"]): r for r in rows}
     if by[(1, bo.ON)]["goodput_per_s"] > 0:
         assert by[(1, bo.ON)]["goodput_ratio"] == 1.0
-    assert all(by[(x, bo.OFF)]["shed_per_s"] == 0.0 for x in bo.LOADS)  # no deadline sent
+    assert all(by[(x, bo.OFF)]["shed_per_s"] == 0.0 for x in (1, 4))  # no deadline sent
     assert by[(4, bo.ON)]["shed_per_s"] > 0  # 4x capacity: the deadline rule shed some
     assert "| tiny_work | http | 4x | on |" in bo.markdown(rows)

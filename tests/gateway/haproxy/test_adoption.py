@@ -23,6 +23,7 @@ from tests.conftest import triton_settings
 from tests.procs import pools_yaml, run_gateway, started_triton, wait_until
 
 pytestmark = pytest.mark.integration
+OUTAGE_ANSWERS = 100  # answers while the Python process is dead, and after the restart
 
 
 def _haproxy_parents(run_dir: Path) -> dict[int, int]:
@@ -103,14 +104,16 @@ def test_serve_haproxy_outlives_a_crash_and_the_restart_adopts_it(
             gw.proc.kill()  # a crash: no drain, no clean-up
             gw.proc.wait(10)
             killed = time.monotonic()
-            time.sleep(3)  # the outage
+            served = len(load.ok)  # the outage: requests go on being answered
+            assert wait_until(lambda: len(load.ok) >= served + OUTAGE_ANSWERS, 30)
         assert _master(run_dir) == master, "HAProxy died with the Python process"
         restarted = time.monotonic()
         with run_gateway(pools, tmp_path, data_plane="haproxy", ports=ports) as again:
             ready = time.monotonic()
             assert _master(run_dir) == master  # adopted, not started anew
             assert "adopting the running master" in again.log.read_text()
-            time.sleep(3)  # served by the reloaded HAProxy
+            served = len(load.ok)  # served by the reloaded HAProxy
+            assert wait_until(lambda: len(load.ok) >= served + OUTAGE_ANSWERS, 30)
             load.stop.set()
             load.join(30)
             after = time.monotonic()
