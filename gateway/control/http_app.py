@@ -6,7 +6,8 @@ to the members, dynamic batching, the lifecycle (uploads, versions, rollouts), s
 tenants, ``/metrics``, and the routers the assembler adds (the snapshot feed, the
 console). A data plane serves inference and mounts this app for the rest: the Python
 forwarder wraps it (``gateway/python/http_api.py``); HAProxy forwards what is not
-inference to it.
+inference to it. A data-plane replica mounts only the calls it serves without the
+control plane (:func:`add_serving_routes`, ``gateway/replica.py``).
 """
 
 from __future__ import annotations
