@@ -76,7 +76,7 @@ def test_gateway_openapi_fuzz_answers_no_server_fault(gateway: GatewayProcess,
     spec = httpx.get(f"http://{gateway.http_url}/openapi.json").json()
     schema = schemathesis.openapi.from_dict(spec)
     with fuzzing(gateway, tally, "http-openapi-gateway") as surface:
-        run_schema(schema, f"http://{gateway.http_url}", tally, surface, cases(6),
+        run_schema(schema, f"http://{gateway.http_url}", tally, surface, cases(8),
                    prepare=_keep_served_models)
 
 
@@ -93,5 +93,5 @@ def test_open_inference_protocol_fuzz_answers_no_server_fault(gateway: GatewayPr
                                                               tally: Tally) -> None:
     schema = schemathesis.openapi.from_dict(yaml.safe_load(OIP_SCHEMA.read_text()))
     with fuzzing(gateway, tally, "http-openapi-oip") as surface:
-        run_schema(schema, f"http://{gateway.http_url}", tally, surface, cases(25),
+        run_schema(schema, f"http://{gateway.http_url}", tally, surface, cases(35),
                    prepare=_infer_tiny)
