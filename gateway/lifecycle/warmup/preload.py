@@ -9,10 +9,10 @@ keeps the gateway unready: a replica that cannot serve its configured models sho
 not receive traffic, and the failure stays visible (log, ``GET /v1/models``).
 
 A model its members still serve (loaded and ready on every member that answers: a
-restart of the control plane alone, its Tritons running on) is not marked not ready:
-its requests go on being served while the preload loads it again where needed, instead
-of every data-plane replica answering 503 for a model that serves fine
-(:class:`ServedOnMembers`).
+restart of the control plane alone, its Tritons running on) is ready again as soon as
+its members' indexes say so (:class:`ServedOnMembers`, milliseconds): its requests go on
+being served while the preload loads it again where needed, instead of every data-plane
+replica answering 503 for a model that serves fine.
 """
 
 from __future__ import annotations
@@ -52,10 +52,14 @@ class Preloader:
         if not models and also is None:
             return
         self.core.state.set_preloaded(False)
-        served = await self.served(models) if self.served is not None and models else set()
+        # not ready at once, before anything is awaited: no request reaches a member that
+        # may not hold the model yet (it would answer Triton's own error); ready again as
+        # soon as the members are found serving it (the index calls: milliseconds)
         for model in models:
-            if model not in served:
-                self.core.state.mark_not_ready(model, "preloading at gateway start-up")
+            self.core.state.mark_not_ready(model, "preloading at gateway start-up")
+        served = await self.served(models) if self.served is not None and models else set()
+        for model in served:
+            self.core.state.mark_ready(model)
         try:
             await asyncio.gather(*(self._until_loaded(m) for m in models),
                                  *(() if also is None else (also,)))
