@@ -98,6 +98,10 @@ class AgentSettings:
     upstream_timeout_s: float = 60.0  # the replica's forwarder's bound on a member's answer
     canary_lease_s: float = LEASE_S  # no verdict for this long: the candidate's share to stable
     agent_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # False: no HAProxy here; the replica's forwarder alone, on host:http_port and
+    # host:grpc_port, behind an HAProxy the control plane programs (``gateway serve``'s
+    # layout on one node, gateway/local_replica.py)
+    haproxy: bool = True
 
 
 class Agent:
@@ -119,7 +123,7 @@ class Agent:
         )
         if settings.haproxy_external and run_dir != settings.state_dir / "haproxy":
             raise ValueError(f"--state-dir {settings.state_dir}: too long for unix sockets")
-        self.proxy = self._proxy()
+        self.proxy: SnapshotProxy | None = self._proxy() if settings.haproxy else None
         self.version = ""
         self.received: Snapshot | None = None  # the control plane's, before local shares
         self.activity = TenantActivity()
@@ -246,6 +250,7 @@ class Agent:
         ``sum by (pool)``."""
         while True:
             await asyncio.sleep(self.settings.observe_s)
+            assert self.proxy is not None  # (observed only where HAProxy runs)
             snapshot = self.proxy.applied
             if snapshot is None:
                 continue
@@ -307,12 +312,14 @@ class Agent:
                         ", ".join(stale) or "the default route")
         if self.replica is not None:
             self.replica.follow(routed)
-        try:
-            how = await self.proxy.amove(self._localized(routed))
-        except Exception:  # noqa: BLE001 - keep routing on the last good snapshot
-            log.exception("agent: HAProxy refused snapshot %s", snapshot_version(snapshot))
-            await asyncio.sleep(self.settings.retry_s)
-            return
+        how = "forwarder only"
+        if self.proxy is not None:
+            try:
+                how = await self.proxy.amove(self._localized(routed))
+            except Exception:  # noqa: BLE001 - keep routing on the last good snapshot
+                log.exception("agent: HAProxy refused snapshot %s", snapshot_version(snapshot))
+                await asyncio.sleep(self.settings.retry_s)
+                return
         await asyncio.to_thread(self._save, snapshot)
         self.version = snapshot_version(snapshot)  # what the feed sent: what we report
         self.routed_version = snapshot_version(routed)
@@ -321,8 +328,9 @@ class Agent:
 
     def report(self) -> dict[str, Any] | None:
         """What this replica served since the last report (None: nothing): user
-        requests per model (its request counter's growth) and the answers per version of
-        the models under rollout (HAProxy's and the forwarder's)."""
+        requests per model (its request counter's growth), the answers per version of
+        the models under rollout (HAProxy's and the forwarder's), and the shadow step's
+        pairs its forwarder mirrored (stable's and the candidate's answers)."""
         totals: dict[str, float] = {}
         for family in self.metrics.requests.collect():
             for sample in family.samples:
@@ -334,11 +342,20 @@ class Agent:
         self._reported = {m: self._reported.get(m, 0.0) + served.get(m, 0)
                           for m in totals}
         answers: dict[str, dict[int, list[tuple[bool, float]]]] = self.tally.take()
+        shadows: dict[str, dict[str, Any]] = {}
         if self.replica is not None:
-            for model, versions in self.replica.core.state.tally.take().items():
+            state = self.replica.core.state
+            for model, versions in state.tally.take().items():
                 for version, more in versions.items():
                     answers.setdefault(model, {}).setdefault(version, []).extend(more)
-        return {"served": served, "answers": answers} if served or answers else None
+            for model, shadow in state.shadows.items():
+                pairs, skipped = shadow.tally.take()
+                if pairs or skipped:
+                    shadows[model] = {"stable": shadow.stable, "candidate": shadow.candidate,
+                                      "pairs": pairs, "skipped": skipped}
+        if not (served or answers or shadows):
+            return None
+        return {"served": served, "answers": answers, "shadows": shadows}
 
     async def _report(self, client: httpx.AsyncClient) -> None:
         """Every second, what this replica served, to the control plane
@@ -370,15 +387,20 @@ class Agent:
 
         @app.get("/status")
         async def status() -> JSONResponse:
+            replica = self.replica
+            phase = "serving" if replica is None or not replica.core.state.draining else \
+                "http_closed" if replica.http_closed else "draining"
             return JSONResponse({"agent": self.settings.agent_id, "version": self.version,
+                                 "phase": phase,
                                  "control_plane_seen_at": self.control_plane_seen_at,
-                                 "reloads": self.proxy.reloads})
+                                 "reloads": self.proxy.reloads if self.proxy else 0})
 
         @app.get("/ready")
         async def ready() -> Response:
             """200 once this replica routes: a snapshot applied and HAProxy answering."""
             try:
-                await self.proxy.api.aquery("show info")
+                if self.proxy is not None:
+                    await self.proxy.api.aquery("show info")
             except OSError:
                 return Response(status_code=503)
             return Response(status_code=200 if self.version else 503)
@@ -392,14 +414,18 @@ class Agent:
 
     async def _start_replica(self, client: httpx.AsyncClient) -> ReplicaForwarder:
         settings = self.settings
+        # without HAProxy here, the forwarder serves the replica's own ports
+        ports = None if settings.haproxy else (
+            f"{settings.host}:{settings.http_port}", f"{settings.host}:{settings.grpc_port}")
         replica = ReplicaForwarder(await self.first_config(client), ReplicaSettings(
             settings.control_http, settings.token, settings.upstream_timeout_s,
-            settings.drain_timeout_s, settings.max_request_bytes), self.metrics)
+            settings.drain_timeout_s, settings.max_request_bytes), self.metrics, ports)
         await replica.start()
-        # HAProxy sends what it cannot route to it: its ports are in HAProxy's config
-        self.layout = replace(self.layout, local_http=replica.http_address,
-                              local_grpc=replica.grpc_address)
-        self.proxy = self._proxy()
+        if settings.haproxy:
+            # HAProxy sends what it cannot route to it: its ports are in HAProxy's config
+            self.layout = replace(self.layout, local_http=replica.http_address,
+                                  local_grpc=replica.grpc_address)
+            self.proxy = self._proxy()
         return replica
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -409,8 +435,9 @@ class Agent:
             self.received = snapshot
             routed = self._routed(snapshot)
             self.replica.follow(routed)
-            self._receiver.start()
-            await asyncio.to_thread(self.proxy.start, self._localized(routed))
+            if self.proxy is not None:
+                self._receiver.start()
+                await asyncio.to_thread(self.proxy.start, self._localized(routed))
             await asyncio.to_thread(self._save, snapshot)
             self.version = snapshot_version(snapshot)
             self.routed_version = snapshot_version(routed)
@@ -420,26 +447,32 @@ class Agent:
                 log_level="warning", lifespan="off", access_log=False))
             tasks: list[asyncio.Task[Any]] = [
                 asyncio.create_task(self._follow(client), name="follow"),
-                asyncio.create_task(self._observe(), name="observe"),
                 asyncio.create_task(self._watch_leases(), name="leases"),
                 asyncio.create_task(self._report(client), name="report"),
-                asyncio.create_task(status.serve(), name="status"),
             ]
-            log.warning("infergate data-plane agent: HTTP %s gRPC %s, control plane %s, "
+            if self.proxy is not None:
+                tasks.append(asyncio.create_task(self._observe(), name="observe"))
+            served = asyncio.create_task(status.serve(), name="status")
+            log.warning("infergate data-plane agent: HTTP %s gRPC %s%s, control plane %s, "
                         "snapshot %s", self.layout.http_bind, self.layout.grpc_bind,
+                        "" if self.proxy else " (its forwarder alone)",
                         self.settings.control_http, self.version)
             try:
                 await stop.wait()
             finally:
-                status.should_exit = True
-                for task in tasks[:4]:
+                for task in tasks:
                     task.cancel()
                 # HAProxy drains and stops while the forwarder still serves what it sends
                 await asyncio.gather(
-                    asyncio.to_thread(self.proxy.process.stop, self.settings.drain_timeout_s),
-                    self.replica.drain(self.settings.drain_timeout_s))
+                    self.replica.drain(self.settings.drain_timeout_s),
+                    *([asyncio.to_thread(self.proxy.process.stop,
+                                         self.settings.drain_timeout_s)]
+                      if self.proxy is not None else []))
                 await self.replica.stop()
-                self._receiver.stop()
+                if self.proxy is not None:
+                    self._receiver.stop()
+                status.should_exit = True  # (its phase was read until now)
+                tasks.append(served)
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.gather(*tasks, return_exceptions=True)
 

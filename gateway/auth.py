@@ -151,6 +151,13 @@ class TokenTable:
         self._index, self.enabled = dict(other._index), other.enabled
         self.predict_gated = other.predict_gated
 
+    def admit(self, entry: TokenEntry) -> None:
+        """One more token, on a table with auth on (``gateway serve``'s local replica's
+        own: gateway/local_replica.py)."""
+        assert self.enabled, "a token admitted to an open table would close it"
+        digest = entry.digest()
+        self._index[digest[:8]] = (digest, Principal(entry.name, frozenset(entry.scopes)))
+
     def digests(self) -> list[tuple[bytes, Principal]]:
         """Every token's SHA-256 digest and principal (what a native data plane checks
         presented tokens against); never a token itself."""

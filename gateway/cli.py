@@ -75,8 +75,11 @@ def serve_command(
     log_level: str = typer.Option("warning", help="Log level."),
     event_loop: str = typer.Option("uvloop", help="Event loop: uvloop or asyncio."),
     data_plane: str = typer.Option(
-        "auto", help="Who carries inference requests: 'haproxy' (native, HAProxy in front "
-        "of this process), 'python' (this process), or 'auto' (haproxy when installed)."),
+        "auto", help="Who carries inference requests: 'haproxy' (native: HAProxy, with the "
+        "replica's Python forwarder in a process of its own for streams, generate, misses, "
+        "health and metadata; this process runs the control plane), 'python' (this "
+        "process), 'none' (this process is the control plane alone: a cluster's, whose "
+        "data-plane replicas are `gateway agent`s), or 'auto' (haproxy when installed)."),
     max_request_bytes: int = typer.Option(
         256 * 1024 * 1024, min=1024,
         help="Largest inference request body (HTTP) or message (gRPC); larger ones are "
@@ -104,11 +107,12 @@ def serve_command(
     """Serve HTTP and gRPC until SIGTERM/SIGINT, then drain and exit. The web console is
     at /ui on the HTTP port (sign in with an upload or admin token).
 
-    With the HAProxy data plane, HAProxy outlives a crash of this process: it
-    keeps routing inference on its last configuration, and the same command
-    started again adopts it through its master socket (on --haproxy-run-dir,
-    whose default is derived from the ports). SIGTERM/SIGINT stops it after
-    the drain."""
+    With the HAProxy data plane, HAProxy and the data-plane replica (`gateway
+    agent --no-haproxy`, its own process) outlive a crash of this process: they
+    keep serving every call a client makes to infer on their last snapshot, and
+    the same command started again adopts both (on --haproxy-run-dir, whose
+    default is derived from the ports). SIGTERM/SIGINT stops them after the
+    drain."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     settings = GatewaySettings(
         host=host,
@@ -122,6 +126,7 @@ def serve_command(
         haproxy_run_dir=haproxy_run_dir,
         haproxy_external=haproxy_external,
         haproxy_detached=True,
+        local_replica=True,
         grpc_upstream_reuse=grpc_upstream_reuse,
         haproxy_tune=_tune(haproxy_tune),
         scheduler_url=scheduler_url,
@@ -172,6 +177,13 @@ def agent_command(
         help="Seconds without a rollout verdict from the control plane after which this "
              "replica sends the model's traffic to stable (more than the lease's "
              f"{LEASE_STEP_S:.0f} s publication step)."),
+    drain_timeout: float = typer.Option(
+        10.0, help="Seconds to finish in-flight on SIGTERM/SIGINT before the servers close."),
+    haproxy: bool = typer.Option(
+        True, help="Run HAProxy on --http-port/--grpc-port (a cluster's data-plane pod). "
+                   "--no-haproxy: the replica's forwarder alone serves those ports, behind "
+                   "an HAProxy the control plane programs (what `gateway serve "
+                   "--data-plane haproxy` starts on one node)."),
     log_level: str = typer.Option("warning", help="Log level."),
 ) -> None:
     """One data-plane replica: HAProxy following the control plane's snapshots (and its
@@ -187,5 +199,6 @@ def agent_command(
         token=os.environ.get("INFERGATE_AGENT_TOKEN"), max_request_bytes=max_request_bytes,
         haproxy_external=haproxy_external, grpc_upstream_reuse=grpc_upstream_reuse,
         haproxy_tune=_tune(haproxy_tune), canary_lease_s=canary_lease,
+        drain_timeout_s=drain_timeout, haproxy=haproxy,
     )
     asyncio.run(run_agent(settings))

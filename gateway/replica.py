@@ -38,11 +38,12 @@ from gateway.config import GatewayConfig
 from gateway.control.http_app import add_serving_routes
 from gateway.control.model_control import ModelControl
 from gateway.core import Core
-from gateway.embedded import EmbeddedServer
+from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, Overloaded, Unavailable
 from gateway.haproxy.process import free_port
 from gateway.haproxy.snapshot import Snapshot, server_name
 from gateway.metrics import GatewayMetrics
+from gateway.policy import readiness
 from gateway.policy.rollout import Shadow, Split
 from gateway.python.forwarder import Forwarder
 from gateway.python.grpc_api import create_grpc_server
@@ -102,7 +103,8 @@ def apply_snapshot(state: GatewayState, snapshot: Snapshot,
                 state.set_split(route.model, None)
             _apply_shadow(state, route.model, None, None)
     watch_rollouts(state.tally, snapshot)
-    state.set_preloaded(True)  # the control plane publishes only what may be routed
+    # ready as the control plane is: once no model is still preloading at its start-up
+    state.set_preloaded(not any(r.not_ready == readiness.PRELOADING for r in snapshot.routes))
 
 
 def watch_rollouts(tally: VersionTally, snapshot: Snapshot) -> None:
@@ -209,7 +211,10 @@ class ReplicaForwarder:
     ports that HAProxy sends to (``Layout.local_http`` / ``local_grpc``)."""
 
     def __init__(self, config: GatewayConfig, settings: ReplicaSettings,
-                 metrics: GatewayMetrics | None = None) -> None:
+                 metrics: GatewayMetrics | None = None,
+                 ports: tuple[str, str] | None = None) -> None:
+        """``ports``: the HTTP and gRPC addresses to serve (default: free loopback
+        ports)."""
         self.settings = settings
         self.core = Core.for_config(config, metrics)  # the agent's: one /metrics
         self.core.state.set_preloaded(False)  # ready once a snapshot says where to route
@@ -222,12 +227,13 @@ class ReplicaForwarder:
         self.upstream_http = UpstreamHTTP(timeout_s=settings.upstream_timeout_s)
         self.upstream_grpc = UpstreamGRPC()
         self.admin = MemberAdmin(self.client)  # (its batching calls are the control plane's)
-        self.http_address = f"127.0.0.1:{free_port()}"
-        self.grpc_address = f"127.0.0.1:{free_port()}"
+        self.http_address, self.grpc_address = ports or (
+            f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
         self.applied: Snapshot | None = None
         self._http: EmbeddedServer | None = None
         self._grpc: Any = None
         self._task: asyncio.Task[None] | None = None
+        self.http_closed = False  # (stop) its HTTP server has ended what it held
 
     def follow(self, snapshot: Snapshot) -> None:
         """Route by ``snapshot`` from now on."""
@@ -269,14 +275,20 @@ class ReplicaForwarder:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
-        """Close both servers: what is still open ends (a stream: ``UNAVAILABLE``)."""
-        if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
+        """Close both servers, HTTP first: a ``generate_stream`` still open ends with an
+        error event saying the gateway is shutting down (within ``CLOSE_S``), which
+        HAProxy relays; then gRPC, whose streams get ``2 * CLOSE_S`` to end. An HAProxy in
+        front stops in that window (``http_closed`` says when): its GOAWAY is what a gRPC
+        client reads as ``UNAVAILABLE`` and retries (HAProxy 2.6 turns a server's end of
+        a stream the client keeps open into RST_STREAM(CANCEL): haproxy/haproxy#1219)."""
         if self._http is not None:
             self._http.should_exit = True
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(self._task, self.settings.drain_timeout_s + 1.0)
+                await asyncio.wait_for(self._task, CLOSE_S + 1.0)
+        self.http_closed = True
+        if self._grpc is not None:
+            await self._grpc.stop(grace=2 * CLOSE_S)
         await self.upstream_http.aclose()
         await self.upstream_grpc.close()
         await self.admin.close()

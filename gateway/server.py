@@ -32,6 +32,7 @@ import shutil
 import signal
 import stat
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,14 @@ from typing import Any
 import httpx
 import uvicorn
 
-from gateway.auth import TokenTable
+from gateway.auth import Scope, TokenEntry, TokenTable
 from gateway.config import GatewayConfig
 from gateway.console.pages import Console, create_console_router
 from gateway.console.placement import SchedulerPlans
 from gateway.console.session import Sessions
 from gateway.console.traffic import TrafficHistory
 from gateway.control.dataplane_http import create_dataplane_router
+from gateway.control.grpc_app import create_control_grpc_server
 from gateway.control.http_app import create_control_app
 from gateway.control.model_control import ModelControl
 from gateway.control.probes import probe_forever
@@ -55,6 +57,13 @@ from gateway.haproxy.controller import HAProxyController, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
 from gateway.lifecycle.assembly import build_warmup
+from gateway.local_replica import (
+    REPLICA_TOKEN_NAME,
+    LocalLayout,
+    LocalReplica,
+    ReplicaOptions,
+    local_layout,
+)
 from gateway.pools import PoolMember
 from gateway.python.forwarder import Forwarder
 from gateway.python.grpc_api import create_grpc_server
@@ -66,6 +75,7 @@ from gateway.upstream.triton import MemberAdmin
 from gateway.upstream.triton_version import GrpcReuse
 
 log = logging.getLogger(__name__)
+REPLICA_METRICS_TIMEOUT_S = 1.0  # a scrape does not wait longer for the local replica's
 MAX_SOCKET_PATH = 97  # HAProxy's longest unix socket path ("stats socket")
 
 
@@ -78,7 +88,9 @@ class GatewaySettings:
     drain_timeout_s: float = 10.0
     upstream_timeout_s: float = 60.0
     log_level: str = "warning"
-    data_plane: str = "python"  # "haproxy": HAProxy carries the hot path
+    # "haproxy": HAProxy carries the hot path; "none": the control plane alone (a
+    # cluster's control-plane pod, whose data-plane replicas are ``gateway agent``s)
+    data_plane: str = "python"
     max_request_bytes: int = 256 * 1024 * 1024  # larger requests: 413 / RESOURCE_EXHAUSTED
     haproxy_binary: str | None = None
     # HAProxy's files and sockets (default_run_dir when None); with ``haproxy_external``
@@ -88,6 +100,10 @@ class GatewaySettings:
     # HAProxy outlives a crash of this process, and a restart adopts it (``gateway
     # serve``); False: it ends with this process (``infergate up``, in-process tests)
     haproxy_detached: bool = False
+    # with HAProxy: the Python forwarder in a process of its own that outlives this one
+    # (``gateway serve``: gateway/local_replica.py); False: in this process (``infergate
+    # up``'s all-in-one, in-process tests)
+    local_replica: bool = False
     grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO  # Layout.grpc_upstream_reuse
     haproxy_tune: tuple[tuple[str, str], ...] = ()  # Layout.tune
     # the placement scheduler whose newest plan the console's placement page pictures
@@ -96,8 +112,8 @@ class GatewaySettings:
 
 def choose_data_plane(requested: str) -> str:
     """``auto`` -> ``haproxy`` when HAProxy is installed, else ``python`` (said loudly)."""
-    if requested not in ("auto", "haproxy", "python"):
-        raise ValueError(f"unknown data plane {requested!r} (auto, haproxy or python)")
+    if requested not in ("auto", "haproxy", "python", "none"):
+        raise ValueError(f"unknown data plane {requested!r} (auto, haproxy, python or none)")
     if requested != "auto":
         return requested
     if find_haproxy() is not None:
@@ -123,7 +139,12 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
 
     core = Core.for_config(config)
-    forwarder = Forwarder(core)  # the Python forwarder: with HAProxy in front, its fallback
+    native = settings.data_plane == "haproxy"
+    # the data plane's replicas carry every call a client makes to infer: the control
+    # plane alone runs here, with no forwarder
+    control_only = settings.data_plane == "none" or (native and settings.local_replica)
+    # the Python forwarder: the data plane itself, or with HAProxy in front its fallback
+    forwarder = None if control_only else Forwarder(core)
     upstream_http = UpstreamHTTP(timeout_s=settings.upstream_timeout_s)
     upstream_grpc = UpstreamGRPC()
     admin_client = httpx.AsyncClient(timeout=settings.upstream_timeout_s, trust_env=False)
@@ -131,6 +152,12 @@ async def serve(
     auth = auth or TokenTable()
     if not auth.enabled:
         log.warning("no API tokens configured: every endpoint is open (see --tokens)")
+    run_dir = haproxy_run_dir(settings) if native else None
+    local = local_layout(run_dir) if run_dir is not None and settings.local_replica \
+        else None
+    if local is not None and auth.enabled:  # the replica's own, to call the control plane
+        auth.admit(TokenEntry(name=REPLICA_TOKEN_NAME, scopes=(Scope.ADMIN,),
+                              token=local.token))
 
     async def synthetic_infer(member: PoolMember, path: str, body: bytes,
                               headers: dict[str, str]) -> tuple[int, bytes]:
@@ -151,15 +178,19 @@ async def serve(
                                      routers=(feed_router(feed, auth),
                                               create_dataplane_router(core, auth),
                                               create_console_router(console)),
-                                     residency=warmup.residency)
-    app = create_http_app(forwarder, control_app, upstream_http, auth,
-                          max_body_bytes=settings.max_request_bytes)
+                                     residency=warmup.residency,
+                                     replica_metrics=_replica_metrics(admin_client, local)
+                                     if local is not None else None)
+    app = control_app if forwarder is None else create_http_app(
+        forwarder, control_app, upstream_http, auth, max_body_bytes=settings.max_request_bytes)
     closing = asyncio.Event()  # the drain is over: the streams still open end
-    native = settings.data_plane == "haproxy"
-    # with HAProxy in front, this process serves on private loopback ports
-    own_host = "127.0.0.1" if native else settings.host
-    own_http = free_port() if native else settings.http_port
-    own_grpc = free_port() if native else settings.grpc_port
+    # with HAProxy in front, this process serves on private loopback ports (kept across
+    # restarts where HAProxy and the replica outlive it)
+    own_host, own_http, own_grpc = settings.host, settings.http_port, settings.grpc_port
+    if local is not None:
+        own_host, own_http, own_grpc = "127.0.0.1", local.control_http, local.control_grpc
+    elif native:
+        own_host, own_http, own_grpc = "127.0.0.1", free_port(), free_port()
     http_server = EmbeddedServer(
         uvicorn.Config(
             app,
@@ -176,10 +207,15 @@ async def serve(
             date_header=False,
         )
     )
-    grpc_server, _ = create_grpc_server(
-        forwarder, control, upstream_grpc, f"{own_host}:{own_grpc}", auth,
-        max_message_bytes=settings.max_request_bytes, closing=closing,
-    )
+    if forwarder is None:
+        grpc_server, _ = create_control_grpc_server(
+            core, control, upstream_grpc, f"{own_host}:{own_grpc}", auth,
+            max_message_bytes=settings.max_request_bytes)
+    else:
+        grpc_server, _ = create_grpc_server(
+            forwarder, control, upstream_grpc, f"{own_host}:{own_grpc}", auth,
+            max_message_bytes=settings.max_request_bytes, closing=closing,
+        )
     await grpc_server.start()
     # preloading holds readiness down until the models are warm
     warmup.start(settings.probe_interval_s)
@@ -193,10 +229,16 @@ async def serve(
             await tasks[0]  # surfaces bind errors
             raise RuntimeError(f"HTTP server on port {own_http} did not start")
         await asyncio.sleep(0.02)
+    replica = None
+    if local is not None and run_dir is not None:
+        replica = LocalReplica(run_dir, local, ReplicaOptions(
+            settings.drain_timeout_s, settings.max_request_bytes, settings.log_level,
+            auth.enabled))
+        await asyncio.to_thread(replica.start)
     haproxy = None
     if native:
         haproxy = _haproxy(settings, core, auth, f"{own_host}:{own_http}",
-                           f"{own_host}:{own_grpc}")
+                           f"{own_host}:{own_grpc}", local)
         await asyncio.to_thread(haproxy.start, asyncio.get_running_loop())
         tasks.append(asyncio.create_task(haproxy.run_forever(settings.probe_interval_s),
                                          name="haproxy"))
@@ -210,19 +252,26 @@ async def serve(
     try:
         await stop.wait()
     finally:
+        if replica is not None:
+            replica.begin_stop()  # it drains its own in-flight meanwhile
         await _drain(core, settings.drain_timeout_s, haproxy)
         # HTTP first: its event streams end with an error event that HAProxy relays
         http_server.should_exit = True
         await _closed(tasks[0])
+        if replica is not None:  # its event streams end first, with an error event
+            await asyncio.to_thread(replica.wait_http_closed)
         if haproxy is not None:
             # then HAProxy, before the gRPC streams end: it closes its clients'
             # connections (GOAWAY), which a gRPC client reads as UNAVAILABLE; HAProxy
             # 2.6 turns a server's end of a stream the client keeps open into
             # RST_STREAM(CANCEL) (haproxy/haproxy#1219), which clients do not retry
             await asyncio.to_thread(haproxy.stop, CLOSE_S)
-            if settings.haproxy_run_dir is None or \
-                    haproxy.layout.run_dir != settings.haproxy_run_dir.resolve():  # default
-                shutil.rmtree(haproxy.layout.run_dir, ignore_errors=True)
+        if replica is not None:
+            await asyncio.to_thread(replica.wait_stopped)
+        if haproxy is not None and (
+                settings.haproxy_run_dir is None or
+                haproxy.layout.run_dir != settings.haproxy_run_dir.resolve()):  # default
+            shutil.rmtree(haproxy.layout.run_dir, ignore_errors=True)
         closing.set()
         await grpc_server.stop(grace=CLOSE_S)
         await warmup.close()
@@ -234,6 +283,21 @@ async def serve(
         await upstream_grpc.close()
         await admin.close()  # its gRPC channels to the members
         await admin_client.aclose()
+
+
+def _replica_metrics(client: httpx.AsyncClient, local: LocalLayout
+                     ) -> Callable[[], Awaitable[str | None]]:
+    """The local replica's exposition (None while it cannot be reached)."""
+    url = f"http://127.0.0.1:{local.replica_status}/metrics"
+
+    async def fetch() -> str | None:
+        try:
+            answer = await client.get(url, timeout=REPLICA_METRICS_TIMEOUT_S)
+        except httpx.HTTPError:
+            return None
+        return answer.text if answer.status_code == 200 else None
+
+    return fetch
 
 
 async def _closed(server: asyncio.Task[Any]) -> None:
@@ -271,7 +335,8 @@ def haproxy_run_dir(settings: GatewaySettings) -> Path:
 
 
 def _haproxy(settings: GatewaySettings, core: Core, auth: TokenTable,
-             control_http: str, control_grpc: str) -> HAProxyController:
+             control_http: str, control_grpc: str,
+             local: LocalLayout | None) -> HAProxyController:
     layout = replace(
         default_layout(settings.host, settings.http_port, settings.grpc_port,
                        control_http, control_grpc, haproxy_run_dir(settings)),
@@ -280,6 +345,9 @@ def _haproxy(settings: GatewaySettings, core: Core, auth: TokenTable,
         grpc_upstream_reuse=settings.grpc_upstream_reuse,
         tune=settings.haproxy_tune,
     )
+    if local is not None:  # what HAProxy cannot route goes to the replica's forwarder
+        layout = replace(layout, local_http=f"127.0.0.1:{local.replica_http}",
+                         local_grpc=f"127.0.0.1:{local.replica_grpc}")
     process = HAProxyProcess(layout, settings.haproxy_binary,
                              external=settings.haproxy_external,
                              detached=settings.haproxy_detached)

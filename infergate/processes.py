@@ -21,6 +21,7 @@ from infergate.triton.local import TritonEndpoints, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 90.0
+STARTED_LINE = "infergate gateway ("  # what gateway.server logs once it serves
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
@@ -123,6 +124,10 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
         def ready() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
+            # (its own start, not the data plane a previous one left serving the ports)
+            if LOG_LEVEL.lower() in ("debug", "info", "warning") and \
+                    STARTED_LINE not in log.read_text(errors="replace"):
+                return False
             with contextlib.suppress(httpx.HTTPError):
                 return httpx.get(f"http://{gateway.http_url}/v2/health/{until}").status_code == 200
             return False

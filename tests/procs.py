@@ -55,8 +55,8 @@ def started_triton(settings: TritonSettings) -> Iterator[LocalTriton]:
 
 
 def triton_processes(marker: str = "") -> list[str]:
-    """Live (non-zombie) tritonserver/stub/haproxy processes whose command line contains
-    marker."""
+    """Live (non-zombie) tritonserver/stub/haproxy/data-plane replica processes whose
+    command line contains marker."""
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):
@@ -64,6 +64,7 @@ def triton_processes(marker: str = "") -> list[str]:
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
             if state != "Z" and ("tritonserver" in cmdline or "triton_python_backend_stub"
                                  in cmdline or "haproxy" in cmdline.split(" ", 1)[0]
+                                 or " -m gateway agent " in cmdline  # a replica
                                  ) and marker in cmdline:
                 found.append(f"{proc.name}: {cmdline[:200]}")
     return found

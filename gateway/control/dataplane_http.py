@@ -13,7 +13,9 @@
   second: user requests per model (the residency's demand and last use:
   ``infergate_replica_requests_total``) and the answers of each version of the models
   under rollout (the rollout judges them beside its own: without them a canary's verdict
-  would see none of the traffic the replicas carry).
+  would see none of the traffic the replicas carry), and the shadow step's pairs the
+  replica's forwarder mirrored (the shadow share is the replicas': the control plane
+  runs no forwarder).
 """
 
 from __future__ import annotations
@@ -29,11 +31,21 @@ from gateway.core import Core
 MAX_REPORTED = 100_000  # answers one report may carry (a replica sends a second's worth)
 
 
+class ShadowReport(BaseModel):
+    stable: int
+    candidate: int
+    # (stable ok, seconds, candidate ok, seconds, agreement) per mirrored request
+    pairs: list[tuple[bool, float, bool, float, float | None]] = Field(default_factory=list)
+    skipped: int = Field(0, ge=0)
+
+
 class ReplicaReport(BaseModel):
     # model -> user requests the replica served since its last report
     served: dict[str, int] = Field(default_factory=dict)
     # model -> version -> (ok, seconds) per answer, for the models under rollout
     answers: dict[str, dict[int, list[tuple[bool, float]]]] = Field(default_factory=dict)
+    # model -> the shadow step's pairs the replica mirrored (``ShadowReport``)
+    shadows: dict[str, ShadowReport] = Field(default_factory=dict)
 
 
 def create_dataplane_router(core: Core, auth: TokenTable) -> APIRouter:
@@ -64,6 +76,13 @@ def create_dataplane_router(core: Core, auth: TokenTable) -> APIRouter:
                 for ok, seconds in answers[:room]:
                     state.tally.record(model, version, ok, seconds, now)
                 room -= min(room, len(answers))
+        for model, pairs in body.shadows.items():
+            shadow = state.shadow_of(model)
+            # (a step that has moved on meanwhile: its pairs are not this step's)
+            if shadow is not None and (shadow.stable, shadow.candidate) == (
+                    pairs.stable, pairs.candidate):
+                shadow.tally.merge(pairs.pairs[:room], pairs.skipped)
+                room -= min(room, len(pairs.pairs))
         return Response(status_code=204)
 
     return router

@@ -26,7 +26,7 @@ from gateway.errors import GatewayError, Unavailable, Unsupported, grpc_status_n
 from gateway.policy import parse_errors
 from gateway.policy.access import presented_token
 from gateway.pools import PoolMember
-from gateway.upstream.grpc import UpstreamGRPC
+from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
 
 SHARED_MEMORY_RPCS = (
     "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
@@ -227,3 +227,34 @@ def method_handlers(servicer: ControlServicer) -> dict[str, grpc.RpcMethodHandle
             response_serializer=old.response_serializer,
         )
     return handlers
+
+
+NOT_THE_DATA_PLANE = ("this is the gateway's control plane: inference is served by its "
+                      "data plane (HAProxy and its replicas, on the gateway's ports)")
+
+
+def create_control_grpc_server(
+    core: Core, control: ModelControl, upstream: UpstreamGRPC, address: str,
+    auth: TokenTable | None = None, max_message_bytes: int = 256 * 1024 * 1024,
+) -> tuple[grpc.aio.Server, int]:
+    """The control plane's own gRPC server, with no forwarder: the repository API, trace
+    and log settings (``gateway/policy/planes.py``), health and metadata; an inference
+    call reaching it is refused (``UNAVAILABLE``) saying the data plane serves it."""
+    server = grpc.aio.server(options=[
+        *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+        ("grpc.so_reuseport", 1),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ])
+    handlers = method_handlers(ControlServicer(core, control, upstream, auth))
+
+    async def not_here(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_THE_DATA_PLANE)
+
+    async def not_here_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_THE_DATA_PLANE)
+        yield  # (a stream handler)
+
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(not_here)
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(not_here_stream)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    return server, server.add_insecure_port(address)

@@ -29,6 +29,7 @@ from gateway.control.tenants_http import create_tenants_router
 from gateway.core import Core
 from gateway.errors import GatewayError, InvalidInput, Unsupported, error_answer
 from gateway.lifecycle.service import ModelLifecycle
+from gateway.metrics_merge import merge_exposition
 from gateway.policy import parse_errors
 from gateway.pools import PoolMember
 from gateway.residency.manager import Residency
@@ -68,8 +69,12 @@ class BatchingRequest(BaseModel):
 def create_control_app(core: Core, control: ModelControl, upstream: UpstreamHTTP,
                        auth: TokenTable | None = None, lifecycle: ModelLifecycle | None = None,
                        routers: Sequence[APIRouter] = (),
-                       residency: Residency | None = None) -> FastAPI:
-    """Every HTTP route but inference's (the data planes serve those)."""
+                       residency: Residency | None = None,
+                       replica_metrics: Callable[[], Awaitable[str | None]] | None = None
+                       ) -> FastAPI:
+    """Every HTTP route but inference's (the data planes serve those).
+    ``replica_metrics``: the exposition of a replica on this node, merged into this
+    process's ``/metrics`` (``gateway/metrics_merge.py``; None: unreachable)."""
     app = FastAPI(title="infergate", description="KServe v2 / Triton-compatible gateway")
     auth = auth or TokenTable()
     admin = Depends(requires(auth, Scope.ADMIN))
@@ -85,8 +90,11 @@ def create_control_app(core: Core, control: ModelControl, upstream: UpstreamHTTP
     @app.get("/metrics")
     async def metrics() -> Response:
         await core.refresh_gauges()
-        return Response(core.metrics.render(),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
+        body = core.metrics.render()
+        other = await replica_metrics() if replica_metrics is not None else None
+        if other:
+            body = merge_exposition(body.decode(), other)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v2/repository/index", dependencies=[admin])
     async def repository_index(request: Request) -> Response:

@@ -224,9 +224,8 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
         lines.append(f"  use_backend {python} if {{ var(txn.out) -m str too_large }}")
         lines.append(f"  use_backend {python} if {{ var(txn.detour) -m found }}")
     # a rollout's shadow step: its sampled share is the Python forwarder's (it mirrors it;
-    # a replica's goes to the control plane's, which tallies the verdict, while it is up)
-    shadow = f"shadow_{proto}" if layout.local_http is not None else python
-    lines.append(f"  use_backend {shadow} if {{ var(txn.shadow) -m found }}")
+    # a replica's reports the pairs to the control plane's verdict)
+    lines.append(f"  use_backend {python} if {{ var(txn.shadow) -m found }}")
     # a gRPC request pinned here goes to its backend's pin twin (_pin_backends)
     pinned = [] if http else [f"{{ var(txn.ver) -m found }} {{ var(txn.{v}) -m found }}"
                               for v in ("rb", "pool")]
@@ -711,35 +710,7 @@ def _control_backends(layout: Layout) -> str:
         _python_backends("control", layout.control_http, layout.control_grpc, layout,
                          down, "control_"),
         _python_backends("local", layout.local_http, layout.local_grpc, layout, ()),
-        _shadow_backends(layout),
     ])
-
-
-def _shadow_backends(layout: Layout) -> str:
-    """A replica's shadow share: to the control plane, whose forwarder mirrors it and
-    tallies the pairs its verdict reads; to the replica's own forwarder (a backup
-    server) once the control plane cannot be reached: the first connection refused marks
-    it down and the request is sent again there, so no user request fails for it (and
-    no verdict is taken while it is away)."""
-    assert layout.local_http is not None and layout.local_grpc is not None
-    check = ("check inter 1s fall 1 rise 1 observe layer4 error-limit 1 "
-             "on-error mark-down")
-    lines = []
-    for proto, control, local in (("http", layout.control_http, layout.local_http),
-                                  ("grpc", layout.control_grpc, layout.local_grpc)):
-        h2 = " proto h2" if proto == "grpc" else ""
-        lines += [
-            f"backend shadow_{proto}",
-            f"  errorfiles {proto}_errors",
-            "  option http-no-delay",
-            "  option redispatch 1",
-            "  retries 1",
-            "  retry-on conn-failure empty-response",
-            f"  timeout connect {CONTROL_CONNECT_S}s",
-            f"  server control {control}{h2} {check}",
-            f"  server local {local}{h2} backup",
-        ]
-    return "\n".join(lines) + "\n"
 
 
 def _python_backends(name: str, http: str, grpc: str, layout: Layout,

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 NOT_READY = "model '{model}' is not ready yet: {reason}"
 RETRY_AFTER_S = 2
+# the reason of a model the gateway preloads at start-up: while one is, the gateway is not
+# ready (a data-plane replica reads it off its snapshot: gateway/replica.py)
+PRELOADING = "preloading at gateway start-up"
 
 
 def not_ready_message(model: str, reason: str) -> str:

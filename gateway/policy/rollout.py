@@ -298,6 +298,20 @@ class ShadowTally:
         self.pairs.clear()
         self.skipped = 0
 
+    def take(self) -> tuple[list[tuple[bool, float, bool, float, float | None]], int]:
+        """The pairs and skipped mirrors since the last take, and forget them (what a
+        data-plane replica reports to the control plane's verdict)."""
+        pairs, skipped = self.pairs, self.skipped
+        self.pairs, self.skipped = [], 0
+        return pairs, skipped
+
+    def merge(self, pairs: list[tuple[bool, float, bool, float, float | None]],
+              skipped: int) -> None:
+        """A replica's pairs and skipped mirrors (its report), beside this process's."""
+        for pair in pairs:
+            self.record(*pair)
+        self.skipped += skipped
+
     def windows(self) -> tuple[Window, Window, float | None]:
         """Stable's and the candidate's windows over the mirrored requests, and the
         mean agreement of the pairs both answered (None: none yet)."""

@@ -6,11 +6,13 @@ generate calls it serves through a crash of the control plane."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,8 @@ from gateway.errors import ModelNotFound, Unauthorized, Unavailable
 from gateway.haproxy.snapshot import MemberState, PoolState, RouteState, Snapshot, server_name
 from gateway.policy.rollout import Split
 from gateway.replica import ControlPlaneMisses, apply_snapshot, snapshot_tokens
-from infergate.processes import run_agent
-from infergate.triton.local import LocalTriton
+from infergate.processes import FrontDoor, GatewayProcess, run_agent
+from infergate.triton.local import LocalTriton, free_port
 from tests.gateway.python.test_streams import stream_inputs
 from tests.gateway.residency.fakes import MB, A, B, config
 from tests.procs import pools_yaml, run_gateway, wait_until
@@ -145,43 +147,79 @@ async def test_miss_served_once_this_replicas_snapshot_names_a_holder() -> None:
     assert asked[0].headers["authorization"] == "Bearer tok"
 
 
+@contextlib.contextmanager
+def _layout(kind: str, pools: Path, tmp_path: Path
+            ) -> Iterator[tuple[FrontDoor, Callable[[], None]]]:
+    """The gateway as a cluster runs it (``split``: a control plane, one ``gateway
+    agent`` replica) or as ``gateway serve --data-plane haproxy`` runs it on one node
+    (``serve``: HAProxy and the replica's own process beside the control plane); the
+    front door clients use, and how to crash the control plane. ``serve``'s survivors
+    are ended by a restart that adopts them and a graceful stop."""
+    if kind == "split":
+        with run_gateway(pools, tmp_path, data_plane="none") as control, \
+                run_agent(control, tmp_path / "agent") as agent:
+            yield agent, lambda: _crash(control)
+        return
+    ports = (free_port(), free_port())
+    with run_gateway(pools, tmp_path, data_plane="haproxy", ports=ports) as gateway:
+        yield gateway, lambda: _crash(gateway)
+    with run_gateway(pools, tmp_path, data_plane="haproxy", ports=ports) as again:
+        assert "adopting the running data-plane replica" in again.log.read_text()
+
+
+def _crash(gateway: GatewayProcess) -> None:
+    gateway.proc.send_signal(signal.SIGKILL)
+    gateway.proc.wait(10)
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-def test_replica_serves_generate_and_streams_through_a_control_plane_crash(
-        triton: LocalTriton, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["split", "serve"])
+def test_replica_serves_every_kind_of_call_through_a_control_plane_crash(
+        kind: str, triton: LocalTriton, tmp_path: Path) -> None:
     """Real processes: Triton with the decoupled model, a control plane, one replica.
     A ``generate_stream`` and a ``ModelStreamInfer`` stream open across a SIGKILL of the
-    control plane end whole; new ones, and ``generate``, are served during the outage."""
+    control plane end whole; new ones, ``generate``, health and metadata are served
+    during the outage; the control plane's own calls fail at once, saying so."""
     assert triton.endpoints is not None
     pools = pools_yaml(tmp_path / "pools.yaml", {"local": [triton.endpoints]})
     body = {"text_input": "hi", "count": 8, "delay_ms": 250}
-    with run_gateway(pools, tmp_path, data_plane="python") as control, \
-            run_agent(control, tmp_path / "agent") as agent:
+    with _layout(kind, pools, tmp_path) as (door, crash):
         events: list[str] = []
 
         def long_stream() -> None:
-            with httpx.stream("POST", f"http://{agent.http_url}/v2/models/{DECOUPLED}"
+            with httpx.stream("POST", f"http://{door.http_url}/v2/models/{DECOUPLED}"
                               "/generate_stream", json=body, timeout=30) as resp:
                 events.extend(line for line in resp.iter_lines() if line)
 
         reader = threading.Thread(target=long_stream)
         reader.start()
-        stream = _DecoupledStream(agent.grpc_url)
+        stream = _DecoupledStream(door.grpc_url)
         assert stream.ask("a", 2) == ["a 0", "a 1"]
         assert wait_until(lambda: len(events) >= 1, 10)  # under way through the replica
-        control.proc.send_signal(signal.SIGKILL)
-        control.proc.wait(10)
+        crash()
         reader.join(30)
         assert [json.loads(e.removeprefix("data: "))["text_output"] for e in events] == \
             [f"hi {i}" for i in range(8)]
         assert stream.ask("b", 3) == ["b 0", "b 1", "b 2"]  # the open stream goes on
         stream.close()
-        fresh = _DecoupledStream(agent.grpc_url)
+        fresh = _DecoupledStream(door.grpc_url)
         assert fresh.ask("c", 1) == ["c 0"]  # a new stream
         fresh.close()
-        one = httpx.post(f"http://{agent.http_url}/v2/models/{DECOUPLED}/generate",
+        one = httpx.post(f"http://{door.http_url}/v2/models/{DECOUPLED}/generate",
                          json={"text_input": "hi", "count": 1}, timeout=30)
         assert one.status_code == 200 and one.json()["text_output"] == "hi 0"
+        for path in ("/v2/health/ready", "/v2/health/live", f"/v2/models/{DECOUPLED}",
+                     f"/v2/models/{DECOUPLED}/ready", "/v2"):
+            assert httpx.get(f"http://{door.http_url}{path}", timeout=10).status_code == 200
+        client = grpcclient.InferenceServerClient(door.grpc_url)
+        assert client.is_server_ready() and client.is_model_ready(DECOUPLED)
+        assert client.get_model_metadata(DECOUPLED).name == DECOUPLED
+        client.close()
+        started = time.monotonic()
+        down = httpx.get(f"http://{door.http_url}/v1/models", timeout=10)
+        assert down.status_code == 503 and "control plane" in down.text
+        assert time.monotonic() - started < 2.0
 
 
 class _DecoupledStream:

@@ -25,6 +25,7 @@ from typing import Any
 
 from gateway.core import Core
 from gateway.errors import GatewayError
+from gateway.policy import readiness
 from gateway.pools import PoolMember
 from gateway.upstream.triton import MemberAdmin
 
@@ -56,7 +57,7 @@ class Preloader:
         # may not hold the model yet (it would answer Triton's own error); ready again as
         # soon as the members are found serving it (the index calls: milliseconds)
         for model in models:
-            self.core.state.mark_not_ready(model, "preloading at gateway start-up")
+            self.core.state.mark_not_ready(model, readiness.PRELOADING)
         served = await self.served(models) if self.served is not None and models else set()
         for model in served:
             self.core.state.mark_ready(model)
