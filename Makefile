@@ -62,15 +62,17 @@ bench-rollout: venv runtime system-deps
 
 ## system-deps: Debian packages the tests need (haproxy: the native data plane;
 ## prometheus: the HPA adapter-rule test; nghttp2-client: h2load, make bench;
-## chromium: the console's browser tests, driven by Playwright)
+## chromium: the console's browser tests, driven by Playwright; postgresql: the records'
+## store and leadership tests start their own throwaway server from its binaries)
 HAVE_HAPROXY := { command -v haproxy || test -x /usr/sbin/haproxy; } >/dev/null 2>&1
+HAVE_POSTGRES := ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
 .PHONY: system-deps haproxy-optional
 system-deps:
 	@$(HAVE_HAPROXY) && command -v prometheus >/dev/null 2>&1 && command -v h2load >/dev/null 2>&1 \
-	  && command -v chromium >/dev/null 2>&1 || { \
+	  && command -v chromium >/dev/null 2>&1 && $(HAVE_POSTGRES) || { \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy prometheus nghttp2-client chromium fonts-dejavu-core; }
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy prometheus nghttp2-client chromium fonts-dejavu-core postgresql; }
 
 # make run: HAProxy when it can be had; without it (no root, no apt) the gateway falls back
 haproxy-optional:

@@ -5,6 +5,7 @@
 - ``infergate gateway serve``: the gateway over pools declared in YAML.
 - ``infergate schedule ...``: MIG placement (plan, apply, simulate, serve).
 - ``infergate sample build``: export the EfficientNet-Lite0 sample into a model repository.
+- ``infergate records copy``: the lifecycle's records from SQLite to PostgreSQL.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gateway.cli import GRPC_REUSE_HELP
 from gateway.cli import app as gateway_app
 from gateway.models_cli import app as models_app
 from gateway.upstream.triton_version import GrpcReuse
+from infergate.records_cli import app as records_app
 from infergate.triton.cli import triton_command
 
 app = typer.Typer(
@@ -26,6 +28,7 @@ app = typer.Typer(
 )
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(models_app, name="models")
+app.add_typer(records_app, name="records")
 
 sample_app = typer.Typer(
     help="The bundled sample model (EfficientNet-Lite0).", no_args_is_help=True

@@ -90,6 +90,9 @@ class LifecycleSpec(BaseModel):
     repository: Path
     # SQLite job store and upload scratch space (not inside the repository).
     state_dir: Path
+    # The records in PostgreSQL instead of SQLite (postgresql://user@host/db; several
+    # control-plane replicas share it). $INFERGATE_DATABASE_URL wins over this.
+    database_url: str | None = None
     retention: int = Field(3, ge=2)  # versions kept per model (serving + rollback target + ...)
     workers: int = Field(1, ge=1)  # conversions running at once (each its own process)
     worker_nice: int = Field(10, ge=0, le=19)  # conversions yield the CPU to serving
@@ -100,3 +103,11 @@ class LifecycleSpec(BaseModel):
     # Uploaded PyTorch files whose pickles import more than tensors are refused unless
     # this is set: loading them runs the uploader's code (inside the sandbox).
     allow_pickled_code: bool = False
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("database_url must be a postgresql:// URL (without it: SQLite "
+                             "in state_dir)")
+        return value

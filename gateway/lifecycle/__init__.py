@@ -13,8 +13,10 @@
   (:mod:`.conversion.workers`), the child (:mod:`.conversion.worker_main`,
   :mod:`.conversion.convert`), what both import (:mod:`.conversion.worker_protocol`),
   what a worker may do (:mod:`.conversion.sandbox`, :mod:`.conversion.pickles`);
-- :mod:`.records`: SQLite records of jobs, versions and models (:mod:`.records.jobs`),
-  the managed models (:mod:`.records.catalog`), repository edits beyond publishing
+- :mod:`.records`: the records of jobs, versions, models and rollouts behind one
+  interface (:mod:`.records.store`), in SQLite (:mod:`.records.jobs`) or PostgreSQL
+  (:mod:`.records.postgres`), one leader among replicas (:mod:`.records.leader`), the
+  managed models (:mod:`.records.catalog`), repository edits beyond publishing
   (:mod:`.records.versions`);
 - :mod:`.warmup`: load -> warm -> route on every member, rollback, retention
   (:mod:`.warmup.deploy`), what is preloaded and kept warm (:mod:`.warmup.plan`),

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+import os
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +20,8 @@ from gateway.config.lifecycle import LifecycleSpec
 from gateway.core import Core
 from gateway.lifecycle.conversion.workers import ConversionWorkers
 from gateway.lifecycle.intake.runner import JobRunner
+from gateway.lifecycle.records.backend import open_store
 from gateway.lifecycle.records.catalog import ModelCatalog
-from gateway.lifecycle.records.jobs import LifecycleStore
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.lifecycle.warmup.deploy import Deployer
 from gateway.lifecycle.warmup.keepwarm import KeepWarm
@@ -136,10 +137,13 @@ def build_warmup(config: GatewayConfig, core: Core, admin: MemberAdmin) -> Warmu
 
 def build_lifecycle(spec: LifecycleSpec, config: GatewayConfig, core: Core,
                     admin: MemberAdmin, on_version_changed: Callable[[str], None],
-                    workers: ConversionWorkers | None = None) -> ModelLifecycle:
-    """The lifecycle's parts over one state folder and repository. Call
-    :meth:`ModelLifecycle.recover` before serving requests."""
-    store = LifecycleStore(spec.state_dir / "lifecycle.db")
+                    workers: ConversionWorkers | None = None,
+                    environ: Mapping[str, str] | None = None) -> ModelLifecycle:
+    """The lifecycle's parts over one state folder and repository, the records where
+    the configuration puts them (``environ``: the process's, read here, at start-up:
+    ``$INFERGATE_DATABASE_URL``). Call :meth:`ModelLifecycle.recover` before serving
+    requests."""
+    store = open_store(spec, os.environ if environ is None else environ)
     deployer = Deployer(core, admin, store, spec.repository, spec.retention)
     catalog = ModelCatalog(spec.repository, config, store, core, admin, deployer)
     workers = workers or ConversionWorkers(spec.worker_timeout_s, sandbox=spec.sandbox,

@@ -11,7 +11,7 @@ A job that fails after the converter published its version takes the version bac
 the repository is left as it was before the upload (``config.pbtxt`` included), and the
 serving version never stopped serving. The version's record stays, ``failed`` or
 ``rolled_back`` with the job's error, and its number is never issued again: the worker
-is told the least number it may publish (:meth:`LifecycleStore.version_floor`).
+is told the least number it may publish (:meth:`RecordStore.version_floor`).
 :meth:`JobRunner.recover` does the same at start-up for the jobs a previous process left
 running.
 """
@@ -40,10 +40,10 @@ from gateway.lifecycle.intake.spec import UploadSpec, parse_spec
 from gateway.lifecycle.intake.uploads import ReceivedUpload, receive_upload
 from gateway.lifecycle.records import versions as repo_edits
 from gateway.lifecycle.records.catalog import ModelCatalog, checked_name
-from gateway.lifecycle.records.jobs import (
+from gateway.lifecycle.records.store import (
     JobRecord,
-    LifecycleStore,
     ModelRecord,
+    RecordStore,
     VersionRecord,
     with_step,
 )
@@ -61,7 +61,7 @@ RESTART_REASON = "the gateway stopped while this job was running (its worker die
 @dataclass
 class JobRunner:
     spec: LifecycleSpec
-    store: LifecycleStore
+    store: RecordStore
     catalog: ModelCatalog
     deployer: Deployer
     workers: ConversionWorkers

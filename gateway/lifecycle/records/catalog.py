@@ -19,7 +19,7 @@ from gateway.core import Core
 from gateway.errors import GatewayError, InvalidInput, ModelNotFound
 from gateway.lifecycle.intake.spec import UploadSpec
 from gateway.lifecycle.records import versions as repo_edits
-from gateway.lifecycle.records.jobs import JobRecord, LifecycleStore, ModelRecord, VersionRecord
+from gateway.lifecycle.records.store import JobRecord, ModelRecord, RecordStore, VersionRecord
 from gateway.lifecycle.warmup.deploy import Deployer
 from gateway.lifecycle.warmup.plan import WarmupPlan
 from gateway.pools import pools_for_model
@@ -37,7 +37,7 @@ def checked_name(name: str) -> str:
 class ModelCatalog:
     repository: Path
     config: GatewayConfig
-    store: LifecycleStore
+    store: RecordStore
     core: Core
     admin: MemberAdmin
     deployer: Deployer

@@ -1,16 +1,7 @@
-"""The lifecycle's records, persisted in SQLite: conversion jobs with per-step progress,
-model versions (state, precision, the config each was published with), and per model
-the serving and previous version, and progressive rollouts with every verdict.
-
-Version numbers are never reused: per model, ``version_numbers`` keeps the highest
-number ever issued (:meth:`LifecycleStore.version_floor` is the least number the next
-upload may publish), and a version that leaves the repository (failed, rolled back,
-deleted) keeps its record with that final state and why (:meth:`LifecycleStore.end_version`).
-
-A restarted gateway reads them back: finished and failed jobs are reported as they
-ended; a job that was still running when the gateway died is marked failed with that
-reason (:meth:`LifecycleStore.fail_interrupted`): its worker died with it, or, for a
-rollout, the rollout was interrupted.
+"""The lifecycle's records in SQLite (:class:`LifecycleStore`, one implementation of
+:class:`~.store.RecordStore`; the records themselves are :mod:`.store`'s, re-exported
+here): the default, one file in the state folder, one control-plane process.
+:class:`~.postgres.PostgresStore` is the other, for several replicas.
 
 The store is used by the control plane only (uploads, job polls, deploys), never on
 the inference path. WAL journal with ``synchronous=NORMAL``: a commit does not fsync,
@@ -23,19 +14,36 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, cast
 
 from gateway.errors import Conflict, JobNotFound
+from gateway.lifecycle.records.store import (
+    ACTIVE_JOB_STATES,
+    ACTIVE_ROLLOUT_STATES,
+    ENDED_VERSION_STATES,
+    LIVE_VERSION_STATES,
+    TERMINAL_JOB_STATES,
+    JobRecord,
+    ModelRecord,
+    RecordSet,
+    RecordStore,
+    RolloutRecord,
+    Step,
+    VersionRecord,
+    changed_job,
+    conflicting_job,
+    with_step,
+)
 
-ACTIVE_JOB_STATES = ("receiving", "queued", "converting", "deploying", "rolling_out")
-ACTIVE_ROLLOUT_STATES = ("running", "paused")
-TERMINAL_JOB_STATES = ("succeeded", "failed")
-# a version in the repository (loadable) / one that left it, its record kept for history
-LIVE_VERSION_STATES = ("available", "serving")
-ENDED_VERSION_STATES = ("failed", "rolled_back", "deleted")
+__all__ = [  # the records were defined here before the interface: importers keep working
+    "ACTIVE_JOB_STATES", "ACTIVE_ROLLOUT_STATES", "ENDED_VERSION_STATES",
+    "LIVE_VERSION_STATES", "SCHEMA_VERSION", "TERMINAL_JOB_STATES", "JobRecord",
+    "LifecycleStore", "ModelRecord", "RolloutRecord", "Step", "VersionRecord", "with_step",
+]
+
 SCHEMA_VERSION = 1  # PRAGMA user_version; see LifecycleStore._migrate
 
 SCHEMA = """
@@ -100,129 +108,9 @@ CREATE TABLE IF NOT EXISTS models (
 """
 
 
-@dataclass(frozen=True)
-class Step:
-    """One step of a job: ``state`` is running, done, failed or skipped."""
+class LifecycleStore(RecordStore):
+    """The records in one SQLite file (see the module's docstring)."""
 
-    name: str
-    state: str
-    started_at: float
-    finished_at: float | None = None
-    detail: str = ""
-    fraction: float | None = None  # progress inside the step, 0..1, when known
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    id: str
-    model: str
-    state: str
-    created_at: float
-    updated_at: float
-    version: int | None = None
-    steps: tuple[Step, ...] = ()
-    error: str | None = None
-    spec: dict[str, Any] = field(default_factory=dict)
-    submitted_by: str = ""
-    worker_pid: int | None = None
-    finished_at: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["steps"] = [asdict(s) for s in self.steps]
-        return data
-
-
-@dataclass(frozen=True)
-class VersionRecord:
-    """``state``: available (on disk, loadable) or serving, while the version is in the
-    repository; failed (its job failed after publishing it), rolled_back (its rollout
-    did not promote it) or deleted (by an operator or retention) once it left it, with
-    ``reason`` and ``ended_at``. Its number is never issued again."""
-
-    model: str
-    version: int
-    state: str
-    config: str  # config.pbtxt as published with this version
-    created_at: float
-    precision: str | None = None
-    job_id: str | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-    report: str | None = None  # report file, relative to the version folder
-    reason: str = ""  # why it ended (failed, rolled_back, deleted)
-    ended_at: float | None = None
-
-    @property
-    def live(self) -> bool:
-        """In the repository: a serving or rollback target."""
-        return self.state in LIVE_VERSION_STATES
-
-
-@dataclass(frozen=True)
-class ModelRecord:
-    """``state``: loading (first version on its way), serving, failed, unloaded."""
-
-    name: str
-    state: str
-    updated_at: float
-    serving_version: int | None = None
-    previous_version: int | None = None
-    pools: tuple[str, ...] = ()
-    keep_warm: dict[str, Any] | None = None
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class RolloutRecord:
-    """A progressive rollout of ``candidate`` against ``stable`` (the upload job's).
-    ``state``: running, paused, promoted, rolled_back, aborted, interrupted (the gateway
-    stopped during it: stable serves). ``decisions``: every verdict with its figures."""
-
-    job_id: str
-    model: str
-    stable: int
-    candidate: int
-    spec: dict[str, Any]
-    state: str
-    started_at: float
-    updated_at: float
-    step: int = 0  # index into spec["steps"]
-    percent: int = 0  # the candidate's share of unversioned requests now
-    decisions: tuple[dict[str, Any], ...] = ()
-    detail: str = ""
-
-    @property
-    def active(self) -> bool:
-        return self.state in ACTIVE_ROLLOUT_STATES
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "decisions": list(self.decisions)}
-
-
-def with_step(steps: tuple[Step, ...], name: str, state: str, detail: str = "",
-              fraction: float | None = None, now: float | None = None) -> tuple[Step, ...]:
-    """``steps`` with step ``name`` started, updated or finished (appended if new).
-
-    Starting a step finishes any other step still running (the pipeline runs one at a
-    time); a step that ends keeps its start time."""
-    now = time.time() if now is None else now
-    finished = None if state == "running" else now
-    out = []
-    found = False
-    for step in steps:
-        if step.name == name:
-            found = True
-            step = replace(step, state=state, finished_at=finished, detail=detail or step.detail,
-                           fraction=fraction if fraction is not None else step.fraction)
-        elif step.state == "running" and state == "running":
-            step = replace(step, state="done", finished_at=now)
-        out.append(step)
-    if not found:
-        out.append(Step(name, state, now, finished, detail, fraction))
-    return tuple(out)
-
-
-class LifecycleStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
@@ -276,10 +164,7 @@ class LifecycleStore:
                 (model, *ACTIVE_JOB_STATES),
             ).fetchone()
             if row is not None:
-                raise Conflict(
-                    f"model {model!r} already has job {row['id']} in progress (state "
-                    f"{row['state']}); wait for it to finish before uploading again"
-                )
+                raise Conflict(conflicting_job(model, row["id"], row["state"]))
             self._db.execute(
                 "INSERT INTO jobs (id, model, state, submitted_by, created_at, updated_at) "
                 "VALUES (?, ?, 'receiving', ?, ?, ?)",
@@ -288,16 +173,19 @@ class LifecycleStore:
         return self.job(job_id)
 
     def update_job(self, job_id: str, **changes: Any) -> JobRecord:
-        job = replace(self.job(job_id), **changes, updated_at=time.time())
-        if job.state in TERMINAL_JOB_STATES and job.finished_at is None:
-            job = replace(job, finished_at=job.updated_at)
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            job = changed_job(self.job(job_id), changes, time.time())
+            self._write_job(job)
+        return job
+
+    def _write_job(self, job: JobRecord) -> None:
         self._db.execute(
             "UPDATE jobs SET state=?, version=?, steps=?, error=?, spec=?, worker_pid=?, "
             "updated_at=?, finished_at=? WHERE id=?",
             (job.state, job.version, json.dumps([asdict(s) for s in job.steps]), job.error,
              json.dumps(job.spec), job.worker_pid, job.updated_at, job.finished_at, job.id),
         )
-        return job
 
     def job(self, job_id: str) -> JobRecord:
         row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -312,23 +200,11 @@ class LifecycleStore:
         rows = self._db.execute(query + " ORDER BY created_at DESC LIMIT ?", (*args, limit))
         return [_job(r) for r in rows]
 
-    def fail_interrupted(self, reason: str,
-                         by_state: Mapping[str, str] | None = None) -> list[str]:
-        """Jobs left active by a previous gateway process become failed, with
-        ``reason``, or the reason ``by_state`` gives for the state the job was in (a job
-        cut while ``rolling_out`` had no worker to lose: its wording is the rollout's)."""
+    def active_jobs(self) -> list[JobRecord]:
         rows = self._db.execute(
-            f"SELECT id FROM jobs WHERE state IN ({','.join('?' * len(ACTIVE_JOB_STATES))})",
-            ACTIVE_JOB_STATES,
-        ).fetchall()
-        for row in rows:
-            job = self.job(row["id"])
-            why = (by_state or {}).get(job.state, reason)
-            now = time.time()
-            steps = tuple(replace(s, state="failed", finished_at=now, detail=why)
-                          if s.state == "running" else s for s in job.steps)
-            self.update_job(job.id, state="failed", error=why, steps=steps)
-        return [r["id"] for r in rows]
+            f"SELECT * FROM jobs WHERE state IN ({','.join('?' * len(ACTIVE_JOB_STATES))}) "
+            "ORDER BY created_at", ACTIVE_JOB_STATES)
+        return [_job(r) for r in rows]
 
     # -- versions --------------------------------------------------------------------------
     def put_version(self, record: VersionRecord) -> None:
@@ -355,10 +231,12 @@ class LifecycleStore:
                                (model,)).fetchone()
         return int(row["highest"]) if row else 0
 
-    def version_floor(self, model: str) -> int:
-        """The least number the next version of ``model`` may take: one above every
-        number ever issued (the converter also stays above the versions on disk)."""
-        return self.highest_version(model) + 1
+    def issue_version(self, model: str, at_least: int = 1) -> int:
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")  # the write lock: one issuer at a time
+            number = max(self.highest_version(model) + 1, at_least)
+            self._issued(model, number)
+        return number
 
     def set_version_state(self, model: str, version: int, state: str) -> None:
         self._db.execute("UPDATE versions SET state = ? WHERE model = ? AND version = ?",
@@ -382,21 +260,11 @@ class LifecycleStore:
                 (model, version, state, now, reason, now))
             self._issued(model, version)
 
-    def delete_version(self, model: str, version: int, reason: str = "deleted") -> None:
-        """The version was removed from the repository: recorded ``deleted``."""
-        self.end_version(model, version, "deleted", reason)
-
     def version(self, model: str, version: int) -> VersionRecord | None:
         """The record of ``version``, whatever became of it (see ``live``)."""
         row = self._db.execute("SELECT * FROM versions WHERE model = ? AND version = ?",
                                (model, version)).fetchone()
         return _version(row) if row else None
-
-    def live_version(self, model: str, version: int) -> VersionRecord | None:
-        """The record of ``version`` while it is in the repository (available or
-        serving); None for one that failed, was rolled back or deleted."""
-        record = self.version(model, version)
-        return record if record is not None and record.live else None
 
     def versions(self, model: str, live: bool = False) -> list[VersionRecord]:
         """Every version record of ``model`` by number, ended ones included unless
@@ -455,6 +323,35 @@ class LifecycleStore:
     def delete_model(self, name: str) -> None:
         self._db.execute("DELETE FROM models WHERE name = ?", (name,))
 
+    # -- the whole -------------------------------------------------------------------------
+    def export_records(self) -> RecordSet:
+        with self._db:
+            self._db.execute("BEGIN")  # one snapshot (WAL: writers go on meanwhile)
+            return RecordSet.ordered(
+                [_job(r) for r in self._db.execute("SELECT * FROM jobs")],
+                [_version(r) for r in self._db.execute("SELECT * FROM versions")],
+                [(r["model"], int(r["highest"]))
+                 for r in self._db.execute("SELECT * FROM version_numbers")],
+                [_rollout(r) for r in self._db.execute("SELECT * FROM rollouts")],
+                [_model(r) for r in self._db.execute("SELECT * FROM models")])
+
+    def import_records(self, records: RecordSet) -> None:
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            for table in ("jobs", "versions", "version_numbers", "rollouts", "models"):
+                self._db.execute(f"DELETE FROM {table}")
+            self._insert("jobs", (_job_row(j) for j in records.jobs))
+            self._insert("versions", (_version_row(v) for v in records.versions))
+            self._insert("version_numbers", ({"model": m, "highest": n}
+                                             for m, n in records.version_numbers))
+            self._insert("rollouts", (_rollout_row(r) for r in records.rollouts))
+            self._insert("models", (_model_row(m) for m in records.models))
+
+    def _insert(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
+        for row in rows:
+            self._db.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES "
+                             f"({', '.join('?' * len(row))})", tuple(row.values()))
+
 
 def _job(row: sqlite3.Row) -> JobRecord:
     return JobRecord(
@@ -492,3 +389,24 @@ def _rollout(row: sqlite3.Row) -> RolloutRecord:
         decisions=tuple(json.loads(row["decisions"])), detail=row["detail"],
         started_at=row["started_at"], updated_at=row["updated_at"],
     )
+
+
+# the columns of each record as SQLite stores them (JSON as text): the writers' one shape
+def _job_row(job: JobRecord) -> dict[str, Any]:
+    return {**asdict(job), "steps": json.dumps([asdict(s) for s in job.steps]),
+            "spec": json.dumps(job.spec)}
+
+
+def _version_row(record: VersionRecord) -> dict[str, Any]:
+    return {**asdict(record), "metadata": json.dumps(record.metadata)}
+
+
+def _rollout_row(record: RolloutRecord) -> dict[str, Any]:
+    return {**asdict(record), "spec": json.dumps(record.spec),
+            "decisions": json.dumps(list(record.decisions))}
+
+
+def _model_row(record: ModelRecord) -> dict[str, Any]:
+    return {**asdict(record), "pools": json.dumps(list(record.pools)),
+            "keep_warm": json.dumps(record.keep_warm) if record.keep_warm is not None
+            else None}

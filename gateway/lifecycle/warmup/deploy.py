@@ -32,7 +32,7 @@ from converters.triton_config import parse_model_config
 from gateway.core import Core
 from gateway.errors import Conflict, DeployFailed, GatewayError, ModelNotFound, Unavailable
 from gateway.lifecycle.records import versions as repo_edits
-from gateway.lifecycle.records.jobs import LifecycleStore, ModelRecord, VersionRecord
+from gateway.lifecycle.records.store import ModelRecord, RecordStore, VersionRecord
 from gateway.pools import PoolMember
 from gateway.upstream.triton import MemberAdmin, override_for_version, synthetic_request
 
@@ -133,7 +133,7 @@ class Placement(Protocol):
 class Deployer:
     core: Core
     admin: MemberAdmin
-    store: LifecycleStore
+    store: RecordStore
     repository: Path
     retention: int = 3
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)

@@ -18,7 +18,7 @@ from typing import Protocol
 from gateway.config import GatewayConfig
 from gateway.config.lifecycle import KeepWarmPolicy
 from gateway.core import Core
-from gateway.lifecycle.records.jobs import LifecycleStore
+from gateway.lifecycle.records.store import RecordStore
 from gateway.lifecycle.warmup.deploy import load_as_configured, no_callback, restore_as_configured
 from gateway.pools import PoolMember
 from gateway.upstream.triton import MemberAdmin
@@ -29,7 +29,7 @@ POLICY_CACHE_S = 1.0  # the keep-warm loop asks several times a second
 @dataclass
 class WarmupPlan:
     config: GatewayConfig
-    store: LifecycleStore | None = None  # None: no lifecycle, the configuration alone
+    store: RecordStore | None = None  # None: no lifecycle, the configuration alone
     _policies: tuple[float, dict[str, KeepWarmPolicy]] = field(
         default=(float("-inf"), {}), init=False)
 

@@ -74,7 +74,7 @@ from converters.spec import TRITON_TO_NUMPY
 from converters.triton_config import parse_model_config
 from gateway.config.rollout import RolloutSpec
 from gateway.errors import Conflict, DeployFailed, GatewayError, ModelNotFound
-from gateway.lifecycle.records.jobs import LifecycleStore, RolloutRecord
+from gateway.lifecycle.records.store import RecordStore, RolloutRecord
 from gateway.lifecycle.warmup.deploy import Deployer, StepCallback, load_on, warm_on
 from gateway.policy.rollout import (
     P99_MIN_ANSWERS,
@@ -129,7 +129,7 @@ class Probe:
 @dataclass
 class Rollouts:
     deployer: Deployer
-    store: LifecycleStore
+    store: RecordStore
     samples_dir: Path  # <state>/rollouts: each rollout's replay sample, while it runs
     wall_clock: Callable[[], float] = time.time  # the lease's clock (epoch seconds)
     _control: dict[str, _Control] = field(default_factory=dict)
@@ -630,7 +630,7 @@ def side_by_side_config(stable: mc.ModelConfig, candidate: mc.ModelConfig) -> mc
     return config
 
 
-def _metric(store: LifecycleStore, model: str) -> Literal["top1", "cosine"]:
+def _metric(store: RecordStore, model: str) -> Literal["top1", "cosine"]:
     """top-1 when the model's latest upload budgeted top-1, else cosine."""
     for job in store.jobs(model, limit=5):
         budget = (job.spec or {}).get("accuracy_budget") or {}
