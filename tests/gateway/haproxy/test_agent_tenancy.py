@@ -37,7 +37,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
         tenants = tmp / "tenants.yaml"
         tenants.write_text(yaml.safe_dump({"tenants": [{"name": "heavy", "keys": [HEAVY]},
                                                        {"name": "light", "keys": [LIGHT]}]}))
-        with run_gateway(pools, tmp, "--tenants", str(tenants), data_plane="python") as control, \
+        with run_gateway(pools, tmp, "--tenants", str(tenants), data_plane="none") as control, \
                 run_agent(control, tmp / "agent") as replica:
             yield replica
 

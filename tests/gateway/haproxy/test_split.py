@@ -113,7 +113,7 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
         ea, eb = a.start(), b.start()
         config = lifecycle_config(tmp_path / "gateway.yaml", {"cpu": [ea, eb]}, repo)
         ports = (free_port(), free_port())
-        with run_gateway(config, tmp_path, data_plane="python", ports=ports) as control, \
+        with run_gateway(config, tmp_path, data_plane="none", ports=ports) as control, \
                 run_agent(control, tmp_path / "agent-a", TOKENS["admin"]) as agent_a, \
                 run_agent(control, tmp_path / "agent-b", TOKENS["admin"]) as agent_b:
             # an upload through replica A (HAProxy forwards /v1 to the control plane)
@@ -167,7 +167,7 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
             assert refused.value.status() == "StatusCode.UNAVAILABLE"
             assert refused.value.message() == CONTROL_DOWN
 
-            with run_gateway(config, tmp_path, data_plane="python", ports=ports):
+            with run_gateway(config, tmp_path, data_plane="none", ports=ports):
                 url_a = f"http://{agent_a.http_url}"
                 assert wait_until(lambda: httpx.get(f"{url_a}/v2/health/ready")
                                   .status_code == 200, 30)

@@ -116,7 +116,7 @@ def test_restart_mid_rollout_fails_no_request_through_the_replica(tmp_path: Path
         config = lifecycle_config(tmp_path / "gateway.yaml", {"cpu": [endpoints]}, repo,
                                   models={MODEL: {"preload": True}})
         ports = (free_port(), free_port())
-        with run_gateway(config, tmp_path, data_plane="python", ports=ports) as control, \
+        with run_gateway(config, tmp_path, data_plane="none", ports=ports) as control, \
                 run_agent(control, tmp_path / "agent", TOKENS["admin"], None,
                           "--canary-lease", str(LEASE)) as agent:
             url = f"http://{control.http_url}"
@@ -145,7 +145,7 @@ def test_restart_mid_rollout_fails_no_request_through_the_replica(tmp_path: Path
                 assert wait_until(lambda: sum(1 for sent, _ in traffic.slopes
                                               if sent > safe) >= 40, 60)
                 assert traffic.candidate_answered(after=safe) == 0
-                with run_gateway(config, tmp_path, data_plane="python", ports=ports) as again:
+                with run_gateway(config, tmp_path, data_plane="none", ports=ports) as again:
                     # the candidate goes, once the replica routes stable only
                     assert wait_until(lambda: _versions_loaded(endpoints.http_url) == ["1"],
                                       120, 0.2)

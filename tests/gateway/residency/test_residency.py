@@ -279,7 +279,7 @@ def test_a_replica_serves_misses_and_says_so_at_once_without_its_control_plane(
     unload_all(members)
     path = config(tmp_path / "gw.yaml", members)
     ports = (free_port(), free_port())
-    with run_gateway(path, tmp_path, data_plane="python", ports=ports) as control, \
+    with run_gateway(path, tmp_path, data_plane="none", ports=ports) as control, \
             run_agent(control, tmp_path / "agent") as agent:
         url = f"http://{agent.http_url}"
         first = infer(url, "m0")
@@ -301,7 +301,7 @@ def test_a_replica_serves_misses_and_says_so_at_once_without_its_control_plane(
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "control plane" in (refused.value.details() or "")
 
-        with run_gateway(path, tmp_path, data_plane="python", ports=ports):
+        with run_gateway(path, tmp_path, data_plane="none", ports=ports):
             again = infer(url, "m2")
             assert again.status_code == 200, again.text
             assert LOAD_WAIT in grpc_infer(agent.grpc_url, "m3")
