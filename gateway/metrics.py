@@ -19,6 +19,9 @@ LATENCY_BUCKETS_S = (
     0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
     0.65, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
 )
+# HAProxy logs the queue's wait in whole milliseconds (%Tw): 0 first, then from 1 ms
+QUEUE_WAIT_BUCKETS_S = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
+                        5.0, 10.0, 30.0, 60.0)
 RESPONSE_COUNT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
@@ -40,6 +43,7 @@ class GatewayMetrics:
     tenant_refused: Counter
     tenant_latency: Histogram
     tenant_in_flight: Gauge
+    tenant_queue_wait: Histogram
     responses_per_request: Histogram
     rollout_percent: Gauge
     rollout_decisions: Counter
@@ -162,6 +166,15 @@ def create_metrics(registry: CollectorRegistry | None = None) -> GatewayMetrics:
             "infergate_tenant_in_flight_requests",
             "Admitted requests of a tenant not yet answered.",
             ("tenant", "priority"),
+            registry=registry,
+        ),
+        tenant_queue_wait=Histogram(
+            "infergate_tenant_queue_wait_seconds",
+            "Time admitted requests waited in the gateway's queue for a member's slot, per "
+            "tenant and class, seconds (0 in pools that do not queue in the gateway); "
+            "within the request's latency.",
+            ("tenant", "priority"),
+            buckets=QUEUE_WAIT_BUCKETS_S,
             registry=registry,
         ),
         first_response=Histogram(

@@ -35,6 +35,22 @@ EfficientNet-Lite0, over gRPC ``ModelInfer`` and HTTP binary tensors:
   >= 99.9%; beside a sheddable flood the critical one must have 0 refused and p99 <=
   1.2x alone.
 
+- **flood** (issue 36; ``--scenarios flood``): the usual noisy neighbour, a closed-loop
+  flood of :data:`FLOOD_IN_FLIGHT` (64) requests in flight that retries every refusal at
+  once, beside a light tenant paced open loop at :data:`PACED_SHARE` of Triton's
+  throughput: ``flood-priority`` (light critical, flood sheddable) and
+  ``flood-standard`` (both standard, equal weight); ``flood-fairness``: three standard
+  tenants of equal weight sharing the 64 in flight (Jain's index of their goodput);
+  ``flood-goodput``: the flood alone through a gateway without tenancy (the pool's
+  goodput the others compare with). Before and after in one run: the same gateway
+  without and with ``gateway_queue`` on its pool (requests queued in Triton, or in the
+  gateway by class and weight: docs/request-policy.md). Its own table: the light
+  tenant's success alone and beside the flood, its p50 and p99 as ratios to alone, its
+  wait in the gateway's queue (the gateway's ``infergate_tenant_queue_wait_seconds``),
+  the flood's goodput and the pool's beside the flood over the pool's goodput without
+  tenancy, Jain's index. On 2 cores the flood's immediate retries take CPU from
+  everyone: run it on a quiet machine.
+
 Where a figure comes from: HTTP refusals are 429s in h2load's per-request log
 (``--log-file``), latencies are those of the 200 answers. A gRPC refusal is HTTP 200 with
 ``grpc-status: 8`` in the trailers, and h2load logs only the HTTP status, so gRPC counts
@@ -53,6 +69,7 @@ include that. About 4 minutes on 2 cores (plus exporting EfficientNet-Lite0 into
 
     python -m loadtests.bench_tenants [--rounds 3] [--seconds 1.5] [--quick] [--out DIR]
         [--model tiny] [--protocol grpc] [--capacity 5] [--data-plane haproxy]
+        [--scenarios overload|flood|all]
 """
 
 from __future__ import annotations
@@ -70,6 +87,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from converters.repository import existing_versions
 from converters.samples import SAMPLE_MODEL_NAME, cat_input
@@ -122,6 +140,11 @@ PACED_SHARE, PACED_STREAMS, FLOOD_SHARE = 0.1, 2, 4.0
 # than a handful of answers
 PACED_MIN_SECONDS = 5.0
 FAIR_TENANTS, FAIR_SHARE_OF_CAPACITY = 3, 0.8
+FLOOD_IN_FLIGHT = 64  # issue 36's noisy neighbour: closed loop, every refusal retried at once
+# issue 36's goals (the flood scenarios, after: the gateway queues)
+FLOOD_SUCCESS_GOAL_PCT, FLOOD_P99_GOALS = 99.5, {"critical": 1.2, "standard": 1.5}
+FLOOD_GOODPUT_GOAL_RATIO = 0.95
+SCENARIO_SETS = ("overload", "flood", "all")
 SUCCESS_GOAL_PCT, P99_GOAL_RATIO, JAIN_GOAL = 99.0, 1.2, 0.95
 ALONE_SUCCESS_GOAL_PCT, PACED_P99_GOAL_RATIO = 99.9, 1.5
 # a little more than one probe round of the gateway (run_gateway: --probe-interval 0.5),
@@ -130,6 +153,8 @@ SETTLE_QUIET_S = 0.6
 TENANT_REQUESTS = "infergate_tenant_requests_total"
 TENANT_LATENCY = "infergate_tenant_request_duration_seconds_bucket"
 LATENCY_KEY = "le:"  # TenantCounts' entries of a tenant's latency histogram, by bound
+TENANT_QUEUE_WAIT = "infergate_tenant_queue_wait_seconds_bucket"
+QUEUE_KEY = "qw:"  # TenantCounts' entries of a tenant's queue-wait histogram, by bound
 # the gateway's own latency figures against h2load's for the same requests
 FIGURES_GOAL_RATIO, FIGURES_GOAL_MS = 0.10, 1.0
 # the gateway's name for its refusals counter, and the one its issue gave first
@@ -224,6 +249,8 @@ def tenant_counts(metrics_text: str) -> TenantCounts:
             key = s.labels.get("outcome", "?")
         elif s.name == TENANT_LATENCY:
             key = LATENCY_KEY + s.labels.get("le", "+Inf")
+        elif s.name == TENANT_QUEUE_WAIT:
+            key = QUEUE_KEY + s.labels.get("le", "+Inf")
         elif s.name in TENANT_REFUSED:
             key = "refused:" + s.labels.get("reason", "?")
         elif s.name == GATEWAY_REQUESTS and s.labels.get("traffic", "user") == "user":
@@ -261,7 +288,7 @@ def outcomes(counts: TenantCounts, tenant: str, alone: bool = False) -> Outcomes
     reasons = {k.removeprefix("refused:"): round(v) for k, v in mine.items()
                if k.startswith("refused:") and round(v)}
     by_outcome = {k: round(v) for k, v in mine.items()
-                  if not k.startswith(("refused:", LATENCY_KEY))}
+                  if not k.startswith(("refused:", LATENCY_KEY, QUEUE_KEY))}
     succeeded = by_outcome.get("success", 0)
     refused = by_outcome.get("rejected", sum(reasons.values()))
     return Outcomes(succeeded, refused, sum(by_outcome.values()) - succeeded, reasons, source)
@@ -320,6 +347,33 @@ def scenario_phases(capacity: int) -> list[Phase]:
     ]
 
 
+BEFORE, AFTER = "tenants", "queued"  # the gateways: queueing in Triton / in the gateway
+
+
+def flood_phases() -> list[Phase]:
+    """Issue 36's flood (the module docstring), on the gateway before (``tenants``: its
+    pool queues in Triton) and after (``queued``: in the gateway); each alone run right
+    before its mixed one. ``flood-goodput``: the flood alone without tenancy."""
+    light_critical = TenantLoad("light-critical", "critical", PACED_STREAMS, PACED_SHARE)
+    light_standard = TenantLoad("light-standard", "standard", PACED_STREAMS, PACED_SHARE)
+    shed_flood = TenantLoad("flood-sheddable", "sheddable", FLOOD_IN_FLIGHT)
+    std_flood = TenantLoad("flood-standard64", "standard", FLOOD_IN_FLIGHT)
+    thirds = [FLOOD_IN_FLIGHT // 3 + (i < FLOOD_IN_FLIGHT % 3) for i in range(3)]
+    fair = tuple(TenantLoad(f"flood-fair-{chr(ord('a') + i)}", "standard", n)
+                 for i, n in enumerate(thirds))
+    phases = [Phase("flood-goodput", "alone-none", (std_flood,), "none")]
+    for side in (BEFORE, AFTER):
+        tag = "before" if side == BEFORE else "after"
+        phases += [
+            Phase("flood-priority", f"alone-{tag}", (light_critical,), side),
+            Phase("flood-priority", f"mixed-{tag}", (light_critical, shed_flood), side),
+            Phase("flood-standard", f"alone-{tag}", (light_standard,), side),
+            Phase("flood-standard", f"mixed-{tag}", (light_standard, std_flood), side),
+            Phase("flood-fairness", f"mixed-{tag}", fair, side),
+        ]
+    return phases
+
+
 def cost_phases(capacity: int) -> list[Phase]:
     solo = TenantLoad("solo", "standard", capacity)
     return [Phase("cost", "none", (solo,), "none"), Phase("cost", "tenancy", (solo,), "one")]
@@ -338,18 +392,29 @@ def tenancy_section(loads: Iterable[TenantLoad]) -> dict[str, Any]:
 
 def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
     """Gateway name -> its tenants (None: no ``tenancy:`` section)."""
+    flood = [load for phase in flood_phases() for load in phase.loads]
     return {
-        "tenants": [load for phase in scenario_phases(capacity) for load in phase.loads],
+        "tenants": [load for phase in scenario_phases(capacity) for load in phase.loads]
+                   + flood,
+        "queued": flood,
         "none": None,
         "one": [load for phase in cost_phases(capacity) for load in phase.loads],
     }
 
 
 def write_config(path: Path, member: TritonEndpoints, capacity: int,
-                 tenants: Sequence[TenantLoad] | None) -> Path:
+                 tenants: Sequence[TenantLoad] | None, queued: bool = False) -> Path:
+    """``queued``: the pool queues in the gateway (``gateway_queue``), its member taking
+    ``capacity`` requests at once."""
     tenancy: dict[str, Any] = {} if tenants is None else {"tenancy": tenancy_section(tenants)}
-    return gateway_yaml(path, {POOL: [member]}, capacity_per_member=capacity,
-                        queue_factor=QUEUE_FACTOR, **tenancy)
+    gateway_yaml(path, {POOL: [member]}, capacity_per_member=capacity,
+                 queue_factor=QUEUE_FACTOR, **tenancy)
+    if queued:
+        data = yaml.safe_load(path.read_text())
+        for pool in data["pools"]:
+            pool["gateway_queue"] = True
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 # -- one measured run -----------------------------------------------------------------
@@ -371,6 +436,8 @@ class Measured:
     # the gateway's latency histogram of the tenant's admitted requests over the run
     # (cumulative counts by upper bound, seconds)
     gateway_buckets: Mapping[float, float] | None = None
+    # the gateway's histogram of the tenant's wait in its queue over the run
+    queue_buckets: Mapping[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -386,6 +453,8 @@ class Figures:
     refusal_p50_ms: float = math.nan  # how long an HTTP 429 took to arrive
     gateway_p50_ms: float = math.nan  # the gateway's own figures for the same requests
     gateway_p99_ms: float = math.nan
+    queue_p50_ms: float = math.nan  # the gateway's figures of its wait in the queue
+    queue_p99_ms: float = math.nan
 
 
 def figures(m: Measured) -> Figures:
@@ -414,12 +483,13 @@ def figures(m: Measured) -> Figures:
     total = succeeded + failed
     p50_low, p50_high = percentile_bounds(m.latencies_us, 50, hidden)
     p99_low, p99_high = percentile_bounds(m.latencies_us, 99, hidden)
-    gateway = m.gateway_buckets or {}
+    gateway, queue = m.gateway_buckets or {}, m.queue_buckets or {}
     return Figures(succeeded / m.seconds if m.seconds > 0 else None, refused,
                    100.0 * succeeded / total if total else None, p50_high / 1e3,
                    p99_high / 1e3, p99_low / 1e3, EXACT if hidden == 0 else UPPER_BOUND, note,
                    percentile_bounds(m.refusal_latencies_us, 50, 0)[0] / 1e3,
-                   histogram_quantile(gateway, 50) * 1e3, histogram_quantile(gateway, 99) * 1e3)
+                   histogram_quantile(gateway, 50) * 1e3, histogram_quantile(gateway, 99) * 1e3,
+                   histogram_quantile(queue, 50) * 1e3, histogram_quantile(queue, 99) * 1e3)
 
 
 def metrics_text(gateway: GatewayProcess) -> str:
@@ -476,14 +546,16 @@ def run_phase(gateway: GatewayProcess, work: Workload, protocol: str,
             tuple(us for status, us in r.log if status == 200),
             outcomes(delta, load.tenant, alone=len(runs) == 1), problem,
             tuple(us for status, us in r.log if status == 429), rate(load),
-            latency_buckets(delta, load.tenant))
+            latency_buckets(delta, load.tenant), latency_buckets(delta, load.tenant, QUEUE_KEY))
     return measured
 
 
-def latency_buckets(counts: TenantCounts, tenant: str) -> dict[float, float] | None:
-    """The tenant's latency histogram in ``counts`` (None: the gateway gave none)."""
-    found = {float(k.removeprefix(LATENCY_KEY)): v
-             for k, v in counts.by_tenant.get(tenant, {}).items() if k.startswith(LATENCY_KEY)}
+def latency_buckets(counts: TenantCounts, tenant: str, prefix: str = LATENCY_KEY
+                    ) -> dict[float, float] | None:
+    """The tenant's latency histogram in ``counts`` (``prefix``: its queue-wait one; None:
+    the gateway gave none)."""
+    found = {float(k.removeprefix(prefix)): v
+             for k, v in counts.by_tenant.get(tenant, {}).items() if k.startswith(prefix)}
     return found or None
 
 
@@ -549,7 +621,8 @@ def gateway(scratch: Path, name: str, member: TritonEndpoints, capacity: int,
     why in the gateway's last words."""
     folder = scratch / f"gateway-{name}"
     folder.mkdir()
-    config = write_config(folder / "gateway.yaml", member, capacity, tenants)
+    config = write_config(folder / "gateway.yaml", member, capacity, tenants,
+                          queued=name == AFTER)
     with contextlib.ExitStack() as stack:
         try:
             gw = stack.enter_context(harness.gateway(config, folder, data_plane=data_plane))
@@ -615,7 +688,9 @@ def warm_up(gateways: Iterable[GatewayProcess], works: Sequence[Workload],
 
 def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
         protocols: Sequence[str] = PROTOCOLS, capacity: int = CAPACITY_PER_MEMBER,
-        data_plane: str | None = None) -> list[dict[str, Any]]:
+        data_plane: str | None = None, scenarios: str = "all") -> list[dict[str, Any]]:
+    """``scenarios``: ``overload`` (noisy, priority, fairness, paced, cost), ``flood``
+    (issue 36's, before and after the gateway's queue) or ``all``."""
     if shutil.which("h2load") is None:
         raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
     started = time.monotonic()
@@ -645,13 +720,26 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                           for w in works for p in protocols}
                 say("Triton's own throughput (closed loop, 2x capacity in flight): " + ", ".join(
                     f"{m} {p} {v:.0f}/s" for (m, p), v in direct.items()))
-                measure_all({"tenants": gw}, scenario_phases(capacity), works, protocols,
-                            rounds, seconds, scratch, False, samples, direct)
-            with gateway(scratch, "none", member, capacity, specs["none"], data_plane) as none, \
-                    gateway(scratch, "one", member, capacity, specs["one"], data_plane) as one:
-                warm_up([none, one], works, protocols, scratch)
-                measure_all({"none": none, "one": one}, cost_phases(capacity), works,
-                            protocols, rounds, seconds, scratch, True, samples)
+                if scenarios in ("overload", "all"):
+                    measure_all({"tenants": gw}, scenario_phases(capacity), works, protocols,
+                                rounds, seconds, scratch, False, samples, direct)
+                if scenarios in ("flood", "all"):
+                    with gateway(scratch, AFTER, member, capacity, specs[AFTER],
+                                 data_plane) as queued, \
+                            gateway(scratch, "flood-none", member, capacity, None,
+                                    data_plane) as bare:
+                        warm_up([queued, bare], works, protocols, scratch)
+                        measure_all({BEFORE: gw, AFTER: queued, "none": bare}, flood_phases(),
+                                    works, protocols, rounds, seconds, scratch, False, samples,
+                                    direct)
+            if scenarios in ("overload", "all"):
+                with gateway(scratch, "none", member, capacity, specs["none"],
+                             data_plane) as none, \
+                        gateway(scratch, "one", member, capacity, specs["one"],
+                                data_plane) as one:
+                    warm_up([none, one], works, protocols, scratch)
+                    measure_all({"none": none, "one": one}, cost_phases(capacity), works,
+                                protocols, rounds, seconds, scratch, True, samples)
     say(f"measured in {time.monotonic() - started:.0f} s")
     return [{**row, "data_plane": plane} for row in summarise(samples, seconds)]
 
@@ -801,9 +889,115 @@ def summarise(samples: Samples, seconds: float) -> list[dict[str, Any]]:
             with_tenancy["throughput_ratio"] = finite_median(ratios)
             with_tenancy["throughput_ratio_range"] = spread(ratios)
             rows += [base, with_tenancy]
+        rows += flood_rows(samples, model, protocol)
     for row in rows:
         row["seconds"] = seconds
     return rows
+
+
+def flood_rows(samples: Samples, model: str, protocol: str) -> list[dict[str, Any]]:
+    """Issue 36's table, one row per flood scenario and gateway (before, after): the
+    light tenant alone and beside the flood, the flood's goodput, the pool's goodput
+    beside the flood over the flood's alone without tenancy, Jain's index."""
+    def runs(scenario: str, phase: str) -> list[dict[str, Measured]]:
+        return samples.get((scenario, phase, model, protocol), [])
+
+    base = [figures(run[t]).admitted_per_s for run in runs("flood-goodput", "alone-none")
+            for t in run]
+    base_goodput = finite_median(base)
+    rows: list[dict[str, Any]] = []
+    for tag in ("before", "after"):
+        for scenario, light, flood in (("flood-priority", "light-critical", "flood-sheddable"),
+                                       ("flood-standard", "light-standard",
+                                        "flood-standard64")):
+            alone, mixed = runs(scenario, f"alone-{tag}"), runs(scenario, f"mixed-{tag}")
+            if not mixed:
+                continue
+            rows.append(flood_row(scenario, tag, model, protocol, light, flood,
+                                  [r[light] for r in alone], mixed, base_goodput))
+        fair = runs("flood-fairness", f"mixed-{tag}")
+        if fair:
+            row = fairness_row(model, protocol, fair)
+            row.update(scenario="flood-fairness", phase=tag, kind="flood",
+                       goal=f"Jain >= {JAIN_GOAL:g}")
+            row["met"] = verdict("fairness", "all", row)
+            rows.append(row)
+    return rows
+
+
+def flood_row(scenario: str, tag: str, model: str, protocol: str, light: str, flood: str,
+              alone: Sequence[Measured], mixed: Sequence[Mapping[str, Measured]],
+              base_goodput: float | None) -> dict[str, Any]:
+    each = [figures(r[light]) for r in mixed]
+    solo = [figures(m) for m in alone]
+    floods = [figures(r[flood]) for r in mixed]
+
+    def ratio(key: str, low_key: str) -> float | None:
+        return finite_median(getattr(f, key) / getattr(a, low_key)
+                             for f, a in zip(each, solo, strict=False)
+                             if getattr(a, low_key) > 0)
+
+    goodput = [whole([f.admitted_per_s, g.admitted_per_s]) for f, g in zip(each, floods,
+                                                                           strict=True)]
+    pool_goodput = finite_median(goodput)
+    row: dict[str, Any] = {
+        "kind": "flood", "scenario": scenario, "phase": tag, "model": model,
+        "protocol": protocol, "tenant": light,
+        "success_alone_pct": finite_median(a.success_pct for a in solo),
+        "success_pct": finite_median(f.success_pct for f in each),
+        "p50_vs_alone_ratio": ratio("p50_ms", "p50_ms"),
+        "p99_vs_alone_ratio": ratio("p99_ms", "p99_low_ms"),
+        "p99_ms": finite_median(f.p99_ms for f in each),
+        "alone_p99_ms": finite_median(a.p99_low_ms for a in solo),
+        "queue_p50_ms": finite_median(f.queue_p50_ms for f in each),
+        "queue_p99_ms": finite_median(f.queue_p99_ms for f in each),
+        "flood_goodput_per_s": finite_median(g.admitted_per_s for g in floods),
+        "pool_goodput_vs_none_ratio": (None if pool_goodput is None or not base_goodput
+                                       else pool_goodput / base_goodput),
+        "flood_refused": finite_median(None if g.refused is None else float(g.refused)
+                                       for g in floods),
+        "latency": max((f.latency for f in each), key=LATENCY_KINDS.index),
+        "rounds": len(mixed),
+    }
+    limit = FLOOD_P99_GOALS["critical" if "critical" in light else "standard"]
+    row["goal"] = (f"success >= {FLOOD_SUCCESS_GOAL_PCT:g}%, p99 <= {limit:g}x alone, "
+                   f"goodput >= {FLOOD_GOODPUT_GOAL_RATIO:g}x none")
+    checks = [(row["success_pct"], lambda v: v >= FLOOD_SUCCESS_GOAL_PCT, "success"),
+              (row["p99_vs_alone_ratio"], lambda v: v <= limit, "p99"),
+              (row["pool_goodput_vs_none_ratio"], lambda v: v >= FLOOD_GOODPUT_GOAL_RATIO,
+               "goodput")]
+    missed = [name for value, ok, name in checks if value is not None and not ok(value)]
+    unknown = [name for value, _, name in checks if value is None]
+    row["met"] = (f"NO ({', '.join(missed)})" if missed else
+                  f"n/a ({', '.join(unknown)} not measured)" if unknown else "yes")
+    return row
+
+
+def flood_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Issue 36's table: before (queued in Triton) and after (in the gateway)."""
+    cells = []
+    for r in rows:
+        if r["scenario"] == "flood-fairness":
+            cells.append((r["scenario"], r["phase"], r["model"], r["protocol"], "3 x standard",
+                          "", "", "", "", "", num(r.get("admitted_per_s"), ".0f"), "",
+                          ranged(r, "jain_index", ".3f"), r.get("met", "")))
+            continue
+        bound = LATENCY_MARKS[r.get("latency", EXACT)]
+        cells.append((
+            r["scenario"], r["phase"], r["model"], r["protocol"], r["tenant"],
+            num(r.get("success_alone_pct"), ".2f"), num(r.get("success_pct"), ".2f"),
+            bound + num(r.get("p50_vs_alone_ratio"), ".2f") + "x",
+            bound + num(r.get("p99_vs_alone_ratio"), ".2f") + "x",
+            f"{num(r.get('queue_p50_ms'), '.1f')}/{num(r.get('queue_p99_ms'), '.1f')}",
+            num(r.get("flood_goodput_per_s"), ".0f"),
+            num(r.get("pool_goodput_vs_none_ratio"), ".3f") + "x", "", r.get("met", "")))
+    return "\n".join([
+        "Issue 36: a closed-loop flood (64 in flight, every refusal retried at once) beside a "
+        f"light tenant paced at {PACED_SHARE:.0%} of Triton's throughput. before: the pool "
+        "queues in Triton; after: in the gateway (gateway_queue).",
+        table(("scenario", "gateway", "model", "protocol", "light tenant", "success alone %",
+               "success with flood %", "p50 vs alone", "p99 vs alone", "queue wait p50/p99 ms",
+               "flood goodput/s", "pool goodput vs no tenancy", "Jain", "met?"), cells)])
 
 
 def whole(parts: Sequence[float | None]) -> float | None:
@@ -871,6 +1065,10 @@ def offered(row: Mapping[str, Any]) -> str:
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "(nothing measured)"
+    flood = [r for r in rows if r.get("kind") == "flood"]
+    rows = [r for r in rows if r.get("kind") != "flood"]
+    if not rows:
+        return flood_markdown(flood)
     cells = []
     notes: list[str] = []
     for r in rows:
@@ -921,6 +1119,8 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         f"{FIGURES_GOAL_MS:g} ms of h2load's for the same requests.")
     if notes:
         lines.append("\nNotes:\n" + "\n".join(f"- {n}" for n in dict.fromkeys(notes)))
+    if flood:
+        lines.append("\n" + flood_markdown(flood))
     return "\n".join(lines)
 
 
@@ -996,12 +1196,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="the gateway's data plane (default: its own, auto)")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write bench_tenants.json/.md/.png into this folder")
+    parser.add_argument("--scenarios", choices=SCENARIO_SETS, default="all",
+                        help="overload: noisy/priority/fairness/paced/cost; flood: issue 36's "
+                        "closed-loop flood, before and after the gateway's queue; all (default)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (2.0 if args.quick else 1.5)
     models = tuple(args.model or ((TINY_MODEL_NAME,) if args.quick else MODELS))
     rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.capacity,
-               args.data_plane)
+               args.data_plane, args.scenarios)
     publish(rows, markdown, plot, args.out, "bench_tenants", say)
 
 

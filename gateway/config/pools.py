@@ -40,6 +40,11 @@ class PoolSpec(BaseModel):
     weights: dict[str, float] = Field(default_factory=dict)
     # requests the pool can have in flight per member before it is saturated
     capacity_per_member: int = Field(8, ge=1)
+    # requests wait in the gateway, not in Triton: each member gets at most
+    # capacity_per_member at once, the rest wait here by class and fairly within a class,
+    # at most max_queue_wait_ms (gateway/policy/queueing.py)
+    gateway_queue: bool = False
+    max_queue_wait_ms: int = Field(10_000, ge=1, le=240_000)
     # each member holds only some of the models, within a memory budget
     # (gateway.config.residency); absent: every model on every member
     residency: ResidencySpec | None = None

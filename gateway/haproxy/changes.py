@@ -17,6 +17,7 @@ servers it leaves go to maintenance (requests already at them finish there).
 
 from __future__ import annotations
 
+from gateway.haproxy import queueing
 from gateway.haproxy.config import PIN, grpc_shared
 from gateway.haproxy.maps import route_maps
 from gateway.haproxy.snapshot import Layout, Resident, Snapshot
@@ -33,7 +34,7 @@ def structure(snapshot: Snapshot, layout: Layout) -> tuple[object, ...]:
     return (
         tuple((p.name,
                tuple((m.name, m.host, m.http_port, m.grpc_port, grpc_shared(m, layout))
-                     for m in p.members))
+                     for m in p.members), p.member_slots, p.max_wait_ms)
               for p in snapshot.pools),
         snapshot.default_route.pools if snapshot.default_route else None,
         snapshot.default_route.max_in_system if snapshot.default_route else None,
@@ -83,6 +84,9 @@ def runtime_commands(old: Snapshot, new: Snapshot, layout: Layout) -> list[str] 
                     commands += [f"set server grpc_{b}{PIN}/{m.name} weight {m.weight}"
                                  for b in (pool.name, *backends.get(pool.name, ()))
                                  if proto == "grpc"]
+                    # and a queueing pool's twin for large gRPC messages
+                    commands += [f"set server {b}/{m.name} weight {m.weight}"
+                                 for b in queueing.load_backends(pool) if proto == "grpc"]
                 if was.routable != m.routable:  # the model backends' servers track it
                     commands.append(f"set server {server} state "
                                     f"{'ready' if m.routable else 'maint'}")

@@ -30,9 +30,9 @@ The hot path, per request, inside HAProxy, in the request policy's order
 9. a model under residency (``RouteState.holders``): its own backend in the pool, or
    the control plane when no member holds it there (:func:`_residency_rules`);
 10. the pool's backend (or the model's): least connections over members weighted by
-   their Triton queue depth (no per-member connection cap: a request HAProxy held back
-   in its queue would hold back the HTTP/2 connection window of the requests sharing
-   its client connection; Triton queues and batches), active health checks on
+   their Triton queue depth (a pool with ``gateway_queue``: each member capped at its
+   slots, the rest waiting in HAProxy's queue by class and tenant, :mod:`.queueing`;
+   otherwise no cap: Triton queues and batches), active health checks on
    ``/v2/health/live``, passive ejection, one retry on another member for connection
    failures, the client's deadline (``txn.dl``) as the server timeout.
 Every answer HAProxy produces itself is built from ``gateway.errors``' one table
@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway import errors
+from gateway.haproxy import queueing
 from gateway.haproxy.answers import CONTROL_ERRORS, LOCAL_ERRORS, grpc_return, http_return
 from gateway.haproxy.maps import MISS, NO_RATE, split
 from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Resident, Snapshot
@@ -72,7 +73,7 @@ CONTROL_CONNECT_S = 1
 # client pausing 40 ms between calls of 3 ms each would be reported as 43 ms
 LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
               "%[var(txn.gs)] %Ta %[var(txn.out)] %ts "
-              "%[var(txn.tn)] %[var(txn.tc)] %[var(txn.why)] %[var(txn.ver)]")
+              "%[var(txn.tn)] %[var(txn.tc)] %[var(txn.why)] %[var(txn.ver)] %Tw")
 
 
 def render_config(snapshot: Snapshot, layout: Layout) -> str:
@@ -88,6 +89,9 @@ def render_config(snapshot: Snapshot, layout: Layout) -> str:
         *(_pool_backend(pool, "grpc", layout) for pool in snapshot.pools),
         *_model_backends(snapshot, layout),
         *_pin_backends(snapshot, layout),
+        *queueing.bypass_backends(
+            snapshot, lambda name: _backend_head(name, "grpc", health=False),
+            lambda m: _grpc_server(m, layout)),
     ]
     return with_map_paths("\n".join(parts), layout)
 
@@ -101,6 +105,10 @@ TUNING: dict[str, str] = {}
 
 def tuning(layout: Layout) -> dict[str, str]:
     return {**TUNING, **dict(layout.tune)}
+
+
+def _bufsize(layout: Layout) -> int:
+    return int(tuning(layout).get("tune.bufsize", queueing.DEFAULT_BUFSIZE))
 
 
 PIN_GRPC_LUA = "pin_grpc.lua"  # in the run directory (gateway.haproxy.render)
@@ -210,7 +218,8 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
                    f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
     rules = [*first, *_request_rules(answer, http), *_deadline_fetch(http),
              *_model_rules(snapshot, answer, http), *_shadow_rules(http),
-             *_rollout_rules(http), *_residency_rules(snapshot)]
+             *_rollout_rules(http), *_residency_rules(snapshot),
+             *queueing.bypass_rules(snapshot, http, _bufsize(layout))]
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
         *(_guarded(action, cond, guard) for action, cond in rules),
@@ -235,6 +244,7 @@ def _frontend(snapshot: Snapshot, layout: Layout, proto: str) -> str:
                     for cond in pinned[:1]),
                   f"  use_backend {proto}_%[var(txn.rb)] if {{ var(txn.rb) -m found }}"]
     lines += [f"  use_backend {proto}_%[var(txn.pool)]{PIN} if {cond}" for cond in pinned[1:]]
+    lines += queueing.bypass_backend_rule(snapshot, http)
     lines.append(f"  use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}")
     return "\n".join(lines) + "\n"
 
@@ -414,7 +424,7 @@ def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -
     if snapshot.tenancy is not None:
         rules += _tenancy_rules(snapshot, answer)
     return [*rules, *_bound_rules(snapshot, answer, model_lf, default_limit),
-            *_deadline_rules(snapshot, answer, model_lf)]
+            *_deadline_rules(snapshot, answer, model_lf), *queueing.priority_rules(snapshot)]
 
 
 def _bound_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str,
@@ -506,7 +516,9 @@ def _load_rules(snapshot: Snapshot, cond: str) -> list[Rule]:
         this = f"{cond} {{ var(txn.pool) -m str {pool.name} }}".strip()
         rules += [(f"set-var(txn.pl) be_conn(http_{pool.name})", this),
                   (f"set-var(txn.pl) be_conn(grpc_{pool.name}),add(txn.pl)", this),
-                  (f"set-var(txn.pl) be_conn(grpc_{pool.name}{PIN}),add(txn.pl)", this)]
+                  (f"set-var(txn.pl) be_conn(grpc_{pool.name}{PIN}),add(txn.pl)", this),
+                  *((f"set-var(txn.pl) be_conn({b}),add(txn.pl)", this)
+                    for b in queueing.load_backends(pool))]
         # a managed model's requests are at its own backends in the pool
         rules += [(f"set-var(txn.pl) be_conn({backend}),add(txn.pl)", this)
                   for r in snapshot.residents() if r.pool == pool.name
@@ -759,12 +771,14 @@ def _pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
     check = (f"check inter {layout.health_interval_ms}ms fall {HEALTH_FALL} rise 1 "
              f"observe layer4 error-limit {EJECT_AFTER_FAILURES} on-error mark-down")
     lines = _backend_head(f"{proto}_{pool.name}", proto, health=True)
+    lines += queueing.backend_lines(pool, proto)
+    cap = queueing.server_cap(pool)
     for m in pool.members:
         port = m.http_port if http else m.grpc_port
         extra = "" if http else f"{_grpc_server(m, layout)} port {m.http_port} check-proto h1"
         lines.append(
             f"  server {m.name} {m.host}:{port} {check} "
-            f"weight {m.weight}{extra}{'' if m.routable else ' disabled'}"
+            f"weight {m.weight}{cap}{extra}{'' if m.routable else ' disabled'}"
         )
     return "\n".join(lines) + "\n"
 
@@ -782,12 +796,16 @@ def _model_backend(pool: PoolState, resident: Resident, proto: str, layout: Layo
     ``gateway.haproxy.changes`` moves them live)."""
     http = proto == "http"
     lines = _backend_head(f"{proto}_{resident.backend}", proto, health=False)
+    # HTTP only: a queued gRPC stream can stall its client connection (haproxy/queueing.py)
+    cap = queueing.server_cap(pool) if http else ""
+    if http:
+        lines += queueing.backend_lines(pool, proto)
     for m in pool.members:
         port = m.http_port if http else m.grpc_port
         extra = "" if http else _grpc_server(m, layout)
         held = m.name in resident.holders
         lines.append(f"  server {m.name} {m.host}:{port} track {proto}_{pool.name}/{m.name} "
-                     f"weight {m.weight}{extra}{'' if held else ' disabled'}")
+                     f"weight {m.weight}{cap}{extra}{'' if held else ' disabled'}")
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,11 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
   in-flight limit), ``ceiling`` (``pool/class`` -> the
   load from which that class is refused), ``share`` (``pool/tenant`` -> its share
   beside the tenants active there now), ``cbound`` (class -> the model's bound for it,
-  in thousandths of the critical one);
+  in thousandths of the critical one), ``qcost`` (tenant -> microseconds of virtual
+  time per request it has in the gateway: the queue's fairness,
+  ``gateway/policy/queueing.py``);
+- ``queued``: the head of the answer to a request that waited in a pool's queue until
+  its bound (``1``) or lost the pool's last member there (``0``);
 - with model residency (``RouteState.holders``): ``resident`` (``pool/model`` -> the
   model's backend there, ``{pool}.r{h}``, while it has holders, else ``miss``: the
   control plane holds the request while the model loads). Only managed models have an
@@ -33,6 +37,7 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
 from __future__ import annotations
 
 from gateway.haproxy.snapshot import Resident, RouteState, Snapshot, TenancyState
+from gateway.policy import queueing
 from gateway.policy.rate import RateClass
 
 
@@ -45,6 +50,7 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
     maps["elsewhere"] = {p.name: str(p.elsewhere) for p in snapshot.pools}
     maps["rstable"], maps["rcand"], maps["rollout"] = {}, {}, {}
     maps["shadow"] = {}
+    maps["queued"] = queued_map()
     for route in snapshot.routes:
         pools, cuts = split(route, ranks)
         for k in range(ranks):
@@ -88,7 +94,7 @@ NO_RATE = "n"  # tlimit: a tenant limited in flight only (its own counter, no wi
 def tenancy_maps(t: TenancyState, classes: tuple[RateClass, ...]) -> dict[str, dict[str, str]]:
     if not t.enabled:  # the rules stay and find nothing: everyone admitted, no tenant
         return {name: {} for name in ("tenants", "tclass", "tlimit", "tmax", "ceiling",
-                                      "share", "cbound")}
+                                      "share", "cbound", "qcost")}
     return {
         "tenants": dict(t.keys),
         "tclass": {x.name: x.priority for x in t.tenants},
@@ -99,7 +105,14 @@ def tenancy_maps(t: TenancyState, classes: tuple[RateClass, ...]) -> dict[str, d
         "ceiling": {f"{p}/{k}": str(c) for p, k, c in t.ceilings},
         "share": {f"{p}/{n}": str(c) for p, n, c in t.shares},
         "cbound": {k: str(c) for k, c in t.bounds},
+        "qcost": {x.name: str(queueing.cost_us(x.weight)) for x in t.tenants},
     }
+
+
+def queued_map() -> dict[str, str]:
+    """``queued``: the head of the answer to a request that waited in a pool's queue
+    until its bound, by whether the pool still has a member up (``nbsrv,bool``)."""
+    return {"0": queueing.NO_MEMBER, "1": queueing.QUEUE_EXPIRED}
 
 
 def split(route: RouteState, ranks: int) -> tuple[list[str], list[int]]:

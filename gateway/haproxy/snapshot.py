@@ -47,6 +47,10 @@ class PoolState:
     members: tuple[MemberState, ...]
     capacity: int = 1  # requests the pool holds before it is saturated (the HPA's unit)
     elsewhere: int = 0  # requests queued in its members that are not the gateway's
+    # requests wait in HAProxy, not in Triton (gateway/policy/queueing.py): each member
+    # takes this many at once (its servers' maxconn), 0: no cap, nothing waits here
+    member_slots: int = 0
+    max_wait_ms: int = 0  # the longest a request waits in the queue (timeout queue)
 
 
 @dataclass(frozen=True)
@@ -304,7 +308,8 @@ def snapshot_from_dict(data: Any) -> Snapshot:
     try:
         return Snapshot(
             pools=tuple(PoolState(str(p["name"]), tuple(MemberState(**m) for m in p["members"]),
-                                  int(p.get("capacity", 1)), int(p.get("elsewhere", 0)))
+                                  int(p.get("capacity", 1)), int(p.get("elsewhere", 0)),
+                                  int(p.get("member_slots", 0)), int(p.get("max_wait_ms", 0)))
                         for p in data["pools"]),
             routes=tuple(r for r in (route(x) for x in data["routes"]) if r is not None),
             default_route=route(data.get("default_route")),

@@ -3,10 +3,12 @@ from HAProxy's ring buffer to a unix socket this process reads, counted into the
 gateway's ``infergate_*`` metrics (same names, labels and meaning as the Python data plane's).
 
 The line (``config.LOG_FORMAT``): ``model pool proto status grpc_status Ta outcome
-termination tenant class reason version`` (tenant, class and reason ``-`` without
+termination tenant class reason version Tw`` (tenant, class and reason ``-`` without
 tenants; ``reason``: which limit refused it; ``version``: the one a rollout pinned the
-request to, else ``-``). This runs beside the hot path, in a thread, after HAProxy has
-answered: a few microseconds of Python per request, never in the request's way.
+request to, else ``-``; ``Tw``: milliseconds it waited in a backend's queue for a
+member's slot, ``infergate_tenant_queue_wait_seconds``, -1 when it never reached one).
+This runs beside the hot path, in a thread, after HAProxy has answered: a few
+microseconds of Python per request, never in the request's way.
 Latency is HAProxy's ``%Ta``: the request's active time, from its first byte to the
 response's last, without the time its keep-alive connection sat idle before it; in
 HAProxy's resolution, whole milliseconds (truncated), recorded as the middle of that
@@ -77,7 +79,7 @@ class RequestLog:
             m = self.metrics
             family = {"requests": m.requests, "latency": m.latency, "rejected": m.rejected,
                       "t_requests": m.tenant_requests, "t_refused": m.tenant_refused,
-                      "t_latency": m.tenant_latency}[kind]
+                      "t_latency": m.tenant_latency, "t_queue": m.tenant_queue_wait}[kind]
             child = self._children[key] = family.labels(*labels)
         return child
 
@@ -93,7 +95,7 @@ class RequestLog:
         outcome = classify(proto, int(status_text), gs, local, termination)
         if outcome is None:
             return None
-        tenant, priority, reason, version = (fields + ["-", "-", "-", "-"])[8:12]
+        tenant, priority, reason, version, queued_ms = (fields + ["-"] * 5)[8:13]
         tenant_known = tenant != "-" and priority != "-"
         self._child(("requests", model, pool, proto, outcome, "user")).inc(count)
         if tenant_known:
@@ -109,6 +111,9 @@ class RequestLog:
             observe_many(self._child(("latency", model, pool, proto, "user")), seconds, count)
             if tenant_known:
                 observe_many(self._child(("t_latency", tenant, priority)), seconds, count)
+                if queued_ms.isdigit():  # -1: never queued (refused before)
+                    observe_many(self._child(("t_queue", tenant, priority)),
+                                 int(queued_ms) / 1e3, count)
             if version.isdigit() and self.tally is not None:
                 self.tally.record(model, int(version), outcome == "success", seconds,
                                   time.monotonic(), count)

@@ -50,7 +50,9 @@ refused from 12 in flight and ``app`` from 4; ``app`` stops for 2 s: ``web``'s s
 16 again. The default tenant, sending nothing, takes no share.
 
 Refusals are 429 / RESOURCE_EXHAUSTED with ``Retry-After`` and a message naming the
-reason. Nothing waits in the gateway: admitted requests queue in Triton.
+reason. Admitted requests queue in Triton, or, in a pool with ``gateway_queue``, in the
+gateway, in the order of :mod:`gateway.policy.queueing` (class, then the tenant's
+virtual time by its weight); the load above counts them either way.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from gateway.errors import (
     outcome_name,
 )
 from gateway.metrics import GatewayMetrics
-from gateway.policy import admission, deadline, readiness, tenancy
+from gateway.policy import admission, deadline, queueing, readiness, tenancy
 from gateway.policy.model_name import grpc_names_version
 from gateway.policy.rate import RateLimiter, configured_classes
 from gateway.policy.rollout import Shadow, pin_grpc_version
@@ -49,6 +49,7 @@ from gateway.policy.routing import RoutingPolicy
 from gateway.policy.tenancy import Tenant, TenantDirectory
 from gateway.policy.upstream import RETRIES, EjectionPolicy
 from gateway.pools import Pool, PoolMember
+from gateway.python.queueing import PoolQueue, QueueTimeout
 from gateway.python.tenants import TenantLedger
 from gateway.state import GatewayState
 
@@ -113,6 +114,8 @@ class Forwarder:
     tenants: TenantDirectory | None = field(init=False, default=None)
     ledger: TenantLedger = field(init=False, default_factory=TenantLedger)
     _tenant_children: dict[tuple[str, ...], Any] = field(init=False, default_factory=dict)
+    # the pools that queue in the gateway: their slots and waiting requests
+    queues: dict[str, PoolQueue] = field(init=False, default_factory=dict)
     _mirrors: set[asyncio.Task[None]] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
@@ -120,6 +123,7 @@ class Forwarder:
         self.rate_limiter = RateLimiter(default, per_key, clock=self.clock)
         self.state.watch(self._refresh_routes)
         self.core.telemetry.each_round(self._note_tenants_in_flight)
+        self.core.telemetry.each_round(self._grant_slots)
         self._refresh_routes()
 
     @classmethod
@@ -155,6 +159,7 @@ class Forwarder:
         place (requests in the gateway stay counted)."""
         for route in self.routes.values():
             route.follow(self.state)
+        self._grant_slots()
         tenancy_now = self.state.tenancy
         if tenancy_now is None:
             self.tenants = None
@@ -201,7 +206,14 @@ class Forwarder:
                           err.reason if isinstance(err, Overloaded)
                           else "deadline" if isinstance(err, DeadlineExceeded) else "")
             raise
+        queue, held = self._queue(pool), False
         try:
+            if queue is not None:
+                assert pool is not None
+                options = await self._wait_turn(queue, route, pool, protocol, options, tenant)
+                held = True
+            elif tenant is not None:
+                self._tenant_child("queue_wait", tenant).observe(0.0)
             result, served_by = await self._attempts(route, call, protocol, options, pool)
         except GatewayError:
             if version is not None:
@@ -210,6 +222,8 @@ class Forwarder:
             raise
         finally:
             self._count_in(route, -1, pool, tenant)
+            if queue is not None and held:
+                queue.release()
         outcome_label = outcome(result) if outcome else "success"
         self._count(route, served_by, protocol, outcome_label, options.traffic)
         elapsed = self.clock() - started
@@ -238,6 +252,54 @@ class Forwarder:
         if options.deadline_s is None:
             return options
         return replace(options, deadline_s=options.deadline_s - waited)
+
+    def _queue(self, pool: Pool | None) -> PoolQueue | None:
+        """The queue of a pool that queues in the gateway (made on first use)."""
+        if pool is None or not pool.spec.gateway_queue:
+            return None
+        queue = self.queues.get(pool.name)
+        if queue is None:
+            def slots(pool: Pool = pool) -> int:
+                return pool.spec.capacity_per_member * sum(
+                    1 for m in pool.members if m.healthy and not m.restoring)
+            queue = self.queues[pool.name] = PoolQueue(slots, self.clock)
+        return queue
+
+    def _grant_slots(self) -> None:
+        """Members may have come back: their slots go to the waiting requests."""
+        for queue in self.queues.values():
+            queue.grant()
+
+    async def _wait_turn(self, queue: PoolQueue, route: ModelRoute, pool: Pool, protocol: str,
+                         options: RequestOptions, tenant: Tenant | None) -> RequestOptions:
+        """A slot of ``pool``, waiting in the policy's order (class, then the tenant's
+        virtual time) at most the pool's bound or the request's deadline; the options
+        with the deadline that is left, holding the slot."""
+        backlog, cost = 0, queueing.cost_us(1.0)
+        if tenant is not None:  # counted in already: the others are its backlog
+            backlog = self.ledger.here[route.model, pool.name, tenant.name] - 1
+            cost = queueing.cost_us(tenant.weight)
+        key = queueing.order_key(tenant.priority if tenant else None,
+                                 int(self.clock() * 1000), queueing.offset_ms(backlog, cost))
+        bound_ms = pool.spec.max_queue_wait_ms
+        passes = options.deadline_s is not None and options.deadline_s * 1000 < bound_ms
+        limit = options.deadline_s if passes and options.deadline_s is not None \
+            else bound_ms / 1000
+        try:
+            waited = await queue.acquire(key, limit)
+        except QueueTimeout as exc:
+            message = queueing.expired_message(pool.name, int(exc.waited_s * 1000), bound_ms,
+                                               exc.members, passes)
+            err: GatewayError = (DeadlineExceeded(message) if exc.members or passes
+                                 else Unavailable(message))
+            self._count(route, "-", protocol, outcome_name(err), options.traffic)
+            if tenant is not None:
+                self._tenant_child("requests", tenant, outcome_name(err)).inc()
+            raise err from None
+        if tenant is not None:
+            self._tenant_child("queue_wait", tenant).observe(waited)
+        left = None if options.deadline_s is None else options.deadline_s - waited
+        return replace(options, deadline_s=left)
 
     def pin(self, model: str) -> int | None:
         """The version an unversioned request of ``model`` goes to while it is rolled
@@ -370,7 +432,8 @@ class Forwarder:
         if child is None:
             m = self.metrics
             family = {"requests": m.tenant_requests, "refused": m.tenant_refused,
-                      "latency": m.tenant_latency, "in_flight": m.tenant_in_flight}[kind]
+                      "latency": m.tenant_latency, "in_flight": m.tenant_in_flight,
+                      "queue_wait": m.tenant_queue_wait}[kind]
             child = self._tenant_children[key] = family.labels(*key[1:])
         return child
 

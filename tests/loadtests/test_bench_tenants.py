@@ -227,7 +227,8 @@ def test_written_config_is_one_pool_with_capacity_and_tenancy(tmp_path: Path) ->
     data = yaml.safe_load(path.read_text())
     assert data["pools"][0]["capacity_per_member"] == 4
     assert data["pools"][0]["members"][0]["host"] == "127.0.0.1"
-    assert data["queue_factor"] == 2.0 and len(data["tenancy"]["tenants"]) == 11
+    # 11 of the overload scenarios, 7 of the flood's (bt.flood_phases)
+    assert data["queue_factor"] == 2.0 and len(data["tenancy"]["tenants"]) == 18
     plain = yaml.safe_load(bt.write_config(tmp_path / "none.yaml", member, 4, None).read_text())
     assert "tenancy" not in plain
 
@@ -421,3 +422,67 @@ def test_the_tenants_histogram_is_read_from_the_gateways_counts() -> None:
             'tenant="light"} 4'
     mine = bt.outcomes(bt.tenant_counts(text + "\n"), "light")
     assert mine is not None and (mine.succeeded, mine.failed) == (4, 0)
+
+
+# -- issue 36's flood -------------------------------------------------------------------
+
+def flood_samples() -> bt.Samples:
+    """HTTP: the light tenant 1.0..1.099 ms alone, 1.3x that beside the flood; the flood
+    admitted 300 of 1,300 in 2 s beside it, 1,000 alone without tenancy."""
+    ms = [float(v) for v in range(1000, 1100)]
+
+    def run(tenant: str, statuses: dict[int, int], scale: float = 1.0,
+            queue: dict[float, float] | None = None, in_flight: int = 2) -> bt.Measured:
+        answers = statuses.get(200, 0)
+        return bt.Measured(tenant, "http", in_flight, 2.0, statuses,
+                           tuple(ms[i % len(ms)] * scale for i in range(answers)), None,
+                           queue_buckets=queue)
+
+    wait = {0.0: 10.0, 0.001: 90.0, 0.002: 100.0, math.inf: 100.0}
+    samples: bt.Samples = {}
+
+    def put(scenario: str, phase: str, *runs: bt.Measured) -> None:
+        samples.setdefault((scenario, phase, "tiny", "http"), []).append(
+            {m.tenant: m for m in runs})
+
+    put("flood-goodput", "alone-none", run("flood-standard64", {200: 2000}, in_flight=64))
+    for tag in ("before", "after"):
+        put("flood-priority", f"alone-{tag}", run("light-critical", {200: 100}))
+        put("flood-priority", f"mixed-{tag}",
+            run("light-critical", {200: 99, 429: 1}, scale=1.3, queue=wait),
+            run("flood-sheddable", {200: 600, 429: 2000}, in_flight=64))
+        put("flood-fairness", f"mixed-{tag}",
+            *(run(f"flood-fair-{c}", {200: 100}, in_flight=21) for c in "abc"))
+    return samples
+
+
+def test_flood_rows_compare_the_light_tenant_alone_and_beside_the_flood() -> None:
+    rows = bt.summarise(flood_samples(), 2.0)
+    after = rows_by(rows, scenario="flood-priority", phase="after")
+    assert after["success_alone_pct"] == 100.0 and after["success_pct"] == 99.0
+    assert after["p99_vs_alone_ratio"] == pytest.approx(1.3)
+    assert after["p50_vs_alone_ratio"] == pytest.approx(1.3)
+    assert after["flood_goodput_per_s"] == 300.0
+    # (99 + 600) / 2 s beside the flood, over 2,000 / 2 s alone without tenancy
+    assert after["pool_goodput_vs_none_ratio"] == pytest.approx(0.3495)
+    assert after["queue_p50_ms"] == pytest.approx(0.5) and after["queue_p99_ms"] < 2.0
+    assert after["met"] == "NO (success, p99, goodput)"
+    fair = rows_by(rows, scenario="flood-fairness", phase="before")
+    assert fair["jain_index"] == pytest.approx(1.0) and fair["met"] == "yes"
+    table = bt.markdown(rows)
+    assert table.startswith("Issue 36") and table.count("| flood-") == 4
+    assert "| 0.5/1.9 |" in table and "| 0.349x |" in table
+
+
+def test_flood_phases_run_before_and_after_on_their_own_gateways(tmp_path: Path) -> None:
+    phases = bt.flood_phases()
+    assert {p.gateway for p in phases} == {bt.BEFORE, bt.AFTER, "none"}
+    floods = [t for p in phases for t in p.loads if not t.paced and "fair" not in t.tenant]
+    assert floods and all(t.in_flight == bt.FLOOD_IN_FLIGHT for t in floods)
+    fair = [t.in_flight for p in phases if p.scenario == "flood-fairness" for t in p.loads]
+    assert sum(fair) == 2 * bt.FLOOD_IN_FLIGHT  # before and after
+    member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
+    path = bt.write_config(tmp_path / "q.yaml", member, 5, bt.gateway_specs(5)[bt.AFTER],
+                           queued=True)
+    [pool] = yaml.safe_load(path.read_text())["pools"]
+    assert pool["gateway_queue"] is True and pool["capacity_per_member"] == 5

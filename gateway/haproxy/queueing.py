@@ -1,0 +1,148 @@
+"""``gateway/policy/queueing.py`` rendered for HAProxy (pure, no I/O).
+
+A pool that queues in the gateway (``PoolState.member_slots`` above 0):
+- every server of its backends gets ``maxconn`` (:func:`server_cap`): the member's
+  slots; a request that finds none free waits in the backend's queue;
+- the backend's ``timeout queue`` is the pool's bound, and a request that reaches it is
+  answered as the Python plane answers it (:func:`backend_lines`): 504 /
+  DEADLINE_EXCEEDED, ``Deadline Exceeded: no member was free in time (N ms in the
+  gateway's queue of pool 'p', at most B ms)``, or 503 / UNAVAILABLE when the pool has
+  no member up any more (``nbsrv``: map ``queued`` gives the head);
+- with tenants, the frontend sets the request's place (:func:`priority_rules`):
+  ``set-priority-class`` from its class, ``set-priority-offset`` from its tenant's
+  backlog for this model and pool (``sc1_conn_cur`` of ``st_route``, the request itself
+  not counted) times the tenant's cost (map ``qcost``), in whole milliseconds.
+
+``maxconn`` is per server of a backend: a member in a pool's HTTP backend and in its
+gRPC backend (or a managed model's HTTP backend) has that many slots in each. Traffic of
+one protocol per pool, the usual case, sees the member's slots exactly.
+
+**Large gRPC messages are not queued** (:func:`bypass_rules`): a stream waiting in a
+queue stops reading its message, and once its buffer is full HAProxy 2.6's HTTP/2
+demultiplexer stops reading the whole client connection, so every other request on
+that connection, those already at a member included, waits for it: a deadlock until the
+queue's bound. A gRPC message longer than half a buffer (``tune.bufsize``) goes to the
+pool's twin backend ``grpc_<pool>.nq``, the same servers (tracking the pool's) without
+``maxconn``: to Triton at once, as without the gateway's queue. For the same reason a
+managed model's gRPC backend and the gRPC pin twins (rollouts) are not capped. HTTP/1.1
+carries one request per connection: nothing to stall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway import errors
+from gateway.config.tenancy import Priority
+from gateway.haproxy.snapshot import MemberState, PoolState, Snapshot
+from gateway.policy import queueing
+
+Rule = tuple[str, str]  # (action, condition), as gateway.haproxy.config's
+BYPASS = ".nq"  # a queueing pool's gRPC twin for messages too large to wait
+DEFAULT_BUFSIZE = 16384  # HAProxy's tune.bufsize when the layout does not set one
+
+
+def server_cap(pool: PoolState) -> str:
+    """What a server line of the pool's backends adds: its slots."""
+    return f" maxconn {pool.member_slots}" if pool.member_slots > 0 else ""
+
+
+def queued_pools(snapshot: Snapshot) -> list[str]:
+    return [p.name for p in snapshot.pools if p.member_slots > 0]
+
+
+def bypass_limit(bufsize: int) -> int:
+    """The longest gRPC message that waits in a queue: half a buffer."""
+    return bufsize // 2
+
+
+def bypass_rules(snapshot: Snapshot, http: bool, bufsize: int) -> list[Rule]:
+    """gRPC: ``txn.nq`` for a message too large to wait (the module docstring), in a
+    pool that queues; the frontend sends it to the pool's ``.nq`` twin."""
+    pools = queued_pools(snapshot)
+    if http or not pools:
+        return []
+    return [("set-var(txn.nq) int(1)",
+             f"{{ var(txn.glen) -m int gt {bypass_limit(bufsize)} }} "
+             f"{{ var(txn.pool) -m str {' '.join(pools)} }}")]
+
+
+def bypass_backend_rule(snapshot: Snapshot, http: bool) -> list[str]:
+    """The frontend's ``use_backend`` for :func:`bypass_rules`' requests."""
+    if http or not queued_pools(snapshot):
+        return []
+    return [f"  use_backend grpc_%[var(txn.pool)]{BYPASS} if {{ var(txn.nq) -m found }}"]
+
+
+def bypass_backends(snapshot: Snapshot, head: Callable[[str], list[str]],
+                    server: Callable[[MemberState], str]) -> list[str]:
+    """The ``.nq`` twins: ``head`` gives a backend's settings before its servers,
+    ``server`` a member's gRPC server options."""
+    out = []
+    for pool in snapshot.pools:
+        if pool.member_slots <= 0:
+            continue
+        lines = head(f"grpc_{pool.name}{BYPASS}")
+        lines += [f"  server {m.name} {m.host}:{m.grpc_port} track grpc_{pool.name}/{m.name} "
+                  f"weight {m.weight}{server(m)}" for m in pool.members]
+        out.append("\n".join(lines) + "\n")
+    return out
+
+
+def load_backends(pool: PoolState) -> list[str]:
+    """Backends beyond the pool's own whose requests are its load."""
+    return [f"grpc_{pool.name}{BYPASS}"] if pool.member_slots > 0 else []
+
+
+def priority_rules(snapshot: Snapshot) -> list[Rule]:
+    """The request's place in a queue: its class, then its virtual time
+    (``queueing.order_key``). Without tenants: none, the queue is first come first
+    served."""
+    if snapshot.tenancy is None or not any(p.member_slots for p in snapshot.pools):
+        return []
+    rules: list[Rule] = [
+        (f"set-priority-class int({queueing.CLASS_RANK[k]})",
+         f"has_class {{ var(txn.tc) -m str {k.value} }}") for k in Priority]
+    default_cost = queueing.cost_us(1.0)
+    rules += [
+        (f"set-var(txn.qc) var(txn.tn),map_str_int(MAPS/qcost.map,{default_cost})",
+         "has_class"),
+        ("set-var(txn.qo) sc1_conn_cur,sub(1),mul(txn.qc),div(1000)", "has_class"),
+        ("set-var(txn.qo) int(0)", "has_class { var(txn.qo) -m int lt 0 }"),
+        (f"set-var(txn.qo) int({queueing.MAX_OFFSET_MS})",
+         f"has_class {{ var(txn.qo) -m int gt {queueing.MAX_OFFSET_MS} }}"),
+        ("set-priority-offset var(txn.qo)", "has_class"),
+    ]
+    return rules
+
+
+def backend_lines(pool: PoolState, proto: str) -> list[str]:
+    """A queueing pool's backend: its bound, and the answer to a request that reached
+    it (HAProxy answers 503 for a queue's timeout, as for no server: a 503 of its own,
+    ``!srv_id``, while the backend still has a server up is the queue's)."""
+    if pool.member_slots <= 0:
+        return []
+    tail = queueing.QUEUE_TAIL.format(waited="%Tw", pool=pool.name, bound=pool.max_wait_ms)
+    head = "%[nbsrv,bool,map_int(MAPS/queued.map)]"
+    ours = "!{ srv_id -m found }"
+    lines = [f"  timeout queue {pool.max_wait_ms}ms"]
+    if proto == "http":
+        body = '{\\"error\\":\\"' + head + tail + '\\"}'
+        late = errors.http_status_of(errors.DeadlineExceeded)
+        lines += [
+            "  http-error status 503 content-type application/json hdr retry-after 1 "
+            f'lf-string "{body}"',
+            f"  http-after-response del-header retry-after if {{ status 503 }} {ours} "
+            "{ nbsrv gt 0 }",
+            f"  http-after-response set-status {late} if {{ status 503 }} {ours} "
+            "{ nbsrv gt 0 }",
+        ]
+        return lines
+    unavailable = errors.grpc_code_number(errors.Unavailable)
+    late = errors.grpc_code_number(errors.DeadlineExceeded)
+    mine = f"{{ res.hdr(grpc-status) -m str {unavailable} }} {ours}"
+    lines += [
+        f'  http-after-response set-header grpc-message "{head}{tail}" if {mine}',
+        f"  http-after-response set-header grpc-status {late} if {mine} {{ nbsrv gt 0 }}",
+    ]
+    return lines
