@@ -17,7 +17,8 @@ def test_report_carries_what_was_served_since_the_last_one(tmp_path: Path) -> No
     requests.labels("m", "p", "http", "success", "warmup").inc(50)  # not a user's
     agent.tally.watch("m")  # under rollout: its answers per version go too
     agent.tally.record("m", 2, True, 0.004, at=1.0)
-    assert agent.report() == {"served": {"m": 5}, "answers": {"m": {2: [(True, 0.004)]}}}
+    assert agent.report() == {"served": {"m": 5}, "answers": {"m": {2: [(True, 0.004)]}},
+                              "shadows": {}}
     assert agent.report() is None  # each request reported once
     requests.labels("n", "p", "http", "success", "user").inc(1)
-    assert agent.report() == {"served": {"n": 1}, "answers": {}}
+    assert agent.report() == {"served": {"n": 1}, "answers": {}, "shadows": {}}

@@ -13,6 +13,7 @@ from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.control.dataplane_http import create_dataplane_router
 from gateway.core import Core
 from gateway.errors import GatewayError, error_answer
+from gateway.policy.rollout import Shadow
 
 CONFIG = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(),), models=("m",)),))
 
@@ -51,6 +52,25 @@ def test_a_report_counts_into_demand_use_and_the_watched_rollouts() -> None:
     assert core.state.tally.window("m", 1, since=0.0).requests == 2
     assert core.state.tally.window("m", 2, since=0.0).errors == 1
     assert client.post("/v1/dataplane/report", json={"served": {"m": "x"}}).status_code == 422
+
+
+def test_a_reports_shadow_pairs_join_the_running_shadow_step_only() -> None:
+    core = Core.for_config(CONFIG)
+    core.state.set_shadow("m", Shadow(stable=1, candidate=2, percent=20))
+    client = _client(core)
+    pair = [True, 0.01, True, 0.02, 0.99]
+    answer = client.post("/v1/dataplane/report", json={"shadows": {
+        "m": {"stable": 1, "candidate": 2, "pairs": [pair, pair], "skipped": 3},
+        "other": {"stable": 1, "candidate": 2, "pairs": [pair]}}})
+    assert answer.status_code == 204
+    shadow = core.state.shadow_of("m")
+    assert shadow is not None and len(shadow.tally.pairs) == 2 and shadow.tally.skipped == 3
+    stable, candidate, agreement = shadow.tally.windows()
+    assert (stable.requests, candidate.requests, agreement) == (2, 2, 0.99)
+    # a step that has moved on meanwhile (another candidate): its pairs are not taken
+    client.post("/v1/dataplane/report", json={"shadows": {
+        "m": {"stable": 1, "candidate": 3, "pairs": [pair]}}})
+    assert len(shadow.tally.pairs) == 2
 
 
 def test_the_replicas_calls_need_an_admin_token_when_auth_is_on() -> None:

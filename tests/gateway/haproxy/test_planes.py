@@ -1,8 +1,8 @@
 """A replica's HAProxy sends each call where ``gateway/policy/planes.py`` says: the
 control plane's calls to the control plane, everything else HAProxy does not route
 itself to the replica's own forwarder; a call to a control plane that is away fails
-within a second, saying so; a rollout's shadow share goes to the control plane while
-it is up and to the replica's forwarder, failing none, once it is not. A real HAProxy
+within a second, saying so; a rollout's shadow share goes to the replica's forwarder
+(which reports the pairs), whether or not the control plane is up. A real HAProxy
 in front of two HTTP servers that answer with their name."""
 
 from __future__ import annotations
@@ -64,12 +64,12 @@ def test_replica_sends_each_call_to_the_plane_the_rule_names(tmp_path: Path) -> 
                 assert client.post("/v2/models/tiny/infer", content=b"{}").json()["by"] \
                     == "member"  # inference: HAProxy's own
 
-                # the shadow share: the control plane's forwarder mirrors it (and tallies)
+                # the shadow share: the replica's forwarder mirrors it (and reports)
                 assert client.post("/v2/models/shadowed/infer", content=b"{}").json()["by"] \
-                    == "control"
+                    == "local"
 
                 control.vanish()
-                # ... and the replica's own once the control plane is gone: none fails
+                # ... the same once the control plane is gone: none fails
                 shadowed = [client.post("/v2/models/shadowed/infer", content=b"{}")
                             for _ in range(5)]
                 assert [a.json()["by"] for a in shadowed] == ["local"] * 5
