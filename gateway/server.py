@@ -51,12 +51,15 @@ from gateway.control.grpc_app import create_control_grpc_server
 from gateway.control.http_app import create_control_app
 from gateway.control.model_control import ModelControl
 from gateway.control.probes import probe_forever
+from gateway.control.standby import LOST_EXIT, hold, until_leading
 from gateway.core import Core
 from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.haproxy.controller import HAProxyController, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
 from gateway.lifecycle.assembly import build_warmup
+from gateway.lifecycle.records.backend import database_url
+from gateway.lifecycle.records.leader import Leadership
 from gateway.local_replica import (
     REPLICA_TOKEN_NAME,
     LocalLayout,
@@ -167,7 +170,16 @@ async def serve(
     load_timeout_s = config.lifecycle.load_timeout_s if config.lifecycle else 600.0
     admin = MemberAdmin(admin_client, load_timeout_s, synthetic_infer)  # the one admin client
     control = ModelControl(core, admin)
-    warmup = build_warmup(config, core, admin)
+    leadership = _leadership(config)  # several replicas over PostgreSQL: one leads
+    if leadership is not None:
+        standby = ("127.0.0.1", local.control_http) if local is not None else \
+            None if native else (settings.host, settings.http_port)
+        if not await until_leading(leadership, standby, stop):
+            leadership.close()
+            await admin.close()
+            await admin_client.aclose()
+            return
+    warmup = build_warmup(config, core, admin, fence=leadership)
     feed = SnapshotFeed(core, auth)  # for data-plane replicas elsewhere (agents)
     core.state.follow(feed.settle)
     history = TrafficHistory(core.metrics.registry)
@@ -221,6 +233,8 @@ async def serve(
     warmup.start(settings.probe_interval_s)
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(http_server.serve(), name="http"),
+        *([asyncio.create_task(hold(leadership, _stop_acting), name="leadership")]
+          if leadership is not None else []),
         asyncio.create_task(probe_forever(core, settings.probe_interval_s), name="probes"),
         asyncio.create_task(history.run_forever(), name="traffic-history"),
     ]
@@ -283,6 +297,24 @@ async def serve(
         await upstream_grpc.close()
         await admin.close()  # its gRPC channels to the members
         await admin_client.aclose()
+
+
+def _leadership(config: GatewayConfig) -> Leadership | None:
+    """This replica's part in the election, where the records are in PostgreSQL (None:
+    SQLite, one control plane)."""
+    if config.lifecycle is None:
+        return None
+    url = database_url(config.lifecycle, os.environ)
+    return Leadership(url) if url is not None else None
+
+
+def _stop_acting(reason: str) -> None:
+    """Leadership lost: this process stops at once (another replica may lead already;
+    its record writes are refused meanwhile by their term). HAProxy and the data-plane
+    replicas go on serving; a restart stands again as a standby."""
+    log.error("control plane: leadership lost (%s): exiting", reason)
+    logging.shutdown()
+    os._exit(LOST_EXIT)
 
 
 def _replica_metrics(client: httpx.AsyncClient, local: LocalLayout

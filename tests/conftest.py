@@ -15,6 +15,7 @@ from converters.decoupled import DECOUPLED_MODEL_NAME, build_decoupled_model
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model
 from converters.tiny import TINY_MODEL_NAME, build_tiny_model
 from infergate.triton.local import LocalTriton, TritonSettings
+from tests.postgres import MISSING, LocalPostgres, find_postgres_bin
 from tests.procs import (
     ROOT,
     GatewayProcess,
@@ -91,3 +92,18 @@ def no_leftover_processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     join_ended()  # the Tritons tests were done with, stopping in the background
     left = triton_processes(marker=marker)
     assert not left, f"tritonserver processes left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[LocalPostgres]:
+    """A real PostgreSQL (Debian's binaries), started once per session on a free port
+    (tests/postgres.py); each test makes the databases it needs."""
+    bindir = find_postgres_bin()
+    if bindir is None:
+        pytest.fail(MISSING)
+    server = LocalPostgres(bindir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

@@ -22,6 +22,7 @@ from gateway.lifecycle.conversion.workers import ConversionWorkers
 from gateway.lifecycle.intake.runner import JobRunner
 from gateway.lifecycle.records.backend import open_store
 from gateway.lifecycle.records.catalog import ModelCatalog
+from gateway.lifecycle.records.store import Fence
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.lifecycle.warmup.deploy import Deployer
 from gateway.lifecycle.warmup.keepwarm import KeepWarm
@@ -112,9 +113,11 @@ def _report_failure(task: asyncio.Task[Any]) -> None:
         log.error("%s failed", task.get_name(), exc_info=task.exception())
 
 
-def build_warmup(config: GatewayConfig, core: Core, admin: MemberAdmin) -> Warmup:
+def build_warmup(config: GatewayConfig, core: Core, admin: MemberAdmin,
+                 fence: Fence | None = None) -> Warmup:
     """The warm-up, over the lifecycle when one is configured (built and recovered
-    here, before any request is served)."""
+    here, before any request is served); ``fence``: the leadership its record writes
+    must hold (several control-plane replicas over PostgreSQL)."""
     plan = WarmupPlan(config)  # with a lifecycle, its catalog's (over its records) below
     keepwarm = KeepWarm(core, admin, lambda: plan.keep_warm_policies())
     if config.lifecycle is None:
@@ -123,7 +126,7 @@ def build_warmup(config: GatewayConfig, core: Core, admin: MemberAdmin) -> Warmu
                       residency=build_residency(config, core, admin, loader.restore_one),
                       served=ServedOnMembers(core, admin))
     lifecycle = build_lifecycle(config.lifecycle, config, core, admin,
-                                on_version_changed=keepwarm.forget)
+                                on_version_changed=keepwarm.forget, fence=fence)
     # explicit, at start-up, before any request is served: an interrupted rollout's
     # split is pinned to stable here; its candidate goes in the preload, once every
     # data plane routes by that (ModelLifecycle.preload_one)
@@ -138,12 +141,13 @@ def build_warmup(config: GatewayConfig, core: Core, admin: MemberAdmin) -> Warmu
 def build_lifecycle(spec: LifecycleSpec, config: GatewayConfig, core: Core,
                     admin: MemberAdmin, on_version_changed: Callable[[str], None],
                     workers: ConversionWorkers | None = None,
-                    environ: Mapping[str, str] | None = None) -> ModelLifecycle:
+                    environ: Mapping[str, str] | None = None,
+                    fence: Fence | None = None) -> ModelLifecycle:
     """The lifecycle's parts over one state folder and repository, the records where
     the configuration puts them (``environ``: the process's, read here, at start-up:
     ``$INFERGATE_DATABASE_URL``). Call :meth:`ModelLifecycle.recover` before serving
     requests."""
-    store = open_store(spec, os.environ if environ is None else environ)
+    store = open_store(spec, os.environ if environ is None else environ, fence)
     deployer = Deployer(core, admin, store, spec.repository, spec.retention)
     catalog = ModelCatalog(spec.repository, config, store, core, admin, deployer)
     workers = workers or ConversionWorkers(spec.worker_timeout_s, sandbox=spec.sandbox,

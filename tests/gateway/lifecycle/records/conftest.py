@@ -13,31 +13,25 @@ import pytest
 from gateway.lifecycle.records.jobs import LifecycleStore
 from gateway.lifecycle.records.postgres import TABLES, PostgresStore, connect, migrate
 from gateway.lifecycle.records.store import RecordStore
-from tests.postgres import MISSING, LocalPostgres, find_postgres_bin
+from tests.postgres import LocalPostgres
 
 RECORDS = "records"  # migrated once, emptied before each test that uses it
 
 
 @pytest.fixture(scope="session")
-def postgres() -> Iterator[LocalPostgres]:
-    bindir = find_postgres_bin()
-    if bindir is None:
-        pytest.fail(MISSING)
-    server = LocalPostgres(bindir)
-    try:
-        server.start()
-        with connect(server.create_database(RECORDS)) as conn:
-            migrate(conn)
-        yield server
-    finally:
-        server.stop()
+def records_db(postgres: LocalPostgres) -> str:
+    """The session's records database, migrated once."""
+    url = postgres.create_database(RECORDS)
+    with connect(url) as conn:
+        migrate(conn)
+    return url
 
 
 @pytest.fixture
-def pg_url(postgres: LocalPostgres) -> str:
+def pg_url(records_db: str) -> str:
     """The session's records database, migrated and empty (emptying it costs a few
     milliseconds; a database of each test's own, a tenth of a second)."""
-    url = postgres.url(RECORDS)
+    url = records_db
     with connect(url) as conn:
         conn.execute(f"TRUNCATE {', '.join(TABLES)}, leadership")
     return url
