@@ -100,9 +100,11 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
                 data_plane: str | None = None,
                 ports: tuple[int, int] | None = None,
                 until: str = "ready", source: Path | None = None) -> Iterator[GatewayProcess]:
-    """``data_plane``: ``haproxy`` or ``python`` (None: the gateway's default, auto);
-    ``ports``: (HTTP, gRPC), default free ones; ``until``: the health endpoint to wait
-    for, ``ready`` or ``live`` (a gateway whose preloading cannot finish); ``source``:
+    """``data_plane``: ``haproxy``, ``python`` or ``none`` (None: the gateway's default,
+    auto); ``ports``: (HTTP, gRPC), default free ones; ``until``: the health endpoint to
+    wait for, ``ready`` (the process's own start: not a data plane a previous one left
+    serving the ports) or ``live`` (a gateway whose preloading cannot finish, a
+    standby control plane); ``source``:
     the checkout whose gateway runs (another commit's, for a benchmark of before and
     after in one run; default this one)."""
     http_port, grpc_port = ports or (free_port(), free_port())
@@ -125,7 +127,7 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
             if proc.poll() is not None:
                 raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
             # (its own start, not the data plane a previous one left serving the ports)
-            if LOG_LEVEL.lower() in ("debug", "info", "warning") and \
+            if until == "ready" and LOG_LEVEL.lower() in ("debug", "info", "warning") and \
                     STARTED_LINE not in log.read_text(errors="replace"):
                 return False
             with contextlib.suppress(httpx.HTTPError):

@@ -14,8 +14,8 @@ import pytest
 from converters.decoupled import DECOUPLED_MODEL_NAME, build_decoupled_model
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model
 from converters.tiny import TINY_MODEL_NAME, build_tiny_model
+from infergate.postgres import MISSING, LocalPostgres, find_postgres_bin
 from infergate.triton.local import LocalTriton, TritonSettings
-from tests.postgres import MISSING, LocalPostgres, find_postgres_bin
 from tests.procs import (
     ROOT,
     GatewayProcess,

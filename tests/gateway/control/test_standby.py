@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infergate.postgres import LocalPostgres
 from infergate.triton.local import LocalTriton
 from tests.gateway.lifecycle.conftest import lifecycle_config, spawn_gateway
-from tests.postgres import LocalPostgres
 from tests.procs import run_gateway, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -13,7 +13,7 @@ import pytest
 from gateway.lifecycle.records.jobs import LifecycleStore
 from gateway.lifecycle.records.postgres import TABLES, PostgresStore, connect, migrate
 from gateway.lifecycle.records.store import RecordStore
-from tests.postgres import LocalPostgres
+from infergate.postgres import LocalPostgres
 
 RECORDS = "records"  # migrated once, emptied before each test that uses it
 

@@ -13,9 +13,9 @@ import pytest
 from gateway.errors import Unavailable
 from gateway.lifecycle.records.postgres import PostgresStore, connect, migrate, migrations
 from gateway.lifecycle.records.store import ACTIVE_JOB_STATES, ModelRecord
+from infergate.postgres import LocalPostgres
 from infergate.triton.local import free_port
 from tests.gateway.lifecycle.records.test_store_contract import _at_once
-from tests.postgres import LocalPostgres
 
 pytestmark = pytest.mark.integration  # a real PostgreSQL: make test installs it
 

@@ -1,6 +1,7 @@
-"""A throwaway PostgreSQL for tests: Debian's ``postgresql`` package (``make test``
-installs it, like HAProxy), a cluster initialised into a temporary folder, listening on
-a free loopback port, without fsync, stopped by its own ``pg_ctl`` and removed.
+"""A throwaway PostgreSQL for tests and benchmarks: Debian's ``postgresql`` package
+(``make test`` installs it, like HAProxy), a cluster initialised into a temporary
+folder, listening on a free loopback port, without fsync, stopped by its own ``pg_ctl``
+and removed.
 
 ``initdb`` and ``postgres`` refuse to run as root (as ``make test`` and CI do): then
 they run as the ``postgres`` user the package creates, through ``runuser``, in a folder
