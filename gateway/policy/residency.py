@@ -66,13 +66,14 @@ longest unused, then by name. To make room for
   at equal demand, used longer ago), so two models of about the same demand do not take
   turns; a further replica (the second, third...) never takes another model's last one:
   having every demanded model somewhere comes before more copies of one;
-- a miss (:func:`place_miss`), into the probation segment: probation models first,
-  then models colder than the missed one (lower demand per byte, then used longer ago;
-  the missed model counts as at least :data:`MISS_FLOOR_RPS`), then, while the
-  probation segment with it stays within ``probation_share`` of the budget, the coldest
-  main models whatever their heat. Not ``strict`` (the control plane asks so only when
-  waiting would never make room, :func:`miss_room_at`): any of them, coldest first, so a
-  request for a registered model is served whenever it can be.
+- a miss (:func:`place_miss`), into the probation segment: probation models first
+  (young ones only when the miss starves), then models colder than the missed one
+  (lower demand per byte, then used longer ago; the missed model counts as at least
+  :data:`MISS_FLOOR_RPS`), then, while the main segment is over its share and the
+  probation share left takes the missed model, the coldest main models whatever their
+  heat. Not ``strict`` (the control plane asks so only for a model larger than every
+  member's probation share, :func:`fits_probation`, which nothing else could serve):
+  any of them, coldest first.
 
 **Budget**: what a member holds after a plan (held and draining, less the plan's
 evictions, plus its loads) never exceeds its budget when it did not before; a model
@@ -141,6 +142,9 @@ class MemberView:
     pending: frozenset[str] = frozenset()
     # loaded for a miss and not promoted: the first a miss evicts (see place_miss)
     probation: frozenset[str] = frozenset()
+    # pending model -> when it is expected resident (the measured load times): when its
+    # room may be had again (miss_room_at); a pending model without one frees none
+    ready_at: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -233,8 +237,11 @@ _Eligible = Callable[[str], bool]
 class _Board:
     """The available members as the plan leaves them, updated move by move."""
 
-    def __init__(self, view: ResidencyView, knobs: ResidencyKnobs) -> None:
+    def __init__(self, view: ResidencyView, knobs: ResidencyKnobs,
+                 young_probation: bool = False) -> None:
         self.now, self.knobs = view.now, knobs
+        # probation models may go whatever their age (pending ones never)
+        self.young_probation = young_probation
         self.models = {m.name: m for m in view.models}
         footprints = {m.name: m.footprint_bytes for m in view.models}
         self.members = {m.key: m for m in sorted(view.members, key=lambda m: m.key)
@@ -286,8 +293,8 @@ class _Board:
         member over its budget: the budget is the harder rule)."""
         model = self.models.get(name)
         member = self.members[key]
-        protected = (self.knobs.probation_min_s if name in self.probation[key]
-                     else self.knobs.min_resident_s)
+        protected = ((0.0 if self.young_probation else self.knobs.probation_min_s)
+                     if name in self.probation[key] else self.knobs.min_resident_s)
         return (name in self.holds[key] and (name, key) not in self.planned
                 and name not in member.pending and not (model is not None and model.frozen)
                 and (young or self.now - member.held[name] >= protected)
@@ -507,7 +514,8 @@ def _segments(board: _Board) -> tuple[Move, ...]:
     return tuple(moves)
 
 
-def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: bool = True
+def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: bool = True,
+               young_probation: bool = False, hurry: bool = False
                ) -> tuple[str, tuple[Move, ...]] | None:
     """Where a missed model loads now (into the member's probation segment): the member
     with the most free room that can take it (as :func:`plan` chooses), with the
@@ -515,17 +523,23 @@ def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: b
     (resident, or queued, loading or warming): that one, nothing evicted. Victims, no
     more than needed, in this order:
 
-    1. probation holdings (other misses' models not promoted), coldest first;
+    1. probation holdings (other misses' models not promoted), coldest first: those
+       within ``probation_min_s`` of becoming resident never, unless ``young_probation``
+       (the miss waited for room that went to others, or waiting never makes any) and
+       they are colder than the missed one, or ``hurry`` (its first request gives up
+       unless its room is made now);
     2. main models colder than the missed one (demand per byte, then used longer ago;
-       the missed model counts as at least :data:`MISS_FLOOR_RPS`);
-    3. while the member's probation segment (with this model) stays within
-       ``probation_share`` of its budget, the coldest main models whatever their heat: a
-       request for a registered model is served, and the hot stay in the rest.
+       the missed model counts as at least :data:`MISS_FLOOR_RPS`): TinyLFU's admission,
+       a cold miss never evicts a hotter main model;
+    3. where the main segment holds more than its share (the budget less
+       ``probation_share``: the plan places over the whole budget) and the probation
+       segment's share left (its draining and pending models counted) takes this model,
+       the coldest main models whatever their heat.
 
     None: no member can take it now (its candidates' room is held by models within
     ``min_resident_s`` of becoming resident, pending loads or ``min_replicas``, its last
     load failed on every one that could, or it fits no budget)."""
-    board = _Board(view, knobs)
+    board = _Board(view, knobs, young_probation or hurry)
     if model not in board.models:
         return None
     holding = [k for k, names in board.holds.items() if model in names]
@@ -544,27 +558,32 @@ def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: b
         return (victim.value_per_byte, last) < heat
 
     for key in board.candidates(model):
-        victims = _miss_room(board, key, size, colder, strict)
+        victims = _miss_room(board, key, size, colder, strict, hurry)
         if victims is not None:
             return key, tuple(Move(v, key, "room") for v in victims)
     return None
 
 
-def _miss_room(board: _Board, key: str, size: int, colder: _Eligible, strict: bool
-               ) -> list[str] | None:
+def _miss_room(board: _Board, key: str, size: int, colder: _Eligible, strict: bool,
+               hurry: bool = False) -> list[str] | None:
     """The victims that make room for a miss of ``size`` bytes on member ``key``
     (:func:`place_miss`'s order), None: they cannot. Not ``strict``: main models may go
     whatever their heat, the coldest first."""
     member = board.members[key]
     probation = board.holds[key] & board.probation[key]
-    # while the probation segment, this model included, stays within its share of the
-    # budget, main models may go whatever their heat (the cold are served, the hot kept
-    # in the rest)
+    # the main segment over its share (the plan places over the whole budget): its excess
+    # may go whatever its heat where this model fits the probation share left (draining
+    # and pending probation models counted: their room is not free; counting only the
+    # resident ones let a miss evict the hot while the window was still draining)
     window = board.knobs.probation_share * member.budget_bytes - sum(
-        board.footprint(n) for n in probation | (member.pending & board.probation[key]))
-    any_main = not strict or window >= size
+        board.footprint(n) for n in board.probation[key] & (
+            board.holds[key] | member.draining | member.pending))
+    any_main = not strict or (window >= size and board.main_free(key) < 0)
 
     def eligible(name: str) -> bool:
+        if name in probation and not hurry and \
+                board.now - member.held[name] < board.knobs.probation_min_s:
+            return colder(name)  # a young probation model only for a hotter miss
         return name in probation or colder(name) or any_main
 
     def order(name: str) -> tuple[object, ...]:
@@ -573,22 +592,55 @@ def _miss_room(board: _Board, key: str, size: int, colder: _Eligible, strict: bo
     return board.room(key, size - board.free(key), eligible, order)
 
 
-def miss_room_at(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: bool = True
+def miss_room_at(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: bool = True,
+                 young_probation: bool = False, drain_s: float | None = None
                  ) -> float | None:
     """When :func:`place_miss` would first place ``model`` if nothing else changed (its
-    victims old enough by then): ``view.now`` when it does now; None: not by waiting
-    (pending loads, ``min_replicas``, failures or size stand in the way)."""
-    times = sorted({since + (knobs.probation_min_s if name in m.probation
-                             else knobs.min_resident_s)
-                    for m in view.members for name, since in m.held.items()} - {view.now})
-    times = [t for t in times if t > view.now]
-    for at in (view.now, *times):
-        if place_miss(replace(view, now=at), model, knobs, strict) is not None:
+    victims old enough by then, pending loads resident when expected (``ready_at``), and,
+    ``drain_s`` given, the evictions under way ended that long from now): ``view.now``
+    when it does now; None: not by waiting (pending loads of unknown end,
+    ``min_replicas``, failures or size stand in the way). ``young_probation``: as
+    :func:`place_miss` would place it so."""
+    ages = (knobs.probation_min_s, 0.0) if young_probation else (knobs.probation_min_s,)
+    since = [(m, name, t) for m in view.members for name, t in m.held.items()] + [
+        (m, name, t) for m in view.members for name, t in m.ready_at.items()
+        if name in m.pending]
+    times = {t + age for m, name, t in since
+             for age in (ages if name in m.probation else (knobs.min_resident_s,))}
+    if drain_s is not None and any(m.draining for m in view.members):
+        times.add(view.now + drain_s)
+    for at in (view.now, *sorted(t for t in times if t > view.now)):
+        if place_miss(_at(view, at, drain_s), model, knobs, strict, young_probation) is not None:
             return at
     return None
 
 
+def fits_probation(view: ResidencyView, model: str, knobs: ResidencyKnobs) -> bool:
+    """Whether ``model`` fits the probation share of an available member's budget (where
+    misses load): one that fits none is served only by evicting main models, whatever
+    their heat (``place_miss(strict=False)``)."""
+    size = next((m.footprint_bytes for m in view.models if m.name == model), None)
+    return size is not None and any(
+        size <= knobs.probation_share * m.budget_bytes for m in view.members if m.available)
+
+
+def _at(view: ResidencyView, at: float, drain_s: float | None = None) -> ResidencyView:
+    """The view at ``at``: its pending loads expected resident by then resident, and
+    (``drain_s`` given) the models draining gone once it passed."""
+    gone = drain_s is not None and at >= view.now + drain_s
+    members = []
+    for m in view.members:
+        ready = {n: t for n, t in m.ready_at.items() if n in m.pending and t <= at}
+        if ready:
+            m = replace(m, held={**m.held, **ready}, pending=m.pending - ready.keys())
+        if gone and m.draining:
+            m = replace(m, held={n: t for n, t in m.held.items() if n not in m.draining},
+                        draining=frozenset())
+        members.append(m)
+    return replace(view, now=at, members=tuple(members))
+
+
 __all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "PROBATION_MIN_S", "PROBATION_SHARE",
            "REPLICA_LEAD", "MemberView", "ModelView", "Move", "Plan", "ResidencyKnobs",
-           "ResidencyView", "miss_room_at", "place_miss", "plan", "resolve_min_replicas",
-           "smoothed_rate", "used_bytes", "wanted_replicas"]
+           "ResidencyView", "fits_probation", "miss_room_at", "place_miss", "plan",
+           "resolve_min_replicas", "smoothed_rate", "used_bytes", "wanted_replicas"]

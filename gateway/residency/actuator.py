@@ -38,6 +38,8 @@ Sleep = Callable[[float], Awaitable[None]]
 EVICT_DRAIN_S = 60.0  # in-flight requests of an evicted model get this long to end
 DRAIN_POLL_S = 0.02
 DEFAULT_LOAD_S = 2.0  # a load's expected time before any was measured
+DEFAULT_EVICTION_S = 0.5  # an eviction's expected time (drain, unload) before any was measured
+EVICTIONS_KEPT = 32  # the last evictions whose times give the typical one
 
 
 @dataclass
@@ -59,6 +61,9 @@ class Actuator:
     release_wait_s: Callable[[str], float] = lambda key: 0.0
     sleep: Sleep = asyncio.sleep
     load_seconds: dict[str, float] = field(default_factory=dict)  # model -> last load took
+    # the last evictions' seconds from out of routing to their room free (drain, unload,
+    # the processes' exit): how long a miss waits for room being made
+    eviction_seconds: list[float] = field(default_factory=list)
     _queues: dict[str, list[Holding]] = field(default_factory=dict)  # member -> queued
     _running: dict[str, int] = field(default_factory=dict)  # member -> loads running
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -110,6 +115,10 @@ class Actuator:
     def typical_load_s(self) -> float:
         figures = sorted(self.load_seconds.values())
         return figures[len(figures) // 2] if figures else DEFAULT_LOAD_S
+
+    def typical_eviction_s(self) -> float:
+        figures = sorted(self.eviction_seconds)
+        return figures[len(figures) // 2] if figures else DEFAULT_EVICTION_S
 
     def _current(self, holding: Holding) -> bool:
         now = self.table.get(holding.member, holding.model)
@@ -215,6 +224,8 @@ class Actuator:
             return False
         with contextlib.suppress(StaleTransition):
             self.table.advance(unloading, None)
+        self.eviction_seconds = [*self.eviction_seconds[-EVICTIONS_KEPT + 1:],
+                                 self.clock() - holding.since]
         self.metrics.evictions.labels(holding.model, reason).inc()
         return True
 

@@ -20,6 +20,8 @@ from gateway.policy.residency import smoothed_rate
 
 log = logging.getLogger(__name__)
 
+FAST_SHARE = 0.2  # the short half-life, of half_life_s
+
 
 class DemandMeter:
     def __init__(self, metrics: GatewayMetrics, half_life_s: float,
@@ -30,6 +32,10 @@ class DemandMeter:
         self._seen: dict[str, float] | None = None  # counter totals at the last read
         self._read_at = 0.0
         self._rates: dict[str, tuple[float, float]] = {}  # model -> (rps, when)
+        # the same with a short half-life: a model that just became hot reads hot within
+        # seconds (a reshuffle's new favourite joins the main segment before its misses
+        # pile up), and one that cools still reads as the long half-life says
+        self._fast: dict[str, float] = {}
         self._recorded = self._load()
 
     def _load(self) -> dict[str, float]:
@@ -70,13 +76,17 @@ class DemandMeter:
             count = max(0.0, totals.get(model, 0.0) - self._seen.get(model, 0.0))
             rps, since = self._rates.get(model, (0.0, self._read_at))
             self._rates[model] = (smoothed_rate(rps, since, count, now, self.half_life_s), now)
+            self._fast[model] = smoothed_rate(self._fast.get(model, 0.0), since, count, now,
+                                              self.half_life_s * FAST_SHARE)
         self._seen, self._read_at = totals, now
 
     def rate(self, model: str) -> float:
-        return self._rates.get(model, (0.0, 0.0))[0]
+        """Requests per second: the larger of the two smoothings (rises fast, falls at
+        ``half_life_s``)."""
+        return max(self._rates.get(model, (0.0, 0.0))[0], self._fast.get(model, 0.0))
 
     def rates(self) -> dict[str, float]:
-        return {m: r for m, (r, _) in self._rates.items()}
+        return {m: self.rate(m) for m in self._rates}
 
     def record(self) -> None:
         """Write the rates measured now (atomically: a crash leaves the last whole file)."""

@@ -170,7 +170,9 @@ class Residency:
             draining=frozenset(h.model for h in holdings if h.phase in LEAVING),
             pending=frozenset({h.model for h in holdings if h.phase in PENDING}
                               | {m for k, m in self._reserved if k == member.key}),
-            probation=frozenset(h.model for h in holdings if h.segment == PROBATION))
+            probation=frozenset(h.model for h in holdings if h.segment == PROBATION),
+            ready_at={h.model: now + self.actuator.expected_in(h) for h in holdings
+                      if h.phase in PENDING})
 
     def unreserve(self, model: str) -> None:
         """A plan's load of ``model`` waiting for room is decided again by a miss."""

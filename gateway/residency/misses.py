@@ -25,7 +25,9 @@ from gateway.residency.metrics import ResidencyMetrics
 from gateway.residency.waiting import Flight, WaitingRoom
 from gateway.state import GatewayState
 
-DRAIN_ESTIMATE_S = 0.5  # what an eviction's drain and unload add to a miss's wait
+# a miss hurries (any probation model may go for it, however young) once the first of
+# its requests gives up within its eviction, its load and this many loads more
+URGENT_LOADS = 3
 
 
 class Placing(Protocol):
@@ -95,13 +97,7 @@ class Misses:
         view, knobs = self.residency.view(pool), self.residency.knobs(pool)
         placed = policy.place_miss(view, model, knobs)
         if placed is None:
-            room_at = policy.miss_room_at(view, model, knobs)
-            if room_at is None or view.now >= (flight.room_at or room_at):
-                # no room for it by waiting without a hotter model going (or the room it
-                # waited for went to others): the coldest evictable goes
-                placed = policy.place_miss(view, model, knobs, strict=False)
-            elif flight.room_at is None:
-                flight.room_at = room_at
+            placed = self._starving(flight, view, knobs)
         if placed is None:
             flight.member = None
             return
@@ -123,6 +119,42 @@ class Misses:
                 going.add_done_callback(functools.partial(self._evicted_for, flight, victim))
         if not flight.victims:
             self._queue_miss(flight)
+
+    def _starving(self, flight: Flight, view: policy.ResidencyView,
+                  knobs: policy.ResidencyKnobs) -> tuple[str, tuple[policy.Move, ...]] | None:
+        """Where a miss no member has room for now goes, if anywhere yet. While waiting
+        makes room (probation models aging, pending loads resident), it waits. Once the
+        room it waited for went to others, or waiting never makes room, probation models
+        within ``probation_min_s`` go too where they are colder than it (their waiters
+        were served; an eviction drains first); where its first request would otherwise
+        give up (:meth:`_urgent`), any probation model, however young. Main models
+        hotter than it go only for a model larger than every member's probation share
+        (nothing else could ever serve it): evicting the hot for the cold whenever the
+        room was taken churned (docs/residency.md, "Admission")."""
+        room_at = policy.miss_room_at(view, flight.model, knobs)
+        starving = room_at is None or view.now >= (flight.room_at or room_at)
+        if flight.room_at is None:
+            flight.room_at = room_at
+        urgent = self._urgent(flight, view.now)
+        if not (starving or urgent):
+            return None
+        placed = policy.place_miss(view, flight.model, knobs, young_probation=True)
+        if placed is None and urgent:
+            placed = policy.place_miss(view, flight.model, knobs, hurry=True)
+        if placed is None and starving and not policy.fits_probation(view, flight.model, knobs):
+            placed = policy.place_miss(view, flight.model, knobs, strict=False)
+        return placed
+
+    def _urgent(self, flight: Flight, now: float) -> bool:
+        """Whether the first request waiting for ``flight`` fails unless its room is made
+        now: it gives up within an eviction, its own load and :data:`URGENT_LOADS` more
+        (as measured)."""
+        if not flight.give_ups:
+            return False
+        actuator = self.residency.actuator
+        needs = (actuator.typical_eviction_s() + actuator.expected_load_s(flight.model)
+                 + URGENT_LOADS * actuator.typical_load_s())
+        return min(flight.give_ups) - now <= needs
 
     def _evicted_for(self, flight: Flight, victim: Holding, done: asyncio.Future[bool]) -> None:
         """A victim that stayed (Triton refused its unload): the miss is placed again."""
@@ -157,10 +189,15 @@ class Misses:
             queued = sum(1 for h in self.residency.table.of_member(member).values()
                          if h.phase is Phase.QUEUED)
             waves = (actuator.running(member) + queued) // self.residency.slots(member)
-            return DRAIN_ESTIMATE_S + waves * actuator.typical_load_s() + own
+            return actuator.typical_eviction_s() + waves * actuator.typical_load_s() + own
         view = self.residency.view(flight.pool)
-        at = policy.miss_room_at(view, flight.model, self.residency.knobs(flight.pool))
-        return None if at is None else at - view.now + DRAIN_ESTIMATE_S + own
+        knobs = self.residency.knobs(flight.pool)
+        drain_s = self.residency.actuator.typical_eviction_s()
+        at = policy.miss_room_at(view, flight.model, knobs, drain_s=drain_s)
+        if at is None:  # starving, the probation models go whatever their age
+            at = policy.miss_room_at(view, flight.model, knobs, young_probation=True,
+                                     drain_s=drain_s)
+        return None if at is None else at - view.now + drain_s + own
 
     def changed(self, before: Holding | None, after: Holding | None) -> None:
         """Every transition of a holding (the table tells): the waiting room and the

@@ -51,6 +51,9 @@ class Flight:
     holding: Holding | None = None  # its load, once queued
     failures: list[str] = field(default_factory=list)  # "member: reason" of failed loads
     room_at: float | None = None  # when the room it waits for was expected
+    # when each request waiting for it gives up (its limit): the placer hurries for the
+    # first of them
+    give_ups: list[float] = field(default_factory=list)
 
     def resolve(self, error: Exception | None = None) -> None:
         if not self.done.done():
@@ -115,9 +118,11 @@ class WaitingRoom:
             raise Unavailable(self.placer.no_room(pool, model), retry_after_s=None)
         limit = room.max_wait_s if deadline_s is None else min(
             room.max_wait_s, deadline_s * SHARE_NUM / SHARE_DEN)
-        flight = self._flight(pool, model)
+        give_up = self.clock() + limit
+        flight = self._flight(pool, model, give_up)  # (placed knowing when it gives up)
         expected = self.placer.expected_in(flight)
         if expected is None or expected > limit:
+            flight.give_ups.remove(give_up)
             self._forget(flight)  # (a load under way goes on: the retry will likely hit)
             raise self._too_long(flight, expected, limit, at_once=True)
         flight.waiters += 1
@@ -128,6 +133,7 @@ class WaitingRoom:
             raise self._too_long(flight, self.placer.expected_in(flight), limit,
                                  at_once=False) from None
         finally:
+            flight.give_ups.remove(give_up)
             flight.waiters -= 1
             self.on_count(model, flight.waiters)
             self._forget(flight)
@@ -172,12 +178,14 @@ class WaitingRoom:
         return flight
 
     # -- inside ---------------------------------------------------------------------------
-    def _flight(self, pool: Pool, model: str) -> Flight:
+    def _flight(self, pool: Pool, model: str, give_up: float | None = None) -> Flight:
         flight = self.flights.get(model)
         if flight is None or flight.done.done():
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             done.add_done_callback(_consume)
             flight = self.flights[model] = Flight(model, pool, done, self.clock())
+        if give_up is not None:
+            flight.give_ups.append(give_up)
         if flight.member is None:
             self.placer.place(flight)
         return flight

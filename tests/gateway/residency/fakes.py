@@ -140,11 +140,16 @@ class Rig:
         self.residency = Residency(
             self.core, self.members, self.load_one,  # type: ignore[arg-type]
             self.footprints,  # type: ignore[arg-type]
-            DemandMeter(self.core.metrics, 30.0, None),
+            DemandMeter(self.core.metrics, self._half_life(), None),
             ResidencyMetrics.create(self.core.metrics.registry))
         self.core.state.on_miss(self.residency.wait)
         self.used_seen: list[tuple[str, int]] = []  # (member, accounted use) at every change
         self.residency.table._listener = self._watch(self.residency.table._listener)
+
+    def _half_life(self) -> float:
+        spec = self.config.pools[0].residency
+        assert spec is not None
+        return spec.demand_half_life_s
 
     def _watch(self, listener: Any) -> Callable[[Any, Any], None]:
         def watched(before: Any, after: Any) -> None:

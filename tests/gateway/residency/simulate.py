@@ -5,10 +5,18 @@ the policy can be judged before the benchmark's real run (which measures what th
 cannot: CPU, memory, the data planes).
 
     python -m tests.gateway.residency.simulate [--budget 0.25] [--seed 1]
-        [--knob probation_share=0.25 ...]
+        [--knob probation_share=0.25 ...] [--cores 2 --release-s 0.5] [--table]
 
 Prints per phase the hit ratio against the best fixed placement's, failures by message,
-loads and evictions by reason.
+loads and evictions by reason; ``--table``: one row per budget (half, a quarter) and seed
+(1, 2), as docs/residency.md's simulated table.
+
+By default a member's loads slow only each other (20 % per other load there), and an
+evicted model's room is free as soon as Triton unloads it. ``--cores N`` shares N cores
+among every member's loads (a load of about 1.1 cores each, as measured on this host:
+with more loads than that at once, each takes longer), and ``--release-s S`` has an
+evicted model's processes exit S seconds after its unload (``release_wait_s`` waits for
+them): the shared 2-core host of the real benchmark, roughly.
 """
 
 from __future__ import annotations
@@ -23,7 +31,15 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.pools import PoolMember
-from loadtests.residency_trace import Arrival, best_placement, popularity, schedule
+from loadtests.residency_figures import Outcome, recovery_s
+from loadtests.residency_trace import (
+    PHASES,
+    Arrival,
+    best_placement,
+    popularity,
+    reshuffles,
+    schedule,
+)
 from tests.gateway.residency.fakes import MB, Rig
 
 # stubs measured by bench_residency: 14 models of ~31 MB, 12 of ~64 MB, 10 of ~131 MB
@@ -63,6 +79,9 @@ def load_seconds(size: int) -> float:
     return 0.35 + size / 1e9
 
 
+LOAD_CORES = 1.1  # what one load keeps busy (bench_member_loads)
+
+
 @dataclass
 class Result:
     phases: list[tuple[float, float, int]]  # (hits, best fixed's hits, failed) per phase
@@ -70,18 +89,28 @@ class Result:
     moves: collections.Counter[str] = field(default_factory=collections.Counter)
     over_budget: int = 0  # transitions that left a member's accounted use over budget
     requests: int = 0
+    minutes: float = 0.0  # of traffic
+    recovery: list[float | None] = field(default_factory=list)  # s after each reshuffle
+    # every request: (arrival, hit / miss / failed, a failure's message)
+    outcomes: list[tuple[Arrival, str, str]] = field(default_factory=list)
 
     @property
     def failures(self) -> int:
         return sum(self.failed.values())
 
+    @property
+    def loads_per_min(self) -> float:
+        loads = sum(n for k, n in self.moves.items() if k.startswith("infergate_model_loads"))
+        return loads / max(self.minutes, 1e-9)
+
 
 async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
                    phase_s: float = 30.0, deadline_s: float = 15.0,
                    knobs: dict[str, Any] | None = None,
-                   load_s: Callable[[int], float] = load_seconds) -> Result:
+                   load_s: Callable[[int], float] = load_seconds,
+                   cores: float | None = None, release_s: float = 0.0) -> Result:
     """One trace over a pool of two members whose budgets each hold ``budget_share`` of
-    every model's footprint together."""
+    every model's footprint together (``cores``, ``release_s``: the module's)."""
     models = catalogue()
     budget = int(sum(models.values()) * budget_share)
     knobs = {"min_resident_s": 5.0, "waiting_room": {"max_requests": 128}, **(knobs or {})}
@@ -97,16 +126,23 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
     async def timed_load(member: PoolMember, model: str, config: Any = None) -> None:
         members.loads[member.key, model] += 1
         running = sum(1 for key, _ in members.pending if key == member.key)
+        shared = 1.0 if cores is None else max(
+            1.0, (len(members.pending) + 1) * LOAD_CORES / cores)
         members.pending[member.key, model] = loop.create_future()
         try:
-            await asyncio.sleep(load_s(models[model]) * (1 + 0.2 * running))
+            await asyncio.sleep(load_s(models[model]) * (1 + 0.2 * running) * shared)
         finally:
             members.pending.pop((member.key, model), None)
         members.ready.setdefault(member.key, set()).add(model)
 
+    async def released(member: PoolMember, model: str, timeout_s: float) -> bool:
+        await asyncio.sleep(min(release_s, timeout_s))
+        return release_s <= timeout_s
+
     members.load = timed_load  # type: ignore[method-assign]
+    rig.footprints.released = released  # type: ignore[method-assign]
     arrivals = schedule(list(models), rate, phase_s, seed)
-    outcomes: list[tuple[Arrival, str, str]] = []
+    outcomes: list[tuple[Arrival, str, str]] = []  # (arrival, hit/miss/failed, message)
     result = Result([])
 
     async def request(arrival: Arrival) -> None:
@@ -139,7 +175,8 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
     await asyncio.gather(*(request(a) for a in arrivals))
     ticking.cancel()
     await rig.residency.close()
-    result.requests = len(outcomes)
+    result.requests, result.outcomes = len(outcomes), outcomes
+    result.minutes = len(PHASES) * phase_s / 60
     popular = popularity(list(models), seed)
     for phase, p in enumerate(popular):
         mine = [o for o in outcomes if o[0].phase == phase]
@@ -147,7 +184,15 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
         result.phases.append((sum(o[1] == "hit" for o in mine) / max(1, len(mine)),
                               float(sum(p[m] for m in best)),
                               sum(o[1] == "failed" for o in mine)))
-    result.failed.update(message.split("(")[0][:70] for _, kind, message in outcomes
+    best_of = [best_placement(p, models, budget) for p in popular]
+    marked = [Outcome(a.t, a.model, a.phase, a.protocol, "OK" if kind != "failed" else
+                      "503", 0.0, None if kind == "hit" else 1.0, message)
+              for a, kind, message in outcomes]
+    shifts = reshuffles(phase_s)
+    result.recovery = [recovery_s(marked, best_of, at, stop)
+                       for at, stop in zip(shifts, [*shifts[1:], len(PHASES) * phase_s],
+                                           strict=True)]
+    result.failed.update(failure_kind(message) for _, kind, message in outcomes
                          if kind == "failed")
     for family in (*rig.residency.metrics.loads.collect(),
                    *rig.residency.metrics.evictions.collect()):
@@ -155,6 +200,19 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
             if sample.name.endswith("_total"):
                 result.moves[f"{family.name}:{sample.labels['reason']}"] += int(sample.value)
     return result
+
+
+def failure_kind(message: str) -> str:
+    """A failure's cause, as the benchmark counts them (at once: known when it came)."""
+    if "waiting room" in message and "full" in message:
+        return "room_full"
+    if "has room for it now" in message:
+        return "no_room"
+    if "expected in" in message:
+        return "load_too_long (at once)"
+    if "so far" in message:
+        return "load_too_long (held)"
+    return message[:70]
 
 
 def run(budget_share: float, seed: int = 1, **kwargs: Any) -> Result:
@@ -165,6 +223,16 @@ def run(budget_share: float, seed: int = 1, **kwargs: Any) -> Result:
         loop.close()
 
 
+def row(budget_share: float, seed: int, result: Result) -> str:
+    """One line of docs/residency.md's simulated table."""
+    hits = ", ".join(f"{100 * h:.1f} / {100 * b:.1f}" for h, b, _ in result.phases)
+    recovery = ", ".join("-" if r is None else f"{r:.0f}" for r in result.recovery)
+    share = {0.5: "half", 0.25: "a quarter"}.get(budget_share, str(budget_share))
+    failed = 100 * result.failures / max(1, result.requests)
+    return (f"| {share} | {seed} | {result.failures} ({failed:.1f} %) | {hits} % | {recovery} "
+            f"| {result.loads_per_min:.0f} |")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, default=0.25,
@@ -172,13 +240,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                         help="a residency setting (JSON value), repeatable")
+    parser.add_argument("--cores", type=float, default=None,
+                        help="cores every member's loads share (default: not shared)")
+    parser.add_argument("--release-s", type=float, default=0.0,
+                        help="an evicted model's processes exit this long after its unload")
+    parser.add_argument("--table", action="store_true",
+                        help="both budgets (half, a quarter) and both seeds, one row each")
     args = parser.parse_args(argv)
     knobs = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.knob)}
-    result = run(args.budget, args.seed, knobs=knobs)
+    host = {"cores": args.cores, "release_s": args.release_s}
+    if args.table:
+        print("| budgets hold | seed | failed | hits / best fixed, per phase "
+              "| recovery s | loads / min |")
+        print("|---|---|---|---|---|---|")
+        for share in (0.5, 0.25):
+            for seed in (1, 2):
+                print(row(share, seed, run(share, seed, knobs=knobs, **host)), flush=True)
+        return
+    result = run(args.budget, args.seed, knobs=knobs, **host)
     for i, (hits, best, failed) in enumerate(result.phases):
         print(f"phase {i}: hits {hits:.3f} (best fixed {best:.3f}), failed {failed}")
     print("failed:", dict(result.failed))
     print("moves:", dict(result.moves))
+    print("recovery after each reshuffle (s):", result.recovery,
+          f"loads / min: {result.loads_per_min:.0f}")
     print("accounted use over budget:", result.over_budget)
 
 

@@ -1,7 +1,10 @@
 """The whole residency (mechanism and policy) over bench_residency's shifting trace in
 virtual time (:mod:`tests.gateway.residency.simulate`): no request lost where the
-budgets hold half the models, at most 1 % where they hold a quarter, and the accounted
-use never over a budget at any transition."""
+budgets hold half the models, at most 1 % where they hold a quarter, also on a host
+whose loads share its cores and whose evicted models take a second to exit, and the
+accounted use never over a budget at any transition. Where they hold a quarter, a cold
+miss no longer evicts the hot: every phase's hit ratio stays within 0.2 of the best
+fixed placement's (it fell 0.3 short when misses took the coldest main models)."""
 
 from __future__ import annotations
 
@@ -21,5 +24,13 @@ def test_no_request_fails_and_the_budget_holds_when_budgets_hold_half_the_models
 def test_at_most_one_percent_fails_when_budgets_hold_a_quarter_of_the_models(seed: int
                                                                               ) -> None:
     result = run(0.25, seed=seed)
+    assert result.over_budget == 0
+    assert result.failures <= 0.01 * result.requests, result.failed
+    assert all(hits >= best - 0.2 for hits, best, _ in result.phases), result.phases
+
+
+def test_at_most_one_percent_fails_when_a_quarter_budget_meets_slow_loads_and_exits(
+) -> None:
+    result = run(0.25, seed=1, cores=1.5, release_s=1.0)
     assert result.over_budget == 0
     assert result.failures <= 0.01 * result.requests, result.failed
