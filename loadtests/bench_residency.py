@@ -461,13 +461,14 @@ def arm_config(path: Path, arm: Arm, member_list: Sequence[Member], setup: Setup
 
 
 @contextlib.contextmanager
-def started_gateway(config: Path, log_dir: Path, tries: int = 3) -> Iterator[GatewayProcess]:
+def started_gateway(config: Path, log_dir: Path, tries: int = 3,
+                    source: Path | None = None) -> Iterator[GatewayProcess]:
     """:func:`gateway`, started again when it fails to start (on a shared host another
     process may take its free port between the pick and the bind)."""
     for attempt in range(1, tries + 1):
         with contextlib.ExitStack() as stack:
             try:
-                gw = stack.enter_context(gateway(config, log_dir))
+                gw = stack.enter_context(gateway(config, log_dir, source=source))
             except GatewayFailed as err:
                 if attempt == tries:
                     raise
@@ -484,7 +485,7 @@ def run_arm(arm: Arm, setup: Setup, folder: Path, budget: int | None, loaded: Se
     say(f"{arm.title}: starting 2 members ({len(loaded)} models loaded on each)")
     with members(setup.repo, folder, loaded) as group:
         config = arm_config(folder / "gateway.yaml", arm, group, setup, budget)
-        with started_gateway(config, folder / "gateway") as gw:
+        with started_gateway(config, folder / "gateway", source=arm.source) as gw:
             url = f"http://{gw.http_url}"
             say(f"{arm.title}: {len(arrivals)} requests over "
                 f"{len(PHASES) * setup.phase_s:g} s")
@@ -525,7 +526,8 @@ def known_footprints(models: Sequence[BenchModel], measured_file: Path) -> dict[
 def run(rate: float = 30.0, phase_s: float = 60.0, seed: int = 1, deadline_ms: int = 15_000,
         kinds: Sequence[str] = DEFAULT_ARMS, budgets: Sequence[str] = tuple(BUDGETS),
         out: Path | None = None, repo: Path = MODELS,
-        knobs: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        knobs: Mapping[str, Any] | None = None,
+        source: Path | None = None) -> list[dict[str, Any]]:
     out = out or ROOT / "results" / "bench_residency"
     models = build_models(repo, say=say)
     setup = Setup(models, repo, rate, phase_s, seed, deadline_ms,
@@ -535,7 +537,7 @@ def run(rate: float = 30.0, phase_s: float = 60.0, seed: int = 1, deadline_ms: i
     footprints = known_footprints(models, repo / FOOTPRINTS)
     scratch = out / "runs" / time.strftime("%Y%m%d-%H%M%S")
     rows: list[dict[str, Any]] = []
-    for arm in arms_of(kinds, budgets):
+    for arm in arms_of(kinds, budgets, source):
         budget = None if arm.budget is None else budget_of(footprints, BUDGETS[arm.budget])
         loaded = (names if arm.kind == "all" else [] if arm.kind == "residency"
                   else first_fit(names, footprints, budget or 0))
@@ -586,6 +588,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                         help="a residency knob of the pool (default min_resident_s=5; for "
                              "example waiting_room={max_requests: 128}); repeatable")
+    parser.add_argument("--source", type=Path, default=None,
+                        help="another checkout (git worktree add DIR REV): its residency "
+                             "runs beside this one's at each budget, before and after")
     parser.add_argument("--models", type=Path, default=MODELS,
                         help="the models' repository (built there once, then reused)")
     args = parser.parse_args(argv)
@@ -595,7 +600,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     phase_s = args.phase_s or (30.0 if args.quick else 60.0)
     knobs = dict(parse_knob(k) for k in args.knob)
     rows = run(rate, phase_s, args.seed, args.deadline_ms, kinds, budgets, args.out,
-               args.models, knobs)
+               args.models, knobs, args.source)
     publish(rows, markdown, plot, args.out, "bench_residency", say)
 
 

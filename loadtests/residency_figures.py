@@ -163,22 +163,32 @@ def hit_series(outcomes: Sequence[Outcome], bin_s: float = 5.0) -> list[tuple[fl
 class Arm:
     kind: str  # all | static | residency
     budget: str | None = None  # a key of the bench's BUDGETS; None: every model resident
+    source: Path | None = None  # another checkout's gateway (``--source``: before)
 
     @property
     def title(self) -> str:
-        return "all resident" if self.kind == "all" else f"{self.kind}, {self.budget}"
+        before = " (before)" if self.source is not None else ""
+        return "all resident" if self.kind == "all" else f"{self.kind}{before}, {self.budget}"
 
     @property
     def folder(self) -> str:
         """Its scratch folder's name (no space: HAProxy's paths allow none)."""
-        return self.kind if self.budget is None else f"{self.kind}-{self.budget}"
+        before = "-before" if self.source is not None else ""
+        return self.kind if self.budget is None else f"{self.kind}{before}-{self.budget}"
 
 
-def arms_of(kinds: Sequence[str], budgets: Sequence[str]) -> list[Arm]:
+def arms_of(kinds: Sequence[str], budgets: Sequence[str],
+            source: Path | None = None) -> list[Arm]:
     """The arms to run, in order: all resident first (the reference), then each kind at
-    each budget."""
+    each budget (with ``source``, residency from that checkout first, then this one's)."""
     out = [Arm("all")] if "all" in kinds else []
-    return out + [Arm(k, b) for k in ("static", "residency") if k in kinds for b in budgets]
+    for kind in ("static", "residency"):
+        if kind in kinds:
+            for budget in budgets:
+                if kind == "residency" and source is not None:
+                    out.append(Arm(kind, budget, source))
+                out.append(Arm(kind, budget))
+    return out
 
 
 @dataclass
