@@ -108,6 +108,8 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
     the checkout whose gateway runs (another commit's, for a benchmark of before and
     after in one run; default this one)."""
     http_port, grpc_port = ports or (free_port(), free_port())
+    # (absolute: another checkout's gateway runs in that checkout)
+    pools_file, log_dir = pools_file.resolve(), log_dir.resolve()
     if data_plane is not None:
         args = ("--data-plane", data_plane, *args)
     # HAProxy's files beside the log, so that a leftover process is traceable to its test
