@@ -39,9 +39,9 @@ from gateway.lifecycle.records.backend import DATABASE_URL_ENV
 from infergate.postgres import LocalPostgres, find_postgres_bin
 from infergate.processes import FrontDoor, run_agent, run_gateway, wait_until
 from infergate.triton.local import TritonEndpoints, free_port
-from loadtests.bench_rollout import TOKENS, evaluation_set, upload, wait_job
 from loadtests.harness import gateway_yaml, reporter, table, triton
 from loadtests.rollout_models import affine_onnx
+from loadtests.uploads import TOKENS, evaluation_set, upload, wait_job
 
 say = reporter("bench_failover")
 CANARY, OTHER = "canary", "other"

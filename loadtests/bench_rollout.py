@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import math
 import shutil
@@ -88,7 +87,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from converters.tiny import TINY_WIDTH, build_tiny_model
-from gateway.lifecycle.client import JobTimeout, LifecycleClient, LifecycleError
+from gateway.lifecycle.client import LifecycleClient, LifecycleError
 from infergate.processes import GatewayProcess, wait_until
 from infergate.triton.local import TritonEndpoints
 from loadtests.h2load import Workload, h2load_command, run_h2load, write_workload
@@ -114,6 +113,13 @@ from loadtests.rollout_models import (
     flipped_onnx,
     slow_onnx,
 )
+from loadtests.uploads import (
+    JOB_TIMEOUT_S,
+    TOKENS,
+    evaluation_set,
+    upload,
+    wait_job,
+)
 
 STEPS = (10, 50, 100)
 MIN_REQUESTS = 30
@@ -125,10 +131,6 @@ LEAD_S, TAIL_S = 3.0, 3.0  # plotted before step 1 and after the end
 PROTOCOLS = ("grpc", "http")
 DETOUR_PLAIN, DETOUR_SPLIT = "detour_plain", "detour_split"
 SHADOW_HELD, SHADOW_PERCENT = "shadow_held", 20  # held in its shadow step (paused)
-TOKENS = {"upload": "bench-upload-token-0123456789", "admin": "bench-admin-token-0123456789"}
-TINY_SPEC = {"inputs": [{"name": "x", "datatype": "FP32", "shape": ["batch", TINY_WIDTH]}],
-             "max_batch_size": 8, "profile_iterations": 3, "intra_op_threads": 1}
-JOB_TIMEOUT_S = 300.0
 
 Answer = tuple[float, bool, int | None]  # (time.time(), ok, the version that answered)
 
@@ -463,44 +465,6 @@ def rollout_stack(scratch: Path, models: Sequence[str]) -> Iterator[Stack]:
 
     with stack(scratch, repo, data_plane="haproxy", config=config) as st:
         yield st
-
-
-def npz(arrays: Mapping[str, np.ndarray]) -> bytes:
-    out = io.BytesIO()
-    np.savez(out, **arrays)  # type: ignore[arg-type]
-    return out.getvalue()
-
-
-def evaluation_set(calm: bool) -> bytes:
-    rng = np.random.default_rng(2)
-    x = rng.uniform(0, 0.8, (32, TINY_WIDTH)) if calm else rng.normal(size=(32, TINY_WIDTH))
-    return npz({"x": x.astype(np.float32)})
-
-
-def upload(client: LifecycleClient, model: str, onnx_path: Path, rollout: Mapping[str, Any],
-           evaluation: bytes, extra: Mapping[str, Any] | None = None) -> str:
-    """The job id of an upload of ``onnx_path`` with ``rollout`` (and ``extra`` spec
-    fields)."""
-    spec = {**TINY_SPEC, **(extra or {}), "rollout": dict(rollout)}
-    try:
-        job = client.upload(model, onnx_path.read_bytes(), spec, evaluation=evaluation)
-    except LifecycleError as err:
-        raise RuntimeError(f"upload of {model} answered {err.status}: "
-                           f"{str(err.message)[:500]}") from err
-    return str(job["id"])
-
-
-def wait_job(client: LifecycleClient, job_id: str, states: Sequence[str]) -> dict[str, Any]:
-    try:
-        return client.wait(job_id, states, JOB_TIMEOUT_S, 0.1)
-    except JobTimeout as late:
-        job = late.job
-        rollout = job.get("rollout") or {}
-        raise RuntimeError(
-            f"job {job_id} not {'/'.join(states)} within {JOB_TIMEOUT_S:g} s: state "
-            f"{job.get('state')}, last step {json.dumps((job.get('steps') or [None])[-1])}, "
-            f"rollout {rollout.get('state')} at {rollout.get('percent')} %, last decisions "
-            f"{json.dumps(rollout.get('decisions', [])[-3:])[:1500]}") from None
 
 
 def infer_body(n: int) -> dict[str, Any]:

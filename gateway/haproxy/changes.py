@@ -4,7 +4,7 @@
 from one snapshot (:mod:`gateway.haproxy.render`) to the next: map entries
 (:mod:`gateway.haproxy.maps`), member weights and states, and a managed model's
 holders (its backend's servers and map ``resident``), the same for the gRPC backends' pin
-twins (:func:`gateway.haproxy.config._pin_backends`). It gives ``None`` when the
+twins (:func:`gateway.haproxy.backends.pin_backends`). It gives ``None`` when the
 change is structural (:func:`structure`: pools, members, a member's gRPC connection
 mode, rate classes, the default route, predict auth turned on or off, the number of
 split ranks, tenancy turned on or off, the set of models under residency) and needs a
@@ -18,7 +18,7 @@ servers it leaves go to maintenance (requests already at them finish there).
 from __future__ import annotations
 
 from gateway.haproxy import queueing
-from gateway.haproxy.config import PIN, grpc_shared
+from gateway.haproxy.backends import PIN, grpc_shared
 from gateway.haproxy.maps import route_maps
 from gateway.haproxy.snapshot import Layout, Resident, Snapshot
 
@@ -80,7 +80,7 @@ def runtime_commands(old: Snapshot, new: Snapshot, layout: Layout) -> list[str] 
                     commands.append(f"set server {server} weight {m.weight}")
                     commands += [f"set server {proto}_{b}/{m.name} weight {m.weight}"
                                  for b in backends.get(pool.name, ())]
-                    # the pin twins (config._pin_backends) weigh the same
+                    # the pin twins (backends.pin_backends) weigh the same
                     commands += [f"set server grpc_{b}{PIN}/{m.name} weight {m.weight}"
                                  for b in (pool.name, *backends.get(pool.name, ()))
                                  if proto == "grpc"]

@@ -37,7 +37,7 @@ from gateway.config.tenancy import Priority
 from gateway.haproxy.snapshot import MemberState, PoolState, Snapshot
 from gateway.policy import queueing
 
-Rule = tuple[str, str]  # (action, condition), as gateway.haproxy.config's
+Rule = tuple[str, str]  # (action, condition), as gateway.haproxy.admission_rules'
 BYPASS = ".nq"  # a queueing pool's gRPC twin for messages too large to wait
 DEFAULT_BUFSIZE = 16384  # HAProxy's tune.bufsize when the layout does not set one
 

@@ -2,7 +2,7 @@
 from HAProxy's ring buffer to a unix socket this process reads, counted into the
 gateway's ``infergate_*`` metrics (same names, labels and meaning as the Python data plane's).
 
-The line (``config.LOG_FORMAT``): ``model pool proto status grpc_status Ta outcome
+The line (``frontend.LOG_FORMAT``): ``model pool proto status grpc_status Ta outcome
 termination tenant class reason version Tw`` (tenant, class and reason ``-`` without
 tenants; ``reason``: which limit refused it; ``version``: the one a rollout pinned the
 request to, else ``-``; ``Tw``: milliseconds it waited in a backend's queue for a

@@ -2,8 +2,9 @@
 reaches a Triton member, as plain data and pure functions that both data planes read.
 
 The Python forwarder (``gateway/python/forwarder.py`` and its adapters ``http_api.py``,
-``grpc_api.py``) calls these functions; HAProxy's renderer (``gateway/haproxy/config.py``)
-renders the same constants, patterns and message templates into its rules. A parity
+``grpc_api.py``) calls these functions; HAProxy's renderer (``gateway/haproxy/config.py``
+and its parts) renders the same constants, patterns and message templates into its
+rules. A parity
 suite (``tests/gateway/test_parity.py``) sends one table of requests to both planes.
 
 The checks, in the order both planes make them (:data:`ORDER`); the first that refuses

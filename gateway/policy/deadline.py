@@ -9,7 +9,7 @@
 
 Both data planes read this module: the Python forwarder calls :func:`http_deadline_s`,
 HAProxy's rules match :data:`HTTP_TIMEOUT_PATTERN` and convert with
-:data:`GRPC_TIMEOUT_MS_CONVERTERS` (``gateway/haproxy/config.py``).
+:data:`GRPC_TIMEOUT_MS_CONVERTERS` (``gateway/haproxy/request_rules.py``).
 
 **Hopeless work is shed** (:func:`expected_ms`): a request with a deadline that the
 pool it was routed to cannot meet is refused at once, 504 / DEADLINE_EXCEEDED with

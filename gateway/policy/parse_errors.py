@@ -18,7 +18,7 @@ Triton gives no status that tells these apart from its real internal errors, so 
 the one place where the gateway matches Triton's message text (by prefix; the load
 failure by its fixed tail), and only on a 500 / ``INTERNAL``. The Python adapters use
 :func:`http_status` and :func:`grpc_code`; HAProxy's ``http-response`` rules
-(``gateway/haproxy/config.py``) are built from :data:`PREFIXES` (inference only: the
+(``gateway/haproxy/backends.py``) are built from :data:`PREFIXES` (inference only: the
 repository calls reach the control plane). Checked against tritonserver 2.51's
 messages by ``tests/fuzz`` and ``tests/gateway/test_compat.py``.
 """

@@ -14,7 +14,7 @@ API, settings, tenants, residency and the data-plane feed (``/v1/``), the consol
 it is down they fail at once, saying so (``gateway/haproxy/answers.py``'s
 ``CONTROL_ERRORS``); inference does not wait for it.
 
-HAProxy renders its ACLs from these constants (``gateway/haproxy/config.py``); the
+HAProxy renders its ACLs from these constants (``gateway/haproxy/frontend.py``); the
 Python side asks :func:`control_http` and :func:`control_grpc`; the parity test holds
 them alike.
 """

@@ -7,7 +7,7 @@ limit stays refused until it slows down. The count is HAProxy's estimate
 (``http_req_rate`` of a stick table, its ``freq_ctr``): the requests of the current
 period plus those of the previous period weighted by the share of the window that still
 covers it. :class:`SlidingWindow` computes the same in the Python plane; HAProxy renders
-one stick table per :class:`RateClass` (``gateway/haproxy/config.py``).
+one stick table per :class:`RateClass` (``gateway/haproxy/admission_rules.py``).
 
 Why not a token bucket: HAProxy has no bucket, and a stick table's rate is exact enough
 to be the contract. Keys are digests (:mod:`gateway.policy.access`); a table holds at

@@ -237,7 +237,7 @@ def test_concurrent_unparseable_grpc_through_haproxy_leaves_triton_serving(
     """Triton 2.51 follows its answer to an unparseable message with the same trailers
     again on the closed stream; HAProxy ends that backend connection for it. Were other
     requests multiplexed on it, Triton would cancel them all and its cancellation race
-    segfaults it (``GRPC_SERVER_REUSE`` in ``gateway/haproxy/config.py``). Each request
+    segfaults it (``GRPC_SERVER_REUSE`` in ``gateway/haproxy/backends.py``). Each request
     has a connection of its own: every answer is the one Triton gives directly."""
     repo = tmp_path / "model_repo"
     build_tiny_model(repo)

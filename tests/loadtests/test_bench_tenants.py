@@ -13,6 +13,10 @@ import yaml
 
 from loadtests import bench_tenants as bt
 from loadtests import h2load
+from loadtests import tenants_figures as tf
+from loadtests import tenants_flood as fl
+from loadtests import tenants_report as tr
+from loadtests import tenants_scenarios as ts
 from loadtests.harness import percentile
 
 METRICS_BEFORE = """\
@@ -43,47 +47,47 @@ METRICS_AFTER = METRICS_BEFORE.replace(
 # -- Jain's index ---------------------------------------------------------------------
 
 def test_jain_index_is_one_when_every_tenant_gets_the_same() -> None:
-    assert bt.jain_index([300.0, 300.0, 300.0]) == pytest.approx(1.0)
+    assert tf.jain_index([300.0, 300.0, 300.0]) == pytest.approx(1.0)
 
 
 def test_jain_index_is_one_over_n_when_one_tenant_gets_everything() -> None:
-    assert bt.jain_index([900.0, 0.0, 0.0]) == pytest.approx(1 / 3)
+    assert tf.jain_index([900.0, 0.0, 0.0]) == pytest.approx(1 / 3)
 
 
 def test_jain_index_matches_the_formula_when_shares_differ() -> None:
     # (1 + 2 + 3)^2 / (3 * (1 + 4 + 9)) = 36 / 42
-    assert bt.jain_index([1.0, 2.0, 3.0]) == pytest.approx(36 / 42)
-    assert bt.jain_index([5.0]) == pytest.approx(1.0)
+    assert tf.jain_index([1.0, 2.0, 3.0]) == pytest.approx(36 / 42)
+    assert tf.jain_index([5.0]) == pytest.approx(1.0)
 
 
 def test_jain_index_is_nan_when_nobody_got_anything_and_refuses_nonsense() -> None:
-    assert math.isnan(bt.jain_index([0.0, 0.0]))
+    assert math.isnan(tf.jain_index([0.0, 0.0]))
     with pytest.raises(ValueError, match="nothing"):
-        bt.jain_index([])
+        tf.jain_index([])
     with pytest.raises(ValueError, match=">= 0"):
-        bt.jain_index([1.0, -1.0])
+        tf.jain_index([1.0, -1.0])
 
 
 # -- percentiles with hidden refusals -------------------------------------------------
 
 def test_percentile_bounds_are_the_percentile_itself_when_nothing_is_hidden() -> None:
     values = [float(v) for v in range(1, 101)]
-    assert bt.percentile_bounds(values, 99, 0) == (99.0, 99.0)
-    assert bt.percentile_bounds(values, 50, 0) == (50.0, 50.0) == (percentile(values, 50),) * 2
+    assert tf.percentile_bounds(values, 99, 0) == (99.0, 99.0)
+    assert tf.percentile_bounds(values, 50, 0) == (50.0, 50.0) == (percentile(values, 50),) * 2
 
 
 def test_percentile_bounds_take_hidden_values_from_either_end() -> None:
     # 10 answers, 2 of them refusals nobody can tell apart: the successes are 8 of them
     values = [10.0, 1.0, 9.0, 2.0, 8.0, 3.0, 7.0, 4.0, 6.0, 5.0]
-    low, high = bt.percentile_bounds(values, 50, 2)
+    low, high = tf.percentile_bounds(values, 50, 2)
     assert (low, high) == (4.0, 6.0)  # successes 1..8 / 3..10
-    low, high = bt.percentile_bounds(values, 99, 2)
+    low, high = tf.percentile_bounds(values, 99, 2)
     assert (low, high) == (8.0, 10.0)
 
 
 def test_percentile_bounds_are_nan_when_everything_was_hidden() -> None:
-    assert all(math.isnan(v) for v in bt.percentile_bounds([1.0, 2.0], 99, 2))
-    assert all(math.isnan(v) for v in bt.percentile_bounds([], 99, 0))
+    assert all(math.isnan(v) for v in tf.percentile_bounds([1.0, 2.0], 99, 2))
+    assert all(math.isnan(v) for v in tf.percentile_bounds([], 99, 0))
 
 
 def test_percentile_of_an_h2load_log_keeps_only_the_200s() -> None:
@@ -91,47 +95,47 @@ def test_percentile_of_an_h2load_log_keeps_only_the_200s() -> None:
                                    for i in range(1, 101)))
     ok = [us for status, us in log if status == 200]
     assert len(ok) == 80 and h2load.status_counts(log) == {200: 80, 429: 20}
-    assert bt.percentile_bounds(ok, 99, 0)[1] == 9900.0  # the 79th of 80, nearest rank
+    assert tf.percentile_bounds(ok, 99, 0)[1] == 9900.0  # the 79th of 80, nearest rank
 
 
 # -- the gateway's counts -------------------------------------------------------------
 
 def test_tenant_counts_sum_outcomes_and_reasons_per_tenant() -> None:
-    counts = bt.tenant_counts(METRICS_AFTER)
-    assert counts.families == {bt.TENANT_REQUESTS, bt.TENANT_REFUSED[0], bt.GATEWAY_REQUESTS}
+    counts = tf.tenant_counts(METRICS_AFTER)
+    assert counts.families == {tf.TENANT_REQUESTS, tf.TENANT_REFUSED[0], tf.GATEWAY_REQUESTS}
     assert counts.by_tenant["heavy"] == {"success": 4100.0, "rejected": 3005.0,
                                          "deadline": 2.0, "refused:fair_share": 2005.0,
                                          "refused:saturated": 1000.0}
     assert "?" not in counts.by_tenant  # other families are not tenants'
-    assert counts.by_tenant[bt.WHOLE_GATEWAY] == {"success": 7.0}  # user traffic only
+    assert counts.by_tenant[tf.WHOLE_GATEWAY] == {"success": 7.0}  # user traffic only
     assert counts.in_flight is None  # no gauge in this exposition
     gauge = ("# TYPE infergate_in_flight_requests gauge\n"
              'infergate_in_flight_requests{model="tiny",pool="p"} 3.0\n'
              'infergate_in_flight_requests{model="big",pool="p"} 1.0\n')
-    assert bt.tenant_counts(METRICS_AFTER + gauge).in_flight == 4.0
+    assert tf.tenant_counts(METRICS_AFTER + gauge).in_flight == 4.0
 
 
 def test_tenant_counts_read_the_refusals_under_the_name_the_issue_gave_too() -> None:
     text = ('# TYPE infergate_tenant_refused_total counter\n'
             'infergate_tenant_refused_total{tenant="a",priority="sheddable",'
             'reason="saturated"} 3\n')
-    assert bt.tenant_counts(text).by_tenant == {"a": {"refused:saturated": 3.0}}
+    assert tf.tenant_counts(text).by_tenant == {"a": {"refused:saturated": 3.0}}
 
 
 def test_outcomes_over_a_run_are_after_minus_before() -> None:
-    delta = bt.tenant_counts(METRICS_AFTER).minus(bt.tenant_counts(METRICS_BEFORE))
-    heavy = bt.outcomes(delta, "heavy")
-    assert heavy == bt.Outcomes(succeeded=4000, refused=3000, failed=3002,
+    delta = tf.tenant_counts(METRICS_AFTER).minus(tf.tenant_counts(METRICS_BEFORE))
+    heavy = tf.outcomes(delta, "heavy")
+    assert heavy == tf.Outcomes(succeeded=4000, refused=3000, failed=3002,
                                 reasons={"fair_share": 2000, "saturated": 1000})
-    assert bt.outcomes(delta, "light") == bt.Outcomes(1000, 0, 0, {})
-    assert bt.outcomes(delta, "nobody") == bt.Outcomes(0, 0, 0, {})
-    assert bt.outcomes(delta, "light", alone=True) == bt.Outcomes(1000, 0, 0, {})  # its own
+    assert tf.outcomes(delta, "light") == tf.Outcomes(1000, 0, 0, {})
+    assert tf.outcomes(delta, "nobody") == tf.Outcomes(0, 0, 0, {})
+    assert tf.outcomes(delta, "light", alone=True) == tf.Outcomes(1000, 0, 0, {})  # its own
 
 
 def test_outcomes_are_unknown_when_the_gateway_has_no_tenant_counts() -> None:
-    counts = bt.tenant_counts("# TYPE x_total counter\nx_total 1.0\n")
-    assert counts.families == frozenset() and bt.outcomes(counts, "light") is None
-    assert bt.outcomes(counts, "light", alone=True) is None
+    counts = tf.tenant_counts("# TYPE x_total counter\nx_total 1.0\n")
+    assert counts.families == frozenset() and tf.outcomes(counts, "light") is None
+    assert tf.outcomes(counts, "light", alone=True) is None
 
 
 def test_outcomes_of_the_only_client_are_the_whole_gateways_without_tenancy() -> None:
@@ -139,56 +143,56 @@ def test_outcomes_of_the_only_client_are_the_whole_gateways_without_tenancy() ->
             'outcome="{}",traffic="{}"}} {}\n')
     text = ("# TYPE infergate_requests_total counter\n" + line.format("success", "user", 90)
             + line.format("rejected", "user", 10) + line.format("success", "warmup", 5))
-    counts = bt.tenant_counts(text)
-    assert bt.outcomes(counts, "solo") is None  # several clients: not theirs to split
-    solo = bt.outcomes(counts, "solo", alone=True)
-    assert solo == bt.Outcomes(90, 10, 10, {}, bt.GATEWAY_REQUESTS)
-    f = bt.figures(measured("grpc", {200: 100}, [float(v) for v in range(100)], solo))
+    counts = tf.tenant_counts(text)
+    assert tf.outcomes(counts, "solo") is None  # several clients: not theirs to split
+    solo = tf.outcomes(counts, "solo", alone=True)
+    assert solo == tf.Outcomes(90, 10, 10, {}, tf.GATEWAY_REQUESTS)
+    f = tf.figures(measured("grpc", {200: 100}, [float(v) for v in range(100)], solo))
     assert f.success_pct == 90.0 and "whole gateway" in f.note
 
 
 def test_counts_families_seen_before_a_tenant_first_sent_still_count() -> None:
-    empty_before = bt.tenant_counts("")
-    delta = bt.tenant_counts(METRICS_AFTER).minus(empty_before)
-    assert bt.outcomes(delta, "light") == bt.Outcomes(1010, 0, 0, {})
+    empty_before = tf.tenant_counts("")
+    delta = tf.tenant_counts(METRICS_AFTER).minus(empty_before)
+    assert tf.outcomes(delta, "light") == tf.Outcomes(1010, 0, 0, {})
 
 
 # -- one run's figures ----------------------------------------------------------------
 
 def measured(protocol: str, statuses: dict[int, int], latencies: list[float],
-             counted: bt.Outcomes | None, seconds: float = 2.0) -> bt.Measured:
-    return bt.Measured("light", protocol, 1, seconds, statuses, tuple(latencies), counted)
+             counted: tf.Outcomes | None, seconds: float = 2.0) -> tf.Measured:
+    return tf.Measured("light", protocol, 1, seconds, statuses, tuple(latencies), counted)
 
 
 def test_http_figures_come_from_the_log_with_429s_as_refusals() -> None:
     latencies = [float(v) for v in range(1000, 1100)]  # us
     m = measured("http", {200: 100, 429: 1}, latencies, None)
-    f = bt.figures(dataclasses.replace(m, refusal_latencies_us=(250.0,)))
+    f = tf.figures(dataclasses.replace(m, refusal_latencies_us=(250.0,)))
     assert f.admitted_per_s == 50.0 and f.refused == 1 and f.refusal_p50_ms == 0.25
     assert f.success_pct == pytest.approx(100 * 100 / 101)
-    assert f.p99_ms == f.p99_low_ms == pytest.approx(1.098) and f.latency == bt.EXACT
+    assert f.p99_ms == f.p99_low_ms == pytest.approx(1.098) and f.latency == tf.EXACT
 
 
 def test_grpc_figures_take_counts_from_the_gateway_and_bound_the_latency() -> None:
     latencies = [float(v) for v in range(1, 101)]  # 100 HTTP-200 answers, 10 refusals
-    f = bt.figures(measured("grpc", {200: 100}, latencies, bt.Outcomes(90, 10, 10, {})))
+    f = tf.figures(measured("grpc", {200: 100}, latencies, tf.Outcomes(90, 10, 10, {})))
     assert f.admitted_per_s == 45.0 and f.refused == 10 and f.success_pct == 90.0
-    assert f.latency == bt.UPPER_BOUND and (f.p99_low_ms, f.p99_ms) == (0.09, 0.1)
-    exact = bt.figures(measured("grpc", {200: 100}, latencies, bt.Outcomes(100, 0, 0, {})))
-    assert exact.latency == bt.EXACT and exact.p99_ms == exact.p99_low_ms == 0.099
+    assert f.latency == tf.UPPER_BOUND and (f.p99_low_ms, f.p99_ms) == (0.09, 0.1)
+    exact = tf.figures(measured("grpc", {200: 100}, latencies, tf.Outcomes(100, 0, 0, {})))
+    assert exact.latency == tf.EXACT and exact.p99_ms == exact.p99_low_ms == 0.099
 
 
 def test_grpc_figures_say_so_when_refusals_cannot_be_counted() -> None:
-    f = bt.figures(measured("grpc", {200: 3}, [1.0, 2.0, 3.0], None))
+    f = tf.figures(measured("grpc", {200: 3}, [1.0, 2.0, 3.0], None))
     assert f.admitted_per_s is None and f.refused is None and f.success_pct is None
-    assert "refusals unknown" in f.note and f.latency == bt.ALL_ANSWERS
+    assert "refusals unknown" in f.note and f.latency == tf.ALL_ANSWERS
     assert f.p99_ms == 0.003  # over every answer, refusals included: said so
 
 
 # -- scenarios and configuration ------------------------------------------------------
 
 def test_scenarios_overload_the_pool_about_twice_with_heavy_ten_times_light() -> None:
-    phases = {(p.scenario, p.name): p for p in bt.scenario_phases(5)}
+    phases = {(p.scenario, p.name): p for p in ts.scenario_phases(5)}
     noisy = {t.tenant: t for t in phases[("noisy", "mixed")].loads}
     assert noisy["heavy"].in_flight == 10 * noisy["light"].in_flight
     for name in ("noisy", "priority", "fairness"):
@@ -201,7 +205,7 @@ def test_scenarios_overload_the_pool_about_twice_with_heavy_ten_times_light() ->
     for scenario, light, flood in (("noisy-paced", "paced-light", "flood-standard"),
                                    ("priority-paced", "paced-critical", "flood")):
         mixed = {t.tenant: t for t in phases[(scenario, "mixed")].loads}
-        assert mixed[light].paced == bt.PACED_SHARE and mixed[flood].paced == bt.FLOOD_SHARE
+        assert mixed[light].paced == ts.PACED_SHARE and mixed[flood].paced == ts.FLOOD_SHARE
         assert mixed[flood].priority == mixed[light].priority or scenario == "priority-paced"
         assert [t.tenant for t in phases[(scenario, "alone")].loads] == [light]
     assert {t.priority for t in phases[("priority-paced", "mixed")].loads} == {
@@ -209,14 +213,14 @@ def test_scenarios_overload_the_pool_about_twice_with_heavy_ten_times_light() ->
 
 
 def test_tenancy_section_names_every_tenant_once_with_its_own_key() -> None:
-    loads = [load for p in bt.scenario_phases(5) for load in p.loads]
+    loads = [load for p in ts.scenario_phases(5) for load in p.loads]
     section = bt.tenancy_section(loads)
     names = [t["name"] for t in section["tenants"]]
     assert len(names) == len(set(names)) == 11
     keys = [k for t in section["tenants"] for k in t["keys"]]
     assert len(set(keys)) == 11
     assert section["refuse_at"] == {"sheddable": 1.0, "standard": 2.0, "critical": 3.0}
-    assert bt.TenantLoad("light", "standard", 1).headers == (
+    assert ts.TenantLoad("light", "standard", 1).headers == (
         "x-api-key: light-key-0123456789abcdef",)
 
 
@@ -227,7 +231,7 @@ def test_written_config_is_one_pool_with_capacity_and_tenancy(tmp_path: Path) ->
     data = yaml.safe_load(path.read_text())
     assert data["pools"][0]["capacity_per_member"] == 4
     assert data["pools"][0]["members"][0]["host"] == "127.0.0.1"
-    # 11 of the overload scenarios, 7 of the flood's (bt.flood_phases)
+    # 11 of the overload scenarios, 7 of the flood's (fl.flood_phases)
     assert data["queue_factor"] == 2.0 and len(data["tenancy"]["tenants"]) == 18
     plain = yaml.safe_load(bt.write_config(tmp_path / "none.yaml", member, 4, None).read_text())
     assert "tenancy" not in plain
@@ -278,28 +282,28 @@ def test_h2load_command_carries_the_key_header_on_both_protocols(tmp_path: Path)
 
 # -- rows, verdicts, table, plot ------------------------------------------------------
 
-def fake_samples() -> bt.Samples:
+def fake_samples() -> ts.Samples:
     ms = [float(v) for v in range(1000, 1100)]  # 1.0..1.099 ms
 
     def run(tenant: str, protocol: str, statuses: dict[int, int], scale: float = 1.0,
-            counted: bt.Outcomes | None = None, in_flight: int = 1) -> bt.Measured:
+            counted: tf.Outcomes | None = None, in_flight: int = 1) -> tf.Measured:
         answers = statuses.get(200, 0)  # one latency per HTTP 200 in the log
-        return bt.Measured(tenant, protocol, in_flight, 2.0, statuses,
+        return tf.Measured(tenant, protocol, in_flight, 2.0, statuses,
                            tuple(ms[i % len(ms)] * scale for i in range(answers)), counted)
 
-    samples: bt.Samples = {}
+    samples: ts.Samples = {}
     for protocol in ("http", "grpc"):
         grpc = protocol == "grpc"
-        ok = bt.Outcomes(100, 0, 0, {})
+        ok = tf.Outcomes(100, 0, 0, {})
 
-        def put(scenario: str, phase: str, *runs: bt.Measured, p: str = protocol) -> None:
+        def put(scenario: str, phase: str, *runs: tf.Measured, p: str = protocol) -> None:
             samples.setdefault((scenario, phase, "tiny", p), []).append(
                 {m.tenant: m for m in runs})
 
         put("noisy", "alone", run("light", protocol, {200: 100}, counted=ok if grpc else None))
         put("noisy", "mixed",
             run("heavy", protocol, {200: 500} if grpc else {200: 100, 429: 400},
-                counted=bt.Outcomes(100, 400, 400, {"fair_share": 400}) if grpc else None,
+                counted=tf.Outcomes(100, 400, 400, {"fair_share": 400}) if grpc else None,
                 in_flight=10),
             run("light", protocol, {200: 100}, scale=1.1, counted=ok if grpc else None))
         put("priority", "alone",
@@ -311,14 +315,14 @@ def fake_samples() -> bt.Samples:
         put("fairness", "mixed", *(run(f"fair-{c}", protocol, {200: 100}, counted=ok,
                                        in_flight=4) for c in "abc"))
         put("cost", "none", run("solo", protocol, {200: 100}, counted=ok, in_flight=5))
-        put("cost", "tenancy", run("solo", protocol, {200: 95}, counted=bt.Outcomes(95, 0, 0, {}),
+        put("cost", "tenancy", run("solo", protocol, {200: 95}, counted=tf.Outcomes(95, 0, 0, {}),
                                    in_flight=5))
         put("noisy-paced", "alone",
             run("paced-light", protocol, {200: 999, 429: 1}, counted=ok if grpc else None,
                 in_flight=2))
         put("noisy-paced", "mixed",
             run("flood-standard", protocol, {200: 500} if grpc else {200: 100, 429: 400},
-                counted=bt.Outcomes(100, 400, 400, {"fair_share": 400}) if grpc else None,
+                counted=tf.Outcomes(100, 400, 400, {"fair_share": 400}) if grpc else None,
                 in_flight=10),
             run("paced-light", protocol, {200: 100}, scale=1.4, counted=ok if grpc else None,
                 in_flight=2))
@@ -332,7 +336,7 @@ def rows_by(rows: list[dict], **match: str) -> dict:
 
 
 def test_summary_judges_each_goal_against_the_alone_run() -> None:
-    rows = bt.summarise(fake_samples(), 2.0)
+    rows = tr.summarise(fake_samples(), 2.0)
     light = rows_by(rows, scenario="noisy", phase="mixed", tenant="light", protocol="http")
     assert light["p99_vs_alone_ratio"] == pytest.approx(1.1)
     assert light["success_pct"] == 100.0 and light["met"] == "yes"
@@ -354,22 +358,22 @@ def test_summary_judges_each_goal_against_the_alone_run() -> None:
     alone = rows_by(rows, scenario="noisy-paced", phase="alone", tenant="paced-light",
                     protocol="http")
     assert alone["success_pct"] == pytest.approx(99.9) and alone["met"] == "yes"
-    assert bt.verdict("noisy-paced", "paced-light", {"success_pct": 99.5}, alone=True) == (
+    assert ts.verdict("noisy-paced", "paced-light", {"success_pct": 99.5}, alone=True) == (
         "NO (success)")
 
 
 def test_verdict_says_not_measured_rather_than_guessing() -> None:
     row = {"success_pct": None, "p99_vs_alone_ratio": 1.0}
-    assert bt.verdict("noisy", "light", row) == "n/a (success not measured)"
-    assert bt.verdict("noisy", "light", {"success_pct": 98.0, "p99_vs_alone_ratio": 2.0}) == (
+    assert ts.verdict("noisy", "light", row) == "n/a (success not measured)"
+    assert ts.verdict("noisy", "light", {"success_pct": 98.0, "p99_vs_alone_ratio": 2.0}) == (
         "NO (success, p99)")
-    assert bt.verdict("priority", "critical", {"refused": 0, "p99_vs_alone_ratio": 1.1}) == "yes"
-    assert bt.verdict("noisy", "heavy", {}) == ""
+    assert ts.verdict("priority", "critical", {"refused": 0, "p99_vs_alone_ratio": 1.1}) == "yes"
+    assert ts.verdict("noisy", "heavy", {}) == ""
 
 
 def test_markdown_and_plot_show_every_row(tmp_path: Path) -> None:
-    rows = bt.summarise(fake_samples(), 2.0)
-    table = bt.markdown(rows)
+    rows = tr.summarise(fake_samples(), 2.0)
+    table = tr.markdown(rows)
     assert table.count("\n| ") >= len(rows)
     assert "Jain 1.000" in table and "0.950x throughput" in table
     light = [line for line in table.splitlines() if "| light |" in line]
@@ -378,17 +382,17 @@ def test_markdown_and_plot_show_every_row(tmp_path: Path) -> None:
     assert len(alone) == 4 and all(line.endswith("|  |  |") for line in alone)
     assert "refusals unknown" in table  # the sheddable gRPC note
     grpc_heavy = rows_by(rows, scenario="noisy", tenant="heavy", protocol="grpc")
-    assert grpc_heavy["latency"] == bt.UPPER_BOUND and "| <=" in bt.markdown([grpc_heavy])
+    assert grpc_heavy["latency"] == tf.UPPER_BOUND and "| <=" in tr.markdown([grpc_heavy])
     shed = rows_by(rows, scenario="priority", tenant="sheddable", protocol="grpc")
-    assert shed["latency"] == bt.ALL_ANSWERS and "| ~" in bt.markdown([shed])
-    assert bt.markdown([]) == "(nothing measured)"
-    [png] = bt.plot(rows, tmp_path)
+    assert shed["latency"] == tf.ALL_ANSWERS and "| ~" in tr.markdown([shed])
+    assert tr.markdown([]) == "(nothing measured)"
+    [png] = tr.plot(rows, tmp_path)
     cells = [("tiny", "http"), ("tiny", "grpc")]
-    cost = bt.plotted(rows, "throughput_ratio", "cost", "solo", cells)
+    cost = tr.plotted(rows, "throughput_ratio", "cost", "solo", cells)
     assert cost == [pytest.approx(0.95)] * 2  # the tenancy row's, not the baseline's
-    light_ratios = bt.plotted(rows, "p99_vs_alone_ratio", "noisy", "light", cells)
+    light_ratios = tr.plotted(rows, "p99_vs_alone_ratio", "noisy", "light", cells)
     assert light_ratios == [pytest.approx(1.1)] * 2
-    assert math.isnan(bt.plotted(rows, "jain_index", "fairness", "all", [("x", "http")])[0])
+    assert math.isnan(tr.plotted(rows, "jain_index", "fairness", "all", [("x", "http")])[0])
     assert png.name == "bench_tenants.png" and png.stat().st_size > 1000
 
 
@@ -396,52 +400,52 @@ def test_markdown_and_plot_show_every_row(tmp_path: Path) -> None:
 
 def test_histogram_quantile_interpolates_inside_the_bucket_as_prometheus_does() -> None:
     buckets = {0.001: 0.0, 0.002: 50.0, 0.005: 90.0, 0.01: 100.0, math.inf: 100.0}
-    assert bt.histogram_quantile(buckets, 50) == pytest.approx(0.002)
-    assert bt.histogram_quantile(buckets, 25) == pytest.approx(0.0015)
-    assert bt.histogram_quantile(buckets, 99) == pytest.approx(0.0095)
-    assert math.isnan(bt.histogram_quantile({math.inf: 0.0}, 50))
-    assert bt.histogram_quantile({0.01: 1.0, math.inf: 3.0}, 99) == 0.01  # past the last
+    assert tf.histogram_quantile(buckets, 50) == pytest.approx(0.002)
+    assert tf.histogram_quantile(buckets, 25) == pytest.approx(0.0015)
+    assert tf.histogram_quantile(buckets, 99) == pytest.approx(0.0095)
+    assert math.isnan(tf.histogram_quantile({math.inf: 0.0}, 50))
+    assert tf.histogram_quantile({0.01: 1.0, math.inf: 3.0}, 99) == 0.01  # past the last
 
 
 def test_figures_are_within_ten_percent_or_a_millisecond() -> None:
-    assert bt.figures_within(2.9, 2.0) and not bt.figures_within(3.1, 2.0)
-    assert bt.figures_within(54.0, 50.0) and not bt.figures_within(56.0, 50.0)
-    assert bt.figures_within(math.nan, 2.0) is None
+    assert tf.figures_within(2.9, 2.0) and not tf.figures_within(3.1, 2.0)
+    assert tf.figures_within(54.0, 50.0) and not tf.figures_within(56.0, 50.0)
+    assert tf.figures_within(math.nan, 2.0) is None
 
 
 def test_the_tenants_histogram_is_read_from_the_gateways_counts() -> None:
     text = "\n".join(
         f'infergate_tenant_request_duration_seconds_bucket{{le="{le}",priority="standard",'
         f'tenant="light"}} {n}' for le, n in (("0.001", 1), ("0.002", 3), ("+Inf", 4)))
-    counts = bt.tenant_counts(
+    counts = tf.tenant_counts(
         "# TYPE infergate_tenant_request_duration_seconds histogram\n" + text + "\n")
-    assert bt.latency_buckets(counts, "light") == {0.001: 1.0, 0.002: 3.0, math.inf: 4.0}
-    assert bt.latency_buckets(counts, "heavy") is None
+    assert tf.latency_buckets(counts, "light") == {0.001: 1.0, 0.002: 3.0, math.inf: 4.0}
+    assert tf.latency_buckets(counts, "heavy") is None
     # the histogram is no outcome: a tenant's requests are its outcome counts alone
     text += '\ninfergate_tenant_requests_total{outcome="success",priority="standard",' \
             'tenant="light"} 4'
-    mine = bt.outcomes(bt.tenant_counts(text + "\n"), "light")
+    mine = tf.outcomes(tf.tenant_counts(text + "\n"), "light")
     assert mine is not None and (mine.succeeded, mine.failed) == (4, 0)
 
 
 # -- issue 36's flood -------------------------------------------------------------------
 
-def flood_samples() -> bt.Samples:
+def flood_samples() -> ts.Samples:
     """HTTP: the light tenant 1.0..1.099 ms alone, 1.3x that beside the flood; the flood
     admitted 300 of 1,300 in 2 s beside it, 1,000 alone without tenancy."""
     ms = [float(v) for v in range(1000, 1100)]
 
     def run(tenant: str, statuses: dict[int, int], scale: float = 1.0,
-            queue: dict[float, float] | None = None, in_flight: int = 2) -> bt.Measured:
+            queue: dict[float, float] | None = None, in_flight: int = 2) -> tf.Measured:
         answers = statuses.get(200, 0)
-        return bt.Measured(tenant, "http", in_flight, 2.0, statuses,
+        return tf.Measured(tenant, "http", in_flight, 2.0, statuses,
                            tuple(ms[i % len(ms)] * scale for i in range(answers)), None,
                            queue_buckets=queue)
 
     wait = {0.0: 10.0, 0.001: 90.0, 0.002: 100.0, math.inf: 100.0}
-    samples: bt.Samples = {}
+    samples: ts.Samples = {}
 
-    def put(scenario: str, phase: str, *runs: bt.Measured) -> None:
+    def put(scenario: str, phase: str, *runs: tf.Measured) -> None:
         samples.setdefault((scenario, phase, "tiny", "http"), []).append(
             {m.tenant: m for m in runs})
 
@@ -457,7 +461,7 @@ def flood_samples() -> bt.Samples:
 
 
 def test_flood_rows_compare_the_light_tenant_alone_and_beside_the_flood() -> None:
-    rows = bt.summarise(flood_samples(), 2.0)
+    rows = tr.summarise(flood_samples(), 2.0)
     after = rows_by(rows, scenario="flood-priority", phase="after")
     assert after["success_alone_pct"] == 100.0 and after["success_pct"] == 99.0
     assert after["p99_vs_alone_ratio"] == pytest.approx(1.3)
@@ -469,20 +473,20 @@ def test_flood_rows_compare_the_light_tenant_alone_and_beside_the_flood() -> Non
     assert after["met"] == "NO (success, p99, goodput)"
     fair = rows_by(rows, scenario="flood-fairness", phase="before")
     assert fair["jain_index"] == pytest.approx(1.0) and fair["met"] == "yes"
-    table = bt.markdown(rows)
+    table = tr.markdown(rows)
     assert table.startswith("Issue 36") and table.count("| flood-") == 4
     assert "| 0.5/1.9 |" in table and "| 0.349x |" in table
 
 
 def test_flood_phases_run_before_and_after_on_their_own_gateways(tmp_path: Path) -> None:
-    phases = bt.flood_phases()
-    assert {p.gateway for p in phases} == {bt.BEFORE, bt.AFTER, "none"}
+    phases = fl.flood_phases()
+    assert {p.gateway for p in phases} == {fl.BEFORE, fl.AFTER, "none"}
     floods = [t for p in phases for t in p.loads if not t.paced and "fair" not in t.tenant]
-    assert floods and all(t.in_flight == bt.FLOOD_IN_FLIGHT for t in floods)
+    assert floods and all(t.in_flight == fl.FLOOD_IN_FLIGHT for t in floods)
     fair = [t.in_flight for p in phases if p.scenario == "flood-fairness" for t in p.loads]
-    assert sum(fair) == 2 * bt.FLOOD_IN_FLIGHT  # before and after
+    assert sum(fair) == 2 * fl.FLOOD_IN_FLIGHT  # before and after
     member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
-    path = bt.write_config(tmp_path / "q.yaml", member, 5, bt.gateway_specs(5)[bt.AFTER],
+    path = bt.write_config(tmp_path / "q.yaml", member, 5, bt.gateway_specs(5)[fl.AFTER],
                            queued=True)
     [pool] = yaml.safe_load(path.read_text())["pools"]
     assert pool["gateway_queue"] is True and pool["capacity_per_member"] == 5

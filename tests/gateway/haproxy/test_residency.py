@@ -83,7 +83,7 @@ def test_managed_model_gets_a_backend_per_pool_with_servers_ready_on_holders(
     canary = f"canary.{residency_suffix('resnet')}"
     assert {s for s in sections if ".r" in s} == {
         f"backend {p}_{b}" for p in ("http", "grpc") for b in (RESNET, canary)} | {
-        f"backend grpc_{b}.pin" for b in (RESNET, canary)}  # config._pin_backends
+        f"backend grpc_{b}.pin" for b in (RESNET, canary)}  # backends.pin_backends
     twin = [line for line in sections[f"backend grpc_{RESNET}.pin"]
             if line.strip().startswith("server ")]
     assert twin[0].split()[1] == A and " disabled" not in twin[0]
@@ -110,7 +110,7 @@ def test_nothing_of_residency_rendered_when_no_model_is_managed(tmp_path: Path) 
     layout = layout_in(tmp_path)
     plain = render(snapshot(), layout)
     assert "resident" not in plain.maps and "txn.rb" not in plain.config
-    # only the pools' pin twins (config._pin_backends) have a dot
+    # only the pools' pin twins (backends.pin_backends) have a dot
     assert [s for s in _sections(plain.config) if "." in s] == [
         "backend grpc_main.pin", "backend grpc_canary.pin"]
 

@@ -1,0 +1,199 @@
+"""The frontend's admission rules (pure, no I/O), ``(action, condition)`` pairs: rate
+limits per API key (a stick table per limit class, keyed by the key's digest; a tenant
+with limits of its own counted as one key), with tenants the tenancy rule
+(``gateway.policy.tenancy.decide``: the tenant's in-flight limit, the class ceiling on
+the pool's load, the tenant's fair share), the model's bound (stick table ``st_model``
+against map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once) and the deadline the
+pool cannot meet (504 / DEADLINE_EXCEEDED). :mod:`gateway.haproxy.request_rules` places
+them in the hot path's order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway import errors
+from gateway.haproxy import queueing
+from gateway.haproxy.backends import PIN
+from gateway.haproxy.maps import NO_RATE
+from gateway.haproxy.snapshot import Snapshot
+from gateway.policy import admission, deadline, tenancy
+
+Rule = tuple[str, str]  # (action, condition): an http-request rule of a frontend
+
+
+def rate_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
+    """Rate limits: per API key digest in the table of its class; a tenant with limits of
+    its own is counted as one key, ``t:<tenant>`` (its in-flight count is the same
+    entry's ``conn_cur``: table ``tenant_flight`` when it has no rate)."""
+    classes = snapshot.rate_classes()
+    default = str(classes.index(snapshot.rate_default)) if snapshot.rate_default else "none"
+    rules: list[Rule] = [
+        (f"set-var(txn.rc) var(txn.kd),map(MAPS/ratekeys.map,{default})", ""),
+    ]
+    key, own = "var(txn.kd)", "{ var(txn.tl) -m found }"
+    if snapshot.tenancy is not None:
+        key = "var(txn.rk)"
+        rules += [
+            ("set-var(txn.rk) var(txn.kd)", ""),
+            ("set-var(txn.tl) var(txn.tn),map(MAPS/tlimit.map)", ""),
+            ("set-var(txn.rk) str(t:),concat(,txn.tn,)", own),
+            ("set-var(txn.rc) var(txn.tl)", own),
+            (f"track-sc2 {key} table tenant_flight", f"{{ var(txn.rc) -m str {NO_RATE} }}"),
+        ]
+    for i, limit in enumerate(classes):
+        cls = f"{{ var(txn.rc) -m str {i} }}"
+        over = f"{cls} {{ sc2_http_req_rate gt {limit.limit} }}"
+        rules += [
+            (f"track-sc2 {key} table rate{i}", cls),
+            ("set-var(txn.out) str(rejected)", over),
+            ("set-var(txn.why) str(rate)", over),
+        ]
+        if snapshot.tenancy is not None:  # the tenant's own limit says so
+            who = tenancy.RATE_WHO.format(tenant="%[var(txn.tn)]")
+            rules.append((answer(errors.Overloaded, limit.message(who),
+                                 retry_after=limit.retry_after_s), f"{over} {own}"))
+        rules.append((answer(errors.Overloaded, limit.message(),
+                             retry_after=limit.retry_after_s), over))
+    return rules
+
+
+
+def bound_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str,
+                 default_limit: int) -> list[Rule]:
+    """The model's bound (:mod:`gateway.policy.admission`), tracked only now, after the
+    tenancy rules: a request they refused never holds a place in the model's count. With
+    tenants it is per class (``Tenancy.model_bound``): ``st_model`` counts
+    ``model/class``, the bound is scaled by map ``cbound`` (class -> permille), and a
+    request counts the requests of its class and of the classes above it
+    (``tenancy.AT_LEAST``, read with ``table_conn_cur``)."""
+    overloaded = admission.OVERLOADED.format(model=model_lf, count="%[var(txn.mc)]",
+                                             limit="%[var(txn.lim)]")
+    rules: list[Rule] = [("set-var(txn.mk) var(txn.model)", "")]
+    if snapshot.tenancy is not None:
+        rules.append(("set-var(txn.mk) var(txn.model),concat(/,txn.tc,)", "has_class"))
+    rules += [
+        ("track-sc0 var(txn.mk) table st_model", ""),
+        ("set-var(txn.mc) sc0_conn_cur", ""),
+        (f"set-var(txn.lim) var(txn.model),map_str_int(MAPS/limits.map,{default_limit})", ""),
+    ]
+    if snapshot.tenancy is not None:
+        for above in tenancy.Priority:
+            below = [k.value for k in tenancy.Priority
+                     if above in tenancy.AT_LEAST[k] and above is not k]
+            if not below:
+                continue
+            cond = f"{{ var(txn.tc) -m str {' '.join(below)} }}"
+            rules += [
+                (f"set-var(txn.k{above.value[0]}) var(txn.model),concat(/{above.value}),"
+                 "table_conn_cur(st_model)", cond),
+                (f"set-var(txn.mc) var(txn.mc),add(txn.k{above.value[0]})",
+                 f"{cond} {{ var(txn.k{above.value[0]}) -m found }}"),
+            ]
+        rules += [
+            ("set-var(txn.pm) var(txn.tc),map_str_int(MAPS/cbound.map,1000)", "has_class"),
+            ("set-var(txn.lim) var(txn.lim),mul(txn.pm),div(1000)", "has_class"),
+            ("set-var(txn.lim) int(1)", "{ var(txn.lim) -m int lt 1 }"),
+        ]
+    rules += [
+        ("set-var(txn.over) var(txn.mc),sub(txn.lim)", ""),
+        ("set-var(txn.out) str(rejected)", "over_limit"),
+        ("set-var(txn.why) str(overloaded)", "over_limit"),
+        (answer(errors.Overloaded, overloaded, retry_after=admission.RETRY_AFTER_S),
+         "over_limit"),
+    ]
+    return rules
+
+
+def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
+    """``gateway.policy.tenancy.decide``: the tenant's in-flight limit (``sc2``, its own
+    entry), the class ceiling on the pool's load (``be_conn`` of the pool's backends plus
+    the requests queued elsewhere), the tenant's share once the pool is saturated
+    (``sc1``: the tenant's requests for this model in this pool)."""
+    rules: list[Rule] = [
+        ("set-var(txn.tm) var(txn.tn),map_str_int(MAPS/tmax.map,0)", ""),
+        ("set-var(txn.to) sc2_conn_cur,sub(txn.tm)", ""),
+    ]
+    limit = "{ var(txn.tm) -m int gt 0 } { var(txn.to) -m int gt 0 }"
+    rules += _refuse(answer, "tenant_limit", tenancy.TENANT_LIMIT.format(
+        tenant="%[var(txn.tn)]", count="%[sc2_conn_cur]", limit="%[var(txn.tm)]"), limit)
+    rules += _load_rules(snapshot, "")
+    rules += [
+        ("set-var(txn.ck) var(txn.pool),concat(/,txn.tc,)", ""),
+        ("set-var(txn.ceil) var(txn.ck),map_str_int(MAPS/ceiling.map,1)", ""),
+        ("set-var(txn.sat) var(txn.pl),sub(txn.ceil)", ""),
+    ]
+    lf = {"pool": "%[var(txn.pool)]", "load": "%[var(txn.pl)]", "capacity": "%[var(txn.cap)]",
+          "tenant": "%[var(txn.tn)]"}
+    rules += _refuse(answer, "saturated", tenancy.SATURATED.format(
+        **lf, priority="%[var(txn.tc)]", ceiling="%[var(txn.ceil)]"),
+        "has_class { var(txn.sat) -m int ge 0 }")
+    rules += [
+        ("set-var(txn.co) var(txn.pl),sub(txn.cap)", ""),
+        ("set-var(txn.sk) var(txn.pool),concat(/,txn.tn,)", ""),
+        ("set-var(txn.sh) var(txn.sk),map_str_int(MAPS/share.map,1)", ""),
+        ("set-var(txn.fo) sc1_conn_cur,sub(txn.sh)", ""),
+    ]
+    rules += _refuse(answer, "fair_share", tenancy.FAIR_SHARE.format(
+        **lf, share="%[var(txn.sh)]"),
+        "has_class { var(txn.co) -m int ge 0 } { var(txn.fo) -m int gt 0 }")
+    return rules
+
+
+def _load_rules(snapshot: Snapshot, cond: str) -> list[Rule]:
+    """The pool's load (``txn.pl``: ``be_conn`` of its two backends plus the requests
+    queued in its members that are not the gateway's) and capacity (``txn.cap``)."""
+    rules: list[Rule] = [("set-var(txn.pl) int(0)", cond)]
+    for pool in snapshot.pools:
+        this = f"{cond} {{ var(txn.pool) -m str {pool.name} }}".strip()
+        rules += [(f"set-var(txn.pl) be_conn(http_{pool.name})", this),
+                  (f"set-var(txn.pl) be_conn(grpc_{pool.name}),add(txn.pl)", this),
+                  (f"set-var(txn.pl) be_conn(grpc_{pool.name}{PIN}),add(txn.pl)", this),
+                  *((f"set-var(txn.pl) be_conn({b}),add(txn.pl)", this)
+                    for b in queueing.load_backends(pool))]
+        # a managed model's requests are at its own backends in the pool
+        rules += [(f"set-var(txn.pl) be_conn({backend}),add(txn.pl)", this)
+                  for r in snapshot.residents() if r.pool == pool.name
+                  for backend in (f"http_{r.backend}", f"grpc_{r.backend}",
+                                  f"grpc_{r.backend}{PIN}")]
+    return rules + [
+        ("set-var(txn.eq) var(txn.pool),map_str_int(MAPS/elsewhere.map,0)", cond),
+        ("set-var(txn.pl) var(txn.pl),add(txn.eq)", cond),
+        ("set-var(txn.cap) var(txn.pool),map_str_int(MAPS/capacity.map,1)", cond),
+    ]
+
+
+def deadline_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -> list[Rule]:
+    """``gateway.policy.deadline``: a request whose deadline (``txn.dl``, ms) the pool
+    cannot meet, by the model's service time there (map ``service``) and the wait for
+    the pool's load beyond its capacity (map ``drain``: microseconds per request), is
+    refused at once (504 / DEADLINE_EXCEEDED), in the integers
+    :func:`gateway.policy.deadline.expected_ms` uses."""
+    dl = "{ var(txn.dl) -m found }"
+    rules = [] if snapshot.tenancy is not None else _load_rules(snapshot, dl)
+    hopeless = f"{dl} {{ var(txn.sv) -m int gt 0 }} {{ var(txn.late) -m int gt 0 }}"
+    message = deadline.HOPELESS.format(
+        deadline="%[var(txn.dl)]", model=model_lf, expected="%[var(txn.eta)]",
+        pool="%[var(txn.pool)]", load="%[var(txn.pl)]", capacity="%[var(txn.cap)]")
+    return rules + [
+        ("set-var(txn.smp) var(txn.model),concat(/,txn.pool,)", dl),
+        ("set-var(txn.sv) var(txn.smp),map_str_int(MAPS/service.map,0)", dl),
+        ("set-var(txn.dr) var(txn.smp),map_str_int(MAPS/drain.map,0)", dl),
+        ("set-var(txn.ex) var(txn.pl),add(1),sub(txn.cap)", dl),
+        ("set-var(txn.ex) int(0)", f"{dl} {{ var(txn.ex) -m int lt 0 }}"),
+        ("set-var(txn.eta) var(txn.dr),mul(txn.ex),add(txn.sv),div(1000)", dl),
+        # deadline.hopeless: expected x 10 beyond deadline x 9
+        (f"set-var(txn.dn) var(txn.dl),mul({deadline.SHARE_NUM})", dl),
+        (f"set-var(txn.late) var(txn.eta),mul({deadline.SHARE_DEN}),sub(txn.dn)", dl),
+        ("set-var(txn.out) str(shed)", hopeless),
+        ("set-var(txn.why) str(deadline)", hopeless),
+        (answer(errors.DeadlineExceeded, message), hopeless),
+    ]
+
+
+
+def _refuse(answer: Callable[..., str], reason: str, message: str, cond: str) -> list[Rule]:
+    return [("set-var(txn.out) str(rejected)", cond),
+            (f"set-var(txn.why) str({reason})", cond),
+            (answer(errors.Overloaded, message, retry_after=tenancy.RETRY_AFTER_S), cond)]
+

@@ -1,0 +1,158 @@
+"""The frontends (pure, no I/O): one per protocol, with its bind, its ACLs, the request
+rules in the order of the hot path (:mod:`gateway.haproxy.config` lists it; the rules
+are :mod:`gateway.haproxy.request_rules`' and :mod:`gateway.haproxy.admission_rules`'),
+and the ``use_backend`` rules that send a request to the Python forwarder, a pool's backend,
+a managed model's, or their gRPC pin twins (:mod:`gateway.haproxy.backends`).
+"""
+
+from __future__ import annotations
+
+from gateway import errors
+from gateway.haproxy import queueing
+from gateway.haproxy.answers import grpc_return, http_return
+from gateway.haproxy.backends import PIN
+from gateway.haproxy.maps import MISS
+from gateway.haproxy.request_rules import (
+    deadline_fetch,
+    model_rules,
+    request_rules,
+    residency_rules,
+    rollout_rules,
+    shadow_rules,
+)
+from gateway.haproxy.snapshot import Layout, Snapshot
+from gateway.policy import deadline, model_name, planes
+
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+# one line per inference request, to the control plane's datagram socket (telemetry.py).
+# %Ta is the request's own active time, from its first byte to the response's last: %Tt
+# would add the time a keep-alive connection sat idle before the request (%Ti), so a
+# client pausing 40 ms between calls of 3 ms each would be reported as 43 ms
+LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
+              "%[var(txn.gs)] %Ta %[var(txn.out)] %ts "
+              "%[var(txn.tn)] %[var(txn.tc)] %[var(txn.why)] %[var(txn.ver)] %Tw")
+
+
+def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> str:
+    """The frontend of ``proto``: its bind, ACLs, the request rules in the policy's
+    order (:mod:`gateway.haproxy.config` lists it) and the backend each request goes to;
+    ``bufsize``: HAProxy's ``tune.bufsize`` (:func:`gateway.haproxy.config.tuning`)."""
+    http = proto == "http"
+    bind = layout.http_bind if http else f"{layout.grpc_bind} proto h2"
+    lines = [
+        f"frontend {proto}",
+        f"  bind {bind}",
+        f"  errorfiles {proto}_errors",
+        f'  log-format "{LOG_FORMAT}"',
+        "  option http-keep-alive" if http else "  option http-no-delay",
+    ]
+    if http:
+        lines += [
+            f"  acl infer_path path_reg {model_name.HTTP_INFER_PATTERN}",
+            "  acl infer_method method POST",
+        ]
+        guard = "infer_path infer_method"
+        model_fetch = "path,field(4,/),url_dec"
+    else:
+        lines.append(f"  acl infer_path path {GRPC_INFER}")
+        guard = "infer_path"
+        model_fetch = f"req.body,bytes(5),protobuf({model_name.GRPC_MODEL_FIELD})"
+    python = _python_backend(layout, proto)
+    lines.append(f"  http-request set-log-level silent unless {guard}")
+    if layout.local_http is not None:  # a replica: the control plane's calls go there
+        lines += [f"  acl control_call {acl}" for acl in _control_acls(http)]
+        # (an inference request has txn.proto set: it never evaluates control_call)
+        lines.append(f"  use_backend control_{proto} if !{{ var(txn.proto) -m found }} "
+                     "control_call")
+    lines.append(f"  use_backend {python} unless {guard}")
+    first: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
+    if not http:
+        # only as much of the body as the model name needs (streams must not wait)
+        first.append(("wait-for-body time 1s at-least 1k", ""))
+    first.append((f"set-var(txn.model) {model_fetch}", ""))
+    answer = http_return if http else grpc_return
+    if http:
+        too_large = answer(errors.PayloadTooLarge,
+                           f"request body larger than {layout.max_body_bytes} bytes")
+        first.append((too_large, f"{{ req.hdr_val(content-length) gt {layout.max_body_bytes} }}"))
+    else:
+        # a gRPC message says its length in its 5-byte prefix (big-endian, bytes 1-4)
+        # Answering while the client still sends races its reading of the answer with
+        # the stream's reset: the control plane's gRPC server reads the message through
+        # and refuses it (RESOURCE_EXHAUSTED, its max_receive_message_length)
+        first += [("set-var(txn.glen) req.body,bytes(1,4),be2dec(:,4)", ""),
+                  ("set-var(txn.out) str(too_large)",
+                   f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
+    rules = [*first, *request_rules(answer, http), *deadline_fetch(http),
+             *model_rules(snapshot, answer, http), *shadow_rules(http),
+             *rollout_rules(http), *residency_rules(snapshot),
+             *queueing.bypass_rules(snapshot, http, bufsize)]
+    lines += [
+        *(f"  acl {acl}" for acl in _acls()),
+        *(_guarded(action, cond, guard) for action, cond in rules),
+    ]
+    if not http:
+        lines.append("  http-response set-var(txn.gs) res.hdr(grpc-status)")
+        # HAProxy drops content-type from a return without payload: put it back
+        lines.append("  http-after-response set-header content-type application/grpc "
+                     "if { var(txn.model) -m found } !{ res.hdr(content-type) -m found }")
+    if not http:
+        lines.append(f"  use_backend {python} if {{ var(txn.out) -m str too_large }}")
+        lines.append(f"  use_backend {python} if {{ var(txn.detour) -m found }}")
+    # a rollout's shadow step: its sampled share is the Python forwarder's (it mirrors it;
+    # a replica's reports the pairs to the control plane's verdict)
+    lines.append(f"  use_backend {python} if {{ var(txn.shadow) -m found }}")
+    # a gRPC request pinned here goes to its backend's pin twin (backends.pin_backends)
+    pinned = [] if http else [f"{{ var(txn.ver) -m found }} {{ var(txn.{v}) -m found }}"
+                              for v in ("rb", "pool")]
+    if snapshot.residents():
+        lines += [f"  use_backend {python} if {{ var(txn.rb) -m str {MISS} }}",
+                  *(f"  use_backend {proto}_%[var(txn.rb)]{PIN} if {cond}"
+                    for cond in pinned[:1]),
+                  f"  use_backend {proto}_%[var(txn.rb)] if {{ var(txn.rb) -m found }}"]
+    lines += [f"  use_backend {proto}_%[var(txn.pool)]{PIN} if {cond}" for cond in pinned[1:]]
+    lines += queueing.bypass_backend_rule(snapshot, http)
+    lines.append(f"  use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}")
+    return "\n".join(lines) + "\n"
+
+
+def _python_backend(layout: Layout, proto: str) -> str:
+    """The backend of the Python forwarder, for what HAProxy cannot route: a replica's
+    own (``local_``), else the control plane's process, which runs it too."""
+    return f"{'local' if layout.local_http is not None else 'control'}_{proto}"
+
+
+def _control_acls(http: bool) -> list[str]:
+    """``control_call``: a call that is the control plane's (gateway/policy/planes.py)."""
+    if not http:
+        return ["path " + " ".join(f"/{planes.GRPC_SERVICE}/{m}"
+                                   for m in planes.CONTROL_GRPC_METHODS)]
+    return ["path_beg " + " ".join(planes.CONTROL_HTTP_PREFIXES),
+            "path " + " ".join(planes.CONTROL_HTTP_PATHS),
+            f"path_reg {planes.CONTROL_HTTP_PATTERN}"]
+
+
+def _acls() -> list[str]:
+    timeout = deadline.HTTP_TIMEOUT_HEADER
+    return [
+        "named var(txn.model) -m len 1:",
+        f"has_timeout req.fhdr({timeout}) -m found",
+        f"good_timeout req.fhdr({timeout}) -m reg {deadline.HTTP_TIMEOUT_PATTERN}",
+        "nr var(txn.nr) -m found",
+        "has_key var(txn.key) -m len 1:",  # an empty key is no key
+        "has_scopes var(txn.scopes) -m found",
+        "may_predict var(txn.scopes) -m reg (^|,)(predict|admin)(,|;)",
+        "has_pool var(txn.pool) -m found",
+        "has_class var(txn.tc) -m found",
+        "over_limit var(txn.over) -m int gt 0",
+        "bearer req.fhdr(authorization) -i -m beg bearer",
+        "x_api_key req.fhdr(x-api-key) -m found",
+    ]
+
+
+def _guarded(action: str, cond: str, guard: str) -> str:
+    """``http-request <action> if <guard> <cond>``: the model rules run for inference
+    requests only (use_backend is decided after every http-request rule)."""
+    action = action.removeprefix("http-request ")
+    return f"  http-request {action} if {guard} {cond}".rstrip()
+

@@ -1,0 +1,168 @@
+"""Issue 36's flood scenarios of ``bench_tenants`` (``--scenarios flood``; pure, no I/O):
+a closed-loop flood of :data:`FLOOD_IN_FLIGHT` requests in flight that retries every
+refusal at once, beside a light tenant paced open loop (critical beside a sheddable
+flood, standard beside a standard one), three standard tenants sharing the flood
+(Jain's index of their goodput) and the flood alone without tenancy (the pool's goodput
+the others compare with); each on the gateway before (its pool queues in Triton) and
+after (in the gateway: ``gateway_queue``). Their phases, goals, rows and table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from loadtests.harness import finite_median, num, table
+from loadtests.tenants_figures import (
+    EXACT,
+    LATENCY_KINDS,
+    LATENCY_MARKS,
+    Measured,
+    figures,
+    ranged,
+)
+from loadtests.tenants_scenarios import (
+    JAIN_GOAL,
+    PACED_SHARE,
+    PACED_STREAMS,
+    Phase,
+    Samples,
+    TenantLoad,
+    fairness_row,
+    verdict,
+    whole,
+)
+
+FLOOD_IN_FLIGHT = 64  # issue 36's noisy neighbour: closed loop, every refusal retried at once
+# issue 36's goals (the flood scenarios, after: the gateway queues)
+FLOOD_SUCCESS_GOAL_PCT, FLOOD_P99_GOALS = 99.5, {"critical": 1.2, "standard": 1.5}
+FLOOD_GOODPUT_GOAL_RATIO = 0.95
+BEFORE, AFTER = "tenants", "queued"  # the gateways: queueing in Triton / in the gateway
+
+
+def flood_phases() -> list[Phase]:
+    """Issue 36's flood (the module docstring), on the gateway before (``tenants``: its
+    pool queues in Triton) and after (``queued``: in the gateway); each alone run right
+    before its mixed one. ``flood-goodput``: the flood alone without tenancy."""
+    light_critical = TenantLoad("light-critical", "critical", PACED_STREAMS, PACED_SHARE)
+    light_standard = TenantLoad("light-standard", "standard", PACED_STREAMS, PACED_SHARE)
+    shed_flood = TenantLoad("flood-sheddable", "sheddable", FLOOD_IN_FLIGHT)
+    std_flood = TenantLoad("flood-standard64", "standard", FLOOD_IN_FLIGHT)
+    thirds = [FLOOD_IN_FLIGHT // 3 + (i < FLOOD_IN_FLIGHT % 3) for i in range(3)]
+    fair = tuple(TenantLoad(f"flood-fair-{chr(ord('a') + i)}", "standard", n)
+                 for i, n in enumerate(thirds))
+    phases = [Phase("flood-goodput", "alone-none", (std_flood,), "none")]
+    for side in (BEFORE, AFTER):
+        tag = "before" if side == BEFORE else "after"
+        phases += [
+            Phase("flood-priority", f"alone-{tag}", (light_critical,), side),
+            Phase("flood-priority", f"mixed-{tag}", (light_critical, shed_flood), side),
+            Phase("flood-standard", f"alone-{tag}", (light_standard,), side),
+            Phase("flood-standard", f"mixed-{tag}", (light_standard, std_flood), side),
+            Phase("flood-fairness", f"mixed-{tag}", fair, side),
+        ]
+    return phases
+
+
+def flood_rows(samples: Samples, model: str, protocol: str) -> list[dict[str, Any]]:
+    """Issue 36's table, one row per flood scenario and gateway (before, after): the
+    light tenant alone and beside the flood, the flood's goodput, the pool's goodput
+    beside the flood over the flood's alone without tenancy, Jain's index."""
+    def runs(scenario: str, phase: str) -> list[dict[str, Measured]]:
+        return samples.get((scenario, phase, model, protocol), [])
+
+    base = [figures(run[t]).admitted_per_s for run in runs("flood-goodput", "alone-none")
+            for t in run]
+    base_goodput = finite_median(base)
+    rows: list[dict[str, Any]] = []
+    for tag in ("before", "after"):
+        for scenario, light, flood in (("flood-priority", "light-critical", "flood-sheddable"),
+                                       ("flood-standard", "light-standard",
+                                        "flood-standard64")):
+            alone, mixed = runs(scenario, f"alone-{tag}"), runs(scenario, f"mixed-{tag}")
+            if not mixed:
+                continue
+            rows.append(flood_row(scenario, tag, model, protocol, light, flood,
+                                  [r[light] for r in alone], mixed, base_goodput))
+        fair = runs("flood-fairness", f"mixed-{tag}")
+        if fair:
+            row = fairness_row(model, protocol, fair)
+            row.update(scenario="flood-fairness", phase=tag, kind="flood",
+                       goal=f"Jain >= {JAIN_GOAL:g}")
+            row["met"] = verdict("fairness", "all", row)
+            rows.append(row)
+    return rows
+
+
+def flood_row(scenario: str, tag: str, model: str, protocol: str, light: str, flood: str,
+              alone: Sequence[Measured], mixed: Sequence[Mapping[str, Measured]],
+              base_goodput: float | None) -> dict[str, Any]:
+    each = [figures(r[light]) for r in mixed]
+    solo = [figures(m) for m in alone]
+    floods = [figures(r[flood]) for r in mixed]
+
+    def ratio(key: str, low_key: str) -> float | None:
+        return finite_median(getattr(f, key) / getattr(a, low_key)
+                             for f, a in zip(each, solo, strict=False)
+                             if getattr(a, low_key) > 0)
+
+    goodput = [whole([f.admitted_per_s, g.admitted_per_s]) for f, g in zip(each, floods,
+                                                                           strict=True)]
+    pool_goodput = finite_median(goodput)
+    row: dict[str, Any] = {
+        "kind": "flood", "scenario": scenario, "phase": tag, "model": model,
+        "protocol": protocol, "tenant": light,
+        "success_alone_pct": finite_median(a.success_pct for a in solo),
+        "success_pct": finite_median(f.success_pct for f in each),
+        "p50_vs_alone_ratio": ratio("p50_ms", "p50_ms"),
+        "p99_vs_alone_ratio": ratio("p99_ms", "p99_low_ms"),
+        "p99_ms": finite_median(f.p99_ms for f in each),
+        "alone_p99_ms": finite_median(a.p99_low_ms for a in solo),
+        "queue_p50_ms": finite_median(f.queue_p50_ms for f in each),
+        "queue_p99_ms": finite_median(f.queue_p99_ms for f in each),
+        "flood_goodput_per_s": finite_median(g.admitted_per_s for g in floods),
+        "pool_goodput_vs_none_ratio": (None if pool_goodput is None or not base_goodput
+                                       else pool_goodput / base_goodput),
+        "flood_refused": finite_median(None if g.refused is None else float(g.refused)
+                                       for g in floods),
+        "latency": max((f.latency for f in each), key=LATENCY_KINDS.index),
+        "rounds": len(mixed),
+    }
+    limit = FLOOD_P99_GOALS["critical" if "critical" in light else "standard"]
+    row["goal"] = (f"success >= {FLOOD_SUCCESS_GOAL_PCT:g}%, p99 <= {limit:g}x alone, "
+                   f"goodput >= {FLOOD_GOODPUT_GOAL_RATIO:g}x none")
+    checks = [(row["success_pct"], lambda v: v >= FLOOD_SUCCESS_GOAL_PCT, "success"),
+              (row["p99_vs_alone_ratio"], lambda v: v <= limit, "p99"),
+              (row["pool_goodput_vs_none_ratio"], lambda v: v >= FLOOD_GOODPUT_GOAL_RATIO,
+               "goodput")]
+    missed = [name for value, ok, name in checks if value is not None and not ok(value)]
+    unknown = [name for value, _, name in checks if value is None]
+    row["met"] = (f"NO ({', '.join(missed)})" if missed else
+                  f"n/a ({', '.join(unknown)} not measured)" if unknown else "yes")
+    return row
+
+
+def flood_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Issue 36's table: before (queued in Triton) and after (in the gateway)."""
+    cells = []
+    for r in rows:
+        if r["scenario"] == "flood-fairness":
+            cells.append((r["scenario"], r["phase"], r["model"], r["protocol"], "3 x standard",
+                          "", "", "", "", "", num(r.get("admitted_per_s"), ".0f"), "",
+                          ranged(r, "jain_index", ".3f"), r.get("met", "")))
+            continue
+        bound = LATENCY_MARKS[r.get("latency", EXACT)]
+        cells.append((
+            r["scenario"], r["phase"], r["model"], r["protocol"], r["tenant"],
+            num(r.get("success_alone_pct"), ".2f"), num(r.get("success_pct"), ".2f"),
+            bound + num(r.get("p50_vs_alone_ratio"), ".2f") + "x",
+            bound + num(r.get("p99_vs_alone_ratio"), ".2f") + "x",
+            f"{num(r.get('queue_p50_ms'), '.1f')}/{num(r.get('queue_p99_ms'), '.1f')}",
+            num(r.get("flood_goodput_per_s"), ".0f"),
+            num(r.get("pool_goodput_vs_none_ratio"), ".3f") + "x", "", r.get("met", "")))
+    return "\n".join([
+        "Issue 36: a closed-loop flood (64 in flight, every refusal retried at once) beside a "
+        f"light tenant paced at {PACED_SHARE:.0%} of Triton's throughput. before: the pool "
+        "queues in Triton; after: in the gateway (gateway_queue).",
+        table(("scenario", "gateway", "model", "protocol", "light tenant", "success alone %",
+               "success with flood %", "p50 vs alone", "p99 vs alone", "queue wait p50/p99 ms",
+               "flood goodput/s", "pool goodput vs no tenancy", "Jain", "met?"), cells)])
