@@ -8,7 +8,8 @@
   many replicas and requests ask) and answers once a member holds it, or with the
   waiting room's own answer (503 + ``Retry-After`` saying why, 404 for a name no pool
   knows); ``wait``: what the request may still wait (absent: the waiting room's
-  ``max_wait_s``);
+  ``max_wait_s``). It answers once the replicas have applied the snapshot that names
+  the holders (``GatewayState.settle``);
 - ``POST /v1/dataplane/report``: what a replica served since its last report, every
   second: user requests per model (the residency's demand and last use:
   ``infergate_replica_requests_total``) and the answers of each version of the models
@@ -60,6 +61,9 @@ def create_dataplane_router(core: Core, auth: TokenTable) -> APIRouter:
     async def miss(model: str, wait: float | None = Query(None, ge=0.0, le=3600.0)
                    ) -> JSONResponse:
         await core.state.wait_resident(model, wait)
+        # answered once the replicas route by a snapshot that names the holders (the
+        # one that asked waits for its own next, which then has them)
+        await core.state.settle()
         return JSONResponse({"model": model, "holders": sorted(core.state.holders(model)
                                                               or ())})
 
