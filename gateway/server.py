@@ -51,7 +51,7 @@ from gateway.control.grpc_app import create_control_grpc_server
 from gateway.control.http_app import create_control_app
 from gateway.control.model_control import ModelControl
 from gateway.control.probes import probe_forever
-from gateway.control.standby import LOST_EXIT, hold, until_leading
+from gateway.control.standby import LOST_EXIT, hold, leader_router, until_leading
 from gateway.core import Core
 from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.haproxy.controller import HAProxyController, default_layout
@@ -188,6 +188,7 @@ async def serve(
                       if settings.scheduler_url else None, warmup.residency)
     control_app = create_control_app(core, control, upstream_http, auth, warmup.lifecycle,
                                      routers=(feed_router(feed, auth),
+                                              leader_router(leadership),
                                               create_dataplane_router(core, auth),
                                               create_console_router(console)),
                                      residency=warmup.residency,

@@ -3,9 +3,9 @@
 A cluster's shape on one machine: PostgreSQL (Debian's, a throwaway cluster), one Triton,
 two control planes (``gateway serve --data-plane none``, the records in PostgreSQL: one
 leads, the other is a standby), a front for them that plays the Kubernetes Service (an
-HAProxy that sends calls to the replica whose ``/v2/health/ready`` answers 200, as a
-readiness probe would), and one data-plane replica (``gateway agent``) following the
-control plane through that front.
+HAProxy that sends calls to the replica whose ``/v1/leader`` answers 200, as the
+readiness probe of ``k8s/base/control-plane.yaml`` does), and one data-plane replica
+(``gateway agent``) following the control plane through that front.
 
 Under way when the leader is killed (SIGKILL): unversioned inference of a model through
 the replica, which is rolling a candidate out at its 50 % step; an upload of another
@@ -54,7 +54,7 @@ def front_config(run: Path, http: int, grpc: int, planes: list[tuple[int, int]])
              "frontend http", f"  bind 127.0.0.1:{http}", "  default_backend http",
              "frontend grpc", f"  bind 127.0.0.1:{grpc} proto h2", "  default_backend grpc"]
     for name, proto in (("http", ""), ("grpc", " proto h2")):
-        lines += [f"backend {name}", "  option httpchk GET /v2/health/ready",
+        lines += [f"backend {name}", "  option httpchk GET /v1/leader",
                   "  http-check expect status 200"]
         for i, (h, g) in enumerate(planes):
             port = h if name == "http" else g
@@ -157,9 +157,8 @@ def measure(work: Path, endpoints: TritonEndpoints, repo: Path, db: str) -> list
         leader.proc.kill()
         leader.proc.wait(10)
         killed = time.monotonic()
-        # the standby's own page goes once it leads (the control plane's apps take over)
-        leads = wait_until(lambda: _status(f"http://{standby.http_url}/v1/leader")
-                           not in (200, None), 30, 0.05)
+        leads = wait_until(lambda: _status(f"http://{standby.http_url}/v1/leader") == 200,
+                           30, 0.05)
         led = time.monotonic() - killed
         serving = wait_until(lambda: _status(f"http://{service.http_url}/v1/models",
                                              reads.headers) == 200, 60, 0.05)

@@ -14,7 +14,7 @@ One Triton serves the tiny model and the decoupled ``stream`` model. For each la
 thread per kind of call loops for the whole run: unary HTTP and gRPC inference; a new
 ``ModelStreamInfer`` stream per call; one stream kept open, asked every 0.2 s; ``generate``;
 a short ``generate_stream``; health (ready), model metadata over HTTP and gRPC; and a call
-of the control plane's own (``GET /v1/models``). Phases: ``--before`` seconds up, the
+of the control plane's own (``GET /metrics``). Phases: ``--before`` seconds up, the
 SIGKILL, ``--outage`` seconds dead, the restart (until it says it serves), ``--after``
 seconds. The table gives each kind's successes and failures in the outage and after the
 restart, and the first failure's message.
@@ -153,7 +153,8 @@ def _calls(door: FrontDoor) -> dict[str, Callable[[], None]]:
         "metadata http": lambda: ok(httpx.get(f"{base}/v2/models/{TINY}", timeout=10)),
         "metadata grpc": lambda: None if grpc.get_model_metadata(
             TINY, client_timeout=10).name == TINY else None,
-        "control call": lambda: ok(httpx.get(f"{base}/v1/models", timeout=10)),
+        # the control plane's own metrics (a call HAProxy sends it whatever is configured)
+        "control call": lambda: ok(httpx.get(f"{base}/metrics", timeout=10)),
     }
 
 

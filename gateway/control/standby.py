@@ -3,10 +3,11 @@
 With ``lifecycle.database_url`` (or ``$INFERGATE_DATABASE_URL``) set, each ``gateway
 serve`` replica stands for election (:class:`~gateway.lifecycle.records.leader.Leadership`,
 a PostgreSQL advisory lock) before it does anything that must happen once. Until it
-leads it is a **standby**: its HTTP port answers liveness (200), readiness (503) and
-every other call with 503 + ``Retry-After`` saying that another replica leads, so a
-Kubernetes readiness probe keeps the Service on the leader, and the data-plane replicas,
-which follow the Service, follow whichever replica leads. Once it wins the lock it starts
+leads it is a **standby**: its HTTP port answers liveness (200), readiness and
+``/v1/leader`` (503) and every other call with 503 + ``Retry-After`` saying that another
+replica leads. A Kubernetes readiness probe on ``/v1/leader`` keeps the Service on the
+leader from the moment it leads, and the data-plane replicas, which follow the Service,
+follow whichever replica leads. Once it wins the lock it starts
 as a single control plane does: recovery first (an interrupted conversion is failed
 with its reason, an interrupted rollout fails safe to stable), then probes, residency,
 rollouts, conversions and the snapshot feed.
@@ -27,7 +28,7 @@ from collections.abc import Callable
 
 import psycopg
 import uvicorn
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from gateway.embedded import EmbeddedServer
@@ -52,8 +53,11 @@ def standby_app(leadership: Leadership) -> FastAPI:
 
     @app.get("/v1/leader")
     async def leader() -> JSONResponse:
+        """503 here: not the leader (the readiness a Service routes the control plane's
+        calls by, so that they reach the leader as soon as it leads)."""
         return JSONResponse({"holder": leadership.holder, "state": leadership.state.value,
-                             "term": leadership.term})
+                             "term": leadership.term}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def elsewhere(request: Request, path: str) -> JSONResponse:
@@ -104,6 +108,27 @@ def _migrated(url: str) -> bool:
     except (Unavailable, psycopg.Error) as exc:
         log.warning("control plane: the records database is not ready: %s", exc)
         return False
+
+
+def leader_router(leadership: Leadership | None) -> APIRouter:
+    """``GET /v1/leader`` on the control plane that runs: 200 (it leads, or it is the only
+    one: no election without PostgreSQL). A standby answers it 503 (:func:`standby_app`),
+    so it is the readiness probe that sends a Service's calls, the data-plane replicas'
+    snapshot polls included, to the leader from its first second, before its preload
+    (``/v2/health/ready`` waits for that, and the replicas must be able to reach the new
+    leader while it runs: its recovery waits for them to route stable)."""
+    router = APIRouter()
+
+    @router.get("/v1/leader")
+    async def leader() -> JSONResponse:
+        if leadership is None:
+            return JSONResponse({"state": "single"})
+        return JSONResponse({"holder": leadership.holder, "state": leadership.state.value,
+                             "term": leadership.term},
+                            status_code=200 if leadership.state is LeaderState.LEADER
+                            else 503)
+
+    return router
 
 
 async def hold(leadership: Leadership, lost: Callable[[str], None]) -> None:

@@ -507,14 +507,15 @@ def test_control_plane_probes_follow_leadership_as_the_standby_answers_them(
 
     for objects in rendered.values():
         c = container(control_plane(objects), "gateway")
-        assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/v1/leader"
         assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     # the real standby (no database is reached: the app only reads the leadership's state)
     standby = TestClient(standby_app(Leadership("postgresql://infergate@127.0.0.1:1/x")))
     assert standby.get("/v2/health/live").status_code == 200  # not restarted
-    ready = standby.get("/v2/health/ready")  # not in the Service
+    ready = standby.get("/v1/leader")  # not in the Service
     assert ready.status_code == 503 and "Retry-After" in ready.headers
-    assert standby.get("/v1/leader").json()["state"] == "follower"
+    assert ready.json()["state"] == "follower"
+    assert standby.get("/v2/health/ready").status_code == 503
 
 
 def test_control_plane_reads_its_database_url_from_the_secret_only(

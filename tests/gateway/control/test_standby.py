@@ -38,7 +38,9 @@ def test_a_standby_leads_and_serves_within_seconds_when_the_leader_is_killed(
         assert refused.status_code == 503 and "standby" in refused.json()["error"]
         assert refused.headers["retry-after"] == "2"
         assert httpx.get(f"{base}/v2/health/ready").status_code == 503
-        assert httpx.get(f"{base}/v1/leader").json()["state"] == "follower"
+        standing = httpx.get(f"{base}/v1/leader")  # the readiness a Service routes by
+        assert standing.status_code == 503 and standing.json()["state"] == "follower"
+        assert httpx.get(f"http://{leader.http_url}/v1/leader").json()["state"] == "leader"
 
         leader.proc.send_signal(signal.SIGKILL)
         leader.proc.wait(10)
@@ -54,3 +56,6 @@ def test_a_standby_leads_and_serves_within_seconds_when_the_leader_is_killed(
         took = time.monotonic() - killed
         print(f"\nthe standby served the lifecycle API {took:.1f} s after the leader died")
         assert "leads, term 2" in standby.log.read_text()
+        assert httpx.get(f"{base}/v1/leader").json() == {
+            "holder": httpx.get(f"{base}/v1/leader").json()["holder"], "state": "leader",
+            "term": 2}
