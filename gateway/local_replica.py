@@ -27,6 +27,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -141,6 +142,11 @@ class LocalReplica:
                                            stdin=subprocess.DEVNULL, start_new_session=True)
         self.pid = self._child.pid
         (self.run_dir / PID_FILE).write_text(str(self.pid))
+
+    @property
+    def agent_id(self) -> str | None:
+        """Its name to the snapshot feed (``AgentSettings.agent_id``'s default)."""
+        return None if self.pid is None else f"{socket.gethostname()}-{self.pid}"
 
     def alive(self) -> bool:
         if self._child is not None:

@@ -283,6 +283,8 @@ async def serve(
             await asyncio.to_thread(haproxy.stop, CLOSE_S)
         if replica is not None:
             await asyncio.to_thread(replica.wait_stopped)
+            if replica.agent_id is not None:  # stopped for good: the next start
+                feed.forget(replica.agent_id)  # does not wait for it
         if haproxy is not None and (
                 settings.haproxy_run_dir is None or
                 haproxy.layout.run_dir != settings.haproxy_run_dir.resolve()):  # default

@@ -91,6 +91,13 @@ class SnapshotFeed:
         if new or now - self._written >= SAVE_EVERY_S:
             self._save(now)
 
+    def forget(self, agent: str) -> None:
+        """``agent`` stopped for good (a graceful stop): not waited for, nor expected back
+        by the next start."""
+        self.agents.pop(agent, None)
+        self._polled.pop(agent, None)
+        self._save(self.wall_clock())
+
     @contextlib.contextmanager
     def polling(self, agent: str, have: str) -> Iterator[None]:
         """One long poll of ``agent``: seen at its start and at its end, and live all

@@ -25,6 +25,7 @@ from gateway.auth import Scope, token_digest
 from gateway.core import Core
 from gateway.errors import ModelNotFound, Unauthorized, Unavailable
 from gateway.haproxy.snapshot import MemberState, PoolState, RouteState, Snapshot, server_name
+from gateway.policy import readiness
 from gateway.policy.rollout import Split
 from gateway.replica import ControlPlaneMisses, apply_snapshot, snapshot_tokens
 from infergate.processes import FrontDoor, GatewayProcess, run_agent
@@ -77,6 +78,17 @@ def test_apply_snapshot_routes_as_the_control_plane_decided() -> None:
     apply_snapshot(state, _snapshot(RouteState("m", (("p", 1.0),), 24,
                                                holders=(("p", (A_NAME,)),))), second)
     assert state.split_of("m") is None and state.shadow_of("m") is None
+
+
+def test_replica_is_ready_only_once_no_model_is_preloading_at_start_up() -> None:
+    state = _core().state
+    preloading = RouteState("m", (("p", 1.0),), 24, not_ready=readiness.PRELOADING,
+                            holders=(("p", (A_NAME,)),))
+    apply_snapshot(state, _snapshot(preloading))
+    assert not state.ready()  # as the control plane: its preload is not over
+    loaded = RouteState("m", (("p", 1.0),), 24, holders=(("p", (A_NAME,)),))
+    apply_snapshot(state, _snapshot(loaded))
+    assert state.ready()
 
 
 def test_snapshot_tokens_check_presented_tokens_by_digest() -> None:
