@@ -91,6 +91,12 @@ def serve_command(
     haproxy_external: bool = typer.Option(
         False, help="HAProxy runs elsewhere on --haproxy-run-dir (its own container): "
                     "write its files and reload it through its master socket."),
+    replica_process: bool = typer.Option(
+        True, help="With the HAProxy data plane, run the data-plane replica (streams, "
+                   "generate, misses, health, metadata) in a process of its own that "
+                   "outlives a crash of this one (default); --no-replica-process: inside "
+                   "this process, one process fewer (a crash then takes those calls with "
+                   "it)."),
     grpc_upstream_reuse: GrpcReuse = typer.Option(GrpcReuse.AUTO, help=GRPC_REUSE_HELP),
     haproxy_tune: Annotated[list[str], typer.Option(help=HAPROXY_TUNE_HELP)] = [],  # noqa: B006
     tokens: Annotated[Path | None, typer.Option(
@@ -126,7 +132,7 @@ def serve_command(
         haproxy_run_dir=haproxy_run_dir,
         haproxy_external=haproxy_external,
         haproxy_detached=True,
-        local_replica=True,
+        local_replica=replica_process,
         grpc_upstream_reuse=grpc_upstream_reuse,
         haproxy_tune=_tune(haproxy_tune),
         scheduler_url=scheduler_url,

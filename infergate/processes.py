@@ -22,6 +22,9 @@ from infergate.triton.local import TritonEndpoints, free_port
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 90.0
 STARTED_LINE = "infergate gateway ("  # what gateway.server logs once it serves
+# run_gateway's default for ``replica``: the layout `gateway serve` runs (the test suite
+# sets it False for the gateways that test everything else: one process fewer to start)
+REPLICA_PROCESS = True
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
@@ -99,12 +102,15 @@ LOG_LEVEL = os.environ.get("INFERGATE_TEST_LOG_LEVEL", "warning")
 def run_gateway(pools_file: Path, log_dir: Path, *args: str,
                 data_plane: str | None = None,
                 ports: tuple[int, int] | None = None,
-                until: str = "ready", source: Path | None = None) -> Iterator[GatewayProcess]:
+                until: str = "ready", source: Path | None = None,
+                replica: bool | None = None) -> Iterator[GatewayProcess]:
     """``data_plane``: ``haproxy``, ``python`` or ``none`` (None: the gateway's default,
     auto); ``ports``: (HTTP, gRPC), default free ones; ``until``: the health endpoint to
     wait for, ``ready`` (the process's own start: not a data plane a previous one left
     serving the ports) or ``live`` (a gateway whose preloading cannot finish, a
-    standby control plane); ``source``:
+    standby control plane); ``replica``: with HAProxy, the data-plane replica in a
+    process of its own (``gateway serve``'s default) or inside the gateway's
+    (``--no-replica-process``); None: :data:`REPLICA_PROCESS`; ``source``:
     the checkout whose gateway runs (another commit's, for a benchmark of before and
     after in one run; default this one)."""
     http_port, grpc_port = ports or (free_port(), free_port())
@@ -112,6 +118,8 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
     pools_file, log_dir = pools_file.resolve(), log_dir.resolve()
     if data_plane is not None:
         args = ("--data-plane", data_plane, *args)
+    if not (REPLICA_PROCESS if replica is None else replica):
+        args = ("--no-replica-process", *args)
     # HAProxy's files beside the log, so that a leftover process is traceable to its test
     args = ("--haproxy-run-dir", str(log_dir / f"haproxy-{http_port}"), *args)
     log = log_dir / f"gateway-{http_port}.log"

@@ -14,6 +14,7 @@ import pytest
 from converters.decoupled import DECOUPLED_MODEL_NAME, build_decoupled_model
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model
 from converters.tiny import TINY_MODEL_NAME, build_tiny_model
+from infergate import processes
 from infergate.postgres import MISSING, LocalPostgres, find_postgres_bin
 from infergate.triton.local import LocalTriton, TritonSettings
 from tests.procs import (
@@ -24,6 +25,13 @@ from tests.procs import (
     run_gateway,
     triton_processes,
 )
+
+# The gateways tests start run `gateway serve --data-plane haproxy` without its separate
+# replica process (--no-replica-process: one process fewer to start, the suite's budget),
+# except where the layout itself is under test: the session's gateway (the protocol,
+# parity, error and stream suites run against it), the crash, adoption and shutdown tests
+# (replica=True).
+processes.REPLICA_PROCESS = False
 
 RUNTIME_ENV = ROOT / ".venv-triton"
 
@@ -74,7 +82,7 @@ def gateway(
     assert triton.endpoints is not None
     tmp = tmp_path_factory.mktemp(f"gateway-{request.param}")
     pools = pools_yaml(tmp / "pools.yaml", {"local": [triton.endpoints]})
-    with run_gateway(pools, tmp, data_plane=request.param) as proc:
+    with run_gateway(pools, tmp, data_plane=request.param, replica=True) as proc:
         yield proc
 
 

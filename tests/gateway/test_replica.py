@@ -21,6 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from converters.decoupled import DECOUPLED_MODEL_NAME as DECOUPLED
+from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from gateway.auth import Scope, token_digest
 from gateway.core import Core
 from gateway.errors import ModelNotFound, Unauthorized, Unavailable
@@ -173,10 +174,24 @@ def _layout(kind: str, pools: Path, tmp_path: Path
             yield agent, lambda: _crash(control)
         return
     ports = (free_port(), free_port())
-    with run_gateway(pools, tmp_path, data_plane="haproxy", ports=ports) as gateway:
+    with run_gateway(pools, tmp_path, data_plane="haproxy", ports=ports,
+                     replica=True) as gateway:
         yield gateway, lambda: _crash(gateway)
-    with run_gateway(pools, tmp_path, data_plane="haproxy", ports=ports) as again:
-        assert "adopting the running data-plane replica" in again.log.read_text()
+    with run_gateway(pools, tmp_path, data_plane="haproxy", ports=ports,
+                     replica=True) as again:
+        adopted = again.log.read_text()  # HAProxy (same master) and the replica
+        assert "adopting the running master" in adopted
+        assert "adopting the running data-plane replica" in adopted
+        assert _infer(again.http_url) == 200
+    # (the session's check finds no HAProxy or replica left: the graceful stop ended them)
+
+
+def _infer(http_url: str) -> int:
+    """A unary inference of the tiny model (HAProxy carries it straight to Triton)."""
+    return httpx.post(f"http://{http_url}/v2/models/{TINY_MODEL_NAME}/infer", timeout=30,
+                      json={"inputs": [{"name": "x", "shape": [1, TINY_WIDTH],
+                                        "datatype": "FP32", "data": [1.0] * TINY_WIDTH}]}
+                      ).status_code
 
 
 def _crash(gateway: GatewayProcess) -> None:
@@ -228,6 +243,7 @@ def test_replica_serves_every_kind_of_call_through_a_control_plane_crash(
         assert client.is_server_ready() and client.is_model_ready(DECOUPLED)
         assert client.get_model_metadata(DECOUPLED).name == DECOUPLED
         client.close()
+        assert _infer(door.http_url) == 200  # unary inference: HAProxy's own
         started = time.monotonic()
         down = httpx.get(f"http://{door.http_url}/v1/models", timeout=10)
         assert down.status_code == 503 and "control plane" in down.text

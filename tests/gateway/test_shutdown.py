@@ -100,7 +100,7 @@ def test_serve_exits_within_drain_timeout_and_ends_streams_retryably_when_sigter
     pools = pools_yaml(tmp_path / "pools.yaml", {"local": [stream_triton.endpoints]})
     sse, stream = Seen(), Seen()
     with run_gateway(pools, tmp_path, "--drain-timeout", str(DRAIN_S),
-                     data_plane=data_plane) as gw:
+                     data_plane=data_plane, replica=True) as gw:
         clients = [threading.Thread(target=_generate_stream, args=(gw.http_url, sse)),
                    threading.Thread(target=_model_stream_infer, args=(gw.grpc_url, stream))]
         for client in clients:
