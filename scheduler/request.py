@@ -12,7 +12,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from scheduler.errors import InputProblem, InvalidPlanningInput
-from scheduler.inventory import Fleet, Frozen, GpuSpec
+from scheduler.inventory import Fleet, Frozen, GpuSpec, NodeSpec
 from scheduler.pools import PoolSpec
 from scheduler.profiles import GPU_TYPES, PROFILES, gpu_type
 from scheduler.working_set import with_report
@@ -66,7 +66,7 @@ class PlanningRequest(Frozen):
         )
 
 
-def _gpu_problems(gpu: GpuSpec, loc: Loc) -> Iterator[InputProblem]:
+def _gpu_problems(gpu: GpuSpec, node: NodeSpec, loc: Loc) -> Iterator[InputProblem]:
     kind = GPU_TYPES[gpu.type]
     if gpu.mig is not None and not kind.mig_capable and (gpu.mig.enabled or gpu.mig.instances):
         yield InputProblem((*loc, "mig"), f"{gpu.type} is not MIG-capable")
@@ -105,6 +105,12 @@ def _gpu_problems(gpu: GpuSpec, loc: Loc) -> Iterator[InputProblem]:
             yield InputProblem(
                 where, f"more than {profile.max_per_gpu} x {kind.profile_name(pid)} on one GPU"
             )
+    if counts.get(5) and counts.get(9) and not node.allows_4g_with_3g:  # mig.md
+        yield InputProblem(
+            (*loc, "mig", "instances"),
+            f"{kind.profile_name(5)} beside {kind.profile_name(9)} needs driver R510+ "
+            f"(node has {node.driver_version}): no such layout can exist on it",
+        )
 
 
 def _fleet_problems(fleet: Fleet) -> Iterator[InputProblem]:
@@ -119,7 +125,7 @@ def _fleet_problems(fleet: Fleet) -> Iterator[InputProblem]:
             if gpu.index in seen_gpus:
                 yield InputProblem((*loc, "gpus", j, "index"), f"duplicate GPU index {gpu.index}")
             seen_gpus.add(gpu.index)
-            yield from _gpu_problems(gpu, (*loc, "gpus", j))
+            yield from _gpu_problems(gpu, node, (*loc, "gpus", j))
 
 
 def _pool_problems(pools: tuple[PoolSpec, ...]) -> Iterator[InputProblem]:

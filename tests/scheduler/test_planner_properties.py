@@ -22,7 +22,9 @@ from scheduler.validator import validate_plan
 
 MIG_TYPES = ["A100-40GB", "A100-80GB", "H100-80GB"]
 POOL_NAMES = [f"p{i}" for i in range(8)]
-LAYOUTS = layout_table(True).layouts
+# a node's current layouts are ones its driver can make: no 4g beside 3g before R510
+DRIVERS = {"550.54.15": True, "470.82.01": False}  # version: allows 4g with 3g
+LAYOUTS = {allows: layout_table(allows).layouts for allows in (True, False)}
 PROPERTY = settings(
     max_examples=25,
     deadline=None,
@@ -32,12 +34,13 @@ PROPERTY = settings(
 
 
 @st.composite
-def gpus(draw: st.DrawFn, index: int) -> dict[str, Any]:
+def gpus(draw: st.DrawFn, index: int, allows_4g_with_3g: bool) -> dict[str, Any]:
     kind = draw(st.sampled_from([*MIG_TYPES, "T4"]))
     if kind == "T4":
         owner = draw(st.sampled_from([None, *POOL_NAMES[:3]]))
         return {"index": index, "type": kind, "pool": owner}
-    layout = draw(st.sampled_from(LAYOUTS)) if draw(st.booleans()) else None
+    layouts = LAYOUTS[allows_4g_with_3g]
+    layout = draw(st.sampled_from(layouts)) if draw(st.booleans()) else None
     if layout is None:
         return {"index": index, "type": kind}
     instances = [
@@ -52,11 +55,12 @@ def fleets(draw: st.DrawFn) -> dict[str, Any]:
     nodes = []
     for n in range(draw(st.integers(1, 3))):
         count = draw(st.integers(1, 3))
+        driver = draw(st.sampled_from(sorted(DRIVERS)))
         node: dict[str, Any] = {
             "name": f"node-{n}",
             "labels": {"zone": draw(st.sampled_from(["a", "b"]))},
-            "gpus": [draw(gpus(i)) for i in range(count)],
-            "driver_version": draw(st.sampled_from(["550.54.15", "470.82.01"])),
+            "gpus": [draw(gpus(i, DRIVERS[driver])) for i in range(count)],
+            "driver_version": driver,
         }
         if draw(st.integers(0, 4)) == 0:
             node["taints"] = [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]

@@ -4,7 +4,7 @@ import pytest
 
 from scheduler.errors import InvalidPlanningInput
 from scheduler.request import load_request, parse_request
-from tests.scheduler.builders import EXAMPLES, gpu, node, pool
+from tests.scheduler.builders import EXAMPLES, Slot, gpu, node, pool
 
 
 def problems_for(nodes: list[dict], pools: list[dict]) -> list[tuple[tuple, str]]:
@@ -30,6 +30,20 @@ def test_parse_request_flags_overlap_when_instances_share_slots() -> None:
     found = problems_for([node("n", [gpu(0, layout=[(14, 2, None), (19, 3, None)])])], [])
     assert found[0][0] == ("fleet", "nodes", 0, "gpus", 0, "mig", "instances", 1)
     assert "overlaps" in found[0][1]
+
+
+def test_parse_request_rejects_4g_beside_3g_when_driver_is_older_than_r510() -> None:
+    """No pre-R510 driver can make this layout (k8s inventory refuses its counts too);
+    taken as is, the planner kept it and then rejected its own plan (found by
+    test_planner_properties)."""
+    mix: list[Slot] = [(5, 0, None), (9, 4, None)]
+    found = problems_for(
+        [node("n", [gpu(0, kind="A100-40GB", layout=mix)], driver_version="470.82.01")], []
+    )
+    assert found == [(("fleet", "nodes", 0, "gpus", 0, "mig", "instances"), found[0][1])]
+    assert "R510" in found[0][1] and "470.82.01" in found[0][1]
+    newer = node("n", [gpu(0, kind="A100-40GB", layout=mix)], driver_version="550.54.15")
+    parse_request({"fleet": {"nodes": [newer]}, "pools": []})
 
 
 def test_parse_request_names_profile_when_unknown_on_type() -> None:
