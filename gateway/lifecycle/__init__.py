@@ -22,7 +22,8 @@
   (:mod:`.warmup.deploy`), what is preloaded and kept warm (:mod:`.warmup.plan`),
   start-up preloading, the readiness gate (:mod:`.warmup.preload`), synthetic requests
   to idle models (:mod:`.warmup.keepwarm`), progressive delivery's driver
-  (:mod:`.warmup.rollout`).
+  (:mod:`.warmup.rollout`), the stages that judge its candidate
+  (:mod:`.warmup.rollout_stages`) and the sample they replay (:mod:`.warmup.rollout_replay`).
 
 API tokens are :mod:`gateway.auth`; the Triton calls all of the above make on one member
 are :mod:`gateway.upstream.triton`.
