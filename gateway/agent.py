@@ -52,6 +52,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.config import GatewayConfig
 from gateway.embedded import EmbeddedServer
+from gateway.haproxy.drain import BUSY_POLL_S, LeftHoldings, Pair, encode_busy
 from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.snapshot import (
@@ -59,6 +60,8 @@ from gateway.haproxy.snapshot import (
     Layout,
     Snapshot,
     fail_safe,
+    residency_suffix,
+    server_name,
     snapshot_from_dict,
     snapshot_to_dict,
     snapshot_version,
@@ -132,6 +135,9 @@ class Agent:
         # (the control plane's clock, ours) at its last snapshot: the leases' clock
         self._control_clock: tuple[float, float] | None = None
         self.routed_version = ""  # what HAProxy and the forwarder route by (fail_safe)
+        # holdings routed before and not now, until this replica's requests there end:
+        # each poll says them, an eviction waits for them (gateway/haproxy/drain.py)
+        self.left = LeftHoldings()
         # HAProxy's answers per version of the models under rollout (its log lines): the
         # report carries them to the control plane's verdicts, beside the forwarder's
         self.tally = VersionTally()
@@ -157,11 +163,14 @@ class Agent:
         return self.settings.state_dir / "snapshot.json"
 
     # -- the control plane -------------------------------------------------------------
-    async def fetch(self, client: httpx.AsyncClient, wait_s: float) -> Snapshot | None:
-        """The next snapshot (None: unchanged after ``wait_s``); raises httpx errors."""
+    async def fetch(self, client: httpx.AsyncClient, wait_s: float,
+                    busy: dict[Pair, int] | None = None) -> Snapshot | None:
+        """The next snapshot (None: unchanged after ``wait_s``); raises httpx errors.
+        ``busy``: this replica's requests at holdings it no longer routes."""
         resp = await client.get(
             f"http://{self.settings.control_http}/v1/dataplane/snapshot",
-            params={"have": self.version, "agent": self.settings.agent_id, "wait": wait_s},
+            params={"have": self.version, "agent": self.settings.agent_id, "wait": wait_s,
+                    "busy": encode_busy(busy or {})},
             headers=self._auth_headers(), timeout=wait_s + 10,
         )
         self.control_plane_seen_at = time.time()
@@ -233,8 +242,10 @@ class Agent:
 
     async def _follow(self, client: httpx.AsyncClient) -> None:
         while True:
+            busy = await self.busy()
             try:
-                snapshot = await self.fetch(client, self.settings.wait_s)
+                snapshot = await self.fetch(
+                    client, BUSY_POLL_S if busy else self.settings.wait_s, busy)
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 log.warning("agent: control plane unreachable (%s); routing on snapshot %s",
                             exc, self.version)
@@ -242,6 +253,30 @@ class Agent:
                 continue
             if snapshot is not None:
                 await self._apply(snapshot)
+
+    async def busy(self) -> dict[Pair, int]:
+        """This replica's requests still in flight at holdings it no longer routes: its
+        forwarder's, and its HAProxy's (their residency backends' servers)."""
+        if not self.left.pending:
+            return {}
+        at_server: dict[tuple[str, str, str], int] = {}
+        if self.proxy is not None:
+            try:
+                at_server = read_haproxy(await self.proxy.api.aquery("show stat"), "",
+                                         False).at_model_server
+            except OSError as exc:  # counted as busy until HAProxy answers
+                log.warning("agent: HAProxy stats unavailable: %s", exc)
+                return self.left.busy(lambda pair: 1)
+        members = {} if self.replica is None else {
+            (m.pool, server_name(m.key)): m for m in self.replica.core.state.members()}
+
+        def in_flight(pair: Pair) -> int:
+            model, pool, server = pair
+            member = members.get((pool, server))
+            here = 0 if member is None else member.model_in_flight.get(model, 0)
+            return here + at_server.get((pool, residency_suffix(model), server), 0)
+
+        return self.left.busy(in_flight)
 
     async def _observe(self) -> None:
         """This replica's share of each pool's load, every second: requests HAProxy has
@@ -320,6 +355,7 @@ class Agent:
                 log.exception("agent: HAProxy refused snapshot %s", snapshot_version(snapshot))
                 await asyncio.sleep(self.settings.retry_s)
                 return
+        self.left.applied(routed)
         await asyncio.to_thread(self._save, snapshot)
         self.version = snapshot_version(snapshot)  # what the feed sent: what we report
         self.routed_version = snapshot_version(routed)
@@ -435,6 +471,7 @@ class Agent:
             self.received = snapshot
             routed = self._routed(snapshot)
             self.replica.follow(routed)
+            self.left.applied(routed)
             if self.proxy is not None:
                 self._receiver.start()
                 await asyncio.to_thread(self.proxy.start, self._localized(routed))

@@ -182,6 +182,7 @@ async def serve(
     warmup = build_warmup(config, core, admin, fence=leadership)
     feed = SnapshotFeed(core, auth)  # for data-plane replicas elsewhere (agents)
     core.state.follow(feed.settle)
+    core.state.count_in_flight(feed.in_flight_at)  # theirs: an eviction waits for them
     history = TrafficHistory(core.metrics.registry)
     console = Console(core, auth, history, Sessions(), warmup.lifecycle,
                       SchedulerPlans(settings.scheduler_url, admin_client)

@@ -349,7 +349,8 @@ class GatewayState:
 
     def count_in_flight(self, reader: InFlightReader) -> None:
         """``reader`` says how many requests of a model a data plane has at a member
-        (HAProxy's; the Python forwarder's are counted on the member itself)."""
+        (HAProxy's; the replicas' that run elsewhere, from the snapshot feed; the
+        Python forwarder's in this process are counted on the member itself)."""
         self._in_flight_readers.append(reader)
 
     async def in_flight_at(self, model: str, member: PoolMember) -> int:

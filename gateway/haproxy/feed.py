@@ -4,7 +4,9 @@ elsewhere (Kubernetes: the data-plane Deployment, each pod HAProxy + an agent).
 Replicas long-poll ``GET /v1/dataplane/snapshot?have=<version>&agent=<id>``: the answer
 comes as soon as the snapshot differs from ``have`` (or after ``wait`` seconds with
 304). Each poll also says which version that replica has applied, so a lifecycle step
-can wait (bounded) until every live replica routes by what it just changed.
+can wait (bounded) until every live replica routes by what it just changed, and
+(``busy``) its requests still in flight at holdings that version no longer routes, which
+an eviction waits for before it unloads (``gateway/haproxy/drain.py``).
 
 The answer (200) is ``{"version", "snapshot", "now"}``: ``now`` is the control plane's
 clock when it answered, epoch seconds, the clock a rollout's lease is written in
@@ -32,6 +34,7 @@ import json
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +45,16 @@ from fastapi.responses import JSONResponse
 from gateway.auth import Scope, TokenTable
 from gateway.control.lifecycle_http import requires
 from gateway.core import Core
+from gateway.errors import InvalidInput
 from gateway.haproxy.controller import snapshot_of
-from gateway.haproxy.snapshot import Snapshot, snapshot_to_dict, snapshot_version
+from gateway.haproxy.drain import Pair, decode_busy, held_pairs
+from gateway.haproxy.snapshot import (
+    Snapshot,
+    server_name,
+    snapshot_to_dict,
+    snapshot_version,
+)
+from gateway.pools import PoolMember
 
 log = logging.getLogger(__name__)
 POLL_S = 0.1
@@ -52,6 +63,7 @@ LIVE_AGENT_S = 10.0  # a replica that polled within this long (or polls now) cou
 AGENTS_FILE = "dataplane-agents.json"  # in the lifecycle's state folder
 SAVE_EVERY_S = 5.0  # the replicas' last polls are written at most this often (and new ones)
 MAX_AGENTS = 1000
+VERSIONS_KEPT = 64  # the holdings of the versions served last, to read ``busy`` against
 
 
 @dataclass
@@ -68,6 +80,10 @@ class SnapshotFeed:
     _polling: dict[str, int] = field(default_factory=dict, init=False)  # open long polls
     _polled: dict[str, float] = field(default_factory=dict, init=False)  # id -> wall time
     _written: float = field(default=float("-inf"), init=False)
+    # id -> its requests at holdings its version no longer routes, as it last said
+    _busy: dict[str, dict[Pair, int]] = field(default_factory=dict, init=False)
+    # version -> the holdings it routes, for the versions served last
+    _held: OrderedDict[str, frozenset[Pair]] = field(default_factory=OrderedDict, init=False)
 
     def __post_init__(self) -> None:
         lifecycle = self.core.state.config.lifecycle
@@ -79,15 +95,22 @@ class SnapshotFeed:
         snapshot = snapshot_of(self.core.state, self.auth, self.core.clock())
         return snapshot_version(snapshot), snapshot
 
-    def saw(self, agent: str, have: str) -> None:
-        """``agent`` polled, having applied version ``have``."""
+    def saw(self, agent: str, have: str, busy: dict[Pair, int] | None = None) -> None:
+        """``agent`` polled, having applied version ``have`` (``busy``: its requests at
+        holdings ``have`` does not route; None: as it said last)."""
         new = agent not in self.agents
         self.agents[agent] = (have, self.clock())
+        if busy is not None:
+            if busy:
+                self._busy[agent] = busy
+            else:
+                self._busy.pop(agent, None)
         self._polled[agent] = now = self.wall_clock()
         if len(self.agents) > MAX_AGENTS:  # bounded: forget the longest silent
             oldest = min(self.agents, key=lambda a: self.agents[a][1])
             del self.agents[oldest]
             self._polled.pop(oldest, None)
+            self._busy.pop(oldest, None)
         if new or now - self._written >= SAVE_EVERY_S:
             self._save(now)
 
@@ -96,13 +119,15 @@ class SnapshotFeed:
         by the next start."""
         self.agents.pop(agent, None)
         self._polled.pop(agent, None)
+        self._busy.pop(agent, None)
         self._save(self.wall_clock())
 
     @contextlib.contextmanager
-    def polling(self, agent: str, have: str) -> Iterator[None]:
+    def polling(self, agent: str, have: str,
+                busy: dict[Pair, int] | None = None) -> Iterator[None]:
         """One long poll of ``agent``: seen at its start and at its end, and live all
         along (a replica waits up to MAX_WAIT_S in a poll, longer than LIVE_AGENT_S)."""
-        self.saw(agent, have)
+        self.saw(agent, have, busy)
         self._polling[agent] = self._polling.get(agent, 0) + 1
         try:
             yield
@@ -120,6 +145,7 @@ class SnapshotFeed:
         while True:
             version, snapshot = self.current()
             if version != have:
+                self._served(version, snapshot)
                 return version, snapshot
             if self.clock() >= deadline:
                 return None
@@ -139,6 +165,29 @@ class SnapshotFeed:
                             self.settle_timeout_s)
                 return
             await asyncio.sleep(POLL_S)
+
+    def _served(self, version: str, snapshot: Snapshot) -> None:
+        self._held[version] = held_pairs(snapshot)
+        self._held.move_to_end(version)
+        while len(self._held) > VERSIONS_KEPT:
+            self._held.popitem(last=False)
+
+    async def in_flight_at(self, model: str, member: PoolMember) -> int:
+        """Requests of ``model`` the live replicas may have at ``member``: what each
+        said (``busy``) once the version it applied no longer routes the holding; 1 for
+        a replica that still routes it, or whose version is not known here (it has not
+        applied the change yet: its count is not known)."""
+        pair = (model, member.pool, server_name(member.key))
+        now, total = self.clock(), 0
+        for agent, (have, seen) in self.agents.items():
+            if agent not in self._polling and now - seen > LIVE_AGENT_S:
+                continue  # gone: its requests went with it
+            held = self._held.get(have)
+            if held is None or pair in held:
+                total += 1
+            else:
+                total += self._busy.get(agent, {}).get(pair, 0)
+        return total
 
     def behind(self) -> list[str]:
         """The live replicas that have not applied the current snapshot."""
@@ -201,11 +250,18 @@ def feed_router(feed: SnapshotFeed, auth: TokenTable) -> APIRouter:
 
     @router.get("/v1/dataplane/snapshot", dependencies=[Depends(requires(auth, Scope.ADMIN))])
     async def snapshot(have: str = "", agent: str = "",
-                       wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S)) -> Response:
+                       wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S),
+                       busy: str = Query("", max_length=64 * 1024)) -> Response:
         """The data-plane snapshot (versioned by content); long-polls up to ``wait``
-        seconds for one newer than ``have``. ``now``: the control plane's clock when it
-        answered (epoch seconds), for the replica to age rollout leases in."""
-        with feed.polling(agent[:128], have) if agent else contextlib.nullcontext():
+        seconds for one newer than ``have``. ``busy``: the replica's requests still in
+        flight at holdings ``have`` no longer routes (``gateway/haproxy/drain.py``).
+        ``now``: the control plane's clock when it answered (epoch seconds), for the
+        replica to age rollout leases in."""
+        try:
+            said = decode_busy(busy)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        with feed.polling(agent[:128], have, said) if agent else contextlib.nullcontext():
             found = await feed.next_after(have, wait)
         if found is None:
             return Response(status_code=304)

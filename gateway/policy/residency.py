@@ -2,7 +2,7 @@
 member (issues 29 and 34). Pure: the control plane (:mod:`gateway.residency`) builds a
 :class:`ResidencyView` once per round and carries out the :class:`Plan` that
 :func:`plan` returns; a request for a model that no available member holds (a miss)
-asks :func:`place_miss` where to load it right away.
+asks :func:`gateway.policy.residency_misses.place_miss` where to load it right away.
 
 **Replicas wanted** (:func:`wanted_replicas`): ``max(min_replicas, ceil(demand_rps /
 (rps_per_replica * replica_lead)))`` (the next replica loads at 90 % of what the others
@@ -66,14 +66,16 @@ longest unused, then by name. To make room for
   at equal demand, used longer ago), so two models of about the same demand do not take
   turns; a further replica (the second, third...) never takes another model's last one:
   having every demanded model somewhere comes before more copies of one;
-- a miss (:func:`place_miss`), into the probation segment: probation models first
-  (young ones only when the miss starves), then models colder than the missed one
-  (lower demand per byte, then used longer ago; the missed model counts as at least
-  :data:`MISS_FLOOR_RPS`), then, while the main segment is over its share and the
+- a miss (:mod:`gateway.policy.residency_misses`), into the probation segment:
+  probation models first (young ones only when the miss starves, or when its first
+  request fails otherwise and they are little used), then models colder than the missed
+  one (lower demand per byte, then used longer ago, and less demand: a small cold model
+  never evicts a large hot one for the room it needs; the missed model counts as at
+  least ``MISS_FLOOR_RPS``), then, while the main segment is over its share and the
   probation share left takes the missed model, the coldest main models whatever their
   heat. Not ``strict`` (the control plane asks so only for a model larger than every
-  member's probation share, :func:`fits_probation`, which nothing else could serve):
-  any of them, coldest first.
+  member's probation share, which nothing else could serve): any of them, coldest
+  first.
 
 **Budget**: what a member holds after a plan (held and draining, less the plan's
 evictions, plus its loads) never exceeds its budget when it did not before; a model
@@ -86,13 +88,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 # a replica is dropped only when demand is below this share of what the rest carry, and a
 # model evicts another for demand only when that one's demand is at most this share of its
 HYSTERESIS = 0.7
-# a missed model counts as at least this hot (a request waits for it: one a minute)
-MISS_FLOOR_RPS = 1 / 60
 # a model's next replica is wanted once its demand passes this share of what its replicas
 # carry: it loads while they still keep up, before requests queue behind them
 REPLICA_LEAD = 0.9
@@ -140,7 +140,7 @@ class MemberView:
     draining: frozenset[str] = frozenset()  # being evicted: still counted in use
     # queued, loading or warming there: counted in use, never evicted, never loaded again
     pending: frozenset[str] = frozenset()
-    # loaded for a miss and not promoted: the first a miss evicts (see place_miss)
+    # loaded for a miss and not promoted: the first a miss evicts (residency_misses)
     probation: frozenset[str] = frozenset()
     # pending model -> when it is expected resident (the measured load times): when its
     # room may be had again (miss_room_at); a pending model without one frees none
@@ -231,11 +231,12 @@ def _used(member: MemberView, footprints: Mapping[str, int]) -> int:
                for name in set(member.held) | member.draining | member.pending)
 
 
-_Eligible = Callable[[str], bool]
+Eligible = Callable[[str], bool]
 
 
-class _Board:
-    """The available members as the plan leaves them, updated move by move."""
+class Board:
+    """The available members as the plan leaves them, updated move by move (the plan's,
+    and a miss's placement: :mod:`gateway.policy.residency_misses`)."""
 
     def __init__(self, view: ResidencyView, knobs: ResidencyKnobs,
                  young_probation: bool = False) -> None:
@@ -340,7 +341,7 @@ class _Board:
             out.append(key)
         return sorted(out, key=lambda k: (-self.free(k), k))
 
-    def room(self, key: str, missing: int, eligible: _Eligible,
+    def room(self, key: str, missing: int, eligible: Eligible,
              order: Callable[[str], tuple[object, ...]] | None = None) -> list[str] | None:
         """The coldest eligible models of a member that free ``missing`` bytes, no more
         of them than needed ([] when nothing is missing); None: they cannot.
@@ -363,7 +364,7 @@ class _Board:
                 freed -= self.footprint(name)
         return chosen
 
-    def place(self, name: str, reason: str, eligible: _Eligible) -> str | None:
+    def place(self, name: str, reason: str, eligible: Eligible) -> str | None:
         """Load one replica (evicting for room as needed); the member, None: nowhere. A
         replica this plan evicted stays instead where it can (room made again there):
         an eviction taken back costs nothing, a load elsewhere a load."""
@@ -413,7 +414,7 @@ class _Board:
                     self.evict(key, min(left, key=self.coldness), "room")
 
 
-def _eligible(board: _Board, placed: ModelView, tier: str) -> _Eligible:
+def _eligible(board: Board, placed: ModelView, tier: str) -> Eligible:
     """Who may be evicted to make room for a replica of ``placed`` of ``tier``."""
     if tier == "pinned":
         return lambda _: True
@@ -432,7 +433,7 @@ def _eligible(board: _Board, placed: ModelView, tier: str) -> _Eligible:
     return colder
 
 
-def _wants(board: _Board) -> Iterable[tuple[str, int, str]]:
+def _wants(board: Board) -> Iterable[tuple[str, int, str]]:
     """(model, k, tier) for every replica wanted, most needed first: pinned replicas,
     first replicas by demand, further replicas by the demand left unserved."""
     rps = board.knobs.rps_per_replica
@@ -452,7 +453,7 @@ def _wants(board: _Board) -> Iterable[tuple[str, int, str]]:
     return ((name, k, tier) for _, name, k, tier in sorted(order))
 
 
-def _place_all(board: _Board, wants: list[tuple[str, int, str]], starting: bool) -> None:
+def _place_all(board: Board, wants: list[tuple[str, int, str]], starting: bool) -> None:
     """Passes over the wanted replicas until one places nothing: a load can make room for
     a replica an earlier one found none for (a model past its min_replicas, room left
     over). It ends: what a plan loads it never evicts, nor loads twice."""
@@ -469,7 +470,7 @@ def _place_all(board: _Board, wants: list[tuple[str, int, str]], starting: bool)
 def plan(view: ResidencyView, knobs: ResidencyKnobs) -> Plan:
     """What to evict, load and promote now (module docstring); the evictions are carried
     out (their room freed) before the loads that need it."""
-    board = _Board(view, knobs)
+    board = Board(view, knobs)
     starting = not any(m.held or m.draining or m.pending for m in board.members.values())
     wants = list(_wants(board))
     board.evict_over_budget()
@@ -482,7 +483,7 @@ def plan(view: ResidencyView, knobs: ResidencyKnobs) -> Plan:
                 _segments(board))
 
 
-def _segments(board: _Board) -> tuple[Move, ...]:
+def _segments(board: Board) -> tuple[Move, ...]:
     """Probation models that earn a place in the main segment (TinyLFU's admission): one
     with demand joins it where the main segment has room for it, or where the coldest
     main models are colder than it by the margin (demand per byte at most
@@ -514,133 +515,7 @@ def _segments(board: _Board) -> tuple[Move, ...]:
     return tuple(moves)
 
 
-def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: bool = True,
-               young_probation: bool = False, hurry: bool = False
-               ) -> tuple[str, tuple[Move, ...]] | None:
-    """Where a missed model loads now (into the member's probation segment): the member
-    with the most free room that can take it (as :func:`plan` chooses), with the
-    evictions (``room``) that make the room there. A member already holding it
-    (resident, or queued, loading or warming): that one, nothing evicted. Victims, no
-    more than needed, in this order:
-
-    1. probation holdings (other misses' models not promoted), coldest first: those
-       within ``probation_min_s`` of becoming resident never, unless ``young_probation``
-       (the miss waited for room that went to others, or waiting never makes any) and
-       they are colder than the missed one, or ``hurry`` (its first request gives up
-       unless its room is made now);
-    2. main models colder than the missed one (demand per byte, then used longer ago;
-       the missed model counts as at least :data:`MISS_FLOOR_RPS`): TinyLFU's admission,
-       a cold miss never evicts a hotter main model;
-    3. where the main segment holds more than its share (the budget less
-       ``probation_share``: the plan places over the whole budget) and the probation
-       segment's share left (its draining and pending models counted) takes this model,
-       the coldest main models whatever their heat.
-
-    None: no member can take it now (its candidates' room is held by models within
-    ``min_resident_s`` of becoming resident, pending loads or ``min_replicas``, its last
-    load failed on every one that could, or it fits no budget)."""
-    board = _Board(view, knobs, young_probation or hurry)
-    if model not in board.models:
-        return None
-    holding = [k for k, names in board.holds.items() if model in names]
-    if holding:
-        return min(holding, key=lambda k: (model in board.members[k].pending, k)), ()
-    missed = board.models[model]
-    size = missed.footprint_bytes
-    heat = (max(missed.value_per_byte, MISS_FLOOR_RPS / max(1, size)),
-            missed.last_used if missed.last_used is not None else -math.inf)
-
-    def colder(name: str) -> bool:
-        victim = board.models.get(name)
-        if victim is None or board.beyond_wanted(name):
-            return True
-        last = victim.last_used if victim.last_used is not None else -math.inf
-        return (victim.value_per_byte, last) < heat
-
-    for key in board.candidates(model):
-        victims = _miss_room(board, key, size, colder, strict, hurry)
-        if victims is not None:
-            return key, tuple(Move(v, key, "room") for v in victims)
-    return None
-
-
-def _miss_room(board: _Board, key: str, size: int, colder: _Eligible, strict: bool,
-               hurry: bool = False) -> list[str] | None:
-    """The victims that make room for a miss of ``size`` bytes on member ``key``
-    (:func:`place_miss`'s order), None: they cannot. Not ``strict``: main models may go
-    whatever their heat, the coldest first."""
-    member = board.members[key]
-    probation = board.holds[key] & board.probation[key]
-    # the main segment over its share (the plan places over the whole budget): its excess
-    # may go whatever its heat where this model fits the probation share left (draining
-    # and pending probation models counted: their room is not free; counting only the
-    # resident ones let a miss evict the hot while the window was still draining)
-    window = board.knobs.probation_share * member.budget_bytes - sum(
-        board.footprint(n) for n in board.probation[key] & (
-            board.holds[key] | member.draining | member.pending))
-    any_main = not strict or (window >= size and board.main_free(key) < 0)
-
-    def eligible(name: str) -> bool:
-        if name in probation and not hurry and \
-                board.now - member.held[name] < board.knobs.probation_min_s:
-            return colder(name)  # a young probation model only for a hotter miss
-        return name in probation or colder(name) or any_main
-
-    def order(name: str) -> tuple[object, ...]:
-        return (name not in probation, *board.coldness(name))
-
-    return board.room(key, size - board.free(key), eligible, order)
-
-
-def miss_room_at(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: bool = True,
-                 young_probation: bool = False, drain_s: float | None = None
-                 ) -> float | None:
-    """When :func:`place_miss` would first place ``model`` if nothing else changed (its
-    victims old enough by then, pending loads resident when expected (``ready_at``), and,
-    ``drain_s`` given, the evictions under way ended that long from now): ``view.now``
-    when it does now; None: not by waiting (pending loads of unknown end,
-    ``min_replicas``, failures or size stand in the way). ``young_probation``: as
-    :func:`place_miss` would place it so."""
-    ages = (knobs.probation_min_s, 0.0) if young_probation else (knobs.probation_min_s,)
-    since = [(m, name, t) for m in view.members for name, t in m.held.items()] + [
-        (m, name, t) for m in view.members for name, t in m.ready_at.items()
-        if name in m.pending]
-    times = {t + age for m, name, t in since
-             for age in (ages if name in m.probation else (knobs.min_resident_s,))}
-    if drain_s is not None and any(m.draining for m in view.members):
-        times.add(view.now + drain_s)
-    for at in (view.now, *sorted(t for t in times if t > view.now)):
-        if place_miss(_at(view, at, drain_s), model, knobs, strict, young_probation) is not None:
-            return at
-    return None
-
-
-def fits_probation(view: ResidencyView, model: str, knobs: ResidencyKnobs) -> bool:
-    """Whether ``model`` fits the probation share of an available member's budget (where
-    misses load): one that fits none is served only by evicting main models, whatever
-    their heat (``place_miss(strict=False)``)."""
-    size = next((m.footprint_bytes for m in view.models if m.name == model), None)
-    return size is not None and any(
-        size <= knobs.probation_share * m.budget_bytes for m in view.members if m.available)
-
-
-def _at(view: ResidencyView, at: float, drain_s: float | None = None) -> ResidencyView:
-    """The view at ``at``: its pending loads expected resident by then resident, and
-    (``drain_s`` given) the models draining gone once it passed."""
-    gone = drain_s is not None and at >= view.now + drain_s
-    members = []
-    for m in view.members:
-        ready = {n: t for n, t in m.ready_at.items() if n in m.pending and t <= at}
-        if ready:
-            m = replace(m, held={**m.held, **ready}, pending=m.pending - ready.keys())
-        if gone and m.draining:
-            m = replace(m, held={n: t for n, t in m.held.items() if n not in m.draining},
-                        draining=frozenset())
-        members.append(m)
-    return replace(view, now=at, members=tuple(members))
-
-
-__all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "PROBATION_MIN_S", "PROBATION_SHARE",
-           "REPLICA_LEAD", "MemberView", "ModelView", "Move", "Plan", "ResidencyKnobs",
-           "ResidencyView", "fits_probation", "miss_room_at", "place_miss", "plan",
-           "resolve_min_replicas", "smoothed_rate", "used_bytes", "wanted_replicas"]
+__all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "PROBATION_MIN_S",
+           "PROBATION_SHARE", "REPLICA_LEAD", "MemberView", "ModelView", "Move", "Plan",
+           "ResidencyKnobs", "ResidencyView", "plan", "resolve_min_replicas", "smoothed_rate",
+           "used_bytes", "wanted_replicas"]

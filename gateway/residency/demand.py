@@ -4,6 +4,13 @@ the Python forwarder counts its own, HAProxy's log lines count its) and from wha
 data-plane replicas report they served (``infergate_replica_requests_total``,
 ``POST /v1/dataplane/report``), and recorded to a
 file so that a restarted gateway preloads by the use it measured before.
+
+A request is counted when it arrives, not when it ends: those waiting in the waiting
+room for their model's load count as they enter it (the room's count grows), and not
+again when they end (it shrinks as their answer is counted). A model that just became
+the favourite reads hot while its first requests still wait, which is when a miss
+decides what it may evict. (Counted as they ended, the benchmark's new favourite read
+cold for the seconds its load took, and a cold miss evicted it.)
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.metrics import GatewayMetrics
@@ -21,6 +29,7 @@ from gateway.policy.residency import smoothed_rate
 log = logging.getLogger(__name__)
 
 FAST_SHARE = 0.2  # the short half-life, of half_life_s
+AHEAD_READS = 3
 
 
 class DemandMeter:
@@ -36,6 +45,11 @@ class DemandMeter:
         # seconds (a reshuffle's new favourite joins the main segment before its misses
         # pile up), and one that cools still reads as the long half-life says
         self._fast: dict[str, float] = {}
+        self._waiting: dict[str, int] = {}  # requests waiting in the room, at the last read
+        # model -> (requests counted ahead, reads left): ended (the room shrank) before
+        # their answers' counts came (a replica reports each second), taken off the next
+        # counts for AHEAD_READS reads at most (an answer never counted is forgotten)
+        self._ahead: dict[str, tuple[float, int]] = {}
         self._recorded = self._load()
 
     def _load(self) -> dict[str, float]:
@@ -64,21 +78,29 @@ class DemandMeter:
                     totals[sample.labels["model"]] += sample.value
         return totals
 
-    def read(self, now: float) -> None:
-        """Fold the requests counted since the last read into each model's rate."""
+    def read(self, now: float, waiting: Mapping[str, int] | None = None) -> None:
+        """Fold the requests that arrived since the last read into each model's rate:
+        those counted since (answered), and the growth of ``waiting`` (model -> requests
+        in the waiting room now)."""
         totals = self._totals()
+        waiting = dict(waiting or {})
         if self._seen is None:  # the first read: what came before is not a burst now
-            self._seen, self._read_at = totals, now
+            self._seen, self._read_at, self._waiting = totals, now, waiting
             for model, rps in self._recorded.items():
                 self._rates[model] = (rps, now)
             return
-        for model in totals.keys() | self._rates.keys():
-            count = max(0.0, totals.get(model, 0.0) - self._seen.get(model, 0.0))
+        for model in totals.keys() | self._rates.keys() | waiting.keys() | self._waiting.keys():
+            ahead, reads = self._ahead.pop(model, (0.0, AHEAD_READS))
+            arrived = (max(0.0, totals.get(model, 0.0) - self._seen.get(model, 0.0))
+                       + waiting.get(model, 0) - self._waiting.get(model, 0) - ahead)
+            count = max(0.0, arrived)
+            if arrived < 0 and reads > 1:
+                self._ahead[model] = (-arrived, reads - 1)
             rps, since = self._rates.get(model, (0.0, self._read_at))
             self._rates[model] = (smoothed_rate(rps, since, count, now, self.half_life_s), now)
             self._fast[model] = smoothed_rate(self._fast.get(model, 0.0), since, count, now,
                                               self.half_life_s * FAST_SHARE)
-        self._seen, self._read_at = totals, now
+        self._seen, self._read_at, self._waiting = totals, now, waiting
 
     def rate(self, model: str) -> float:
         """Requests per second: the larger of the two smoothings (rises fast, falls at

@@ -18,7 +18,7 @@ Once per round (:meth:`Residency.round`):
    records: its evictions, promotions, and the loads that fit now;
 4. misses no member had room for are placed again.
 
-A miss is placed by :func:`gateway.policy.residency.place_miss`: the victims it names
+A miss is placed by :func:`gateway.policy.residency_misses.place_miss`: the victims it names
 are evicted first, and only once they are gone is its load queued, so the accounted use
 (queued and loading footprints included) never exceeds a budget.
 """
@@ -37,6 +37,7 @@ from gateway.config.residency import ResidencySpec
 from gateway.core import Core
 from gateway.errors import Conflict, InvalidInput, ModelNotFound, Unavailable
 from gateway.policy import residency as policy
+from gateway.policy import residency_misses as admission
 from gateway.pools import Pool, PoolMember
 from gateway.residency import report
 from gateway.residency.actuator import Actuator, LoadOne, Sleep
@@ -233,7 +234,7 @@ class Residency:
     # -- each round ----------------------------------------------------------------------
     async def round(self) -> None:
         now = self.state.clock()
-        self.demand.read(now)
+        self.demand.read(now, {m: flight.waiters for m, flight in self.room.flights.items()})
         for pool in self.pools():
             await self.reconcile(pool)
             self.footprints.refresh(self.models(pool))
@@ -296,7 +297,7 @@ class Residency:
         pool = self.pool_of(model)
         if pool is None:
             return []
-        placed = policy.place_miss(self.view(pool), model, self.knobs(pool))
+        placed = admission.place_miss(self.view(pool), model, self.knobs(pool))
         if placed is None:
             raise Unavailable(self.no_room(pool, model), retry_after_s=None)
         member_key, evictions = placed

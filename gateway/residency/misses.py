@@ -1,5 +1,5 @@
 """Misses placed: where a model no member holds loads for the requests that wait for
-it (:func:`gateway.policy.residency.place_miss`), the room made there first (its victims
+it (:func:`gateway.policy.residency_misses.place_miss`), the room made there first (its victims
 drain and unload, and only then is its load queued, so the accounted use never exceeds
 the budget), and how long until it is resident (the waiting room answers by it). Told of
 every holding's transition (:meth:`Misses.changed`): a load that failed is tried on one
@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from gateway.config.residency import ResidencySpec
 from gateway.policy import residency as policy
+from gateway.policy import residency_misses as admission
 from gateway.pools import Pool
 from gateway.residency.actuator import Actuator
 from gateway.residency.footprints import Footprints
@@ -95,7 +96,7 @@ class Misses:
         pool, model = flight.pool, flight.model
         self.residency.unreserve(model)  # requests wait for it: the miss decides now
         view, knobs = self.residency.view(pool), self.residency.knobs(pool)
-        placed = policy.place_miss(view, model, knobs)
+        placed = admission.place_miss(view, model, knobs)
         if placed is None:
             placed = self._starving(flight, view, knobs)
         if placed is None:
@@ -131,18 +132,18 @@ class Misses:
         hotter than it go only for a model larger than every member's probation share
         (nothing else could ever serve it): evicting the hot for the cold whenever the
         room was taken churned (docs/residency.md, "Admission")."""
-        room_at = policy.miss_room_at(view, flight.model, knobs)
+        room_at = admission.miss_room_at(view, flight.model, knobs)
         starving = room_at is None or view.now >= (flight.room_at or room_at)
         if flight.room_at is None:
             flight.room_at = room_at
         urgent = self._urgent(flight, view.now)
         if not (starving or urgent):
             return None
-        placed = policy.place_miss(view, flight.model, knobs, young_probation=True)
+        placed = admission.place_miss(view, flight.model, knobs, young_probation=True)
         if placed is None and urgent:
-            placed = policy.place_miss(view, flight.model, knobs, hurry=True)
-        if placed is None and starving and not policy.fits_probation(view, flight.model, knobs):
-            placed = policy.place_miss(view, flight.model, knobs, strict=False)
+            placed = admission.place_miss(view, flight.model, knobs, hurry=True)
+        if placed is None and starving and not admission.fits_probation(view, flight.model, knobs):
+            placed = admission.place_miss(view, flight.model, knobs, strict=False)
         return placed
 
     def _urgent(self, flight: Flight, now: float) -> bool:
@@ -193,9 +194,9 @@ class Misses:
         view = self.residency.view(flight.pool)
         knobs = self.residency.knobs(flight.pool)
         drain_s = self.residency.actuator.typical_eviction_s()
-        at = policy.miss_room_at(view, flight.model, knobs, drain_s=drain_s)
+        at = admission.miss_room_at(view, flight.model, knobs, drain_s=drain_s)
         if at is None:  # starving, the probation models go whatever their age
-            at = policy.miss_room_at(view, flight.model, knobs, young_probation=True,
+            at = admission.miss_room_at(view, flight.model, knobs, young_probation=True,
                                      drain_s=drain_s)
         return None if at is None else at - view.now + drain_s + own
 

@@ -19,14 +19,13 @@ from gateway.policy.residency import (
     Plan,
     ResidencyKnobs,
     ResidencyView,
-    miss_room_at,
-    place_miss,
     plan,
     resolve_min_replicas,
     smoothed_rate,
     used_bytes,
     wanted_replicas,
 )
+from gateway.policy.residency_misses import miss_room_at, place_miss
 
 GB = 1_000_000_000
 NOW = 10_000.0

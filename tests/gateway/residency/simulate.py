@@ -148,14 +148,15 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
     async def request(arrival: Arrival) -> None:
         await asyncio.sleep(max(0.0, arrival.t - loop.time()))
         rig.core.state.note_used(arrival.model)
-        rig.core.metrics.requests.labels(arrival.model, "p", arrival.protocol, "success",
-                                         "user").inc()
         hit = rig.core.state.resident(arrival.model)
         try:
             await rig.core.state.wait_resident(arrival.model, deadline_s)
             outcomes.append((arrival, "hit" if hit else "miss", ""))
         except GatewayError as error:
             outcomes.append((arrival, "failed", error.message))
+        # counted as its answer is (a data plane counts a request once it ends)
+        rig.core.metrics.requests.labels(arrival.model, "p", arrival.protocol, "success",
+                                         "user").inc()
 
     async def rounds() -> None:
         while True:

@@ -5,6 +5,7 @@ waiting makes it (pending loads resident when expected, evictions ending)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from gateway.policy.residency import (
     MemberView,
@@ -12,6 +13,9 @@ from gateway.policy.residency import (
     Move,
     ResidencyKnobs,
     ResidencyView,
+)
+from gateway.policy.residency_misses import (
+    HURRY_RPS,
     fits_probation,
     miss_room_at,
     place_miss,
@@ -74,6 +78,41 @@ def test_place_miss_evicts_a_young_probation_model_when_colder_or_when_it_hurrie
                         probation=frozenset({"t2"}))
     assert place_miss(_view(models, colder), "new", KNOBS, young_probation=True) == (
         "a", (Move("t2", "a", "room"),))
+
+
+def test_place_miss_keeps_a_young_hot_probation_model_when_a_cold_miss_hurries() -> None:
+    """The benchmark's thrash: the reshuffle's new favourite, 131 MB and just loaded for
+    its miss, unloaded 2.3 s later for a 31 MB model's one urgent request (it was the
+    coldest per byte), then loaded again for its own misses."""
+    models = [_model("main", 2, demand=5), _model("big", 1.3, demand=4.0),
+              _model("small", 0.3, demand=0.5), _model("cold", 0.3, demand=0.0)]
+    member = MemberView("a", int(3.5 * GB), True, {"main": OLD, "big": NOW - 2}, {},
+                        frozenset(), probation=frozenset({"big"}))
+    knobs = replace(KNOBS, probation_share=0.4)  # (main within its share)
+    view = _view(models, member)
+    assert place_miss(view, "cold", knobs, hurry=True) is None  # big is too hot to go
+    assert place_miss(view, "cold", knobs, young_probation=True) is None
+    assert HURRY_RPS < 4.0
+    # a young probation model used less than HURRY_RPS goes for it, the least used first
+    both = MemberView("a", int(3.8 * GB), True,
+                      {"main": OLD, "big": NOW - 2, "small": NOW - 1}, {}, frozenset(),
+                      probation=frozenset({"big", "small"}))
+    assert place_miss(_view(models, both), "cold", knobs, hurry=True) == (
+        "a", (Move("small", "a", "room"),))
+
+
+def test_place_miss_never_takes_a_hotter_model_when_it_is_colder_per_byte() -> None:
+    """Colder per byte is not enough for a miss to evict a main model: it must also have
+    less demand than the missed one (the room a small miss needs is not worth a large
+    model's requests)."""
+    knobs = replace(KNOBS, probation_share=0.0)  # (no probation room: main models only)
+    models = [_model("big", 4, demand=2.0), _model("new", 0.1, demand=1.0)]
+    member = MemberView("a", 4 * GB, True, {"big": OLD}, {}, frozenset())
+    view = _view(models, member)
+    assert models[0].value_per_byte < models[1].value_per_byte
+    assert place_miss(view, "new", knobs) is None
+    cooler = [_model("big", 4, demand=0.5), _model("new", 0.1, demand=1.0)]
+    assert place_miss(_view(cooler, member), "new", knobs) == ("a", (Move("big", "a", "room"),))
 
 
 def test_miss_room_at_waits_for_an_eviction_under_way_when_told_how_long_it_takes(

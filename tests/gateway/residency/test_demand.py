@@ -65,3 +65,35 @@ def test_the_rate_counts_what_the_replicas_report_they_served() -> None:
     metrics.replica_requests.labels("a").inc(15)  # served by the data-plane replicas
     meter.read(1.0)
     assert meter.rate("a") == pytest.approx(20.0)
+
+
+def test_requests_count_as_they_arrive_in_the_waiting_room_and_once() -> None:
+    """A new favourite's first requests wait for its load: they count as they enter the
+    room, not seconds later as they end, and not twice (the replica's report of their
+    answers can come a read after the room let them go)."""
+    metrics = create_metrics()
+    meter = DemandMeter(metrics, half_life_s=0.0)  # each read's own rate
+    meter.read(0.0, {})
+    meter.read(1.0, {"new": 8})  # eight arrived, all waiting: hot already
+    assert meter.rate("new") == pytest.approx(8.0)
+    meter.read(2.0, {"new": 10})  # two more
+    assert meter.rate("new") == pytest.approx(2.0)
+    meter.read(3.0, {})  # loaded: the room let ten go, their answers not reported yet
+    assert meter.rate("new") == 0.0
+    metrics.replica_requests.labels("new").inc(10 + 4)  # the ten, and four hits since
+    meter.read(4.0, {})
+    assert meter.rate("new") == pytest.approx(4.0)  # the ten counted once, as they arrived
+    count(metrics, "new", 3)
+    meter.read(5.0, {})
+    assert meter.rate("new") == pytest.approx(3.0)
+
+
+def test_an_answer_never_counted_is_forgotten_after_a_few_reads() -> None:
+    metrics = create_metrics()
+    meter = DemandMeter(metrics, half_life_s=0.0)
+    meter.read(0.0, {"m": 5})
+    meter.read(1.0, {})  # five left the room; their replica died before reporting
+    for second in range(2, 6):
+        count(metrics, "m", 2)
+        meter.read(float(second), {})
+    assert meter.rate("m") == pytest.approx(2.0)  # the five no longer taken off
