@@ -53,7 +53,7 @@ from fastapi.responses import JSONResponse
 from gateway.config import GatewayConfig
 from gateway.embedded import EmbeddedServer
 from gateway.haproxy.drain import BUSY_POLL_S, LeftHoldings, Pair, encode_busy
-from gateway.haproxy.process import HAProxyProcess
+from gateway.haproxy.process import HAProxyProcess, free_port
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.snapshot import (
     LEASE_S,
@@ -120,7 +120,7 @@ class Agent:
             http_bind=f"{settings.host}:{settings.http_port}",
             grpc_bind=f"{settings.host}:{settings.grpc_port}",
             control_http=settings.control_http, control_grpc=settings.control_grpc,
-            run_dir=run_dir, log_socket=run_dir / "log.sock",
+            run_dir=run_dir, log_address=f"127.0.0.1:{free_port()}",
             max_body_bytes=settings.max_request_bytes,
             grpc_upstream_reuse=settings.grpc_upstream_reuse, tune=settings.haproxy_tune,
         )
@@ -141,7 +141,7 @@ class Agent:
         # HAProxy's answers per version of the models under rollout (its log lines): the
         # report carries them to the control plane's verdicts, beside the forwarder's
         self.tally = VersionTally()
-        self._receiver = LogReceiver(self.layout.log_socket,
+        self._receiver = LogReceiver(self.layout.log_address,
                                      RequestLog(self.metrics, tally=self.tally))
         self._reported: dict[str, float] = {}  # user requests per model, at the last report
         # what this replica does with each member's gRPC connections (its own setting

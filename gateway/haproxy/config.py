@@ -109,14 +109,19 @@ def _global(layout: Layout) -> str:
         *(f"  {key} {value}" for key, value in tuning(layout).items()),
         "",
         # a ring buffer streamed to the control plane: bursts wait in the ring instead of
-        # being dropped (a datagram socket's queue is a few lines long)
+        # being dropped (a datagram socket's queue is a few lines long). Over loopback
+        # TCP, not a unix socket: while nothing listens (the control plane crashed or
+        # stopped, HAProxy left serving) HAProxy 2.6 retries a ring server whose
+        # connect() fails at once (a unix socket: ENOENT, ECONNREFUSED) without pause,
+        # a whole core per worker; a refused TCP connection fails asynchronously, and
+        # HAProxy waits a second before the next try
         "ring telemetry",
         "  format raw",
         "  maxlen 2048",
         "  size 16777216",
         "  timeout connect 2s",
         "  timeout server 300s",
-        f"  server control unix@{layout.log_socket}",
+        f"  server control {layout.log_address}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from gateway.auth import TokenTable
 from gateway.config.tenancy import Priority
 from gateway.core import Core
-from gateway.haproxy.process import HAProxyProcess
+from gateway.haproxy.process import HAProxyProcess, free_port
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.runtime import RuntimeAPI, parse_table
 from gateway.haproxy.snapshot import (
@@ -194,7 +194,7 @@ class HAProxyController:
         def served(models: set[str]) -> None:  # from the telemetry thread
             loop.call_soon_threadsafe(self._note_user_requests, models)
 
-        self._receiver = LogReceiver(self.layout.log_socket,
+        self._receiver = LogReceiver(self.layout.log_address,
                                      RequestLog(self.core.metrics, on_served=served,
                                                 tally=self.core.state.tally))
         self._receiver.start()
@@ -304,5 +304,5 @@ def default_layout(host: str, http_port: int, grpc_port: int, control_http: str,
         control_http=control_http,
         control_grpc=control_grpc,
         run_dir=run_dir,
-        log_socket=run_dir / "log.sock",
+        log_address=f"127.0.0.1:{free_port()}",
     )

@@ -13,6 +13,15 @@ serve``): it keeps routing on its last configuration, and the next start on the 
 run folder finds its master alive on ``master.sock`` and adopts it with a reload, as
 the control plane does with HAProxy in its own container. A graceful stop ends it
 either way.
+
+What a start finds of an earlier one on its run folder is adopted or ended, never left
+beside it: HAProxy binds its ports with ``SO_REUSEPORT``, so a second one starts fine
+on the same ports and the kernel splits the clients between the two, the first on a
+stale configuration and, its sockets unlinked, out of every control plane's reach. The
+master's pid (``haproxy.pid``, written by HAProxy) names the process group it leads; a
+master that is reloading does not answer on its socket for a moment, and one that does
+not answer at all is ended with its workers, as is a worker whose master is gone. Only
+processes of that group running this folder's configuration are ever signalled.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -122,6 +132,43 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _runs(pid: int, config: Path) -> bool:
+    """Whether ``pid`` runs ``-f config``, as a master or worker started on this run
+    folder does (a pid or group id read from a file may have been reused since)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(flag == b"-f" and value == str(config).encode()
+               for flag, value in zip(argv, argv[1:], strict=False))
+
+
+def group_members(group: int, config: Path) -> list[int]:
+    """The live HAProxy processes of process group ``group`` that run ``config``: a
+    master (the group's leader) and its workers, or workers whose master is gone."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == group and _runs(int(entry.name), config):
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def recorded_master(layout: Layout) -> int | None:
+    """The pid HAProxy wrote at its start on this run folder (``-p``), if any."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(pid_file(layout).read_text().split()[0])
+    return None
+
+
+def pid_file(layout: Layout) -> Path:
+    return layout.run_dir / "haproxy.pid"
+
+
 class HAProxyProcess:
     """``detached``: HAProxy outlives a crash of this process and a later start on the
     same run folder adopts it (module docstring); else it ends with this process."""
@@ -135,6 +182,9 @@ class HAProxyProcess:
         self.log_file = log_file or layout.run_dir / "haproxy.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._master: int | None = None  # the master's pid, started or adopted here
+        # a soft stop signalled while a reload of ours re-executes the master is lost
+        # for the worker it forks: stop and reload take turns
+        self._turn = threading.RLock()
 
     def check(self) -> None:
         """``haproxy -c``: refuse a configuration before any process sees it (skipped
@@ -154,7 +204,7 @@ class HAProxyProcess:
             # the HAProxy container starts on the first configuration it finds
             self._wait_for_admin(max(timeout_s, 120.0))
             return
-        master = self.live_master() if self.detached else None
+        master = self._predecessor(timeout_s)
         if master is not None:
             self._adopt(master, timeout_s)
             return
@@ -165,7 +215,7 @@ class HAProxyProcess:
         prefix = [] if self.detached else _die_with_parent_command()
         self._proc = subprocess.Popen(
             [*prefix, self.binary, "-W", "-db", "-S", f"{self.layout.master_socket},mode,600",
-             "-f", str(self.layout.config_path)],
+             "-p", str(pid_file(self.layout)), "-f", str(self.layout.config_path)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             # a Ctrl-C reaches us first; we stop it in order (or, detached, not at all)
             start_new_session=True,
@@ -186,6 +236,26 @@ class HAProxyProcess:
             # the master CLI keeps a connection open after one command: quit closes it
             return _master_pid(send(self.layout.master_socket, "show proc; quit", 2.0))
         return None
+
+    def _predecessor(self, timeout_s: float) -> int | None:
+        """The master an earlier start left on this run folder, to adopt (detached);
+        whatever else of it lives is ended first (module docstring). A master that is
+        alive but silent is given ``timeout_s`` (a reload re-executes it)."""
+        config, group = self.layout.config_path, recorded_master(self.layout)
+        deadline = time.monotonic() + timeout_s
+        master = None
+        while self.detached:
+            master = self.live_master()
+            if master is not None or group is None or _gone(group) or \
+                    not _runs(group, config) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        left = group_members(group, config) if group not in (None, master) else []
+        if group is not None and left:
+            log.warning("HAProxy: ending what an earlier start left on %s, unanswering "
+                        "(group %d: %s)", self.layout.run_dir, group, left)
+            self._end(group, ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)))
+        return master
 
     def _adopt(self, master: int, timeout_s: float) -> None:
         """The files written are this start's (its control plane listens on new ports):
@@ -214,6 +284,10 @@ class HAProxyProcess:
         self._reload(timeout_s)
 
     def _reload(self, timeout_s: float) -> None:
+        with self._turn:
+            self._reload_now(timeout_s)
+
+    def _reload_now(self, timeout_s: float) -> None:
         before = self._worker_pid()
         answer = send(self.layout.master_socket, "reload", timeout_s)
         if "Success=0" in answer:
@@ -240,36 +314,42 @@ class HAProxyProcess:
         return self._master
 
     def running(self) -> bool:
-        return self._master is not None and not self._exited(0)
+        return self._master is not None and not _gone(self._master)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Soft stop (listeners close, in-flight finishes) for up to ``grace_s``, then
-        SIGTERM, then SIGKILL: over within ``grace_s`` + 2 s."""
-        master = self._master
-        if master is None or self._exited(0):
+        SIGTERM, then SIGKILL: over within ``grace_s`` + 2 s (after a reload of ours in
+        flight), workers whose master is gone included."""
+        with self._turn:
+            if self._master is not None:
+                self._end(self._master, ((signal.SIGUSR1, grace_s), (signal.SIGTERM, 1.0),
+                                         (signal.SIGKILL, 1.0)))
+
+    def _end(self, group: int, steps: tuple[tuple[signal.Signals, float], ...]) -> None:
+        """Each step's signal to every process of ``group`` (its own session: the
+        master's pid) that runs this folder's configuration, until none is left."""
+        if self._exited(group, 0):
             return
-        for sig, wait_s in ((signal.SIGUSR1, grace_s), (signal.SIGTERM, 1.0),
-                            (signal.SIGKILL, 1.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(master, sig)  # its own session: the group is the master's pid
-            if self._exited(wait_s):
+        for sig, wait_s in steps:
+            for pid in group_members(group, self.layout.config_path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            if self._exited(group, wait_s):
                 return
             log.warning("HAProxy did not stop after %s", sig.name)
 
-    def _exited(self, wait_s: float) -> bool:
-        """Whether the master is gone within ``wait_s`` (a child of ours is reaped)."""
-        if self._proc is not None:
-            try:
-                self._proc.wait(timeout=wait_s)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
+    def _exited(self, group: int, wait_s: float) -> bool:
+        """Whether the master and every worker of ``group`` are gone within ``wait_s``
+        (a child of ours is reaped)."""
         deadline = time.monotonic() + wait_s
-        while not _gone(self._master or 0):
+        while True:
+            if self._proc is not None:
+                self._proc.poll()
+            if not group_members(group, self.layout.config_path):
+                return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
-        return True
 
     def log_tail(self, lines: int = 20) -> str:
         with contextlib.suppress(OSError):

@@ -197,7 +197,9 @@ class Layout:
     control_http: str  # the control plane's own HTTP server, "127.0.0.1:PORT"
     control_grpc: str
     run_dir: Path  # config, maps, error files, sockets
-    log_socket: Path  # unix datagram socket the control plane reads per-request lines from
+    # "127.0.0.1:PORT": the control plane's TCP listener HAProxy's ring streams the
+    # per-request lines to (TCP, not a unix socket: config._global says why)
+    log_address: str
     nbthread: int = 1
     connect_timeout_ms: int = 2000
     client_timeout_s: int = 300

@@ -1,6 +1,7 @@
 """Per-request telemetry from HAProxy: one log line per inference request, streamed
-from HAProxy's ring buffer to a unix socket this process reads, counted into the
-gateway's ``infergate_*`` metrics (same names, labels and meaning as the Python data plane's).
+from HAProxy's ring buffer to a loopback TCP port this process reads (from processes
+of its own user only), counted into the gateway's ``infergate_*`` metrics (same names,
+labels and meaning as the Python data plane's).
 
 The line (``frontend.LOG_FORMAT``): ``model pool proto status grpc_status Ta outcome
 termination tenant class reason version Tw`` (tenant, class and reason ``-`` without
@@ -21,6 +22,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -134,24 +136,43 @@ class RequestLog:
                 self.on_served(fresh)
 
 
-class LogReceiver:
-    """Listens on the unix socket HAProxy's ring forwards to (one connection per HAProxy
-    worker: a reload brings a new one) and feeds :class:`RequestLog`, line by line."""
+def _proc_net_tcp_address(host: str, port: int) -> str:
+    """``127.0.0.1:8000`` as Linux's /proc/net/tcp writes it (``0100007F:1F40`` here)."""
+    return f"{int.from_bytes(socket.inet_aton(host), sys.byteorder):08X}:{port:04X}"
 
-    def __init__(self, path: Path, request_log: RequestLog) -> None:
-        self.path = path
+
+def tcp_peer_uid(peer: tuple[str, int], local: tuple[str, int],
+                 table: Path = Path("/proc/net/tcp")) -> int | None:
+    """The user owning the IPv4 socket at ``peer`` connected to ``local`` (None when the
+    kernel lists none: it closed meanwhile)."""
+    want = (_proc_net_tcp_address(*peer), _proc_net_tcp_address(*local))
+    with contextlib.suppress(OSError):
+        for line in table.read_text().splitlines()[1:]:
+            fields = line.split()  # sl local rem st tx:rx tr:when retrnsmt uid ...
+            if len(fields) > 7 and (fields[1], fields[2]) == want:
+                return int(fields[7])
+    return None
+
+
+class LogReceiver:
+    """Listens on the loopback TCP address HAProxy's ring forwards to (one connection per
+    HAProxy worker: a reload brings a new one) and feeds :class:`RequestLog`, line by
+    line. A loopback port is open to every local user where the unix socket it replaces
+    was this user's alone: a connection from another user's process is closed unread
+    (its lines would be counted as served requests)."""
+
+    def __init__(self, address: str, request_log: RequestLog) -> None:
+        host, _, port = address.rpartition(":")
+        self.address = (host, int(port))
         self.request_log = request_log
         self._sock: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # RequestLog's caches are not shared across readers
 
     def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(self.path))
-        os.chmod(self.path, 0o600)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(self.address)
         sock.listen(8)
         self._sock = sock
         self._spawn(self._accept_loop, "haproxy-log-accept")
@@ -162,12 +183,18 @@ class LogReceiver:
         thread.start()
 
     def _accept_loop(self) -> None:
-        assert self._sock is not None
+        sock = self._sock
+        assert sock is not None
         while True:
             try:
-                conn, _ = self._sock.accept()
+                conn, peer = sock.accept()
             except OSError:
                 return  # closed
+            if tcp_peer_uid(peer, self.address) != os.getuid():
+                log.warning("telemetry: refused a connection from %s:%d (not this user's)",
+                            *peer)
+                conn.close()
+                continue
             self._spawn(self._read_loop, "haproxy-log", conn)
 
     def _read_loop(self, conn: socket.socket) -> None:
@@ -197,5 +224,3 @@ class LogReceiver:
                 self._sock.shutdown(socket.SHUT_RDWR)
             self._sock.close()
             self._sock = None
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()

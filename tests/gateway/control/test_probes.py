@@ -85,7 +85,7 @@ def _one_member(port: int, tmp_path: Path) -> tuple[Forwarder, PoolMember, Layou
     spec = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
     dataplane = Core.for_config(GatewayConfig(pools=(PoolSpec(name="p", members=(spec,)),)))
     layout = Layout("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", tmp_path,
-                    tmp_path / "log.sock")
+                    "127.0.0.1:5")
     return dataplane, dataplane.state.members()[0], layout
 
 

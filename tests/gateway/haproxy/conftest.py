@@ -31,7 +31,7 @@ from gateway.policy.rate import RateClass
 
 def layout_in(tmp: Path) -> Layout:
     return Layout("127.0.0.1:18000", "127.0.0.1:18001", "127.0.0.1:18002", "127.0.0.1:18003",
-                  tmp, tmp / "log.sock")
+                  tmp, "127.0.0.1:18004")
 
 
 def member(port: int, routable: bool = True, weight: int = 256) -> MemberState:

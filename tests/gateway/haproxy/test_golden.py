@@ -53,7 +53,7 @@ RUN_DIR = Path("/run/infergate")
 
 def _layout(run_dir: Path, **changes: object) -> Layout:
     base = Layout("0.0.0.0:8000", "0.0.0.0:8001", "127.0.0.1:8080", "127.0.0.1:8081",
-                  run_dir, run_dir / "log.sock")
+                  run_dir, "127.0.0.1:8082")
     return replace(base, **changes)  # type: ignore[arg-type]
 
 

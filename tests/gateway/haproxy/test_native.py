@@ -55,7 +55,7 @@ class Native:
         self.process = HAProxyProcess(layout)
         self.metrics = create_metrics()
         self.tally = VersionTally()
-        self.receiver = LogReceiver(layout.log_socket, RequestLog(self.metrics,
+        self.receiver = LogReceiver(layout.log_address, RequestLog(self.metrics,
                                                                   tally=self.tally))
 
     def start(self) -> None:
@@ -124,7 +124,7 @@ def native(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         )
         layout = Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
                         f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
-                        tmp / "haproxy", tmp / "haproxy" / "log.sock", max_body_bytes=MAX_BODY)
+                        tmp / "haproxy", f"127.0.0.1:{free_port()}", max_body_bytes=MAX_BODY)
         proxy = Native(layout, snapshot)
         proxy.start()
         try:

@@ -132,7 +132,7 @@ def pinning(tmp_path_factory: pytest.TempPathFactory
         )
         layout = Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
                         f"127.0.0.1:{free_port()}", f"127.0.0.1:{control.port}",
-                        tmp / "haproxy", tmp / "haproxy" / "log.sock")
+                        tmp / "haproxy", f"127.0.0.1:{free_port()}")
         proxy = Native(layout, snapshot)
         proxy.start()
         try:

@@ -50,7 +50,7 @@ def test_replica_sends_each_call_to_the_plane_the_rule_names(tmp_path: Path) -> 
         layout = replace(
             Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
                    f"127.0.0.1:{control.port}", f"127.0.0.1:{free_port()}",
-                   tmp_path / "run", tmp_path / "run" / "log.sock"),
+                   tmp_path / "run", f"127.0.0.1:{free_port()}"),
             local_http=f"127.0.0.1:{local.port}", local_grpc=f"127.0.0.1:{free_port()}")
         proxy = SnapshotProxy(layout, HAProxyProcess(layout))
         proxy.start(snapshot)

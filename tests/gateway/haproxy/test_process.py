@@ -41,7 +41,7 @@ STARTER = textwrap.dedent("""
     run = Path(sys.argv[1])
     layout = Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
                     f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", run,
-                    run / "log.sock")
+                    f"127.0.0.1:{free_port()}")
     write_files(render(Snapshot(pools=()), layout), layout)
     process = HAProxyProcess(layout, detached=sys.argv[2] == "detached")
     process.start()
@@ -92,7 +92,7 @@ def test_detached_haproxy_outlives_its_starter_and_is_adopted_when_started_again
         # the next start on the same folder: new control ports, the same master
         layout = Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
                         f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", tmp_path,
-                        tmp_path / "log.sock")
+                        f"127.0.0.1:{free_port()}")
         write_files(render(Snapshot(pools=()), layout), layout)
         process = HAProxyProcess(layout, detached=True)
         assert process.live_master() == master

@@ -28,7 +28,7 @@ from gateway.metrics import create_metrics
 from gateway.policy import queueing
 
 LAYOUT = Layout("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", Path("/run/x"),
-                Path("/run/x/log.sock"))
+                "127.0.0.1:5")
 MEMBER = MemberState("m1", "10.0.0.1", 8000, 8001, True)
 TENANCY = TenancyState(tenants=(TenantState("default", "standard"),
                                 TenantState("app", "critical", weight=4.0)))

@@ -236,7 +236,7 @@ def test_haproxy_routes_a_managed_model_to_its_holders_and_moves_them_live(
 
         layout = Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
                         f"127.0.0.1:{control.port}", f"127.0.0.1:{free_port()}",
-                        tmp_path / "run", tmp_path / "run" / "log.sock")
+                        tmp_path / "run", f"127.0.0.1:{free_port()}")
         proxy = SnapshotProxy(layout, HAProxyProcess(layout))
         proxy.start(held(ma))
 
