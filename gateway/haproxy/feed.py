@@ -63,7 +63,7 @@ LIVE_AGENT_S = 10.0  # a replica that polled within this long (or polls now) cou
 AGENTS_FILE = "dataplane-agents.json"  # in the lifecycle's state folder
 SAVE_EVERY_S = 5.0  # the replicas' last polls are written at most this often (and new ones)
 MAX_AGENTS = 1000
-VERSIONS_KEPT = 64  # the holdings of the versions served last, to read ``busy`` against
+VERSIONS_KEPT = 256  # the versions seen last: their order, their holdings (``busy``)
 
 
 @dataclass
@@ -84,6 +84,9 @@ class SnapshotFeed:
     _busy: dict[str, dict[Pair, int]] = field(default_factory=dict, init=False)
     # version -> the holdings it routes, for the versions served last
     _held: OrderedDict[str, frozenset[Pair]] = field(default_factory=OrderedDict, init=False)
+    # version -> its number, in the order first seen, for the versions seen last
+    _order: OrderedDict[str, int] = field(default_factory=OrderedDict, init=False)
+    _seen_versions: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         lifecycle = self.core.state.config.lifecycle
@@ -93,7 +96,20 @@ class SnapshotFeed:
 
     def current(self) -> tuple[str, Snapshot]:
         snapshot = snapshot_of(self.core.state, self.auth, self.core.clock())
-        return snapshot_version(snapshot), snapshot
+        version = snapshot_version(snapshot)
+        self._number(version)
+        return version, snapshot
+
+    def _number(self, version: str) -> int:
+        """The order in which this process first saw ``version`` (a content hash: a
+        later snapshot may even have an earlier one's content, and gets a new number)."""
+        if version not in self._order or next(reversed(self._order)) != version:
+            self._order.pop(version, None)
+            self._order[version] = self._seen_versions
+            self._seen_versions += 1
+            while len(self._order) > VERSIONS_KEPT:
+                self._order.popitem(last=False)
+        return self._order[version]
 
     def saw(self, agent: str, have: str, busy: dict[Pair, int] | None = None) -> None:
         """``agent`` polled, having applied version ``have`` (``busy``: its requests at
@@ -152,11 +168,15 @@ class SnapshotFeed:
             await asyncio.sleep(POLL_S)
 
     async def settle(self) -> None:
-        """Until every live replica has applied the current snapshot (bounded; the
-        replicas still behind then are named in the log)."""
+        """Until every live replica has applied the current snapshot or a later one
+        (bounded; the replicas still behind then are named in the log). A later one
+        counts: while the residency moves models the snapshot changes every few tens of
+        milliseconds, and a replica that applies each new one at once is always one
+        behind the newest."""
         deadline = self.clock() + self.settle_timeout_s
+        target = self._number(self.current()[0])
         while True:
-            behind = self.behind()
+            behind = self.behind(target)
             if not behind:
                 return
             if self.clock() >= deadline:
@@ -189,12 +209,15 @@ class SnapshotFeed:
                 total += self._busy.get(agent, {}).get(pair, 0)
         return total
 
-    def behind(self) -> list[str]:
-        """The live replicas that have not applied the current snapshot."""
-        version, _ = self.current()
+    def behind(self, target: int | None = None) -> list[str]:
+        """The live replicas that have applied neither the snapshot numbered ``target``
+        (default: the current one) nor a later one."""
+        if target is None:
+            target = self._number(self.current()[0])
         now = self.clock()
         return [a for a, (have, seen) in self.agents.items()
-                if have != version and (a in self._polling or now - seen <= LIVE_AGENT_S)]
+                if self._order.get(have, -1) < target
+                and (a in self._polling or now - seen <= LIVE_AGENT_S)]
 
     # -- the known replicas, across restarts ------------------------------------------------
     def _restore(self) -> None:

@@ -195,3 +195,32 @@ def test_restored_replica_stays_on_file_until_silent_when_outage_was_long(
     wall.t += LIVE_AGENT_S + MAX_WAIT_S + 1
     feed.saw("b", "v")  # a never came back: forgotten
     assert _saved(path) == {"b": wall.t}
+
+
+def test_settle_ends_when_replica_applied_that_snapshot_or_a_later_one_while_it_moves(
+) -> None:
+    """While the residency moves models the snapshot changes every few tens of ms: a
+    replica that applies each new one at once is always one behind the newest, and a
+    settle waiting for "the current one" waited its whole bound every time."""
+    mono = Clock(100.0)
+    core = Core.for_config(GatewayConfig(pools=POOLS))
+    feed = _feed(None, mono, core=core)
+
+    async def scenario() -> tuple[bool, bool]:
+        first, _ = feed.current()
+        feed.saw("r", first)
+        core.state.mark_not_ready("m", "loading")  # a change to settle
+        settling = asyncio.ensure_future(feed.settle())
+        await asyncio.sleep(0)
+        target, _ = feed.current()
+        core.state.mark_ready("m")  # and another at once: the newest moves on
+        core.state.mark_not_ready("m", "warming")
+        await asyncio.sleep(0)
+        waiting = not settling.done()
+        feed.saw("r", target)  # the replica applied the one settle started with
+        await asyncio.wait_for(settling, 1.0)
+        newest, _ = feed.current()
+        return waiting, feed.behind() == ["r"] and newest != target
+
+    waited, still_behind_the_newest = asyncio.run(scenario())
+    assert waited and still_behind_the_newest
