@@ -109,6 +109,12 @@ def serve_command(
     scheduler_url: Annotated[str | None, typer.Option(
         help="The placement scheduler's HTTP address (http://host:port): the console's "
              "'Pools and placement' page pictures its newest MIG plan.")] = None,
+    advertise_address: Annotated[str | None, typer.Option(
+        help="With the records in PostgreSQL (several control-plane replicas): HOST or "
+             "HOST:PORT the other replicas reach this one's HTTP port at when it leads "
+             "(its gRPC port: the same host, --grpc-port); a standby passes what it does "
+             "not serve itself there. Default: --host and --http-port (in Kubernetes: "
+             "the pod's IP).")] = None,
 ) -> None:
     """Serve HTTP and gRPC until SIGTERM/SIGINT, then drain and exit. The web console is
     at /ui on the HTTP port (sign in with an upload or admin token).
@@ -136,6 +142,7 @@ def serve_command(
         grpc_upstream_reuse=grpc_upstream_reuse,
         haproxy_tune=_tune(haproxy_tune),
         scheduler_url=scheduler_url,
+        advertise_address=advertise_address,
     )
     config = load_gateway_config(pools)
     if tenants is not None:

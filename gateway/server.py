@@ -51,7 +51,14 @@ from gateway.control.grpc_app import create_control_grpc_server
 from gateway.control.http_app import create_control_app
 from gateway.control.model_control import ModelControl
 from gateway.control.probes import probe_forever
-from gateway.control.standby import LOST_EXIT, hold, leader_router, until_leading
+from gateway.control.standby import (
+    LOST_EXIT,
+    AppSlot,
+    Standby,
+    advertised,
+    hold,
+    leader_router,
+)
 from gateway.core import Core
 from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.haproxy.controller import HAProxyController, default_layout
@@ -111,6 +118,9 @@ class GatewaySettings:
     haproxy_tune: tuple[tuple[str, str], ...] = ()  # Layout.tune
     # the placement scheduler whose newest plan the console's placement page pictures
     scheduler_url: str | None = None
+    # HOST[:PORT] the other control-plane replicas reach this one at when it leads (None:
+    # the host and ports it serves on): gateway/control/standby.py
+    advertise_address: str | None = None
 
 
 def choose_data_plane(requested: str) -> str:
@@ -170,11 +180,47 @@ async def serve(
     load_timeout_s = config.lifecycle.load_timeout_s if config.lifecycle else 600.0
     admin = MemberAdmin(admin_client, load_timeout_s, synthetic_infer)  # the one admin client
     control = ModelControl(core, admin)
-    leadership = _leadership(config)  # several replicas over PostgreSQL: one leads
+    # with HAProxy in front, this process serves on private loopback ports (kept across
+    # restarts where HAProxy and the replica outlive it)
+    own_host, own_http, own_grpc = settings.host, settings.http_port, settings.grpc_port
+    if local is not None:
+        own_host, own_http, own_grpc = "127.0.0.1", local.control_http, local.control_grpc
+    elif native:
+        own_host, own_http, own_grpc = "127.0.0.1", free_port(), free_port()
+    slot = AppSlot()  # what the HTTP server serves: a standby's API until this one leads
+    http_server = EmbeddedServer(
+        uvicorn.Config(
+            slot,
+            host=own_host,
+            port=own_http,
+            log_level=settings.log_level,
+            access_log=False,
+            lifespan="off",
+            loop="asyncio",
+            http=GatewayHttpToolsProtocol,  # framing as HAProxy and Triton decide it
+            # per-request work nobody reads: X-Forwarded parsing, Server and Date headers
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
+        )
+    )
+    serving: asyncio.Task[Any] | None = None  # the HTTP server, once started
+    leadership = _leadership(config, settings)  # several replicas over PostgreSQL: one leads
+    standby = None
     if leadership is not None:
-        standby = ("127.0.0.1", local.control_http) if local is not None else \
-            None if native else (settings.host, settings.http_port)
-        if not await until_leading(leadership, standby, stop):
+        # a standby serves on this process's ports; nowhere where they are private ones
+        # chosen anew at each start (HAProxy in front, no replica process): none reach it
+        reachable = local is not None or not native
+        standby = Standby(leadership, auth, config, (own_host, own_grpc) if reachable else None)
+        if reachable:
+            slot.app = standby.app
+            serving = asyncio.create_task(http_server.serve(), name="http")
+            await _started(http_server, serving, own_http)
+        if not await standby.until_leading(stop):
+            http_server.should_exit = True
+            if serving is not None:
+                await _closed(serving)
+            await standby.close()
             leadership.close()
             await admin.close()
             await admin_client.aclose()
@@ -198,29 +244,8 @@ async def serve(
     app = control_app if forwarder is None else create_http_app(
         forwarder, control_app, upstream_http, auth, max_body_bytes=settings.max_request_bytes)
     closing = asyncio.Event()  # the drain is over: the streams still open end
-    # with HAProxy in front, this process serves on private loopback ports (kept across
-    # restarts where HAProxy and the replica outlive it)
-    own_host, own_http, own_grpc = settings.host, settings.http_port, settings.grpc_port
-    if local is not None:
-        own_host, own_http, own_grpc = "127.0.0.1", local.control_http, local.control_grpc
-    elif native:
-        own_host, own_http, own_grpc = "127.0.0.1", free_port(), free_port()
-    http_server = EmbeddedServer(
-        uvicorn.Config(
-            app,
-            host=own_host,
-            port=own_http,
-            log_level=settings.log_level,
-            access_log=False,
-            lifespan="off",
-            loop="asyncio",
-            http=GatewayHttpToolsProtocol,  # framing as HAProxy and Triton decide it
-            # per-request work nobody reads: X-Forwarded parsing, Server and Date headers
-            proxy_headers=False,
-            server_header=False,
-            date_header=False,
-        )
-    )
+    if standby is not None:
+        await standby.hand_over()  # its gRPC relay lets the port go
     if forwarder is None:
         grpc_server, _ = create_control_grpc_server(
             core, control, upstream_grpc, f"{own_host}:{own_grpc}", auth,
@@ -233,18 +258,18 @@ async def serve(
     await grpc_server.start()
     # preloading holds readiness down until the models are warm
     warmup.start(settings.probe_interval_s)
+    # the control plane's API from here on, in one step (a standby's connections carry
+    # on), not before the preload began: a replica's snapshot poll parked earlier would
+    # be answered the preload's first moment (every model not ready, members unasked)
+    slot.app = app
     tasks: list[asyncio.Task[Any]] = [
-        asyncio.create_task(http_server.serve(), name="http"),
+        serving or asyncio.create_task(http_server.serve(), name="http"),
         *([asyncio.create_task(hold(leadership, _stop_acting), name="leadership")]
           if leadership is not None else []),
         asyncio.create_task(probe_forever(core, settings.probe_interval_s), name="probes"),
         asyncio.create_task(history.run_forever(), name="traffic-history"),
     ]
-    while not http_server.started:
-        if tasks[0].done():
-            await tasks[0]  # surfaces bind errors
-            raise RuntimeError(f"HTTP server on port {own_http} did not start")
-        await asyncio.sleep(0.02)
+    await _started(http_server, tasks[0], own_http)
     replica = None
     if local is not None and run_dir is not None:
         replica = LocalReplica(run_dir, local, ReplicaOptions(
@@ -301,15 +326,27 @@ async def serve(
         await upstream_grpc.close()
         await admin.close()  # its gRPC channels to the members
         await admin_client.aclose()
+        if standby is not None:
+            await standby.close()
 
 
-def _leadership(config: GatewayConfig) -> Leadership | None:
+def _leadership(config: GatewayConfig, settings: GatewaySettings) -> Leadership | None:
     """This replica's part in the election, where the records are in PostgreSQL (None:
-    SQLite, one control plane)."""
+    SQLite, one control plane), advertising where it is reached if it wins."""
     if config.lifecycle is None:
         return None
     url = database_url(config.lifecycle, os.environ)
-    return Leadership(url) if url is not None else None
+    return None if url is None else Leadership(url, advertised=advertised(
+        settings.host, settings.http_port, settings.grpc_port, settings.advertise_address))
+
+
+async def _started(server: EmbeddedServer, serving: asyncio.Task[Any], port: int) -> None:
+    """Once the HTTP server listens; its bind error if it cannot."""
+    while not server.started:
+        if serving.done():
+            await serving  # surfaces bind errors
+            raise RuntimeError(f"HTTP server on port {port} did not start")
+        await asyncio.sleep(0.02)
 
 
 def _stop_acting(reason: str) -> None:

@@ -5,6 +5,11 @@ Each route checks the caller's token scope, converts the request to a call on
 its catalog for reads), and encodes the answer as JSON: the HTTP-shaped views of jobs
 and models live here. Errors are the gateway's own (one table, see :mod:`gateway.errors`).
 
+The reads (:func:`create_reads_router`) need only a
+:class:`~gateway.lifecycle.records.catalog.RecordedCatalog`: a standby control plane
+serves them from the records with the same shapes (:mod:`gateway.control.standby`),
+``loading`` null and a rollout without its running step's windows.
+
 | route | scope |
 |---|---|
 | ``POST /v1/models/{name}/versions`` (multipart upload) | upload |
@@ -16,7 +21,7 @@ and models live here. Errors are the gateway's own (one table, see :mod:`gateway
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -25,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from gateway.auth import Principal, Scope, TokenTable
 from gateway.errors import Unsupported
-from gateway.lifecycle.records.catalog import ModelCatalog
+from gateway.lifecycle.records.catalog import RecordedCatalog
 from gateway.lifecycle.records.jobs import JobRecord
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.policy.access import presented_token
@@ -56,9 +61,46 @@ def job_json(job: JobRecord) -> dict[str, Any]:
                                        "model": f"/v1/models/{job.model}"}}
 
 
-def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) -> APIRouter:
+def create_reads_router(catalog: Callable[[], RecordedCatalog], auth: TokenTable,
+                        rollout_status: Callable[[str], Awaitable[dict[str, Any]]]
+                        ) -> APIRouter:
+    """The lifecycle's reads (upload scope): jobs, models, reports, rollout status, over
+    ``catalog()`` (which raises what the caller should see when there is none)."""
     router = APIRouter(prefix="/v1")
     upload = Depends(requires(auth, Scope.UPLOAD))
+
+    @router.get("/jobs/{job_id}")
+    async def get_job(job_id: str, who: Principal = upload) -> JSONResponse:
+        store = catalog().store
+        job = store.job(job_id)
+        rollout = store.rollout(job.model)
+        extra = {"rollout": rollout.to_json()} if rollout and rollout.job_id == job.id else {}
+        return JSONResponse({**job_json(job), **extra})
+
+    @router.get("/models")
+    async def list_models(who: Principal = upload) -> JSONResponse:
+        models = catalog()
+        return JSONResponse({"models": [model_json(models, m) for m in models.model_names()]})
+
+    @router.get("/models/{name}")
+    async def show_model(name: str, who: Principal = upload) -> JSONResponse:
+        models = catalog()
+        return JSONResponse(model_json(models, (await models.known(name)).name))
+
+    @router.get("/models/{name}/versions/{version}/report")
+    async def version_report(name: str, version: int, who: Principal = upload) -> Response:
+        return FileResponse(catalog().report_path(name, version))
+
+    @router.get("/models/{name}/rollout")
+    async def rollout_state(name: str, who: Principal = upload) -> JSONResponse:
+        """The model's latest rollout: state, step, split, every verdict with its figures
+        and, while it runs, the current step's windows."""
+        return JSONResponse(await rollout_status(name))
+
+    return router
+
+
+def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) -> APIRouter:
     admin = Depends(requires(auth, Scope.ADMIN))
 
     def core() -> ModelLifecycle:
@@ -66,6 +108,10 @@ def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) 
             raise Unsupported("model uploads are not enabled on this gateway (add a "
                               "'lifecycle:' section with the model repository to its config)")
         return lifecycle
+
+    router = create_reads_router(lambda: core().catalog, auth,
+                                 lambda name: core().rollout(name, "status", ""))
+    upload = Depends(requires(auth, Scope.UPLOAD))
 
     @router.post("/models/{name}/versions", status_code=202)
     async def upload_version(name: str, request: Request,
@@ -78,40 +124,12 @@ def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) 
         return JSONResponse(job_json(job), status_code=202,
                             headers={"location": f"/v1/jobs/{job.id}"})
 
-    @router.get("/jobs/{job_id}")
-    async def get_job(job_id: str, who: Principal = upload) -> JSONResponse:
-        lifecycle = core()
-        job = lifecycle.jobs.job(job_id)
-        rollout = lifecycle.rollouts.store.rollout(job.model)
-        extra = {"rollout": rollout.to_json()} if rollout and rollout.job_id == job.id else {}
-        return JSONResponse({**job_json(job), **extra})
-
-    @router.get("/models")
-    async def list_models(who: Principal = upload) -> JSONResponse:
-        catalog = core().catalog
-        return JSONResponse({"models": [model_json(catalog, m) for m in catalog.model_names()]})
-
-    @router.get("/models/{name}")
-    async def show_model(name: str, who: Principal = upload) -> JSONResponse:
-        catalog = core().catalog
-        return JSONResponse(model_json(catalog, (await catalog.known(name)).name))
-
-    @router.get("/models/{name}/versions/{version}/report")
-    async def version_report(name: str, version: int, who: Principal = upload) -> Response:
-        return FileResponse(core().catalog.report_path(name, version))
-
     @router.post("/models/{name}/rollback")
     async def rollback(name: str, body: RollbackRequest | None = None,
                        who: Principal = admin) -> JSONResponse:
         lifecycle = core()
         model = await lifecycle.rollback(name, body.version if body else None)
         return JSONResponse(model_json(lifecycle.catalog, model))
-
-    @router.get("/models/{name}/rollout")
-    async def rollout_status(name: str, who: Principal = upload) -> JSONResponse:
-        """The model's latest rollout: state, step, split, every verdict with its figures
-        and, while it runs, the current step's windows."""
-        return JSONResponse(await core().rollout(name, "status", who.name))
 
     @router.post("/models/{name}/rollout/{action}")
     async def rollout_control(name: str, action: RolloutAction,
@@ -129,10 +147,11 @@ def create_lifecycle_router(lifecycle: ModelLifecycle | None, auth: TokenTable) 
     return router
 
 
-def model_json(catalog: ModelCatalog, model: str) -> dict[str, Any]:
+def model_json(catalog: RecordedCatalog, model: str) -> dict[str, Any]:
     """A managed model as the HTTP API shows it: its state, versions and recent jobs.
     ``versions`` lists every number ever issued with what became of it: available or
-    serving (in the repository), else failed, rolled_back or deleted with ``reason``."""
+    serving (in the repository), else failed, rolled_back or deleted with ``reason``.
+    ``loading``: null where it is not known (a standby, which does not probe)."""
     record = catalog.record(model)
     versions = []
     for v in catalog.versions(model):

@@ -459,13 +459,16 @@ def test_control_plane_runs_a_leader_and_a_standby_and_rolls_without_deadlock(
     for objects in rendered.values():
         spec = control_plane(objects)["spec"]
         assert spec["replicas"] == 2
-        # Only the leader is ever Ready: a rollout must be allowed to stop it (the surge
-        # pod, a standby, cannot turn Ready first), after creating that surge pod.
+        # a standby turns Ready (it serves): an ordinary rolling update, never below two
         assert spec["strategy"] == {"type": "RollingUpdate",
-                                    "rollingUpdate": {"maxSurge": 1, "maxUnavailable": "100%"}}
+                                    "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
         c = container(control_plane(objects), "gateway")
         assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
         assert "--data-plane=none" in c["args"]
+        # the leader advertises its pod IP (the downward API), where a standby passes calls
+        assert "--advertise-address=$(POD_IP):8000" in c["args"]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
 
 
 def test_control_plane_budget_keeps_the_leader_and_lets_a_standby_go(
@@ -497,25 +500,33 @@ def test_control_plane_replicas_prefer_two_nodes(rendered: dict[str, list[Obj]])
             terms[0]["matchExpressions"]
 
 
-def test_control_plane_probes_follow_leadership_as_the_standby_answers_them(
-    rendered: dict[str, list[Obj]],
+def test_control_plane_probes_follow_what_a_replica_serves_as_the_standby_answers_them(
+    rendered: dict[str, list[Obj]], tmp_path: Path,
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from gateway.control.standby import standby_app
+    from gateway.auth import TokenTable
+    from gateway.config import GatewayConfig
+    from gateway.control.standby import Standby
     from gateway.lifecycle.records.leader import Leadership
 
     for objects in rendered.values():
         c = container(control_plane(objects), "gateway")
-        assert c["readinessProbe"]["httpGet"]["path"] == "/v1/leader"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/v1/replica"
         assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    # the real standby (no database is reached: the app only reads the leadership's state)
-    standby = TestClient(standby_app(Leadership("postgresql://infergate@127.0.0.1:1/x")))
+    # the real standby, whose database cannot be reached (served in
+    # tests/gateway/control/test_standby_app.py where it can)
+    config = GatewayConfig.model_validate({
+        "pools": [{"name": "p", "dns": "triton.svc"}],
+        "lifecycle": {"repository": str(tmp_path / "repo"), "state_dir": str(tmp_path)}})
+    standby = TestClient(Standby(Leadership("postgresql://infergate@127.0.0.1:1/x"),
+                                 TokenTable(), config).app)
     assert standby.get("/v2/health/live").status_code == 200  # not restarted
-    ready = standby.get("/v1/leader")  # not in the Service
-    assert ready.status_code == 503 and "Retry-After" in ready.headers
-    assert ready.json()["state"] == "follower"
-    assert standby.get("/v2/health/ready").status_code == 503
+    assert standby.get("/v1/replica").status_code == 503  # no database: not in the Service
+    leads = standby.get("/v1/leader")  # who leads: not this one
+    assert leads.status_code == 503 and "Retry-After" in leads.headers
+    assert leads.json()["state"] == "follower"
+    assert standby.get("/v2/health/ready").status_code == 503  # no leader to pass it to
 
 
 def test_control_plane_reads_its_database_url_from_the_secret_only(

@@ -1,7 +1,11 @@
 """The lifecycle's catalog: the models the gateway manages, their versions and policies.
 
-Reads, plus adoption: a model found in the repository that the lifecycle never saw is
-recorded on first sight, its on-disk versions becoming rollback targets. Jobs
+:class:`RecordedCatalog` is the read side: what any control-plane replica can answer
+from the records and the shared repository alone, a standby included
+(:mod:`gateway.control.standby`). :class:`ModelCatalog`, the leader's (or the only
+control plane's), adds what needs the pools and writes: adoption (a model found in the
+repository that the lifecycle never saw is recorded on first sight, its on-disk
+versions becoming rollback targets), whether a model is loading now, and pools. Jobs
 (:mod:`..intake.runner`) and deployments (:mod:`..warmup.deploy`) write the records; the
 HTTP adapter (:mod:`gateway.control.lifecycle_http`) shapes them for clients.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from converters.repository import InvalidModelName, validate_model_name
 from gateway.config import GatewayConfig
@@ -19,7 +24,12 @@ from gateway.core import Core
 from gateway.errors import GatewayError, InvalidInput, ModelNotFound
 from gateway.lifecycle.intake.spec import UploadSpec
 from gateway.lifecycle.records import versions as repo_edits
-from gateway.lifecycle.records.store import JobRecord, ModelRecord, RecordStore, VersionRecord
+from gateway.lifecycle.records.store import (
+    JobRecord,
+    ModelRecord,
+    RecordStore,
+    VersionRecord,
+)
 from gateway.lifecycle.warmup.deploy import Deployer
 from gateway.lifecycle.warmup.plan import WarmupPlan
 from gateway.pools import pools_for_model
@@ -33,14 +43,23 @@ def checked_name(name: str) -> str:
         raise InvalidInput(str(exc)) from None
 
 
+class NotRecorded(ModelNotFound):
+    """A model in the repository that the records do not know yet: the leader records
+    it on first sight (:meth:`ModelCatalog.known`); a replica that only reads cannot."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"model {model!r} is in the repository but not yet in the records")
+        self.model = model
+
+
 @dataclass
-class ModelCatalog:
+class RecordedCatalog:
+    """The catalog as recorded: reads over the records and the repository, no pools,
+    no writes (what a standby serves)."""
+
     repository: Path
     config: GatewayConfig
     store: RecordStore
-    core: Core
-    admin: MemberAdmin
-    deployer: Deployer
     plan: WarmupPlan = field(init=False)
 
     def __post_init__(self) -> None:
@@ -71,8 +90,10 @@ class ModelCatalog:
     def recent_jobs(self, model: str, limit: int = 5) -> list[JobRecord]:
         return self.store.jobs(model, limit=limit)
 
-    def loading(self, model: str) -> bool:
-        return self.core.state.not_ready_reason(model) is not None
+    def loading(self, model: str) -> bool | None:
+        """Whether the model is loading now; None: not known here (only the replica that
+        probes the pools, the leader, knows)."""
+        return None
 
     def report_path(self, name: str, version: int) -> Path:
         model = checked_name(name)
@@ -88,17 +109,55 @@ class ModelCatalog:
             raise ModelNotFound(f"report of {model!r} version {version} is missing")
         return path
 
-    async def known(self, name: str) -> ModelRecord:
-        """The model's record; a model found only in the repository is adopted."""
+    def recorded(self, name: str) -> ModelRecord:
+        """The model's record; :class:`NotRecorded` for one found only in the
+        repository."""
         model = checked_name(name)
         record = self.store.model(model)
         if record is not None:
-            self._record_disk_versions(model)
             return record
         if not repo_edits.existing_versions(self.repository, model):
             raise ModelNotFound(f"model {model!r} is neither managed by the gateway nor in "
                                 "its repository")
-        return await self.adopt(model)
+        raise NotRecorded(model)
+
+    async def known(self, name: str) -> ModelRecord:
+        """The model's record, as recorded (:meth:`recorded`)."""
+        return self.recorded(name)
+
+    async def recorded_rollout(self, name: str) -> dict[str, Any]:
+        """The model's latest rollout as recorded: its state, step, split and every
+        verdict; not the running step's windows, which only the leader counts."""
+        model = (await self.known(name)).name
+        record = self.store.rollout(model)
+        if record is None:
+            raise ModelNotFound(f"model {model!r} has had no rollout")
+        return record.to_json()
+
+    # -- policies (gateway/lifecycle/warmup/plan.py) -----------------------------------------
+    def keep_warm_policies(self) -> dict[str, KeepWarmPolicy]:
+        return self.plan.keep_warm_policies()
+
+
+@dataclass
+class ModelCatalog(RecordedCatalog):
+    """The catalog of the control plane that acts: reads, adoption, pools, policies."""
+
+    core: Core
+    admin: MemberAdmin
+    deployer: Deployer
+
+    def loading(self, model: str) -> bool:
+        return self.core.state.not_ready_reason(model) is not None
+
+    async def known(self, name: str) -> ModelRecord:
+        """The model's record; a model found only in the repository is adopted."""
+        try:
+            record = self.recorded(name)
+        except NotRecorded as exc:
+            return await self.adopt(exc.model)
+        self._record_disk_versions(record.name)
+        return record
 
     # -- adopting models the lifecycle did not create ---------------------------------------
     async def adopt(self, model: str, pools: list[str] | None = None) -> ModelRecord:
@@ -170,9 +229,6 @@ class ModelCatalog:
                 self.core.state.serve(record.name, record.pools)
 
     # -- policies (gateway/lifecycle/warmup/plan.py) -----------------------------------------
-    def keep_warm_policies(self) -> dict[str, KeepWarmPolicy]:
-        return self.plan.keep_warm_policies()
-
     def policies_changed(self) -> None:
         self.plan.policies_changed()
 

@@ -28,6 +28,11 @@ from then on it must not act. It learns so at its next poll; until then the term
 in every fenced write refuses what it tries. The server ends a session whose client
 vanished without a word (a node lost) by TCP keepalives, set on the session here: the
 lock is free again within ``keepalive_s`` + a few probes.
+
+The leader writes where it is reached (:class:`Advertised`: its HTTP and gRPC
+addresses) into the row, with its term, in the statement that bumps it; a follower reads
+the row at each poll it loses (:attr:`Leadership.leader`, a :class:`LeaderSeen`), so a
+standby knows where to pass what it cannot serve itself, at most one poll late.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import psycopg
 
@@ -63,6 +69,25 @@ TRANSITIONS = {
 }
 
 
+@dataclass(frozen=True)
+class Advertised:
+    """Where the other replicas reach this one when it leads (``host:port`` each)."""
+
+    http: str
+    grpc: str
+
+
+@dataclass(frozen=True)
+class LeaderSeen:
+    """The leadership's row as this replica last read it: who leads, in which term, and
+    where (None: a leader that advertises no address, an older gateway)."""
+
+    term: int
+    holder: str
+    http: str | None
+    grpc: str | None
+
+
 def lock_key(name: str) -> int:
     """The advisory lock's 64-bit key for a leadership's name (stable across processes)."""
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big",
@@ -81,7 +106,8 @@ class Leadership:
 
     def __init__(self, url: str, name: str = "control-plane", holder: str | None = None,
                  clock: Callable[[], float] = time.monotonic, poll_interval_s: float = 1.0,
-                 grace_s: float = 5.0, keepalive_s: int = 5) -> None:
+                 grace_s: float = 5.0, keepalive_s: int = 5,
+                 advertised: Advertised | None = None) -> None:
         self.url = url
         self._name = name
         self.holder = holder or default_holder()
@@ -94,6 +120,9 @@ class Leadership:
         self.term: int | None = None  # while leader
         self.confirmed_at: float | None = None  # the leader's last confirmed poll
         self.reason = ""  # why the last transition happened
+        self.advertised = advertised  # written with the term when this replica wins
+        self.leader: LeaderSeen | None = None  # who leads, as of the last poll
+        self.answered_at: float | None = None  # the database's last answer to a poll
         self._conn: Connection | None = None
 
     @property
@@ -114,6 +143,10 @@ class Leadership:
         elif self.state is LeaderState.LEADER:
             self._confirm()
         return self.state
+
+    def answered_within(self, seconds: float) -> bool:
+        """The database answered one of this replica's polls in the last ``seconds``."""
+        return self.answered_at is not None and self.clock() - self.answered_at <= seconds
 
     def fence_term(self) -> int:
         """The term a write carries; StaleTerm unless this replica leads and confirmed
@@ -145,21 +178,28 @@ class Leadership:
         try:
             conn = self._connection()
             row = conn.execute("SELECT pg_try_advisory_lock(%s) AS won", (self.key,)).fetchone()
+            self.answered_at = self.clock()
             if row is None or not row["won"]:
+                self.leader = self._read_leader(conn)  # another holds the lock: its row
                 return
+            http, grpc = (self.advertised.http, self.advertised.grpc) \
+                if self.advertised is not None else (None, None)
             with conn.transaction():
                 term_row = conn.execute(
-                    "INSERT INTO leadership AS l (name, term, holder, acquired_at) "
-                    "VALUES (%s, 1, %s, extract(epoch from now())) ON CONFLICT (name) DO "
-                    "UPDATE SET term = l.term + 1, holder = excluded.holder, "
-                    "acquired_at = excluded.acquired_at RETURNING term",
-                    (self.name, self.holder)).fetchone()
+                    "INSERT INTO leadership AS l (name, term, holder, acquired_at, "
+                    "http_address, grpc_address) VALUES (%s, 1, %s, extract(epoch from "
+                    "now()), %s, %s) ON CONFLICT (name) DO UPDATE SET term = l.term + 1, "
+                    "holder = excluded.holder, acquired_at = excluded.acquired_at, "
+                    "http_address = excluded.http_address, grpc_address = "
+                    "excluded.grpc_address RETURNING term",
+                    (self.name, self.holder, http, grpc)).fetchone()
         except (psycopg.Error, Unavailable) as exc:
             log.warning("leadership %r: cannot stand: %s", self.name, exc)
             self._disconnect()  # a lock won without its term bump goes with the session
             return
         assert term_row is not None
         self.term = int(term_row["term"])
+        self.leader = LeaderSeen(self.term, self.holder, http, grpc)
         self.confirmed_at = self.clock()
         self._move(LeaderState.LEADER, f"won the lock, term {self.term}")
         log.warning("leadership %r: %s leads, term %d", self.name, self.holder, self.term)
@@ -176,7 +216,13 @@ class Leadership:
         if row is None or row["term"] != self.term:
             self._lose(f"the term moved to {row['term'] if row else None}")
             return
-        self.confirmed_at = self.clock()
+        self.confirmed_at = self.answered_at = self.clock()
+
+    def _read_leader(self, conn: Connection) -> LeaderSeen | None:
+        row = conn.execute("SELECT term, holder, http_address, grpc_address FROM leadership "
+                           "WHERE name = %s", (self.name,)).fetchone()
+        return None if row is None else LeaderSeen(int(row["term"]), row["holder"],
+                                                   row["http_address"], row["grpc_address"])
 
     def _lose(self, reason: str) -> None:
         log.warning("leadership %r: %s lost term %s: %s", self.name, self.holder,
@@ -184,6 +230,7 @@ class Leadership:
         self._disconnect()  # whatever the session still holds goes with it
         self.term = None
         self.confirmed_at = None
+        self.leader = None
         self._move(LeaderState.LOST, reason)
 
     def _move(self, to: LeaderState, reason: str) -> None:

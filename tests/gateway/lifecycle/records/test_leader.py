@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.lifecycle.records.leader import Leadership, LeaderState
+from gateway.lifecycle.records.leader import Advertised, LeaderSeen, Leadership, LeaderState
 from gateway.lifecycle.records.postgres import PostgresStore, connect
 from gateway.lifecycle.records.store import ModelRecord, StaleTerm
 from infergate.triton.local import free_port
@@ -132,6 +132,28 @@ def test_leadership_moves_through_its_states_when_resigned_and_rejoined(
 def test_leadership_stays_follower_when_database_cannot_be_reached(clock: FakeClock) -> None:
     lonely = Leadership(f"postgresql://test@127.0.0.1:{free_port()}/records", clock=clock)
     assert lonely.poll() is LeaderState.FOLLOWER
+    assert lonely.leader is None and not lonely.answered_within(60)  # not ready to serve
     with pytest.raises(StaleTerm):
         lonely.fence_term()
     lonely.close()
+
+
+def test_follower_sees_where_the_leader_is_reached_when_it_polls(
+        pg_url: str, clock: FakeClock) -> None:
+    a = Leadership(pg_url, holder="a", clock=clock, advertised=Advertised("10.0.0.1:8000",
+                                                                          "10.0.0.1:8001"))
+    b = Leadership(pg_url, holder="b", clock=clock, advertised=Advertised("10.0.0.2:8000",
+                                                                          "10.0.0.2:8001"))
+    try:
+        a.poll()
+        assert b.poll() is LeaderState.FOLLOWER and b.answered_within(0)
+        assert b.leader == LeaderSeen(1, "a", "10.0.0.1:8000", "10.0.0.1:8001")
+        kill_session(pg_url, a.backend_pid)
+        assert b.poll() is LeaderState.LEADER  # the address is written with the term
+        c = Leadership(pg_url, holder="c", clock=clock)
+        assert c.poll() is LeaderState.FOLLOWER
+        assert c.leader == LeaderSeen(2, "b", "10.0.0.2:8000", "10.0.0.2:8001")
+        c.close()
+    finally:
+        a.close()
+        b.close()
