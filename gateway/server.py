@@ -67,6 +67,7 @@ from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
 from gateway.lifecycle.assembly import build_warmup
 from gateway.lifecycle.records.backend import database_url
 from gateway.lifecycle.records.leader import Leadership
+from gateway.lifecycle.records.tenancy import LiveTenancy
 from gateway.local_replica import (
     REPLICA_TOKEN_NAME,
     LocalLayout,
@@ -226,6 +227,10 @@ async def serve(
             await admin_client.aclose()
             return
     warmup = build_warmup(config, core, admin, fence=leadership)
+    # the tenancy last changed through the API, over the file's, before anything serves
+    tenancy = LiveTenancy(core.state, warmup.lifecycle.catalog.store
+                          if warmup.lifecycle is not None else None)
+    tenancy.restore()
     feed = SnapshotFeed(core, auth)  # for data-plane replicas elsewhere (agents)
     core.state.follow(feed.settle)
     core.state.count_in_flight(feed.in_flight_at)  # theirs: an eviction waits for them
@@ -240,7 +245,7 @@ async def serve(
                                               create_console_router(console)),
                                      residency=warmup.residency,
                                      replica_metrics=_replica_metrics(admin_client, local)
-                                     if local is not None else None)
+                                     if local is not None else None, tenancy=tenancy)
     app = control_app if forwarder is None else create_http_app(
         forwarder, control_app, upstream_http, auth, max_body_bytes=settings.max_request_bytes)
     closing = asyncio.Event()  # the drain is over: the streams still open end

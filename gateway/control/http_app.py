@@ -28,6 +28,7 @@ from gateway.control.settings_http import create_settings_router
 from gateway.control.tenants_http import create_tenants_router
 from gateway.core import Core
 from gateway.errors import GatewayError, InvalidInput, Unsupported, error_answer
+from gateway.lifecycle.records.tenancy import LiveTenancy
 from gateway.lifecycle.service import ModelLifecycle
 from gateway.metrics_merge import merge_exposition
 from gateway.policy import parse_errors
@@ -70,17 +71,18 @@ def create_control_app(core: Core, control: ModelControl, upstream: UpstreamHTTP
                        auth: TokenTable | None = None, lifecycle: ModelLifecycle | None = None,
                        routers: Sequence[APIRouter] = (),
                        residency: Residency | None = None,
-                       replica_metrics: Callable[[], Awaitable[str | None]] | None = None
-                       ) -> FastAPI:
+                       replica_metrics: Callable[[], Awaitable[str | None]] | None = None,
+                       tenancy: LiveTenancy | None = None) -> FastAPI:
     """Every HTTP route but inference's (the data planes serve those).
     ``replica_metrics``: the exposition of a replica on this node, merged into this
-    process's ``/metrics`` (``gateway/metrics_merge.py``; None: unreachable)."""
+    process's ``/metrics`` (``gateway/metrics_merge.py``; None: unreachable).
+    ``tenancy``: where live tenancy changes are recorded (None: in memory only)."""
     app = FastAPI(title="infergate", description="KServe v2 / Triton-compatible gateway")
     auth = auth or TokenTable()
     admin = Depends(requires(auth, Scope.ADMIN))
     app.include_router(create_lifecycle_router(lifecycle, auth))
     app.include_router(create_settings_router(control, upstream, auth))
-    app.include_router(create_tenants_router(core.state, auth))
+    app.include_router(create_tenants_router(tenancy or LiveTenancy(core.state), auth))
     app.include_router(create_residency_router(residency, auth))
     for router in routers:  # more control-plane surfaces (the data-plane snapshot feed)
         app.include_router(router)

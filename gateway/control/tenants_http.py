@@ -5,8 +5,12 @@ read and changed live. Admin scope.
 JSON); a malformed one is refused whole with 400 naming the field, and nothing changes.
 The answer comes once both data planes apply it (HAProxy through its runtime API, or a
 seamless reload when its tables change): requests in flight are not dropped.
-``DELETE`` turns tenancy off (admission per model only). Changes last until the gateway
-restarts; its configuration file is what it starts with.
+``DELETE`` turns tenancy off (admission per model only). With a lifecycle a change is
+recorded before it is applied and outlives a restart or a failover: the leader applies
+the last one over the configuration file's at start
+(:class:`~gateway.lifecycle.records.tenancy.LiveTenancy`); without one it lasts until the
+process ends. ``GET`` says where the rules in force came from: ``source`` ``config`` or
+``api``, with ``changed_at`` (epoch seconds).
 """
 
 from __future__ import annotations
@@ -17,22 +21,23 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from gateway.auth import Scope, TokenTable
-from gateway.config.tenancy import parse_tenancy
 from gateway.control.lifecycle_http import requires
 from gateway.errors import InvalidInput
+from gateway.lifecycle.records.tenancy import LiveTenancy
 from gateway.policy.tenancy import describe
-from gateway.state import GatewayState
 
 
-def create_tenants_router(state: GatewayState, auth: TokenTable) -> APIRouter:
+def create_tenants_router(tenancy: LiveTenancy, auth: TokenTable) -> APIRouter:
     router = APIRouter(dependencies=[Depends(requires(auth, Scope.ADMIN))])
+    state = tenancy.state
 
     def current() -> dict[str, Any]:
-        tenancy = state.tenancy
-        if tenancy is None:
-            return {"enabled": False}
-        return {"enabled": True,
-                **describe(tenancy, {p.name: p.capacity for p in state.pools},
+        rules = state.tenancy
+        source = tenancy.source.to_json()
+        if rules is None:
+            return {"enabled": False, **source}
+        return {"enabled": True, **source,
+                **describe(rules, {p.name: p.capacity for p in state.pools},
                            {p.name: state.active_tenants(p.name) for p in state.pools})}
 
     @router.get("/v1/tenants")
@@ -46,7 +51,7 @@ def create_tenants_router(state: GatewayState, auth: TokenTable) -> APIRouter:
         except ValueError:
             raise InvalidInput("tenancy: the body is not JSON") from None
         try:
-            state.set_tenancy(parse_tenancy(data))
+            tenancy.change(data)
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         await state.settle()
@@ -54,7 +59,7 @@ def create_tenants_router(state: GatewayState, auth: TokenTable) -> APIRouter:
 
     @router.delete("/v1/tenants")
     async def delete_tenants() -> dict[str, Any]:
-        state.set_tenancy(None)
+        tenancy.change(None)
         await state.settle()
         return current()
 

@@ -132,7 +132,8 @@ def build_warmup(config: GatewayConfig, core: Core, admin: MemberAdmin,
     # data plane routes by that (ModelLifecycle.preload_one)
     lifecycle.recover()
     plan = lifecycle.catalog.plan
-    residency = build_residency(config, core, admin, lifecycle.restore_one)
+    residency = build_residency(config, core, admin, lifecycle.restore_one,
+                                lifecycle.catalog.store)
     lifecycle.deployer.placement = residency
     return Warmup(core, plan, lifecycle, keepwarm, lifecycle, residency=residency,
                   served=ServedOnMembers(core, admin, lifecycle.serving_version))

@@ -2,8 +2,16 @@
 request counter both data planes feed (``infergate_requests_total{traffic="user"}``:
 the Python forwarder counts its own, HAProxy's log lines count its) and from what the
 data-plane replicas report they served (``infergate_replica_requests_total``,
-``POST /v1/dataplane/report``), and recorded to a
-file so that a restarted gateway preloads by the use it measured before.
+``POST /v1/dataplane/report``), and recorded so that a restarted gateway (or the
+replica that leads after a failover) preloads by the use it measured before.
+
+Where it is recorded: with a lifecycle, in its records (the store the leader writes,
+:meth:`~gateway.lifecycle.records.store.RecordStore.record_demand`: SQLite or the
+PostgreSQL every control-plane replica shares); a store that holds none yet starts from
+the file an older gateway wrote, once. Without a lifecycle there is no store: a JSON file
+(``residency.demand_file``), written whole and atomically. Recording is best effort: a
+failure (a stale leadership term, an unreachable database, a full disk) is logged and the
+next record tries again.
 
 A request is counted when it arrives, not when it ends: those waiting in the waiting
 room for their model's load count as they enter it (the room's count grows), and not
@@ -18,11 +26,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
+from gateway.errors import GatewayError
+from gateway.lifecycle.records.store import RecordStore
 from gateway.metrics import GatewayMetrics
 from gateway.policy.residency import smoothed_rate
 
@@ -33,11 +44,16 @@ AHEAD_READS = 3
 
 
 class DemandMeter:
+    """``store``: the lifecycle's records, where demand is recorded (None: no lifecycle,
+    the file at ``path``, if any; with a store, ``path`` is only read while the store
+    holds no record yet)."""
+
     def __init__(self, metrics: GatewayMetrics, half_life_s: float,
-                 path: Path | None = None) -> None:
+                 path: Path | None = None, store: RecordStore | None = None) -> None:
         self.metrics = metrics
         self.half_life_s = half_life_s
         self.path = path
+        self.store = store
         self._seen: dict[str, float] | None = None  # counter totals at the last read
         self._read_at = 0.0
         self._rates: dict[str, tuple[float, float]] = {}  # model -> (rps, when)
@@ -53,6 +69,19 @@ class DemandMeter:
         self._recorded = self._load()
 
     def _load(self) -> dict[str, float]:
+        if self.store is not None:
+            try:
+                recorded = self.store.recorded_demand()
+            except (GatewayError, sqlite3.Error) as exc:
+                log.warning("recorded demand unreadable, starting without: %s", exc)
+                return {}
+            if recorded is not None:
+                return {m: r for m, r in recorded.rates.items() if r > 0}
+            if self.path is not None and self.path.exists():
+                log.info("no demand in the records yet: starting from %s", self.path)
+        return self._load_file()
+
+    def _load_file(self) -> dict[str, float]:
         if self.path is None or not self.path.exists():
             return {}
         try:
@@ -111,10 +140,17 @@ class DemandMeter:
         return {m: self.rate(m) for m in self._rates}
 
     def record(self) -> None:
-        """Write the rates measured now (atomically: a crash leaves the last whole file)."""
+        """Write the rates measured now, whole: to the store, else to the file
+        (atomically: a crash leaves the last whole file)."""
+        rates = {m: round(r, 6) for m, r in self.rates().items() if r > 1e-6}
+        if self.store is not None:
+            try:
+                self.store.record_demand(rates)
+            except (GatewayError, sqlite3.Error) as exc:
+                log.warning("recording demand failed: %s", exc)
+            return
         if self.path is None:
             return
-        rates = {m: round(r, 6) for m, r in self.rates().items() if r > 1e-6}
         text = json.dumps({"saved_at": time.time(), "models": rates}, sort_keys=True)
         tmp = self.path.with_suffix(".tmp")
         try:

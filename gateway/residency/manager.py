@@ -36,6 +36,7 @@ from gateway.config import GatewayConfig
 from gateway.config.residency import ResidencySpec
 from gateway.core import Core
 from gateway.errors import Conflict, InvalidInput, ModelNotFound, Unavailable
+from gateway.lifecycle.records.store import RecordStore
 from gateway.policy import residency as policy
 from gateway.policy import residency_misses as admission
 from gateway.pools import Pool, PoolMember
@@ -60,7 +61,7 @@ from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
 
-RECORD_EVERY_S = 10.0  # demand written to its file this often
+RECORD_EVERY_S = 10.0  # demand recorded (the lifecycle's records, else its file) this often
 READY = "READY"
 
 
@@ -430,8 +431,10 @@ class Residency:
 
 
 def build_residency(config: GatewayConfig, core: Core, admin: MemberAdmin,
-                    load_one: LoadOne) -> Residency | None:
-    """The residency of ``config``'s pools with a memory budget (None: none has one)."""
+                    load_one: LoadOne, records: RecordStore | None = None
+                    ) -> Residency | None:
+    """The residency of ``config``'s pools with a memory budget (None: none has one);
+    ``records``: the lifecycle's store, where demand is recorded (None: its file)."""
     specs = [p.residency for p in config.pools if p.residency is not None]
     if not specs:
         return None
@@ -440,7 +443,8 @@ def build_residency(config: GatewayConfig, core: Core, admin: MemberAdmin,
         lifecycle.state_dir / "residency-demand.json" if lifecycle else None)
     metrics = ResidencyMetrics.create(core.metrics.registry)
     footprints = Footprints(config, admin, lifecycle.repository if lifecycle else None)
-    demand = DemandMeter(core.metrics, min(s.demand_half_life_s for s in specs), demand_path)
+    demand = DemandMeter(core.metrics, min(s.demand_half_life_s for s in specs), demand_path,
+                         records)
     residency = Residency(core, admin, load_one, footprints, demand, metrics)
     core.state.on_miss(residency.wait)
     return residency

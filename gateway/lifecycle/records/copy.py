@@ -1,11 +1,12 @@
 """Moving the records from one store to another (``infergate records copy``: SQLite to
 PostgreSQL when the control plane goes from one replica to several).
 
-Everything is copied as it is, timestamps, final states and the highest version number
-ever issued per model included, in one transaction on the target, and read back to
-check. Idempotent: a target that holds exactly these records already is left alone; a
-target that holds others is refused unless ``replace`` (then its records are replaced,
-all of them). Stop the gateway that writes the source first: records it writes after
+Everything is copied as it is, timestamps, final states, the highest version number
+ever issued per model, the residency's recorded demand and the tenancy changed through
+the API included, in one transaction on the target, and read back to check.
+Idempotent: a target that holds exactly these records already is left alone; a target
+that holds others is refused unless ``replace`` (then its records are replaced, all of
+them). Stop the gateway that writes the source first: records it writes after
 the copy's snapshot stay behind."""
 
 from __future__ import annotations

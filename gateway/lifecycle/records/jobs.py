@@ -28,10 +28,12 @@ from gateway.lifecycle.records.store import (
     TERMINAL_JOB_STATES,
     JobRecord,
     ModelRecord,
+    RecordedDemand,
     RecordSet,
     RecordStore,
     RolloutRecord,
     Step,
+    TenancyOverride,
     VersionRecord,
     changed_job,
     conflicting_job,
@@ -44,7 +46,7 @@ __all__ = [  # the records were defined here before the interface: importers kee
     "LifecycleStore", "ModelRecord", "RolloutRecord", "Step", "VersionRecord", "with_step",
 ]
 
-SCHEMA_VERSION = 1  # PRAGMA user_version; see LifecycleStore._migrate
+SCHEMA_VERSION = 2  # PRAGMA user_version; see LifecycleStore._migrate
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -106,6 +108,16 @@ CREATE TABLE IF NOT EXISTS models (
     updated_at REAL NOT NULL
 );
 """
+# user_version 2: the control plane's own records, one row each at most (the residency's
+# demand, JSON model -> rps; the tenancy changed through the API, document NULL: deleted)
+SCHEMA_2 = (
+    "CREATE TABLE IF NOT EXISTS recorded_demand (id INTEGER PRIMARY KEY CHECK (id = 1), "
+    "rates TEXT NOT NULL, saved_at REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS tenancy_override (id INTEGER PRIMARY KEY CHECK (id = 1), "
+    "document TEXT, changed_at REAL NOT NULL)",
+)
+TABLES = ("jobs", "versions", "version_numbers", "rollouts", "models", "recorded_demand",
+          "tenancy_override")
 
 
 class LifecycleStore(RecordStore):
@@ -146,6 +158,9 @@ class LifecycleStore(RecordStore):
                     "SELECT model, version AS v FROM jobs WHERE version IS NOT NULL) "
                     "WHERE true GROUP BY model ON CONFLICT (model) DO UPDATE SET "
                     "highest = MAX(highest, excluded.highest)")
+            if current < 2:  # residency demand and live tenancy (were a file / memory)
+                for statement in SCHEMA_2:
+                    self._db.execute(statement)
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -323,6 +338,19 @@ class LifecycleStore(RecordStore):
     def delete_model(self, name: str) -> None:
         self._db.execute("DELETE FROM models WHERE name = ?", (name,))
 
+    # -- the control plane's own: residency demand, live tenancy ---------------------------
+    def _put_one(self, record: RecordedDemand | TenancyOverride) -> None:
+        table, row = _one_row(record)
+        self._insert(table, [row], or_replace=True)
+
+    def recorded_demand(self) -> RecordedDemand | None:
+        row = self._db.execute("SELECT * FROM recorded_demand").fetchone()
+        return _demand(row) if row else None
+
+    def tenancy_override(self) -> TenancyOverride | None:
+        row = self._db.execute("SELECT * FROM tenancy_override").fetchone()
+        return _tenancy(row) if row else None
+
     # -- the whole -------------------------------------------------------------------------
     def export_records(self) -> RecordSet:
         with self._db:
@@ -333,12 +361,13 @@ class LifecycleStore(RecordStore):
                 [(r["model"], int(r["highest"]))
                  for r in self._db.execute("SELECT * FROM version_numbers")],
                 [_rollout(r) for r in self._db.execute("SELECT * FROM rollouts")],
-                [_model(r) for r in self._db.execute("SELECT * FROM models")])
+                [_model(r) for r in self._db.execute("SELECT * FROM models")],
+                self.recorded_demand(), self.tenancy_override())
 
     def import_records(self, records: RecordSet) -> None:
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            for table in ("jobs", "versions", "version_numbers", "rollouts", "models"):
+            for table in TABLES:
                 self._db.execute(f"DELETE FROM {table}")
             self._insert("jobs", (_job_row(j) for j in records.jobs))
             self._insert("versions", (_version_row(v) for v in records.versions))
@@ -346,10 +375,16 @@ class LifecycleStore(RecordStore):
                                              for m, n in records.version_numbers))
             self._insert("rollouts", (_rollout_row(r) for r in records.rollouts))
             self._insert("models", (_model_row(m) for m in records.models))
+            for one in (records.demand, records.tenancy):
+                if one is not None:
+                    table, row = _one_row(one)
+                    self._insert(table, [row])
 
-    def _insert(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
+    def _insert(self, table: str, rows: Iterable[dict[str, Any]],
+                or_replace: bool = False) -> None:
+        verb = "INSERT OR REPLACE" if or_replace else "INSERT"
         for row in rows:
-            self._db.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES "
+            self._db.execute(f"{verb} INTO {table} ({', '.join(row)}) VALUES "
                              f"({', '.join('?' * len(row))})", tuple(row.values()))
 
 
@@ -391,6 +426,17 @@ def _rollout(row: sqlite3.Row) -> RolloutRecord:
     )
 
 
+def _demand(row: sqlite3.Row) -> RecordedDemand:
+    return RecordedDemand(rates={m: float(r) for m, r in json.loads(row["rates"]).items()},
+                          saved_at=row["saved_at"])
+
+
+def _tenancy(row: sqlite3.Row) -> TenancyOverride:
+    document = row["document"]
+    return TenancyOverride(json.loads(document) if document is not None else None,
+                           row["changed_at"])
+
+
 # the columns of each record as SQLite stores them (JSON as text): the writers' one shape
 def _job_row(job: JobRecord) -> dict[str, Any]:
     return {**asdict(job), "steps": json.dumps([asdict(s) for s in job.steps]),
@@ -408,5 +454,17 @@ def _rollout_row(record: RolloutRecord) -> dict[str, Any]:
 
 def _model_row(record: ModelRecord) -> dict[str, Any]:
     return {**asdict(record), "pools": json.dumps(list(record.pools)),
-            "keep_warm": json.dumps(record.keep_warm) if record.keep_warm is not None
-            else None}
+            "keep_warm": _json_or_null(record.keep_warm)}
+
+
+def _one_row(record: RecordedDemand | TenancyOverride) -> tuple[str, dict[str, Any]]:
+    """The table of ``record``'s kind, and its one row."""
+    if isinstance(record, RecordedDemand):
+        return "recorded_demand", {"id": 1, "rates": json.dumps(record.rates),
+                                   "saved_at": record.saved_at}
+    return "tenancy_override", {"id": 1, "document": _json_or_null(record.document),
+                                "changed_at": record.changed_at}
+
+
+def _json_or_null(value: dict[str, Any] | None) -> str | None:
+    return json.dumps(value) if value is not None else None

@@ -46,11 +46,13 @@ from gateway.lifecycle.records.store import (
     Fence,
     JobRecord,
     ModelRecord,
+    RecordedDemand,
     RecordSet,
     RecordStore,
     RolloutRecord,
     StaleTerm,
     Step,
+    TenancyOverride,
     VersionRecord,
     changed_job,
     conflicting_job,
@@ -61,7 +63,8 @@ log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).with_name("migrations")
 # pg_advisory_xact_lock key of the schema migrations (any constant; "infergat" in ASCII)
 MIGRATION_LOCK = 0x696E666572676174
-TABLES = ("jobs", "versions", "version_numbers", "rollouts", "models")
+TABLES = ("jobs", "versions", "version_numbers", "rollouts", "models", "recorded_demand",
+          "tenancy_override")
 Connection = psycopg.Connection[DictRow]
 Cursor = psycopg.Cursor[DictRow]
 
@@ -301,6 +304,20 @@ class PostgresStore(RecordStore):
         with self._transaction() as cur:
             cur.execute("DELETE FROM models WHERE name = %s", (name,))
 
+    # -- the control plane's own: residency demand, live tenancy ---------------------------
+    def _put_one(self, record: RecordedDemand | TenancyOverride) -> None:
+        table, row = _one_row(record)
+        with self._transaction() as cur:
+            cur.execute(_upsert(table, row, ("id",)), tuple(row.values()))
+
+    def recorded_demand(self) -> RecordedDemand | None:
+        row = self._one("SELECT * FROM recorded_demand", ())
+        return _demand(row) if row else None
+
+    def tenancy_override(self) -> TenancyOverride | None:
+        row = self._one("SELECT * FROM tenancy_override", ())
+        return _tenancy(row) if row else None
+
     # -- the whole -------------------------------------------------------------------------
     def export_records(self) -> RecordSet:
         with self._transaction(write=False) as cur:
@@ -310,7 +327,9 @@ class PostgresStore(RecordStore):
         return RecordSet.ordered(
             [_job(r) for r in rows["jobs"]], [_version(r) for r in rows["versions"]],
             [(r["model"], int(r["highest"])) for r in rows["version_numbers"]],
-            [_rollout(r) for r in rows["rollouts"]], [_model(r) for r in rows["models"]])
+            [_rollout(r) for r in rows["rollouts"]], [_model(r) for r in rows["models"]],
+            next((_demand(r) for r in rows["recorded_demand"]), None),
+            next((_tenancy(r) for r in rows["tenancy_override"]), None))
 
     def import_records(self, records: RecordSet) -> None:
         with self._transaction() as cur:
@@ -322,6 +341,10 @@ class PostgresStore(RecordStore):
                                      for m, n in records.version_numbers]),
                 ("rollouts", [_rollout_row(r) for r in records.rollouts]),
                 ("models", [_model_row(m) for m in records.models])]
+            for one in (records.demand, records.tenancy):
+                if one is not None:
+                    table, row = _one_row(one)
+                    batches.append((table, [row]))
             for table, rows in batches:
                 if rows:
                     cur.executemany(_insert(table, rows[0]),
@@ -365,6 +388,16 @@ def _model_row(record: ModelRecord) -> dict[str, Any]:
             "keep_warm": Jsonb(record.keep_warm) if record.keep_warm is not None else None}
 
 
+def _one_row(record: RecordedDemand | TenancyOverride) -> tuple[str, dict[str, Any]]:
+    """The table of ``record``'s kind, and its one row."""
+    if isinstance(record, RecordedDemand):
+        return "recorded_demand", {"id": 1, "rates": Jsonb(record.rates),
+                                   "saved_at": record.saved_at}
+    return "tenancy_override", {
+        "id": 1, "document": Jsonb(record.document) if record.document is not None else None,
+        "changed_at": record.changed_at}
+
+
 def _job(row: DictRow) -> JobRecord:
     return JobRecord(**{**row, "steps": tuple(Step(**s) for s in row["steps"])})
 
@@ -379,3 +412,12 @@ def _model(row: DictRow) -> ModelRecord:
 
 def _rollout(row: DictRow) -> RolloutRecord:
     return RolloutRecord(**{**row, "decisions": tuple(row["decisions"])})
+
+
+def _demand(row: DictRow) -> RecordedDemand:
+    return RecordedDemand(rates={m: float(r) for m, r in row["rates"].items()},
+                          saved_at=row["saved_at"])
+
+
+def _tenancy(row: DictRow) -> TenancyOverride:
+    return TenancyOverride(document=row["document"], changed_at=row["changed_at"])

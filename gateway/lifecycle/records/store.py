@@ -18,6 +18,12 @@ processes on one PostgreSQL database), and a version that leaves the repository
 A restarted gateway reads them back: finished and failed jobs are reported as they
 ended; a job that was still running when the gateway died is marked failed with that
 reason (:meth:`RecordStore.fail_interrupted`).
+
+Two records of the control plane's own live beside them, so that a restart or a failover
+to another replica does not lose them: the residency's measured demand
+(:class:`RecordedDemand`, written whole every few seconds, read at start to preload by
+use) and the tenancy changed through the API (:class:`TenancyOverride`, applied over the
+configuration file's at start).
 """
 
 from __future__ import annotations
@@ -175,6 +181,30 @@ def conflicting_job(model: str, job_id: str, state: str) -> str:
 
 
 @dataclass(frozen=True)
+class RecordedDemand:
+    """What the residency measured (``gateway/residency/demand.py``): model -> requests
+    per second, and when it was saved. Written whole, read whole."""
+
+    rates: dict[str, float]
+    saved_at: float
+
+
+@dataclass(frozen=True)
+class TenancyOverride:
+    """The tenancy changed through the API (``PUT``/``DELETE /v1/tenants``), over the
+    configuration file's: ``document`` is the tenancy document ``PUT`` accepted (its keys
+    as digests), None where ``DELETE`` turned tenancy off. No override at all (the
+    store's None): the configuration file's tenancy."""
+
+    document: dict[str, Any] | None
+    changed_at: float
+
+    @property
+    def deleted(self) -> bool:
+        return self.document is None
+
+
+@dataclass(frozen=True)
 class RecordSet:
     """Every record a store holds, exactly as stored (timestamps included): what
     :meth:`RecordStore.export_records` reads and :meth:`RecordStore.import_records`
@@ -186,26 +216,31 @@ class RecordSet:
     version_numbers: tuple[tuple[str, int], ...] = ()  # (model, highest number issued)
     rollouts: tuple[RolloutRecord, ...] = ()
     models: tuple[ModelRecord, ...] = ()
+    demand: RecordedDemand | None = None
+    tenancy: TenancyOverride | None = None
 
     @classmethod
     def ordered(cls, jobs: list[JobRecord], versions: list[VersionRecord],
                 version_numbers: list[tuple[str, int]], rollouts: list[RolloutRecord],
-                models: list[ModelRecord]) -> RecordSet:
+                models: list[ModelRecord], demand: RecordedDemand | None = None,
+                tenancy: TenancyOverride | None = None) -> RecordSet:
         return cls(tuple(sorted(jobs, key=lambda j: j.id)),
                    tuple(sorted(versions, key=lambda v: (v.model, v.version))),
                    tuple(sorted(version_numbers)),
                    tuple(sorted(rollouts, key=lambda r: r.job_id)),
-                   tuple(sorted(models, key=lambda m: m.name)))
+                   tuple(sorted(models, key=lambda m: m.name)), demand, tenancy)
 
     @property
     def empty(self) -> bool:
         return not (self.jobs or self.versions or self.version_numbers or self.rollouts
-                    or self.models)
+                    or self.models or self.demand or self.tenancy)
 
     def counts(self) -> dict[str, int]:
         return {"jobs": len(self.jobs), "versions": len(self.versions),
                 "version_numbers": len(self.version_numbers),
-                "rollouts": len(self.rollouts), "models": len(self.models)}
+                "rollouts": len(self.rollouts), "models": len(self.models),
+                "demand_models": len(self.demand.rates) if self.demand else 0,
+                "tenancy_overrides": int(self.tenancy is not None)}
 
 
 class StaleTerm(Unavailable):
@@ -341,6 +376,36 @@ class RecordStore(ABC):
 
     @abstractmethod
     def delete_model(self, name: str) -> None: ...
+
+    # -- the control plane's own: residency demand, live tenancy ---------------------------
+    def record_demand(self, rates: Mapping[str, float]) -> RecordedDemand:
+        """Replace the recorded demand with ``rates`` (model -> requests per second),
+        stamped with the time now. A leader's write (fenced)."""
+        record = RecordedDemand(dict(rates), time.time())
+        self._put_one(record)
+        return record
+
+    @abstractmethod
+    def recorded_demand(self) -> RecordedDemand | None:
+        """The demand recorded last; None if none ever was."""
+
+    def set_tenancy_override(self, document: Mapping[str, Any] | None) -> TenancyOverride:
+        """Record the tenancy changed through the API: ``document`` (``PUT``), or None
+        (``DELETE``: tenancy off), stamped with the time now. A leader's write
+        (fenced)."""
+        record = TenancyOverride(dict(document) if document is not None else None,
+                                 time.time())
+        self._put_one(record)
+        return record
+
+    @abstractmethod
+    def tenancy_override(self) -> TenancyOverride | None:
+        """The tenancy changed through the API last; None: never (the configuration
+        file's applies)."""
+
+    @abstractmethod
+    def _put_one(self, record: RecordedDemand | TenancyOverride) -> None:
+        """Record ``record`` in place of the one of its kind (each is one row)."""
 
     # -- the whole -------------------------------------------------------------------------
     @abstractmethod

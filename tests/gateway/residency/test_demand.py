@@ -1,13 +1,18 @@
 """Demand: requests per second per model from the counter both data planes feed,
-smoothed, recorded for the next start."""
+smoothed, recorded for the next start: in the lifecycle's records where there are some
+(starting from the file an older gateway wrote while they hold none), else a file."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from unittest.mock import create_autospec
 
 import pytest
 
+from gateway.lifecycle.records.jobs import LifecycleStore
+from gateway.lifecycle.records.store import RecordStore, StaleTerm
 from gateway.metrics import GatewayMetrics, create_metrics
 from gateway.residency.demand import DemandMeter
 
@@ -49,6 +54,51 @@ def test_recorded_demand_is_what_the_next_start_begins_with(tmp_path: Path) -> N
     assert again.recorded() == pytest.approx(saved)
     again.read(100.0)
     assert again.rate("hot") == pytest.approx(saved["hot"])  # until requests say otherwise
+
+
+def test_recorded_demand_goes_to_the_records_when_the_gateway_has_them(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "residency-demand.json"
+    metrics = create_metrics()
+    meter = DemandMeter(metrics, 1.0, path, LifecycleStore(tmp_path / "state" / "l.db"))
+    meter.read(0.0)
+    count(metrics, "hot", 40)
+    count(metrics, "warm", 4)
+    meter.read(2.0)
+    meter.record()
+    assert not path.exists()  # the records hold it, not the file
+    again = DemandMeter(create_metrics(), 1.0, path, LifecycleStore(tmp_path / "state" / "l.db"))
+    saved = again.recorded()
+    assert saved["hot"] > saved["warm"] > 0 and saved == pytest.approx(meter.rates())
+    again.read(100.0)
+    assert again.rate("hot") == pytest.approx(saved["hot"])  # until requests say otherwise
+
+
+def test_records_start_from_the_older_file_when_they_hold_no_demand(tmp_path: Path) -> None:
+    path = tmp_path / "residency-demand.json"
+    path.write_text(json.dumps({"saved_at": 1.0, "models": {"a": 5.0}}))
+    store = LifecycleStore(tmp_path / "lifecycle.db")
+    meter = DemandMeter(create_metrics(), 1.0, path, store)
+    assert meter.recorded() == {"a": 5.0}  # what the gateway before the records measured
+    meter.read(0.0)
+    meter.record()
+    path.write_text(json.dumps({"saved_at": 2.0, "models": {"b": 1.0}}))
+    assert DemandMeter(create_metrics(), 1.0, path, store).recorded() == {"a": 5.0}
+
+
+def test_a_refused_record_is_logged_and_the_meter_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = create_autospec(RecordStore, instance=True)
+    store.recorded_demand.return_value = None
+    store.record_demand.side_effect = StaleTerm("write refused: leadership term 1")
+    metrics = create_metrics()
+    meter = DemandMeter(metrics, 0.0, None, store)
+    meter.read(0.0)
+    count(metrics, "m", 3)
+    meter.read(1.0)
+    with caplog.at_level(logging.WARNING):
+        meter.record()  # a replica that lost leadership: not the residency's failure
+    assert "recording demand failed: write refused" in caplog.text
+    store.record_demand.assert_called_once_with({"m": 3.0})
 
 
 def test_an_unreadable_record_starts_empty(tmp_path: Path) -> None:

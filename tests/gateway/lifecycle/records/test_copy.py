@@ -1,5 +1,6 @@
 """``infergate records copy``: a SQLite file's records into PostgreSQL, exactly (the
-highest version number ever issued included); again, nothing changes; a target that
+highest version number ever issued, the residency's demand and the tenancy changed live
+included); again, nothing changes; a target that
 holds other records refused unless --replace."""
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def sqlite_records(path: Path) -> LifecycleStore:
                                     decisions=({"verdict": "promote", "share": 0.1},)))
     store.put_model(ModelRecord("m", "serving", 0.0, serving_version=2, previous_version=1,
                                 pools=("cpu",), keep_warm={"interval_s": 5.0}))
+    store.record_demand({"m": 12.5, "other": 0.5})
+    store.set_tenancy_override({"tenants": [{"name": "t", "keys": ["sha256:" + "b" * 64]}]})
     return store
 
 
@@ -44,9 +47,12 @@ def test_copy_moves_every_record_when_target_is_empty(tmp_path: Path, pg_url: st
     source = sqlite_records(tmp_path / "lifecycle.db")
     code, out = copy(str(tmp_path / "lifecycle.db"), pg_url)
     assert code == 0, out
-    assert "records copied: 2 jobs, 3 versions, 1 version_numbers, 1 rollouts, 1 models" in out
+    assert ("records copied: 2 jobs, 3 versions, 1 version_numbers, 1 rollouts, 1 models, "
+            "2 demand_models, 1 tenancy_overrides") in out
     target = PostgresStore(pg_url)
     assert target.export_records() == source.export_records()
+    assert target.recorded_demand() == source.recorded_demand() is not None
+    assert target.tenancy_override() == source.tenancy_override() is not None
     assert target.version_floor("m") == 4  # 3 failed, but was issued: never again
     assert [j.id for j in target.active_jobs()] == ["j2"]  # recovered by the new leader
     code, out = copy(str(tmp_path / "lifecycle.db"), pg_url)  # again

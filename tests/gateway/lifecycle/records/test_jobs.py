@@ -1,5 +1,6 @@
 """The SQLite store: one active job per model, records that survive a restart, jobs
-interrupted by a dead gateway reported as failed."""
+interrupted by a dead gateway reported as failed, a database of user_version 1 given the
+tables of demand and live tenancy."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import Conflict, JobNotFound
-from gateway.lifecycle.records.jobs import LifecycleStore, ModelRecord, VersionRecord, with_step
+from gateway.lifecycle.records.jobs import (
+    SCHEMA_VERSION,
+    LifecycleStore,
+    ModelRecord,
+    VersionRecord,
+    with_step,
+)
 
 
 def test_store_refuses_second_job_when_model_has_active_job(tmp_path: Path) -> None:
@@ -79,3 +86,17 @@ def test_steps_record_start_and_end_when_pipeline_moves_on() -> None:
     assert [(s.name, s.state, s.started_at, s.finished_at) for s in steps] == [
         ("unpack", "done", 1.0, 2.0), ("export", "failed", 2.0, 3.0)]
     assert steps[1].detail == "corrupt" and steps[1].fraction == 0.5
+
+
+def test_version_1_database_gains_demand_and_tenancy_when_opened(tmp_path: Path) -> None:
+    store = LifecycleStore(tmp_path / "db.sqlite")
+    store.put_model(ModelRecord("m", "serving", 0.0))
+    store._db.executescript("DROP TABLE recorded_demand; DROP TABLE tenancy_override; "
+                            "PRAGMA user_version = 1;")  # as a gateway before them left it
+    store.close()
+    reopened = LifecycleStore(tmp_path / "db.sqlite")
+    assert reopened._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert reopened.model("m") is not None  # kept
+    assert reopened.recorded_demand() is None and reopened.tenancy_override() is None
+    reopened.record_demand({"m": 1.0})
+    assert reopened.recorded_demand().rates == {"m": 1.0}  # type: ignore[union-attr]

@@ -100,6 +100,28 @@ def test_write_refused_when_it_carries_a_stale_term(
     new_leader.close()
 
 
+def test_demand_and_tenancy_writes_refused_when_they_carry_a_stale_term(
+        pg_url: str, contenders: tuple[Leadership, Leadership]) -> None:
+    a, b = contenders
+    a.poll()
+    old_leader = PostgresStore(pg_url, fence=a)
+    old_leader.record_demand({"m": 4.0})
+    old_leader.set_tenancy_override({"tenants": []})
+    kill_session(pg_url, a.backend_pid)
+    b.poll()
+    with pytest.raises(StaleTerm, match="the current term is 2"):
+        old_leader.record_demand({"m": 99.0})
+    with pytest.raises(StaleTerm):
+        old_leader.set_tenancy_override(None)
+    new_leader = PostgresStore(pg_url, fence=b)
+    demand, tenancy = new_leader.recorded_demand(), new_leader.tenancy_override()
+    assert demand is not None and demand.rates == {"m": 4.0}  # nothing refused landed
+    assert tenancy is not None and tenancy.document == {"tenants": []}
+    assert new_leader.set_tenancy_override(None).deleted
+    old_leader.close()
+    new_leader.close()
+
+
 def test_leader_stops_acting_when_not_confirmed_within_grace(
         contenders: tuple[Leadership, Leadership], clock: FakeClock) -> None:
     a, b = contenders

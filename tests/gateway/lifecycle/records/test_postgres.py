@@ -25,11 +25,11 @@ def test_migrate_applies_each_file_once_when_two_replicas_start_together(
     url = postgres.create_database("fresh_together")
     conns = [connect(url), connect(url)]
     try:
-        assert _at_once([lambda c=c: migrate(c) for c in conns]) == [3, 3]
+        assert _at_once([lambda c=c: migrate(c) for c in conns]) == [4, 4]
         rows = conns[0].execute("SELECT version, name FROM schema_version ORDER BY version")
         assert [(r["version"], r["name"]) for r in rows] == [
             (n, p.name) for n, p in migrations()]
-        assert migrate(conns[0]) == 3  # again: nothing to do
+        assert migrate(conns[0]) == 4  # again: nothing to do
     finally:
         for conn in conns:
             conn.close()
@@ -52,7 +52,7 @@ def test_store_refuses_database_when_its_schema_is_newer(pg_url: str) -> None:
     with connect(pg_url) as conn:
         conn.execute("INSERT INTO schema_version (version, name) VALUES (99, 'future.sql')")
         try:
-            with pytest.raises(RuntimeError, match="schema 99, newer than this gateway's 3"):
+            with pytest.raises(RuntimeError, match="schema 99, newer than this gateway's 4"):
                 PostgresStore(pg_url)
         finally:
             conn.execute("DELETE FROM schema_version WHERE version = 99")

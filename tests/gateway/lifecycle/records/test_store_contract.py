@@ -2,7 +2,7 @@
 SQLite and PostgreSQL alike (``backend``): one active job per model, records that
 survive a restart, jobs interrupted by a dead gateway reported as failed, version
 numbers never reused (also when two stores issue them at once), rollouts and their
-verdicts kept."""
+verdicts kept, the residency's demand and the tenancy changed live kept whole."""
 
 from __future__ import annotations
 
@@ -145,6 +145,37 @@ def test_store_admits_one_active_job_when_two_stores_create_at_once(backend: Bac
     assert len(stores[0].active_jobs()) == 1
 
 
+def test_store_keeps_recorded_demand_whole_when_reopened(backend: Backend) -> None:
+    store = backend.open()
+    assert store.recorded_demand() is None  # never recorded
+    before = time.time()
+    saved = store.record_demand({"hot": 12.5, "warm": 0.125})
+    assert before <= saved.saved_at <= time.time()
+    reopened = backend.open()  # a restart, or the next leader
+    assert reopened.recorded_demand() == saved
+    reopened.record_demand({"warm": 3.0})  # written whole: hot is no longer recorded
+    recorded = store.recorded_demand()
+    assert recorded is not None and recorded.rates == {"warm": 3.0}
+    store.record_demand({})
+    recorded = backend.open().recorded_demand()
+    assert recorded is not None and recorded.rates == {}
+
+
+def test_store_keeps_tenancy_override_when_reopened(backend: Backend) -> None:
+    store = backend.open()
+    assert store.tenancy_override() is None  # the configuration file's applies
+    document = {"default": {"priority": "standard"},
+                "tenants": [{"name": "pay", "priority": "critical", "weight": 2.5,
+                             "keys": ["sha256:" + "a" * 64], "max_in_flight": 3}]}
+    put = store.set_tenancy_override(document)
+    assert (put.document, put.deleted) == (document, False)
+    reopened = backend.open()
+    assert reopened.tenancy_override() == put
+    deleted = reopened.set_tenancy_override(None)  # DELETE: tenancy off, not the file's
+    assert deleted.deleted and deleted.changed_at >= put.changed_at
+    assert backend.open().tenancy_override() == deleted
+
+
 def test_export_then_import_reproduces_records_when_store_is_emptied(backend: Backend) -> None:
     store = backend.open()
     store.create_job("j", "m", "ci")
@@ -154,11 +185,15 @@ def test_export_then_import_reproduces_records_when_store_is_emptied(backend: Ba
     store.issue_version("m", at_least=7)  # a number issued without a record
     store.put_rollout(_rollout("j", started_at=3.0, decisions=({"x": None},)))
     store.put_model(ModelRecord("m", "serving", 0.0, serving_version=1))
+    store.record_demand({"m": 1.5, "n": 0.25})
+    store.set_tenancy_override({"tenants": [{"name": "t", "keys": ["k" * 20]}]})
     records = store.export_records()
     assert records.counts() == {"jobs": 1, "versions": 1, "version_numbers": 1,
-                                "rollouts": 1, "models": 1}
+                                "rollouts": 1, "models": 1, "demand_models": 2,
+                                "tenancy_overrides": 1}
     store.import_records(type(records)())
     assert store.export_records().empty and store.version_floor("m") == 1
+    assert store.recorded_demand() is None and store.tenancy_override() is None
     store.import_records(records)
     assert store.export_records() == records and store.version_floor("m") == 8
 
