@@ -291,12 +291,15 @@ class Agent:
                 continue
             try:
                 api = self.proxy.api
-                stats_text, routes_text = await asyncio.gather(
-                    api.aquery("show stat"), api.aquery("show table st_route"))
+                queries = [api.aquery("show stat"), api.aquery("show table st_route")]
+                if snapshot.tenancy is not None:  # the arrivals the tenancy rules refused
+                    queries.append(api.aquery("show table st_seen"))
+                stats_text, routes_text, *refused = await asyncio.gather(*queries)
             except OSError as exc:
                 log.warning("agent: HAProxy stats unavailable: %s", exc)
                 continue
-            counts = read_haproxy(stats_text, routes_text, snapshot.tenancy is not None)
+            counts = read_haproxy(stats_text, routes_text, snapshot.tenancy is not None,
+                                  "".join(refused))
             for pool in snapshot.pools:
                 self.metrics.saturation.labels(pool.name).set(
                     counts.held.get(pool.name, 0) / max(1, pool.capacity))

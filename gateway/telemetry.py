@@ -54,8 +54,11 @@ class HAProxyCounts:
     at_model_server: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
 
-def read_haproxy(stats_text: str, routes_text: str, tenancy_rules: bool) -> HAProxyCounts:
-    """``show stat`` and ``show table st_route`` -> :class:`HAProxyCounts`."""
+def read_haproxy(stats_text: str, routes_text: str, tenancy_rules: bool,
+                 seen_text: str = "") -> HAProxyCounts:
+    """``show stat`` and ``show table st_route`` -> :class:`HAProxyCounts`; with tenancy
+    rules also ``show table st_seen``: the arrivals they refused, which make a tenant
+    active without counting in flight (``gateway/haproxy/admission_rules.py``)."""
     held: dict[str, int] = defaultdict(int)
     queued: dict[str, int] = defaultdict(int)
     at_server: dict[tuple[str, str], int] = defaultdict(int)
@@ -86,6 +89,10 @@ def read_haproxy(stats_text: str, routes_text: str, tenancy_rules: bool) -> HAPr
         routes[model, pool] += current
         if tenancy_rules and (current or values.get("http_req_rate", 0)):
             active.add((pool, tenant))
+    for key, values in parse_table(seen_text).items():
+        rest, _, tenant = key.rpartition("/")
+        if tenancy_rules and values.get("http_req_rate", 0):
+            active.add((rest.rpartition("/")[2], tenant))
     return HAProxyCounts(dict(held), dict(queued), dict(at_server), dict(errors),
                          dict(routes), dict(tenants), frozenset(active), dict(at_model))
 

@@ -42,9 +42,12 @@ EfficientNet-Lite0, over gRPC ``ModelInfer`` and HTTP binary tensors:
   ``flood-standard`` (both standard, equal weight); ``flood-fairness``: three standard
   tenants of equal weight sharing the 64 in flight (Jain's index of their goodput);
   ``flood-goodput``: the flood alone through a gateway without tenancy (the pool's
-  goodput the others compare with). Before and after in one run: the same gateway
-  without and with ``gateway_queue`` on its pool (requests queued in Triton, or in the
-  gateway by class and weight: docs/request-policy.md). Its own table: the light
+  goodput the others compare with). Three gateways in one run (``tenants_flood.ARMS``):
+  before (refusals answered at once, requests queued in Triton), after
+  (``gateway_queue`` on its pool: queued in the gateway by class and weight) and tarpit
+  (tenancy refusals answered after the tenancy's ``refusal_delay_ms``,
+  ``--refusal-delay-ms``, by default the gateway's own): docs/request-policy.md. Its
+  own table: the light
   tenant's success alone and beside the flood, its p50 and p99 as ratios to alone, its
   wait in the gateway's queue (the gateway's ``infergate_tenant_queue_wait_seconds``),
   the flood's goodput and the pool's beside the flood over the pool's goodput without
@@ -74,7 +77,7 @@ scenarios' loads, phases and goals), ``tenants_flood.py`` (issue 36's flood) and
 
     python -m loadtests.bench_tenants [--rounds 3] [--seconds 1.5] [--quick] [--out DIR]
         [--model tiny] [--protocol grpc] [--capacity 5] [--data-plane haproxy]
-        [--scenarios overload|flood|all]
+        [--scenarios overload|flood|all] [--refusal-delay-ms MS]
 """
 
 from __future__ import annotations
@@ -130,7 +133,7 @@ from loadtests.tenants_figures import (
     outcomes,
     tenant_counts,
 )
-from loadtests.tenants_flood import AFTER, BEFORE, flood_phases
+from loadtests.tenants_flood import AFTER, BEFORE, TARPIT, flood_phases
 from loadtests.tenants_report import markdown, plot, summarise
 from loadtests.tenants_scenarios import (
     Key,
@@ -160,10 +163,14 @@ say = reporter("bench_tenants")
 
 # -- scenarios ------------------------------------------------------------------------
 
-def tenancy_section(loads: Iterable[TenantLoad]) -> dict[str, Any]:
-    """The gateway's ``tenancy:`` for these tenants: weight 1 each, one key each."""
+def tenancy_section(loads: Iterable[TenantLoad],
+                    refusal_delay_ms: int | None = None) -> dict[str, Any]:
+    """The gateway's ``tenancy:`` for these tenants: weight 1 each, one key each; the
+    refusal delay when given (else the gateway's default)."""
     tenants = {t.tenant: t for t in loads}
+    delay = {} if refusal_delay_ms is None else {"refusal_delay_ms": refusal_delay_ms}
     return {
+        **delay,
         "default": {"priority": "standard"},
         "refuse_at": dict(REFUSE_AT),
         "tenants": [{"name": t.tenant, "priority": t.priority, "weight": 1, "keys": [t.key]}
@@ -177,17 +184,21 @@ def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
     return {
         "tenants": [load for phase in scenario_phases(capacity) for load in phase.loads]
                    + flood,
-        "queued": flood,
+        BEFORE: flood,
+        AFTER: flood,
+        TARPIT: flood,
         "none": None,
         "one": [load for phase in cost_phases(capacity) for load in phase.loads],
     }
 
 
 def write_config(path: Path, member: TritonEndpoints, capacity: int,
-                 tenants: Sequence[TenantLoad] | None, queued: bool = False) -> Path:
+                 tenants: Sequence[TenantLoad] | None, queued: bool = False,
+                 refusal_delay_ms: int | None = None) -> Path:
     """``queued``: the pool queues in the gateway (``gateway_queue``), its member taking
-    ``capacity`` requests at once."""
-    tenancy: dict[str, Any] = {} if tenants is None else {"tenancy": tenancy_section(tenants)}
+    ``capacity`` requests at once; ``refusal_delay_ms``: the tenancy's (None: default)."""
+    tenancy: dict[str, Any] = ({} if tenants is None else
+                               {"tenancy": tenancy_section(tenants, refusal_delay_ms)})
     gateway_yaml(path, {POOL: [member]}, capacity_per_member=capacity,
                  queue_factor=QUEUE_FACTOR, **tenancy)
     if queued:
@@ -314,15 +325,15 @@ def workloads(scratch: Path, models: Sequence[str]) -> list[Workload]:
 
 @contextlib.contextmanager
 def gateway(scratch: Path, name: str, member: TritonEndpoints, capacity: int,
-            tenants: Sequence[TenantLoad] | None, data_plane: str | None
-            ) -> Iterator[GatewayProcess]:
+            tenants: Sequence[TenantLoad] | None, data_plane: str | None,
+            refusal_delay_ms: int | None = None) -> Iterator[GatewayProcess]:
     """A gateway over ``member`` (its log and HAProxy files under ``scratch``); one that
     does not start (a ``tenancy:`` section it refuses, say) ends the benchmark, saying
     why in the gateway's last words."""
     folder = scratch / f"gateway-{name}"
     folder.mkdir()
     config = write_config(folder / "gateway.yaml", member, capacity, tenants,
-                          queued=name == AFTER)
+                          queued=name == AFTER, refusal_delay_ms=refusal_delay_ms)
     with contextlib.ExitStack() as stack:
         try:
             gw = stack.enter_context(harness.gateway(config, folder, data_plane=data_plane))
@@ -384,9 +395,11 @@ def warm_up(gateways: Iterable[GatewayProcess], works: Sequence[Workload],
 
 def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
         protocols: Sequence[str] = PROTOCOLS, capacity: int = CAPACITY_PER_MEMBER,
-        data_plane: str | None = None, scenarios: str = "all") -> list[dict[str, Any]]:
+        data_plane: str | None = None, scenarios: str = "all",
+        refusal_delay_ms: int | None = None) -> list[dict[str, Any]]:
     """``scenarios``: ``overload`` (noisy, priority, fairness, paced, cost), ``flood``
-    (issue 36's, before and after the gateway's queue) or ``all``."""
+    (issue 36's, before, with the gateway's queue and with the refusal delay) or ``all``;
+    ``refusal_delay_ms``: the tarpit gateway's (None: the gateway's default)."""
     if shutil.which("h2load") is None:
         raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
     started = time.monotonic()
@@ -420,14 +433,16 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                     measure_all({"tenants": gw}, scenario_phases(capacity), works, protocols,
                                 rounds, seconds, scratch, False, samples, direct)
                 if scenarios in ("flood", "all"):
-                    with gateway(scratch, AFTER, member, capacity, specs[AFTER],
-                                 data_plane) as queued, \
-                            gateway(scratch, "flood-none", member, capacity, None,
-                                    data_plane) as bare:
-                        warm_up([queued, bare], works, protocols, scratch)
-                        measure_all({BEFORE: gw, AFTER: queued, "none": bare}, flood_phases(),
-                                    works, protocols, rounds, seconds, scratch, False, samples,
-                                    direct)
+                    with contextlib.ExitStack() as arms:
+                        floods = {name: arms.enter_context(gateway(
+                            scratch, name, member, capacity, specs[name], data_plane, delay))
+                            for name, delay in ((BEFORE, 0), (AFTER, 0),
+                                                (TARPIT, refusal_delay_ms))}
+                        floods["none"] = arms.enter_context(gateway(
+                            scratch, "flood-none", member, capacity, None, data_plane))
+                        warm_up(floods.values(), works, protocols, scratch)
+                        measure_all(floods, flood_phases(), works, protocols, rounds, seconds,
+                                    scratch, False, samples, direct)
             if scenarios in ("overload", "all"):
                 with gateway(scratch, "none", member, capacity, specs["none"],
                              data_plane) as none, \
@@ -465,13 +480,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="also write bench_tenants.json/.md/.png into this folder")
     parser.add_argument("--scenarios", choices=SCENARIO_SETS, default="all",
                         help="overload: noisy/priority/fairness/paced/cost; flood: issue 36's "
-                        "closed-loop flood, before and after the gateway's queue; all (default)")
+                        "closed-loop flood, before, with the gateway's queue and with the "
+                        "refusal delay; all (default)")
+    parser.add_argument("--refusal-delay-ms", type=int, default=None,
+                        help="the tarpit gateway's tenancy refusal_delay_ms (default: the "
+                        "gateway's own)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (2.0 if args.quick else 1.5)
     models = tuple(args.model or ((TINY_MODEL_NAME,) if args.quick else MODELS))
     rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.capacity,
-               args.data_plane, args.scenarios)
+               args.data_plane, args.scenarios, args.refusal_delay_ms)
     publish(rows, markdown, plot, args.out, "bench_tenants", say)
 
 

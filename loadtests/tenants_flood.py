@@ -3,8 +3,10 @@ a closed-loop flood of :data:`FLOOD_IN_FLIGHT` requests in flight that retries e
 refusal at once, beside a light tenant paced open loop (critical beside a sheddable
 flood, standard beside a standard one), three standard tenants sharing the flood
 (Jain's index of their goodput) and the flood alone without tenancy (the pool's goodput
-the others compare with); each on the gateway before (its pool queues in Triton) and
-after (in the gateway: ``gateway_queue``). Their phases, goals, rows and table."""
+the others compare with); each on three gateways (:data:`ARMS`): before (refusals
+answered at once, its pool queueing in Triton), after (in the gateway:
+``gateway_queue``) and tarpit (refusals answered after the tenancy's
+``refusal_delay_ms``). Their phases, goals, rows and table."""
 
 from __future__ import annotations
 
@@ -36,13 +38,16 @@ FLOOD_IN_FLIGHT = 64  # issue 36's noisy neighbour: closed loop, every refusal r
 # issue 36's goals (the flood scenarios, after: the gateway queues)
 FLOOD_SUCCESS_GOAL_PCT, FLOOD_P99_GOALS = 99.5, {"critical": 1.2, "standard": 1.5}
 FLOOD_GOODPUT_GOAL_RATIO = 0.95
-BEFORE, AFTER = "tenants", "queued"  # the gateways: queueing in Triton / in the gateway
+# the gateways: refusals at once, queueing in Triton / in the gateway; refusals after the
+# tenancy's delay (a tarpit), queueing in Triton
+BEFORE, AFTER, TARPIT = "flood-before", "queued", "flood-tarpit"
+ARMS = ((BEFORE, "before"), (AFTER, "after"), (TARPIT, "tarpit"))  # gateway, phase tag
 
 
 def flood_phases() -> list[Phase]:
-    """Issue 36's flood (the module docstring), on the gateway before (``tenants``: its
-    pool queues in Triton) and after (``queued``: in the gateway); each alone run right
-    before its mixed one. ``flood-goodput``: the flood alone without tenancy."""
+    """Issue 36's flood (the module docstring), on each gateway of :data:`ARMS`; each
+    alone run right before its mixed one. ``flood-goodput``: the flood alone without
+    tenancy."""
     light_critical = TenantLoad("light-critical", "critical", PACED_STREAMS, PACED_SHARE)
     light_standard = TenantLoad("light-standard", "standard", PACED_STREAMS, PACED_SHARE)
     shed_flood = TenantLoad("flood-sheddable", "sheddable", FLOOD_IN_FLIGHT)
@@ -51,8 +56,7 @@ def flood_phases() -> list[Phase]:
     fair = tuple(TenantLoad(f"flood-fair-{chr(ord('a') + i)}", "standard", n)
                  for i, n in enumerate(thirds))
     phases = [Phase("flood-goodput", "alone-none", (std_flood,), "none")]
-    for side in (BEFORE, AFTER):
-        tag = "before" if side == BEFORE else "after"
+    for side, tag in ARMS:
         phases += [
             Phase("flood-priority", f"alone-{tag}", (light_critical,), side),
             Phase("flood-priority", f"mixed-{tag}", (light_critical, shed_flood), side),
@@ -64,7 +68,7 @@ def flood_phases() -> list[Phase]:
 
 
 def flood_rows(samples: Samples, model: str, protocol: str) -> list[dict[str, Any]]:
-    """Issue 36's table, one row per flood scenario and gateway (before, after): the
+    """Issue 36's table, one row per flood scenario and gateway (:data:`ARMS`): the
     light tenant alone and beside the flood, the flood's goodput, the pool's goodput
     beside the flood over the flood's alone without tenancy, Jain's index."""
     def runs(scenario: str, phase: str) -> list[dict[str, Measured]]:
@@ -74,7 +78,7 @@ def flood_rows(samples: Samples, model: str, protocol: str) -> list[dict[str, An
             for t in run]
     base_goodput = finite_median(base)
     rows: list[dict[str, Any]] = []
-    for tag in ("before", "after"):
+    for _, tag in ARMS:
         for scenario, light, flood in (("flood-priority", "light-critical", "flood-sheddable"),
                                        ("flood-standard", "light-standard",
                                         "flood-standard64")):
@@ -142,7 +146,8 @@ def flood_row(scenario: str, tag: str, model: str, protocol: str, light: str, fl
 
 
 def flood_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Issue 36's table: before (queued in Triton) and after (in the gateway)."""
+    """Issue 36's table: before (queued in Triton), after (in the gateway), tarpit
+    (refusals after the tenancy's delay)."""
     cells = []
     for r in rows:
         if r["scenario"] == "flood-fairness":
@@ -162,7 +167,8 @@ def flood_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join([
         "Issue 36: a closed-loop flood (64 in flight, every refusal retried at once) beside a "
         f"light tenant paced at {PACED_SHARE:.0%} of Triton's throughput. before: the pool "
-        "queues in Triton; after: in the gateway (gateway_queue).",
+        "queues in Triton, refusals at once; after: in the gateway (gateway_queue); tarpit: "
+        "in Triton, tenancy refusals answered after the tenancy's refusal_delay_ms.",
         table(("scenario", "gateway", "model", "protocol", "light tenant", "success alone %",
                "success with flood %", "p50 vs alone", "p99 vs alone", "queue wait p50/p99 ms",
                "flood goodput/s", "pool goodput vs no tenancy", "Jain", "met?"), cells)])

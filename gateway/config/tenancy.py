@@ -15,6 +15,10 @@ from gateway.config.access import RateLimitSpec
 from gateway.policy.access import configured_digest
 
 DEFAULT_TENANT = "default"
+# a refusal of the tenancy rules is answered this long after it is decided
+# (gateway.policy.tenancy.refusal_delay_ms; 0: at once). At most the Retry-After (1 s):
+# a client that honours it never waits for the delay
+DEFAULT_REFUSAL_DELAY_MS, MAX_REFUSAL_DELAY_MS = 50, 1000
 # tenants are HAProxy map keys and stick-table keys ("t:<name>", at most 64 bytes)
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9_-]{0,46}[a-z0-9])?$"
 
@@ -87,6 +91,7 @@ class TenancySpec(BaseModel):
     default: DefaultTenantSpec = Field(default_factory=DefaultTenantSpec)
     tenants: tuple[TenantSpec, ...] = ()
     refuse_at: RefuseAt = Field(default_factory=RefuseAt)
+    refusal_delay_ms: int = Field(DEFAULT_REFUSAL_DELAY_MS, ge=0, le=MAX_REFUSAL_DELAY_MS)
 
     @model_validator(mode="after")
     def _consistent(self) -> TenancySpec:

@@ -2,9 +2,10 @@
 limits per API key (a stick table per limit class, keyed by the key's digest; a tenant
 with limits of its own counted as one key), with tenants the tenancy rule
 (``gateway.policy.tenancy.decide``: the tenant's in-flight limit, the class ceiling on
-the pool's load, the tenant's fair share), the model's bound (stick table ``st_model``
-against map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once) and the deadline the
-pool cannot meet (504 / DEADLINE_EXCEEDED). :mod:`gateway.haproxy.request_rules` places
+the pool's load, the tenant's fair share; 429 / RESOURCE_EXHAUSTED after the tenancy's
+refusal delay, HAProxy's tarpit), the model's bound (stick table ``st_model`` against
+map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once) and the deadline the pool
+cannot meet (504 / DEADLINE_EXCEEDED). :mod:`gateway.haproxy.request_rules` places
 them in the hot path's order.
 """
 
@@ -108,15 +109,40 @@ def bound_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str,
 def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
     """``gateway.policy.tenancy.decide``: the tenant's in-flight limit (``sc2``, its own
     entry), the class ceiling on the pool's load (``be_conn`` of the pool's backends plus
-    the requests queued elsewhere), the tenant's share once the pool is saturated
-    (``sc1``: the tenant's requests for this model in this pool)."""
+    the requests queued elsewhere), the tenant's share once the pool is saturated (its
+    requests for this model in this pool in ``st_route``, which only what these rules
+    admit tracks: :func:`.request_rules._pool_rules`).
+
+    A refusal is answered after the tenancy's refusal delay (``http-request tarpit``, the
+    frontend's ``timeout tarpit``; ``tenancy.refusal_delay_ms``) when the request's
+    deadline (``txn.dl``) leaves room for it, else at once. A request waiting there still
+    holds what it tracked before (``sc2``: a limited tenant's own entry), so it also
+    tracks ``st_delay`` under the same key, and the limit counts ``sc2`` less those. It
+    tracks ``st_seen`` (model/pool/tenant) instead of ``st_route``: the arrival makes
+    the tenant active (``gateway.telemetry.read_haproxy``) without counting in flight."""
+    tarpit = snapshot.tenancy is not None and snapshot.tenancy.refusal_delay_ms > 0
+    limited = "{ var(txn.tm) -m int gt 0 }"
     rules: list[Rule] = [
         ("set-var(txn.tm) var(txn.tn),map_str_int(MAPS/tmax.map,0)", ""),
-        ("set-var(txn.to) sc2_conn_cur,sub(txn.tm)", ""),
+        ("set-var(txn.tf) sc2_conn_cur", ""),
     ]
-    limit = "{ var(txn.tm) -m int gt 0 } { var(txn.to) -m int gt 0 }"
-    rules += _refuse(answer, "tenant_limit", tenancy.TENANT_LIMIT.format(
-        tenant="%[var(txn.tn)]", count="%[sc2_conn_cur]", limit="%[var(txn.tm)]"), limit)
+    if tarpit:
+        assert snapshot.tenancy is not None
+        delay = snapshot.tenancy.refusal_delay_ms
+        dl = "{ var(txn.dl) -m found }"
+        rules += [
+            # the limited tenant's refusals waiting their delay are not in flight
+            ("set-var(txn.tw) var(txn.rk),table_conn_cur(st_delay)", limited),
+            ("set-var(txn.tf) var(txn.tf),sub(txn.tw)", limited),
+            # tenancy.refusal_delay_ms: delayed unless delay x 10 beyond deadline x 9
+            ("set-var(txn.tp) int(0)", f"!{dl}"),
+            (f"set-var(txn.tp) var(txn.dl),mul({deadline.SHARE_NUM}),"
+             f"sub({delay * deadline.SHARE_DEN})", dl),
+        ]
+    rules.append(("set-var(txn.to) var(txn.tf),sub(txn.tm)", ""))
+    rules += _refuse(answer, tarpit, "tenant_limit", tenancy.TENANT_LIMIT.format(
+        tenant="%[var(txn.tn)]", count="%[var(txn.tf)]", limit="%[var(txn.tm)]"),
+        f"{limited} {{ var(txn.to) -m int gt 0 }}")
     rules += _load_rules(snapshot, "")
     rules += [
         ("set-var(txn.ck) var(txn.pool),concat(/,txn.tc,)", ""),
@@ -125,19 +151,45 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
     ]
     lf = {"pool": "%[var(txn.pool)]", "load": "%[var(txn.pl)]", "capacity": "%[var(txn.cap)]",
           "tenant": "%[var(txn.tn)]"}
-    rules += _refuse(answer, "saturated", tenancy.SATURATED.format(
+    rules += _refuse(answer, tarpit, "saturated", tenancy.SATURATED.format(
         **lf, priority="%[var(txn.tc)]", ceiling="%[var(txn.ceil)]"),
         "has_class { var(txn.sat) -m int ge 0 }")
     rules += [
         ("set-var(txn.co) var(txn.pl),sub(txn.cap)", ""),
         ("set-var(txn.sk) var(txn.pool),concat(/,txn.tn,)", ""),
         ("set-var(txn.sh) var(txn.sk),map_str_int(MAPS/share.map,1)", ""),
-        ("set-var(txn.fo) sc1_conn_cur,sub(txn.sh)", ""),
+        # the tenant's admitted requests here, this one not tracked yet
+        ("set-var(txn.fo) var(txn.mp),table_conn_cur(st_route),sub(txn.sh)", ""),
     ]
-    rules += _refuse(answer, "fair_share", tenancy.FAIR_SHARE.format(
+    rules += _refuse(answer, tarpit, "fair_share", tenancy.FAIR_SHARE.format(
         **lf, share="%[var(txn.sh)]"),
-        "has_class { var(txn.co) -m int ge 0 } { var(txn.fo) -m int gt 0 }")
+        "has_class { var(txn.co) -m int ge 0 } { var(txn.fo) -m int ge 0 }")
     return rules
+
+
+def _refuse(answer: Callable[..., str], tarpit: bool, reason: str, message: str,
+            cond: str) -> list[Rule]:
+    """Refused under ``cond`` for a tenancy ``reason``: logged as such, the arrival seen
+    (``st_seen``), then the tarpit where the deadline allows (a limited tenant's wait
+    counted in ``st_delay``), else the answer at once."""
+    action = answer(errors.Overloaded, message, retry_after=tenancy.RETRY_AFTER_S)
+    rules = [("set-var(txn.out) str(rejected)", cond),
+             (f"set-var(txn.why) str({reason})", cond),
+             ("track-sc1 var(txn.mp) table st_seen", cond)]
+    if tarpit:
+        late = f"{cond} {{ var(txn.tp) -m int ge 0 }}"
+        rules += [("track-sc0 var(txn.rk) table st_delay", f"{late} {{ var(txn.tm) -m int gt 0 }}"),
+                  (_tarpitted(action), late)]
+    return [*rules, (action, cond)]
+
+
+def _tarpitted(action: str) -> str:
+    """The same answer after the frontend's ``timeout tarpit``: HAProxy's ``http-request
+    tarpit`` takes ``http-request return``'s arguments (status, content-type, ``hdr``,
+    ``lf-string``), on HTTP/1.1 and on HTTP/2 streams alike."""
+    head = "http-request return "
+    assert action.startswith(head), action
+    return "http-request tarpit " + action[len(head):]
 
 
 def _load_rules(snapshot: Snapshot, cond: str) -> list[Rule]:
@@ -189,11 +241,3 @@ def deadline_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str
         ("set-var(txn.why) str(deadline)", hopeless),
         (answer(errors.DeadlineExceeded, message), hopeless),
     ]
-
-
-
-def _refuse(answer: Callable[..., str], reason: str, message: str, cond: str) -> list[Rule]:
-    return [("set-var(txn.out) str(rejected)", cond),
-            (f"set-var(txn.why) str({reason})", cond),
-            (answer(errors.Overloaded, message, retry_after=tenancy.RETRY_AFTER_S), cond)]
-

@@ -40,7 +40,15 @@ def tables(snapshot: Snapshot) -> str:
         ]
     if snapshot.tenancy is not None:
         lines += ["backend tenant_flight",
-                  "  stick-table type string len 64 size 10k expire 10m store conn_cur"]
+                  "  stick-table type string len 64 size 10k expire 10m store conn_cur",
+                  # arrivals the tenancy rules refused (model/pool/tenant): they make a
+                  # tenant active without counting in flight (admission_rules.py)
+                  "backend st_seen",
+                  "  stick-table type string len 192 size 20k expire 10m store "
+                  f"http_req_rate({round(tenancy.ACTIVE_WINDOW_S * 1000)})"]
+        if snapshot.tenancy.refusal_delay_ms > 0:  # a limited tenant's refusals in the tarpit
+            lines += ["backend st_delay",
+                      "  stick-table type string len 64 size 10k expire 1m store conn_cur"]
     return "\n".join(lines) + "\n"
 
 

@@ -7,8 +7,8 @@ holders (its backend's servers and map ``resident``), the same for the gRPC back
 twins (:func:`gateway.haproxy.backends.pin_backends`). It gives ``None`` when the
 change is structural (:func:`structure`: pools, members, a member's gRPC connection
 mode, rate classes, the default route, predict auth turned on or off, the number of
-split ranks, tenancy turned on or off, the set of models under residency) and needs a
-seamless reload.
+split ranks, tenancy turned on or off, its refusal delay (the frontends' ``timeout
+tarpit``), the set of models under residency) and needs a seamless reload.
 
 Holders move without a gap: a model backend's servers are made ready before the map
 sends requests to them, and the map turns to ``miss`` (the control plane) before the
@@ -43,6 +43,7 @@ def structure(snapshot: Snapshot, layout: Layout) -> tuple[object, ...]:
         snapshot.predict_gated,
         snapshot.split_ranks(),
         snapshot.tenancy is not None,
+        snapshot.tenancy.refusal_delay_ms if snapshot.tenancy is not None else None,
         tuple((r.pool, r.model) for r in snapshot.residents()),
     )
 

@@ -108,6 +108,7 @@ def _tenancy(state: GatewayState, policy: RoutingPolicy,
         shares=tuple((pool, name, share) for pool, cap in caps
                      for name, share in tenancy.shares(cap, state.active_tenants(pool)).items()),
         bounds=tuple((p.value, tenancy.bound_permille(p)) for p, _ in tenancy.refuse_at),
+        refusal_delay_ms=tenancy.refusal_delay_ms,
     )
 
 
@@ -228,9 +229,11 @@ class HAProxyController:
         """HAProxy's live counts -> gauges: in flight per model and pool, queued per
         model, per-member in flight (saturation) and connection errors; the tenants
         active in HAProxy's tables noted (their shares are applied next)."""
-        stats_text, routes_text = await asyncio.gather(
-            self.api.aquery("show stat"), self.api.aquery("show table st_route"))
-        counts = read_haproxy(stats_text, routes_text, self._tenancy_rules)
+        queries = [self.api.aquery("show stat"), self.api.aquery("show table st_route")]
+        if self._tenancy_rules:  # the arrivals the tenancy rules refused
+            queries.append(self.api.aquery("show table st_seen"))
+        stats_text, routes_text, *refused = await asyncio.gather(*queries)
+        counts = read_haproxy(stats_text, routes_text, self._tenancy_rules, "".join(refused))
         state, telemetry = self.core.state, self.core.telemetry
         metrics = telemetry.metrics
         for pool in state.pools:

@@ -46,6 +46,9 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         f'  log-format "{LOG_FORMAT}"',
         "  option http-keep-alive" if http else "  option http-no-delay",
     ]
+    if snapshot.tenancy is not None and snapshot.tenancy.refusal_delay_ms > 0:
+        # a tenancy refusal's delay (admission_rules.tenancy_rules' tarpit)
+        lines.append(f"  timeout tarpit {snapshot.tenancy.refusal_delay_ms}ms")
     if http:
         lines += [
             f"  acl infer_path path_reg {model_name.HTTP_INFER_PATTERN}",

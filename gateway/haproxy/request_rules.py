@@ -118,10 +118,10 @@ def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -
         ("set-var(txn.out) str(not_ready)", "nr"),
         (answer(errors.ModelNotReady, not_ready, retry_after=readiness.RETRY_AFTER_S), "nr"),
         (f"set-var(txn.mp) {route_key}", ""),
-        ("track-sc1 var(txn.mp) table st_route", ""),
     ]
-    if snapshot.tenancy is not None:
+    if snapshot.tenancy is not None:  # what they refuse never counts in st_route
         rules += tenancy_rules(snapshot, answer)
+    rules.append(("track-sc1 var(txn.mp) table st_route", ""))
     return [*rules, *bound_rules(snapshot, answer, model_lf, default_limit),
             *deadline_rules(snapshot, answer, model_lf), *queueing.priority_rules(snapshot)]
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gateway.config.tenancy import Priority
+from gateway.config.tenancy import DEFAULT_REFUSAL_DELAY_MS, Priority
 from gateway.policy.rate import RateClass
 from gateway.policy.routing import MAX_POOLS_PER_MODEL, MAX_WEIGHT
 from gateway.policy.tenancy import split_shares
@@ -127,6 +127,9 @@ class TenancyState:
     shares: tuple[tuple[str, str, int], ...] = ()  # (pool, tenant, requests)
     bounds: tuple[tuple[str, int], ...] = ()  # (priority, the model's bound in permille)
     enabled: bool = True
+    # a tenancy refusal's tarpit (gateway.policy.tenancy.refusal_delay_ms); tenancy off
+    # keeps the default, so turning it off and on again needs no reload
+    refusal_delay_ms: int = DEFAULT_REFUSAL_DELAY_MS
 
     def rate_classes(self) -> tuple[RateClass, ...]:
         return tuple(t.rate for t in self.tenants if t.rate is not None)
@@ -305,6 +308,7 @@ def snapshot_from_dict(data: Any) -> Snapshot:
             shares=tuple((str(p), str(n), int(c)) for p, n, c in t["shares"]),
             bounds=tuple((str(k), int(c)) for k, c in t.get("bounds", ())),
             enabled=bool(t.get("enabled", True)),
+            refusal_delay_ms=int(t.get("refusal_delay_ms", DEFAULT_REFUSAL_DELAY_MS)),
         )
 
     try:

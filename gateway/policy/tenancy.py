@@ -50,9 +50,19 @@ refused from 12 in flight and ``app`` from 4; ``app`` stops for 2 s: ``web``'s s
 16 again. The default tenant, sending nothing, takes no share.
 
 Refusals are 429 / RESOURCE_EXHAUSTED with ``Retry-After`` and a message naming the
-reason. Admitted requests queue in Triton, or, in a pool with ``gateway_queue``, in the
-gateway, in the order of :mod:`gateway.policy.queueing` (class, then the tenant's
-virtual time by its weight); the load above counts them either way.
+reason, answered after :func:`refusal_delay_ms` (the tenancy's ``refusal_delay_ms``, a
+tarpit): a client that retries every refusal at once is slowed by its own concurrency
+(at most its requests in flight / the delay refusals a second), instead of taking the
+CPU Triton and the other tenants need to be refused tens of thousands of times a
+second. The request waits on its own (HAProxy's ``http-request tarpit``, an
+``asyncio.sleep`` of its own task on the Python plane), counted nowhere: neither the
+tenant's requests in flight nor the pool's load. A request whose deadline (ms) leaves no
+room for the delay within 9/10 of it is answered at once (a gRPC client must read
+RESOURCE_EXHAUSTED, not its own DEADLINE_EXCEEDED). The other refusals (rates, the
+model's bound, deadlines, readiness) are answered at once. Admitted requests queue in
+Triton, or, in a pool with ``gateway_queue``, in the gateway, in the order of
+:mod:`gateway.policy.queueing` (class, then the tenant's virtual time by its weight);
+the load above counts them either way.
 """
 
 from __future__ import annotations
@@ -61,8 +71,15 @@ import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from gateway.config.tenancy import DEFAULT_TENANT, Priority, TenancySpec, TenantLimits
+from gateway.config.tenancy import (
+    DEFAULT_REFUSAL_DELAY_MS,
+    DEFAULT_TENANT,
+    Priority,
+    TenancySpec,
+    TenantLimits,
+)
 from gateway.policy.access import configured_digest, key_digest
+from gateway.policy.deadline import SHARE_DEN, SHARE_NUM
 from gateway.policy.rate import RateClass
 
 RETRY_AFTER_S = 1
@@ -131,6 +148,20 @@ def decide(tenant: Tenant, s: Standing) -> Refusal | None:
     return None
 
 
+def refusal_delay_ms(delay_ms: int, deadline_ms: int | None) -> int:
+    """Milliseconds a refusal of :func:`decide` waits before it is answered: the
+    tenancy's ``refusal_delay_ms``, unless the request's deadline (``deadline_ms``, None
+    without one) leaves no room for it within 9/10 of it (``deadline.SHARE_NUM`` /
+    ``SHARE_DEN``, the share deadline shedding keeps): then 0, answered at once, before
+    the client's own deadline ends the call. In integers, as HAProxy compares them
+    (a frontend has one tarpit duration: no shorter delay in between)."""
+    if delay_ms <= 0:
+        return 0
+    if deadline_ms is not None and delay_ms * SHARE_DEN > deadline_ms * SHARE_NUM:
+        return 0
+    return delay_ms
+
+
 def split_shares(ceilings: Mapping[Priority, int],
                  tenants: Iterable[tuple[str, Priority, float]],
                  active: Collection[str]) -> dict[str, int]:
@@ -196,6 +227,7 @@ class Tenancy:
     tenants: tuple[Tenant, ...]  # the default first
     keys: tuple[tuple[str, str], ...]  # (key digest, tenant name), sorted
     refuse_at: tuple[tuple[Priority, float], ...]
+    refusal_delay_ms: int = DEFAULT_REFUSAL_DELAY_MS  # refusal_delay_ms() applies it
 
     @classmethod
     def from_spec(cls, spec: TenancySpec, queue_factor: float) -> Tenancy:
@@ -215,6 +247,7 @@ class Tenancy:
                               for t in spec.tenants for k in t.keys)),
             refuse_at=((Priority.SHEDDABLE, given.sheddable), (Priority.STANDARD, standard),
                        (Priority.CRITICAL, critical)),
+            refusal_delay_ms=spec.refusal_delay_ms,
         )
 
     @property
@@ -287,6 +320,7 @@ def describe(tenancy: Tenancy, capacities: Mapping[str, int],
             "keys": keys.get(t.name, []),
         } for t in tenancy.tenants],
         "refuse_at": {p.value: f for p, f in tenancy.refuse_at},
+        "refusal_delay_ms": tenancy.refusal_delay_ms,
         "pools": {pool: {"capacity": cap,
                          "ceilings": {p.value: tenancy.ceiling(p, cap)
                                       for p, _ in tenancy.refuse_at},
@@ -298,4 +332,4 @@ def describe(tenancy: Tenancy, capacities: Mapping[str, int],
 
 __all__ = ["ACTIVE_WINDOW_S", "AT_LEAST", "DEFAULT_TENANT", "Priority", "Refusal", "Standing",
            "Tenancy", "TenantActivity", "TenantDirectory", "decide", "queued_elsewhere",
-           "split_shares"]
+           "refusal_delay_ms", "split_shares"]

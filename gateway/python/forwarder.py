@@ -205,6 +205,7 @@ class Forwarder:
             self._refused(route, protocol, options, err, tenant,
                           err.reason if isinstance(err, Overloaded)
                           else "deadline" if isinstance(err, DeadlineExceeded) else "")
+            await self._tarpit(err, options)
             raise
         queue, held = self._queue(pool), False
         try:
@@ -390,6 +391,18 @@ class Forwarder:
             self._shed_if_hopeless(route.model, pool, options.deadline_s)
         self._count_in(route, +1, pool, tenant)
         return pool
+
+    async def _tarpit(self, err: GatewayError, options: RequestOptions) -> None:
+        """A refusal of the tenancy rules waits :func:`tenancy.refusal_delay_ms` before it
+        is answered (HAProxy's tarpit), on the request's own task, counted nowhere: a
+        client retrying every refusal at once is slowed by its own concurrency."""
+        if not (isinstance(err, Overloaded) and err.reason in tenancy.REASONS
+                and self.tenants is not None):
+            return
+        deadline_ms = None if options.deadline_s is None else int(options.deadline_s * 1000)
+        delay = tenancy.refusal_delay_ms(self.tenants.tenancy.refusal_delay_ms, deadline_ms)
+        if delay:
+            await asyncio.sleep(delay / 1000)
 
     def _shed_if_hopeless(self, model: str, pool: Pool, deadline_s: float) -> None:
         service = self.state.service_us(model, pool)

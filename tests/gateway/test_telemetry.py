@@ -30,6 +30,17 @@ def test_haproxy_counts_strip_the_tenant_from_routes_and_note_the_active_ones() 
     assert counts.active == {("p", "gold"), ("p", "default")}
 
 
+def test_arrivals_the_tenancy_rules_refused_make_a_tenant_active_not_in_flight() -> None:
+    seen = """# table: st_seen, type: string, size:20000, used:2
+0x4: key=m/q/flood use=1 exp=0 shard=0 http_req_rate(2000)=40
+0x5: key=m/p/gone use=0 exp=0 shard=0 http_req_rate(2000)=0
+"""
+    counts = read_haproxy(STATS, ROUTES, tenancy_rules=True, seen_text=seen)
+    assert counts.active == {("p", "gold"), ("p", "default"), ("q", "flood")}
+    assert counts.tenants == {"gold": 2, "default": 1, "idle": 0}
+    assert counts.routes == {("m", "p"): 3, ("n", "p"): 0}
+
+
 def test_haproxy_counts_without_tenancy_read_model_and_pool_keys() -> None:
     routes = "0x1: key=m/p use=0 exp=0 conn_cur=4 http_req_rate(2000)=9\n"
     counts = read_haproxy(STATS, routes, tenancy_rules=False)

@@ -1,8 +1,9 @@
 """Tenants and priorities on each data plane (gateway/policy/tenancy.py): at overload a
 sheddable tenant is refused first, a critical one keeps its room up to its own limit,
-the default tenant is refused at the standard ceiling, over HTTP and gRPC alike; a live
-change of tenants through ``PUT /v1/tenants`` drops no request; a malformed one is
-refused whole.
+the default tenant is refused at the standard ceiling, over HTTP and gRPC alike; a
+refusal is answered after the tenancy's refusal delay, or at once for a deadline with no
+room for it; a live change of tenants through ``PUT /v1/tenants`` drops no request; a
+malformed one is refused whole.
 
 The pool's requests are held in Triton by a model whose dynamic batcher waits
 ``HOLD_S`` for a batch: the load is known while the test asks. Once it has asked, a full
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -22,8 +24,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from gateway.config.tenancy import DEFAULT_REFUSAL_DELAY_MS
 from infergate.processes import GatewayProcess
 from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES, triton_settings
@@ -33,11 +37,13 @@ pytestmark = [pytest.mark.integration]
 SLOW, CAPPED, HOLD_S = "held", "capped", 8.0
 BATCH, PAY = "batch-key-0123456789", "pay-key-0123456789"
 HEAVY, LIGHT = "heavy-key-0123456789", "light-key-0123456789"
+QUIET = "quiet-key-0123456789"  # only ever refused (the refusal delay's test)
 TENANCY = {
     "default": {"priority": "standard"},
     "tenants": [{"name": "batch", "priority": "sheddable", "keys": [BATCH]},
                 {"name": "pay", "priority": "critical", "keys": [PAY], "max_in_flight": 3},
-                {"name": "heavy", "keys": [HEAVY]}, {"name": "light", "keys": [LIGHT]}],
+                {"name": "heavy", "keys": [HEAVY]}, {"name": "light", "keys": [LIGHT]},
+                {"name": "quiet", "keys": [QUIET]}],
 }
 
 
@@ -230,12 +236,13 @@ async def test_tenants_change_live_without_dropping_a_request(gateway: GatewayPr
         await asyncio.gather(*workers)
         shown = (await client.get(f"{base}/v1/tenants")).json()
     assert set(statuses) == {200}, (statuses, refused[:3])
-    assert [t["name"] for t in shown["tenants"]] == ["default", "batch", "pay", "heavy", "light"]
+    assert [t["name"] for t in shown["tenants"]] == ["default", "batch", "pay", "heavy", "light",
+                                                     "quiet"]
     assert shown["pools"]["p"]["capacity"] == 2
     assert shown["pools"]["p"]["ceilings"] == {"sheddable": 2, "standard": 4, "critical": 6}
     # once the traffic is over (HAProxy counted it as the default tenant's while tenancy
     # was off), every tenant is alone in its class: its share is the class ceiling
-    idle = {"default": 4, "batch": 2, "pay": 6, "heavy": 4, "light": 4}
+    idle = {"default": 4, "batch": 2, "pay": 6, "heavy": 4, "light": 4, "quiet": 4}
     assert await asyncio.to_thread(wait_until, lambda: _shares(gateway) == idle, 20), \
         _shares(gateway)
     assert all(k.startswith("sha256:") for t in shown["tenants"] for k in t["keys"])
@@ -255,6 +262,10 @@ def test_a_malformed_tenancy_is_refused_whole_and_nothing_changes(
     assert httpx.get(f"{base}/v1/tenants").json() == before
     broken = httpx.put(f"{base}/v1/tenants", content=b"{", headers={"content-type": "x"})
     assert broken.status_code == 400 and "not JSON" in broken.json()["error"]
+
+
+def _active(gw: GatewayProcess) -> list[str]:
+    return list(httpx.get(f"http://{gw.http_url}/v1/tenants").json()["pools"]["p"]["active"])
 
 
 def _shares(gw: GatewayProcess) -> dict[str, int]:
@@ -336,3 +347,60 @@ async def test_the_models_bound_refuses_lower_classes_first_never_critical_for_t
         await _release(triton, CAPPED, held)
         answers = await asyncio.gather(*held)
     assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+
+
+def _grpc_refusal(gw: GatewayProcess, model: str, key: str,
+                  timeout_s: float | None = None) -> tuple[str, str, float]:
+    """A gRPC ModelInfer's status, message and seconds until its answer."""
+    client = grpcclient.InferenceServerClient(gw.grpc_url)
+    try:
+        inp = grpcclient.InferInput("x", [1, TINY_WIDTH], "FP32")
+        inp.set_data_from_numpy(np.ones((1, TINY_WIDTH), np.float32))
+        began = time.monotonic()
+        try:
+            client.infer(model, [inp], headers={"x-api-key": key}, client_timeout=timeout_s)
+        except InferenceServerException as exc:
+            return str(exc.status()), str(exc.message()), time.monotonic() - began
+        return "OK", "", time.monotonic() - began
+    finally:
+        client.close()
+
+
+async def test_a_refusal_is_answered_after_the_delay_alike_over_http_and_grpc(
+        gateway: GatewayProcess, triton: LocalTriton) -> None:
+    """The default refusal delay (a tarpit): the same status and message as at once,
+    no sooner than the delay, on both protocols; a deadline with no room for the delay
+    within 9/10 of it is still told RESOURCE_EXHAUSTED (answered at once), not its own
+    DEADLINE_EXCEEDED; a limited tenant's refusals waiting are not in flight."""
+    delay_s = DEFAULT_REFUSAL_DELAY_MS / 1000
+    saturated = ("pool 'p' is saturated: load 2 for capacity 2; sheddable requests are "
+                 "refused from load 2")
+    url = f"http://{gateway.http_url}/v2/models/{SLOW}/infer"
+    async with httpx.AsyncClient(timeout=60) as client:
+        post = _poster(client, url)
+        held = [post(BATCH), post(BATCH)]  # the pool's capacity, held in Triton
+        assert await asyncio.to_thread(wait_until, lambda: _in_flight(gateway, "batch") == 2, 20)
+        began = time.monotonic()
+        shed = await post(BATCH)
+        took = time.monotonic() - began
+        assert (shed.status_code, shed.json()["error"]) == (429, saturated)
+        assert shed.headers["retry-after"] == "1" and took >= 0.9 * delay_s, took
+        status, message, took = await asyncio.to_thread(_grpc_refusal, gateway, SLOW, BATCH)
+        assert (status, message) == ("StatusCode.RESOURCE_EXHAUSTED", saturated)
+        assert took >= 0.9 * delay_s, took
+        short = delay_s * 10 / 9 - 0.001  # 9/10 of it leaves no room for the delay
+        status, message, _ = await asyncio.to_thread(_grpc_refusal, gateway, SLOW, BATCH, short)
+        assert (status, message) == ("StatusCode.RESOURCE_EXHAUSTED", saturated)
+        held += [post(PAY) for _ in range(3)]  # critical, its limit (3) in flight
+        assert await asyncio.to_thread(wait_until, lambda: _in_flight(gateway, "pay") == 3, 20)
+        # refused together: none counts the others waiting for their answers
+        limited = await asyncio.gather(*(post(PAY) for _ in range(3)))
+        assert {(r.status_code, r.json()["error"]) for r in limited} == {
+            (429, "tenant 'pay' has 4 requests in flight (its limit 3)")}
+        # a refused arrival still makes its tenant active (it takes its share at once
+        # when the pool has room again), though it never was in flight
+        assert (await post(QUIET)).status_code == 429  # load 5: the standard ceiling is 4
+        assert await asyncio.to_thread(wait_until, lambda: "quiet" in _active(gateway), 20)
+        await _release(triton, SLOW, held)
+        answers = await asyncio.gather(*held)
+    assert [r.status_code for r in answers] == [200] * 5

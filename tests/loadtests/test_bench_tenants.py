@@ -478,15 +478,24 @@ def test_flood_rows_compare_the_light_tenant_alone_and_beside_the_flood() -> Non
     assert "| 0.5/1.9 |" in table and "| 0.349x |" in table
 
 
-def test_flood_phases_run_before_and_after_on_their_own_gateways(tmp_path: Path) -> None:
+def test_flood_phases_run_before_after_and_tarpit_on_their_own_gateways(tmp_path: Path) -> None:
     phases = fl.flood_phases()
-    assert {p.gateway for p in phases} == {fl.BEFORE, fl.AFTER, "none"}
+    assert {p.gateway for p in phases} == {fl.BEFORE, fl.AFTER, fl.TARPIT, "none"}
     floods = [t for p in phases for t in p.loads if not t.paced and "fair" not in t.tenant]
     assert floods and all(t.in_flight == fl.FLOOD_IN_FLIGHT for t in floods)
     fair = [t.in_flight for p in phases if p.scenario == "flood-fairness" for t in p.loads]
-    assert sum(fair) == 2 * fl.FLOOD_IN_FLIGHT  # before and after
+    assert sum(fair) == 3 * fl.FLOOD_IN_FLIGHT  # before, after and tarpit
     member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
     path = bt.write_config(tmp_path / "q.yaml", member, 5, bt.gateway_specs(5)[fl.AFTER],
                            queued=True)
     [pool] = yaml.safe_load(path.read_text())["pools"]
     assert pool["gateway_queue"] is True and pool["capacity_per_member"] == 5
+
+
+def test_the_flood_gateways_refuse_at_once_but_the_tarpit_one(tmp_path: Path) -> None:
+    member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
+    loads = bt.gateway_specs(5)[fl.TARPIT]
+    at_once = bt.write_config(tmp_path / "b.yaml", member, 5, loads, refusal_delay_ms=0)
+    assert yaml.safe_load(at_once.read_text())["tenancy"]["refusal_delay_ms"] == 0
+    default = bt.write_config(tmp_path / "t.yaml", member, 5, loads)
+    assert "refusal_delay_ms" not in yaml.safe_load(default.read_text())["tenancy"]

@@ -8,7 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from gateway.haproxy.changes import runtime_commands
-from gateway.haproxy.snapshot import PoolState, RouteState, Snapshot
+from gateway.haproxy.snapshot import (
+    PoolState,
+    RouteState,
+    Snapshot,
+    TenancyState,
+    TenantState,
+)
 from gateway.policy.rate import RateClass
 from gateway.policy.routing import queue_weight
 from gateway.upstream.triton_version import GrpcReuse
@@ -76,3 +82,17 @@ def test_member_restarted_on_another_version_needs_a_reload_when_moved(tmp_path:
     assert runtime_commands(on("2.57.0"), on("2.58.0"), layout) == []
     shared = dataclasses.replace(layout, grpc_upstream_reuse=GrpcReuse.SHARED)
     assert runtime_commands(on("2.51.0"), on("2.57.0"), shared) == []
+
+
+def test_a_new_refusal_delay_needs_a_reload_and_tenancy_off_keeps_the_default(
+        tmp_path: Path) -> None:
+    """The delay is each frontend's ``timeout tarpit``, no runtime-API setting; tenancy
+    turned off keeps its rules with the default delay, so off and on again is no reload."""
+    layout = layout_in(tmp_path)
+    rules = TenancyState(tenants=(TenantState("default", "standard"),))
+    on = replace(snapshot(), tenancy=rules)
+    assert runtime_commands(on, replace(on, tenancy=replace(rules, refusal_delay_ms=20)),
+                            layout) is None
+    off = replace(on, tenancy=TenancyState(tenants=(), enabled=False))
+    assert runtime_commands(on, off, layout) is not None
+    assert runtime_commands(off, on, layout) is not None

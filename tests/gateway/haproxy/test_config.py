@@ -11,7 +11,7 @@ import pytest
 
 from gateway.haproxy import config
 from gateway.haproxy.config import TUNING, render_config, tuning
-from gateway.haproxy.snapshot import PoolState
+from gateway.haproxy.snapshot import PoolState, TenancyState, TenantState
 from gateway.upstream.triton_version import GrpcReuse
 from tests.gateway.haproxy.conftest import layout_in, member, snapshot
 
@@ -75,3 +75,23 @@ def test_layout_tune_settings_override_the_defaults_key_by_key(
     assert global_section.count("tune.bufsize") == 1
     assert "  tune.bufsize 65536\n" in global_section
     assert "  tune.maxrewrite 1024\n" in global_section
+
+
+def test_tenancy_refusals_are_tarpitted_for_the_delay_or_answered_at_once_without_one(
+        tmp_path: Path) -> None:
+    """``tenancy.refusal_delay_ms``: each frontend's ``timeout tarpit``, a refusal
+    tarpitted when its deadline has room for the delay within 9/10 of it (in integers:
+    deadline x 9 - delay x 10 >= 0), else answered at once; 0: no tarpit at all."""
+    rules = TenancyState(tenants=(TenantState("default", "standard", max_in_flight=2),),
+                         refusal_delay_ms=80)
+    text = render_config(snapshot(tenancy=rules), layout_in(tmp_path))
+    assert text.count("  timeout tarpit 80ms\n") == 2  # the HTTP and gRPC frontends
+    assert "set-var(txn.tp) var(txn.dl),mul(9),sub(800)" in text
+    tarpits = [line for line in text.splitlines() if "http-request tarpit " in line]
+    assert len(tarpits) == 6  # three reasons, two protocols
+    assert all("{ var(txn.tp) -m int ge 0 }" in line and " hdr retry-after 1" in line
+               for line in tarpits)
+    assert any("hdr grpc-status 8 hdr grpc-message" in line for line in tarpits)
+    off = render_config(snapshot(tenancy=replace(rules, refusal_delay_ms=0)),
+                        layout_in(tmp_path))
+    assert "tarpit" not in off and "st_delay" not in off

@@ -17,6 +17,7 @@ from gateway.policy.tenancy import (
     TenantDirectory,
     decide,
     queued_elsewhere,
+    refusal_delay_ms,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -76,6 +77,27 @@ def test_refusal_messages_name_the_reason() -> None:
     limit = decide(CAPPED, Standing("gpu-a", 0, C, 24, 0, 1, total=3))
     assert limit is not None and limit.message == (
         "tenant 'capped' has 4 requests in flight (its limit 3)")
+
+
+@pytest.mark.parametrize(("delay", "deadline_ms", "waits"), [
+    (50, None, 50),  # no deadline: the whole delay
+    (50, 1000, 50),
+    (50, 56, 50),  # 50 ms within 9/10 of 56 (50.4)
+    (50, 55, 0),  # beyond 9/10 of 55 (49.5): at once, before the client's deadline
+    (50, 1, 0),
+    (0, None, 0),  # 0: the tarpit is off
+])
+def test_a_refusal_waits_its_delay_unless_the_deadline_has_no_room_for_it(
+        delay: int, deadline_ms: int | None, waits: int) -> None:
+    assert refusal_delay_ms(delay, deadline_ms) == waits
+
+
+def test_the_refusal_delay_is_configured_per_tenancy_and_bounded() -> None:
+    assert Tenancy.from_spec(parse_tenancy({}), 2.0).refusal_delay_ms == 50
+    assert Tenancy.from_spec(parse_tenancy({"refusal_delay_ms": 0}), 2.0).refusal_delay_ms == 0
+    for wrong in (-1, 1001, 2.5):
+        with pytest.raises(ValueError, match="tenancy: refusal_delay_ms"):
+            parse_tenancy({"refusal_delay_ms": wrong})
 
 
 def test_ceilings_default_from_queue_factor_and_follow_given_ones() -> None:

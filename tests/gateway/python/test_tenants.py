@@ -18,12 +18,15 @@ from tests.gateway.conftest import Held
 CAPACITY = 4  # one member: standard refused from 8, critical from 12, sheddable from 4
 
 
-def _dataplane(clock: Callable[[], float] = lambda: 100.0) -> Forwarder:
+def _dataplane(clock: Callable[[], float] = lambda: 100.0, delay_ms: int = 0) -> Forwarder:
+    """``delay_ms``: the tenancy's refusal delay (0 here unless a test looks at it: the
+    rule's tests see each refusal at once)."""
     config = GatewayConfig(
         pools=(PoolSpec(name="p", members=(MemberSpec(grpc_port=1),),
                         capacity_per_member=CAPACITY),),
         queue_factor=2.0,
         tenancy=parse_tenancy({
+            "refusal_delay_ms": delay_ms,
             "default": {"priority": "sheddable"},
             "tenants": [{"name": "heavy", "keys": ["heavy-key"]},
                         {"name": "light", "keys": ["light-key"]},
@@ -33,11 +36,10 @@ def _dataplane(clock: Callable[[], float] = lambda: 100.0) -> Forwarder:
     return Forwarder.for_config(config, clock=clock)
 
 
-
-
-async def _offer(dp: Forwarder, held: Held, key: str, n: int) -> list[asyncio.Task[str]]:
-    tasks = [asyncio.create_task(dp.forward("m", held, protocol="http",
-                                            options=RequestOptions(api_key=key)))
+async def _offer(dp: Forwarder, held: Held, key: str, n: int,
+                 deadline_s: float | None = None) -> list[asyncio.Task[str]]:
+    options = RequestOptions(api_key=key, deadline_s=deadline_s)
+    tasks = [asyncio.create_task(dp.forward("m", held, protocol="http", options=options))
              for _ in range(n)]
     await asyncio.sleep(0)  # each runs up to its upstream call, or is refused
     return tasks
@@ -173,3 +175,28 @@ async def test_the_models_bound_refuses_lower_classes_first_and_never_critical_f
         "overloaded: model 'm' has 13 requests in the gateway (limit 12)")
     held.release.set()
     await asyncio.gather(*_admitted(batch + std + pay))
+
+
+async def test_a_tenancy_refusal_waits_its_delay_on_its_own_and_counts_nowhere() -> None:
+    dp, held = _dataplane(delay_ms=40), Held()
+    loop = asyncio.get_running_loop()
+    batch = await _offer(dp, held, "batch-key", 4)  # sheddable: the pool's capacity
+    began = loop.time()
+    refused = await _offer(dp, held, "batch-key", 1)
+    assert not refused[0].done()  # waiting for its answer, in flight nowhere
+    assert dp.ledger.pools["p"] == 4 and dp.ledger.totals["batch"] == 4
+    pay = await _offer(dp, held, "pay-key", 5)  # others are decided meanwhile
+    assert _outcomes(pay) == {"admitted": 5}
+    # pay's limit (5) counts its requests in flight, not its refusals waiting: each of
+    # two refused at once says 6, itself counted
+    limited = await _offer(dp, held, "pay-key", 2)
+    await asyncio.wait(refused + limited)
+    assert loop.time() - began >= 0.04 * 0.99
+    assert _outcomes(refused) == {"saturated": 1} and _outcomes(limited) == {"tenant_limit": 2}
+    assert {t.exception().message for t in limited} == {  # type: ignore[union-attr]
+        "tenant 'pay' has 6 requests in flight (its limit 5)"}
+    # a deadline with no room for the delay within 9/10 of it: answered at once
+    short = await _offer(dp, held, "batch-key", 1, deadline_s=0.044)
+    assert _outcomes(short) == {"saturated": 1}
+    held.release.set()
+    assert set(await asyncio.gather(*batch, *pay)) == {"ok"}
