@@ -18,7 +18,8 @@ from gateway.lifecycle.records.copy import copy_records
 from gateway.lifecycle.records.jobs import LifecycleStore
 from gateway.lifecycle.records.postgres import PostgresStore
 
-app = typer.Typer(help="The lifecycle's records (jobs, versions, rollouts, models).",
+app = typer.Typer(help="The lifecycle's records (jobs, versions, rollouts, models, "
+                  "recorded demand, live tenancy).",
                   no_args_is_help=True)
 
 

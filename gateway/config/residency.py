@@ -52,8 +52,9 @@ class ResidencySpec(BaseModel):
     release_wait_s: float = Field(10.0, ge=0)
     waiting_room: WaitingRoomSpec = Field(default_factory=WaitingRoomSpec)
     # where each model's measured demand is recorded, so that a restarted gateway
-    # preloads by use (relative to the configuration file); default: the lifecycle's
-    # state folder, else not recorded
+    # preloads by use (relative to the configuration file), where the gateway has no
+    # lifecycle records (with them, the records keep it: gateway/residency/demand.py);
+    # default: the lifecycle's state folder, else not recorded
     demand_file: Path | None = None
 
     @model_validator(mode="after")
