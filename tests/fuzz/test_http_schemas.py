@@ -76,7 +76,7 @@ def test_gateway_openapi_fuzz_answers_no_server_fault(gateway: GatewayProcess,
     spec = httpx.get(f"http://{gateway.http_url}/openapi.json").json()
     schema = schemathesis.openapi.from_dict(spec)
     with fuzzing(gateway, tally, "http-openapi-gateway") as surface:
-        run_schema(schema, f"http://{gateway.http_url}", tally, surface, cases(8),
+        run_schema(schema, f"http://{gateway.http_url}", tally, surface, cases(5),
                    prepare=_keep_served_models)
 
 
