@@ -334,6 +334,8 @@ class HAProxyProcess:
             for pid in group_members(group, self.layout.config_path):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
+                    if sig is signal.SIGTERM:  # a stopped process acts on it once continued
+                        os.kill(pid, signal.SIGCONT)
             if self._exited(group, wait_s):
                 return
             log.warning("HAProxy did not stop after %s", sig.name)
