@@ -1,7 +1,8 @@
-"""Schemathesis against the gateway, both data planes: the gateway's own OpenAPI (every
-route FastAPI declares, uploads and lifecycle included) and the Open Inference
-Protocol's REST schema (``open_inference_protocol.yaml``), with valid and invalid
-requests (schemathesis' positive and negative modes), seeds fixed (derandomized).
+"""Schemathesis against the gateway: the gateway's own OpenAPI (every route FastAPI
+declares, uploads and lifecycle included; behind HAProxy, the default data plane) and the
+Open Inference Protocol's REST schema (``open_inference_protocol.yaml``, both data
+planes), with valid and invalid requests (schemathesis' positive and negative modes),
+seeds fixed (derandomized).
 No answer may be a server fault; the gateway keeps serving within its bounds."""
 
 from __future__ import annotations
@@ -71,12 +72,17 @@ def _keep_served_models(case: Case) -> None:
         params["model"] = params["model"] + "_fuzz"
 
 
+# The gateway's own OpenAPI is the control plane's app (lifecycle, console, settings,
+# tenants): the same code behind either data plane, so it is fuzzed behind the default one
+# (HAProxy). What the planes do differently, the inference protocol and its framing, is
+# fuzzed on both (below, and test_http_tensors.py).
+@pytest.mark.parametrize("gateway", ["haproxy"], indirect=True)
 def test_gateway_openapi_fuzz_answers_no_server_fault(gateway: GatewayProcess,
                                                       tally: Tally) -> None:
     spec = httpx.get(f"http://{gateway.http_url}/openapi.json").json()
     schema = schemathesis.openapi.from_dict(spec)
     with fuzzing(gateway, tally, "http-openapi-gateway") as surface:
-        run_schema(schema, f"http://{gateway.http_url}", tally, surface, cases(5),
+        run_schema(schema, f"http://{gateway.http_url}", tally, surface, cases(8),
                    prepare=_keep_served_models)
 
 
