@@ -43,10 +43,10 @@ EfficientNet-Lite0, over gRPC ``ModelInfer`` and HTTP binary tensors:
   tenants of equal weight sharing the 64 in flight (Jain's index of their goodput);
   ``flood-goodput``: the flood alone through a gateway without tenancy (the pool's
   goodput the others compare with). Three gateways in one run (``tenants_flood.ARMS``):
-  before (refusals answered at once, requests queued in Triton), after
-  (``gateway_queue`` on its pool: queued in the gateway by class and weight) and tarpit
-  (tenancy refusals answered after the tenancy's ``refusal_delay_ms``,
-  ``--refusal-delay-ms``, by default the gateway's own): docs/request-policy.md. Its
+  before (refusals answered at once, requests queued in Triton), tarpit (tenancy
+  refusals answered after the tenancy's ``refusal_delay_ms``, ``--refusal-delay-ms``, by
+  default the gateway's own) and after (both: ``gateway_queue`` on its pool, queued in
+  the gateway by class and weight, and the tarpit): docs/request-policy.md. Its
   own table: the light
   tenant's success alone and beside the flood, its p50 and p99 as ratios to alone, its
   wait in the gateway's queue (the gateway's ``infergate_tenant_queue_wait_seconds``),
@@ -398,8 +398,9 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
         data_plane: str | None = None, scenarios: str = "all",
         refusal_delay_ms: int | None = None) -> list[dict[str, Any]]:
     """``scenarios``: ``overload`` (noisy, priority, fairness, paced, cost), ``flood``
-    (issue 36's, before, with the gateway's queue and with the refusal delay) or ``all``;
-    ``refusal_delay_ms``: the tarpit gateway's (None: the gateway's default)."""
+    (issue 36's, before, with the refusal delay, and with the gateway's queue and the
+    delay) or ``all``; ``refusal_delay_ms``: the tarpit and queued gateways' (None: the
+    gateway's default)."""
     if shutil.which("h2load") is None:
         raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
     started = time.monotonic()
@@ -436,7 +437,7 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                     with contextlib.ExitStack() as arms:
                         floods = {name: arms.enter_context(gateway(
                             scratch, name, member, capacity, specs[name], data_plane, delay))
-                            for name, delay in ((BEFORE, 0), (AFTER, 0),
+                            for name, delay in ((BEFORE, 0), (AFTER, refusal_delay_ms),
                                                 (TARPIT, refusal_delay_ms))}
                         floods["none"] = arms.enter_context(gateway(
                             scratch, "flood-none", member, capacity, None, data_plane))
@@ -480,11 +481,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="also write bench_tenants.json/.md/.png into this folder")
     parser.add_argument("--scenarios", choices=SCENARIO_SETS, default="all",
                         help="overload: noisy/priority/fairness/paced/cost; flood: issue 36's "
-                        "closed-loop flood, before, with the gateway's queue and with the "
-                        "refusal delay; all (default)")
+                        "closed-loop flood, before, with the refusal delay, and with the "
+                        "gateway's queue and the delay; all (default)")
     parser.add_argument("--refusal-delay-ms", type=int, default=None,
-                        help="the tarpit gateway's tenancy refusal_delay_ms (default: the "
-                        "gateway's own)")
+                        help="the tarpit and queued gateways' tenancy refusal_delay_ms "
+                        "(default: the gateway's own)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (2.0 if args.quick else 1.5)

@@ -4,9 +4,9 @@ refusal at once, beside a light tenant paced open loop (critical beside a shedda
 flood, standard beside a standard one), three standard tenants sharing the flood
 (Jain's index of their goodput) and the flood alone without tenancy (the pool's goodput
 the others compare with); each on three gateways (:data:`ARMS`): before (refusals
-answered at once, its pool queueing in Triton), after (in the gateway:
-``gateway_queue``) and tarpit (refusals answered after the tenancy's
-``refusal_delay_ms``). Their phases, goals, rows and table."""
+answered at once, its pool queueing in Triton), tarpit (refusals answered after the
+tenancy's ``refusal_delay_ms``) and after (both: queued in the gateway,
+``gateway_queue``, and the tarpit). Their phases, goals, rows and table."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ FLOOD_IN_FLIGHT = 64  # issue 36's noisy neighbour: closed loop, every refusal r
 # issue 36's goals (the flood scenarios, after: the gateway queues)
 FLOOD_SUCCESS_GOAL_PCT, FLOOD_P99_GOALS = 99.5, {"critical": 1.2, "standard": 1.5}
 FLOOD_GOODPUT_GOAL_RATIO = 0.95
-# the gateways: refusals at once, queueing in Triton / in the gateway; refusals after the
-# tenancy's delay (a tarpit), queueing in Triton
+# the gateways: refusals at once, queueing in Triton; queueing in the gateway and refusals
+# after the tenancy's delay (a tarpit); the tarpit alone, queueing in Triton
 BEFORE, AFTER, TARPIT = "flood-before", "queued", "flood-tarpit"
 ARMS = ((BEFORE, "before"), (AFTER, "after"), (TARPIT, "tarpit"))  # gateway, phase tag
 
@@ -167,8 +167,9 @@ def flood_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join([
         "Issue 36: a closed-loop flood (64 in flight, every refusal retried at once) beside a "
         f"light tenant paced at {PACED_SHARE:.0%} of Triton's throughput. before: the pool "
-        "queues in Triton, refusals at once; after: in the gateway (gateway_queue); tarpit: "
-        "in Triton, tenancy refusals answered after the tenancy's refusal_delay_ms.",
+        "queues in Triton, refusals at once; after: in the gateway (gateway_queue), tenancy "
+        "refusals answered after the tenancy's refusal_delay_ms; tarpit: that delay, "
+        "queued in Triton.",
         table(("scenario", "gateway", "model", "protocol", "light tenant", "success alone %",
                "success with flood %", "p50 vs alone", "p99 vs alone", "queue wait p50/p99 ms",
                "flood goodput/s", "pool goodput vs no tenancy", "Jain", "met?"), cells)])
