@@ -108,7 +108,10 @@ async def probe_member(client: httpx.AsyncClient, core: Core, member: PoolMember
     metrics.member_healthy.labels(member.pool, member.key).set(
         1 if member.available(core.clock()) else 0
     )
-    if not member.healthy:
+    if not (passed and member.healthy):
+        # out of routing, or one failed probe from it (HEALTH_FALL): a member that did
+        # not answer /live in time will not answer its metrics page sooner, and waiting
+        # for that too would put off the next probe, and the ejection, by a timeout
         return
     scraped, version = await asyncio.gather(_scrape(client, spec), read_version(client, spec))
     queue = None if scraped is None else pending_requests(scraped)

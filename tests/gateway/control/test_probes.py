@@ -10,7 +10,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -40,12 +40,14 @@ from infergate.triton.local import free_port
 class Answers:
     metadata: bytes | None = b'{"name": "triton", "version": "2.51.0"}'  # None: HTTP 500
     live: int = 200
+    asked: list[str] = field(default_factory=list)  # the paths asked, in order
 
 
 class FakeTritonHTTP(BaseHTTPRequestHandler):
     answers: Answers
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.answers.asked.append(self.path)
         if self.path == "/v2/health/live":
             self._send(self.answers.live, b"")
         elif self.path == "/v2":
@@ -119,6 +121,27 @@ def test_probe_reads_the_version_and_the_render_follows_when_members_report(
     snapshot = snapshot_of(dataplane.state, TokenTable(), dataplane.clock())
     line = _grpc_server_line(render(snapshot, layout).config)
     assert ("max-reuse 0" not in line) is shared
+
+
+def test_member_that_fails_live_is_not_scraped_so_the_next_probe_comes_a_timeout_sooner(
+        member_server: tuple[int, Answers], tmp_path: Path) -> None:
+    port, answers = member_server
+    dataplane, member, _ = _one_member(port, tmp_path)
+
+    async def probe() -> None:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            await probe_member(client, dataplane, member)
+
+    answers.live = 503
+    asyncio.run(probe())
+    assert member.healthy  # one failed probe of HEALTH_FALL (2): still routed
+    assert answers.asked == ["/v2/health/live"]  # neither metrics nor metadata waited for
+    asyncio.run(probe())
+    assert not member.healthy and answers.asked == ["/v2/health/live"] * 2
+    answers.live = 200
+    asyncio.run(probe())
+    assert member.healthy and {"/metrics", "/v2"} <= set(answers.asked[2:])
+    assert member.upstream_queue == 3
 
 
 def test_member_restarted_on_a_fixed_release_shares_after_one_round(
