@@ -96,6 +96,17 @@ def _bufsize(layout: Layout) -> int:
 
 PIN_GRPC_LUA = "pin_grpc.lua"  # in the run directory (gateway.haproxy.render)
 
+# A reload's old worker (docs/haproxy.md, "Live changes and reloads"). By default it
+# sends GOAWAY to every HTTP/2 connection the moment it stops, also to one it accepted
+# just before whose gRPC client has not made its first call yet; that client then
+# neither calls on it nor closes it, and HAProxy kept it, the call waiting, for
+# `timeout client` (300 s), in effect until hard-stop-after (30 s). GOAWAYs spread over
+# CLOSE_SPREAD_S let such a connection carry its call first, and `timeout client-fin`
+# closes an idle connection HAProxy sent GOAWAY on after GOAWAY_IDLE_S, whenever sent.
+# Neither applies to a connection with a request on it.
+CLOSE_SPREAD_S = 1
+GOAWAY_IDLE_S = 1
+
 
 def _global(layout: Layout) -> str:
     lines = [
@@ -104,6 +115,7 @@ def _global(layout: Layout) -> str:
         f"  stats socket {layout.admin_socket} mode 600 level admin expose-fd listeners",
         "  log ring@telemetry len 2048 format raw local0",
         "  hard-stop-after 30s",
+        f"  close-spread-time {CLOSE_SPREAD_S}s",
         # the filter of the pin backends (loading it costs no request anything)
         f"  lua-load {layout.run_dir / PIN_GRPC_LUA}",
         *(f"  {key} {value}" for key, value in tuning(layout).items()),
@@ -134,6 +146,7 @@ def _defaults(layout: Layout) -> str:
         "  option dontlognull",
         f"  timeout connect {layout.connect_timeout_ms}ms",
         f"  timeout client {layout.client_timeout_s}s",
+        f"  timeout client-fin {GOAWAY_IDLE_S}s",  # (CLOSE_SPREAD_S above)
         f"  timeout server {layout.server_timeout_s}s",
         f"  timeout queue {layout.queue_timeout_s}s",
         "  timeout http-request 30s",
