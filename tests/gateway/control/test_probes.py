@@ -32,7 +32,6 @@ from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.render import render
 from gateway.haproxy.snapshot import Layout
 from gateway.pools import PoolMember
-from gateway.python.forwarder import Forwarder
 from infergate.triton.local import free_port
 
 
@@ -83,7 +82,16 @@ def member_server() -> Iterator[tuple[int, Answers]]:
         thread.join(timeout=10)
 
 
-def _one_member(port: int, tmp_path: Path) -> tuple[Forwarder, PoolMember, Layout]:
+def _probe(dataplane: Core, member: PoolMember) -> None:
+    """One probe round of ``member``."""
+    async def probe() -> None:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            await probe_member(client, dataplane, member)
+
+    asyncio.run(probe())
+
+
+def _one_member(port: int, tmp_path: Path) -> tuple[Core, PoolMember, Layout]:
     spec = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
     dataplane = Core.for_config(GatewayConfig(pools=(PoolSpec(name="p", members=(spec,)),)))
     layout = Layout("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", tmp_path,
@@ -111,11 +119,7 @@ def test_probe_reads_the_version_and_the_render_follows_when_members_report(
     answers.metadata = metadata
     dataplane, member, layout = _one_member(port, tmp_path)
 
-    async def probe() -> None:
-        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
-            await probe_member(client, dataplane, member)
-
-    asyncio.run(probe())
+    _probe(dataplane, member)
     assert member.version_probed and member.triton_version == version
     assert member.upstream_queue == 3  # the queue scrape still happens beside it
     snapshot = snapshot_of(dataplane.state, TokenTable(), dataplane.clock())
@@ -128,18 +132,14 @@ def test_member_that_fails_live_is_not_scraped_so_the_next_probe_comes_a_timeout
     port, answers = member_server
     dataplane, member, _ = _one_member(port, tmp_path)
 
-    async def probe() -> None:
-        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
-            await probe_member(client, dataplane, member)
-
     answers.live = 503
-    asyncio.run(probe())
+    _probe(dataplane, member)
     assert member.healthy  # one failed probe of HEALTH_FALL (2): still routed
     assert answers.asked == ["/v2/health/live"]  # neither metrics nor metadata waited for
-    asyncio.run(probe())
+    _probe(dataplane, member)
     assert not member.healthy and answers.asked == ["/v2/health/live"] * 2
     answers.live = 200
-    asyncio.run(probe())
+    _probe(dataplane, member)
     assert member.healthy and {"/metrics", "/v2"} <= set(answers.asked[2:])
     assert member.upstream_queue == 3
 
@@ -149,17 +149,16 @@ def test_member_restarted_on_a_fixed_release_shares_after_one_round(
     port, answers = member_server
     dataplane, member, layout = _one_member(port, tmp_path)
 
-    async def round_() -> str:
-        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
-            await probe_member(client, dataplane, member)
+    def round_() -> str:
+        _probe(dataplane, member)
         return _grpc_server_line(render(snapshot_of(dataplane.state, TokenTable(), 0.0),
                                         layout).config)
 
     before = snapshot_of(dataplane.state, TokenTable(), 0.0)
-    assert "max-reuse 0" in asyncio.run(round_())
+    assert "max-reuse 0" in round_()
     old = snapshot_of(dataplane.state, TokenTable(), 0.0)
     answers.metadata = json.dumps({"name": "triton", "version": "2.58.0"}).encode()
-    assert "max-reuse 0" not in asyncio.run(round_())
+    assert "max-reuse 0" not in round_()
     new = snapshot_of(dataplane.state, TokenTable(), 0.0)
     assert runtime_commands(old, new, layout) is None  # a reload moves HAProxy
     assert before.pools[0].members[0].triton_version is None  # never probed: not assumed
