@@ -62,7 +62,9 @@ Where a figure comes from: HTTP refusals are 429s in h2load's per-request log
 whose only client the cost run is, ``infergate_requests_total`` of user traffic), and a
 gRPC p50/p99 is taken over every HTTP-200 answer with the refusals the gateway counted
 removed from the fast end: an upper bound on the successes' percentile (exact when
-nothing was refused; the table marks bounds with <=). Ratios against "alone" divide
+nothing was refused; the table marks bounds with <=). Requests h2load still has in
+flight when its run ends are cancelled by it and counted by neither (its log leaves
+them out; the gateway's ``cancelled`` outcome is skipped). Ratios against "alone" divide
 that upper bound by the alone run's lower bound. Figures are medians over rounds.
 
 The clients share the machine with the gateway and Triton: a refused tenant's
@@ -190,6 +192,12 @@ def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
         "none": None,
         "one": [load for phase in cost_phases(capacity) for load in phase.loads],
     }
+
+
+def flood_delays(refusal_delay_ms: int | None) -> dict[str, int | None]:
+    """Each flood gateway's tenancy ``refusal_delay_ms`` (None: the gateway's default):
+    before refuses at once; the tarpit and the queued (after) gateways after the delay."""
+    return {BEFORE: 0, AFTER: refusal_delay_ms, TARPIT: refusal_delay_ms}
 
 
 def write_config(path: Path, member: TritonEndpoints, capacity: int,
@@ -437,8 +445,7 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                     with contextlib.ExitStack() as arms:
                         floods = {name: arms.enter_context(gateway(
                             scratch, name, member, capacity, specs[name], data_plane, delay))
-                            for name, delay in ((BEFORE, 0), (AFTER, refusal_delay_ms),
-                                                (TARPIT, refusal_delay_ms))}
+                            for name, delay in flood_delays(refusal_delay_ms).items()}
                         floods["none"] = arms.enter_context(gateway(
                             scratch, "flood-none", member, capacity, None, data_plane))
                         warm_up(floods.values(), works, protocols, scratch)

@@ -130,14 +130,22 @@ class Outcomes:
 
     succeeded: int
     refused: int
-    failed: int  # refused included
+    failed: int  # refused included; cancelled not (CANCELLED_OUTCOME)
     reasons: Mapping[str, int]  # refusals by reason, where the gateway says
     source: str = TENANT_REQUESTS  # the counter they come from
 
 
+# the gateway's outcome for a request its client gave up on: in these runs only h2load's
+# own, the requests still in flight when it ends its run (no tenant sends a deadline),
+# which are neither a success nor a failure of the gateway; h2load's log leaves them out
+# of the HTTP figures the same way
+CANCELLED_OUTCOME = "cancelled"
+
+
 def outcomes(counts: TenantCounts, tenant: str, alone: bool = False) -> Outcomes | None:
     """The tenant's own counts; for the only client of a gateway (``alone``) without
-    per-tenant counts (no ``tenancy:``), the whole gateway's; None when neither."""
+    per-tenant counts (no ``tenancy:``), the whole gateway's; None when neither.
+    Requests the client cancelled (:data:`CANCELLED_OUTCOME`) are left out."""
     if TENANT_REQUESTS in counts.families:
         mine = counts.by_tenant.get(tenant, {})
         source = TENANT_REQUESTS
@@ -149,7 +157,8 @@ def outcomes(counts: TenantCounts, tenant: str, alone: bool = False) -> Outcomes
     reasons = {k.removeprefix("refused:"): round(v) for k, v in mine.items()
                if k.startswith("refused:") and round(v)}
     by_outcome = {k: round(v) for k, v in mine.items()
-                  if not k.startswith(("refused:", LATENCY_KEY, QUEUE_KEY))}
+                  if not k.startswith(("refused:", LATENCY_KEY, QUEUE_KEY))
+                  and k != CANCELLED_OUTCOME}
     succeeded = by_outcome.get("success", 0)
     refused = by_outcome.get("rejected", sum(reasons.values()))
     return Outcomes(succeeded, refused, sum(by_outcome.values()) - succeeded, reasons, source)

@@ -132,6 +132,14 @@ def test_outcomes_over_a_run_are_after_minus_before() -> None:
     assert tf.outcomes(delta, "light", alone=True) == tf.Outcomes(1000, 0, 0, {})  # its own
 
 
+def test_outcomes_leave_out_what_the_client_cancelled_at_the_end_of_its_run() -> None:
+    line = 'infergate_tenant_requests_total{{tenant="light",priority="critical",' \
+           'outcome="{}"}} {}\n'
+    text = "".join(line.format(o, n) for o, n in (("success", 94), ("cancelled", 2),
+                                                    ("upstream_error", 1)))
+    assert tf.outcomes(tf.tenant_counts(text), "light") == tf.Outcomes(94, 0, 1, {})
+
+
 def test_outcomes_are_unknown_when_the_gateway_has_no_tenant_counts() -> None:
     counts = tf.tenant_counts("# TYPE x_total counter\nx_total 1.0\n")
     assert counts.families == frozenset() and tf.outcomes(counts, "light") is None
@@ -492,7 +500,10 @@ def test_flood_phases_run_before_after_and_tarpit_on_their_own_gateways(tmp_path
     assert pool["gateway_queue"] is True and pool["capacity_per_member"] == 5
 
 
-def test_the_flood_gateways_refuse_at_once_but_the_tarpit_one(tmp_path: Path) -> None:
+def test_the_flood_gateways_refuse_at_once_before_and_after_the_delay_otherwise(
+        tmp_path: Path) -> None:
+    assert bt.flood_delays(250) == {fl.BEFORE: 0, fl.AFTER: 250, fl.TARPIT: 250}
+    assert bt.flood_delays(None) == {fl.BEFORE: 0, fl.AFTER: None, fl.TARPIT: None}
     member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
     loads = bt.gateway_specs(5)[fl.TARPIT]
     at_once = bt.write_config(tmp_path / "b.yaml", member, 5, loads, refusal_delay_ms=0)
