@@ -145,6 +145,8 @@ def outcome_name(error: GatewayError | type[GatewayError]) -> str:
 # gRPC codes Triton answers for a client's mistake (counted as ``client_error``)
 GRPC_CLIENT_CODES = frozenset({3, 5, 6, 7, 9, 11, 12, 16})
 GRPC_OUTCOMES = {4: "deadline", 8: "rejected", 14: "unavailable"}
+# the outcome of a request whose client gave up before its answer
+CANCELLED_OUTCOME = "cancelled"
 
 
 def outcome_of_answer(http_status: int, grpc_status: int | None = None) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.console.traffic import quantile
+from gateway.errors import CANCELLED_OUTCOME
 from loadtests.harness import metric_samples, percentile, with_range
 
 TENANT_REQUESTS = "infergate_tenant_requests_total"
@@ -135,11 +136,10 @@ class Outcomes:
     source: str = TENANT_REQUESTS  # the counter they come from
 
 
-# the gateway's outcome for a request its client gave up on: in these runs only h2load's
-# own, the requests still in flight when it ends its run (no tenant sends a deadline),
-# which are neither a success nor a failure of the gateway; h2load's log leaves them out
-# of the HTTP figures the same way
-CANCELLED_OUTCOME = "cancelled"
+# CANCELLED_OUTCOME, the gateway's outcome for a request its client gave up on: in these
+# runs only h2load's own, the requests still in flight when it ends its run (no tenant
+# sends a deadline), which are neither a success nor a failure of the gateway; h2load's
+# log leaves them out of the HTTP figures the same way
 
 
 def outcomes(counts: TenantCounts, tenant: str, alone: bool = False) -> Outcomes | None:

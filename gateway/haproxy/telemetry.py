@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.errors import outcome_of_answer
+from gateway.errors import CANCELLED_OUTCOME, outcome_of_answer
 from gateway.metrics import GatewayMetrics, observe_many
 from gateway.telemetry import VersionTally
 
@@ -55,7 +55,7 @@ def classify(proto: str, status: int, grpc_status: str, local: str, termination:
     if first in ("S", "P") or status == 503 and grpc_status == "-":
         return "unavailable"
     if first in ("c", "C"):
-        return "cancelled"
+        return CANCELLED_OUTCOME
     if proto == "grpc" and status == 200:
         return outcome_of_answer(status, int(grpc_status) if grpc_status.isdigit() else 0)
     return outcome_of_answer(status)
