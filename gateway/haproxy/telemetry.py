@@ -7,7 +7,9 @@ The line (``frontend.LOG_FORMAT``): ``model pool proto status grpc_status Ta out
 termination tenant class reason version Tw`` (tenant, class and reason ``-`` without
 tenants; ``reason``: which limit refused it; ``version``: the one a rollout pinned the
 request to, else ``-``; ``Tw``: milliseconds it waited in a backend's queue for a
-member's slot, ``infergate_tenant_queue_wait_seconds``, -1 when it never reached one).
+member's slot, ``infergate_tenant_queue_wait_seconds``, -1 when it never reached one;
+``status`` -1: no answer was sent, as for a call its client cancelled, counted
+``cancelled``).
 This runs beside the hot path, in a thread, after HAProxy has answered: a few
 microseconds of Python per request, never in the request's way.
 Latency is HAProxy's ``%Ta``: the request's active time, from its first byte to the
@@ -56,6 +58,8 @@ def classify(proto: str, status: int, grpc_status: str, local: str, termination:
         return "unavailable"
     if first in ("c", "C"):
         return CANCELLED_OUTCOME
+    if status < 0:  # no answer at all (HAProxy logs -1), and not the client's doing
+        return "unavailable"
     if proto == "grpc" and status == 200:
         return outcome_of_answer(status, int(grpc_status) if grpc_status.isdigit() else 0)
     return outcome_of_answer(status)
@@ -91,7 +95,8 @@ class RequestLog:
         if len(fields) < 8:
             return None
         model, pool, proto, status_text, gs, active_ms, local, termination = fields[:8]
-        if model == "-" or not status_text.isdigit():
+        # -1: no answer was sent (a gRPC call its client cancelled while Triton held it)
+        if model == "-" or not status_text.removeprefix("-").isdigit():
             return None
         self.lines += count
         outcome = classify(proto, int(status_text), gs, local, termination)
@@ -106,7 +111,9 @@ class RequestLog:
             self._child(("rejected", model, outcome)).inc(count)
             if tenant_known and reason != "-":
                 self._child(("t_refused", tenant, priority, reason)).inc(count)
-        elif pool != "-" and active_ms.lstrip("-").isdigit():
+        elif pool != "-" and outcome != CANCELLED_OUTCOME and active_ms.lstrip("-").isdigit():
+            # (a request its client gave up on has no latency of the gateway's: the
+            # client's patience; the Python plane observes none either)
             # whole milliseconds, truncated: the middle of that millisecond, an unbiased
             # figure (the truncated one is half a millisecond low on average)
             seconds = (max(0, int(active_ms)) + 0.5) / 1e3

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from gateway.config import GatewayConfig
 from gateway.core import Core
 from gateway.errors import (
+    CANCELLED_OUTCOME,
     DeadlineExceeded,
     GatewayError,
     ModelNotReady,
@@ -220,6 +221,12 @@ class Forwarder:
             if version is not None:
                 now = self.clock()
                 self.state.tally.record(model, version, False, now - started, now)
+            raise
+        except asyncio.CancelledError:  # its client gave up (a gRPC call cancelled)
+            self._count(route, pool.name if pool is not None else "-", protocol,
+                        CANCELLED_OUTCOME, options.traffic)
+            if tenant is not None:
+                self._tenant_child("requests", tenant, CANCELLED_OUTCOME).inc()
             raise
         finally:
             self._count_in(route, -1, pool, tenant)

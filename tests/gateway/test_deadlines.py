@@ -154,3 +154,38 @@ def test_the_clients_deadline_ends_the_wait_on_both_planes(gateway: GatewayProce
     code, _ = _grpc(gateway, HELD, deadline_s=0.5)
     assert code == "StatusCode.DEADLINE_EXCEEDED"
     assert time.monotonic() - started < HOLD_S
+
+
+def _triton_pending(triton: LocalTriton, model: str) -> float:
+    assert triton.endpoints is not None
+    text = httpx.get(f"http://{triton.endpoints.host}:{triton.endpoints.metrics_port}"
+                     "/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "nv_inference_pending_request_count"
+               and s.labels.get("model") == model)
+
+
+def test_a_grpc_call_its_client_cancels_while_triton_holds_it_is_counted_cancelled(
+        gateway: GatewayProcess, triton: LocalTriton) -> None:
+    """Both planes count it once, as ``cancelled`` (HAProxy logs it with status -1, the
+    Python plane's call is cancelled): before, neither counted it at all."""
+    def grpc_held(outcome: str | None = None) -> float:
+        labels = {"model": HELD, "protocol": "grpc"} | ({"outcome": outcome} if outcome else {})
+        return _metric(gateway, "infergate_requests_total", **labels)
+
+    before, cancelled_before = grpc_held(), grpc_held("cancelled")
+    client = grpcclient.InferenceServerClient(gateway.grpc_url)
+    inp = grpcclient.InferInput("x", [1, TINY_WIDTH], "FP32")
+    inp.set_data_from_numpy(np.ones((1, TINY_WIDTH), np.float32))
+    errors: list[InferenceServerException | None] = []
+    try:
+        call = client.async_infer(HELD, [inp], callback=lambda result, error: errors.append(error))
+        # Triton holds it for its batch (HOLD_S)
+        assert wait_until(lambda: _triton_pending(triton, HELD) >= 1, 5)
+        call.cancel()
+        assert wait_until(lambda: grpc_held("cancelled") == cancelled_before + 1, 10)
+        assert grpc_held() == before + 1  # counted once, under no other outcome
+        assert wait_until(lambda: bool(errors), 5)
+        assert errors[0] is not None and "CANCELLED" in str(errors[0].status())
+    finally:
+        client.close()
