@@ -41,6 +41,7 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.config import GatewayConfig
 from gateway.embedded import EmbeddedServer
+from gateway.files import write_atomically
 from gateway.haproxy.drain import BUSY_POLL_S, LeftHoldings, Pair, encode_busy
 from gateway.haproxy.process import HAProxyProcess, free_port
 from gateway.haproxy.proxy import SnapshotProxy
@@ -147,6 +149,7 @@ class Agent:
         # what this replica does with each member's gRPC connections (its own setting
         # over the versions the control plane read)
         self.versions = VersionWatch(self.metrics.member_info, settings.grpc_upstream_reuse)
+        self._applying = asyncio.Lock()  # one snapshot applied at a time (:meth:`_apply`)
 
     def _proxy(self) -> SnapshotProxy:
         return SnapshotProxy(
@@ -190,7 +193,7 @@ class Agent:
         return self.settings.state_dir / "config.json"
 
     def _save(self, snapshot: Snapshot) -> None:
-        _write(self.snapshot_file, json.dumps(snapshot_to_dict(snapshot)))
+        write_atomically(self.snapshot_file, json.dumps(snapshot_to_dict(snapshot)))
 
     async def first_config(self, client: httpx.AsyncClient) -> GatewayConfig:
         """The gateway's configuration: the control plane's (kept for the next start),
@@ -202,7 +205,7 @@ class Agent:
                                         headers=self._auth_headers(), timeout=5.0)
                 resp.raise_for_status()
                 config = GatewayConfig.model_validate(resp.json()["config"])
-                await asyncio.to_thread(_write, self.config_file,
+                await asyncio.to_thread(write_atomically, self.config_file,
                                         json.dumps(resp.json()["config"]))
                 return config
             except (httpx.HTTPError, ValueError, KeyError) as exc:
@@ -238,6 +241,19 @@ class Agent:
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 log.warning("agent: no snapshot yet from %s: %s", self.settings.control_http,
                             exc)
+            await asyncio.sleep(self.settings.retry_s)
+
+    async def _supervised(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
+        """One of the agent's loops, for good: one that fails is logged with its
+        traceback and started again after ``retry_s``. (A loop that raised used to end
+        unseen: the follower once did, on a failed write of the snapshot file, and the
+        replica routed by a stale snapshot until it was restarted.)"""
+        while True:
+            try:
+                await loop()
+            except Exception:  # noqa: BLE001 - logged whole; the loop goes on
+                log.exception("agent: its %s loop failed; starting it again in %.1f s",
+                              name, self.settings.retry_s)
             await asyncio.sleep(self.settings.retry_s)
 
     async def _follow(self, client: httpx.AsyncClient) -> None:
@@ -340,7 +356,17 @@ class Agent:
         return fail_safe(snapshot, self.control_now(), self.settings.canary_lease_s)
 
     async def _apply(self, snapshot: Snapshot) -> None:
+        """Route by ``snapshot`` (the newest received), one at a time: the follower, the
+        leases' watch and the tenants' observer all apply, and interleaved at their
+        awaits, an older snapshot's apply could end after a newer one's (or two saves
+        of the snapshot file run at once). One that waited while a newer one arrived
+        leaves it to that one's caller."""
         self.received = snapshot
+        async with self._applying:
+            if self.received is snapshot:
+                await self._apply_now(snapshot)
+
+    async def _apply_now(self, snapshot: Snapshot) -> None:
         watch_rollouts(self.tally, snapshot)
         routed = self._routed(snapshot)
         if routed is not snapshot and self.routed_version != snapshot_version(routed):
@@ -485,13 +511,13 @@ class Agent:
             status = EmbeddedServer(uvicorn.Config(
                 self.status_app(), host=self.settings.host, port=self.settings.status_port,
                 log_level="warning", lifespan="off", access_log=False))
-            tasks: list[asyncio.Task[Any]] = [
-                asyncio.create_task(self._follow(client), name="follow"),
-                asyncio.create_task(self._watch_leases(), name="leases"),
-                asyncio.create_task(self._report(client), name="report"),
-            ]
+            loops: dict[str, Callable[[], Awaitable[None]]] = {
+                "follow": lambda: self._follow(client), "leases": self._watch_leases,
+                "report": lambda: self._report(client)}
             if self.proxy is not None:
-                tasks.append(asyncio.create_task(self._observe(), name="observe"))
+                loops["observe"] = self._observe
+            tasks = [asyncio.create_task(self._supervised(name, loop), name=name)
+                     for name, loop in loops.items()]
             served = asyncio.create_task(status.serve(), name="status")
             log.warning("infergate data-plane agent: HTTP %s gRPC %s%s, control plane %s, "
                         "snapshot %s", self.layout.http_bind, self.layout.grpc_bind,
@@ -526,9 +552,3 @@ async def run_agent(settings: AgentSettings) -> None:
     await Agent(settings).run(stop)
 
 
-def _write(path: Path, text: str) -> None:
-    """``text`` into ``path`` whole or not at all (a crash leaves the last one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 
 from gateway.embedded import CLOSE_S
+from gateway.files import write_atomically
 from gateway.haproxy.process import free_port
 
 log = logging.getLogger(__name__)
@@ -68,13 +69,7 @@ def local_layout(run_dir: Path) -> LocalLayout:
     layout = LocalLayout(free_port(), free_port(), free_port(), free_port(), free_port(),
                          secrets.token_urlsafe(32))
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # (holds a token)
-    with os.fdopen(fd, "w") as out:
-        out.write(json.dumps(asdict(layout)))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(asdict(layout)), mode=0o600)  # (holds a token)
     return layout
 
 

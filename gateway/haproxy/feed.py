@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -46,6 +45,7 @@ from gateway.auth import Scope, TokenTable
 from gateway.control.lifecycle_http import requires
 from gateway.core import Core
 from gateway.errors import InvalidInput
+from gateway.files import write_atomically
 from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.drain import Pair, decode_busy, held_pairs
 from gateway.haproxy.snapshot import (
@@ -257,15 +257,10 @@ class SnapshotFeed:
             return
         recent = {a: t for a, t in self._polled.items()
                   if now - t <= LIVE_AGENT_S + MAX_WAIT_S or a in self._polling}
-        temporary = self.agents_path.with_name(f".{self.agents_path.name}.tmp")
         try:
-            self.agents_path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps({"agents": recent}, sort_keys=True))
-            os.replace(temporary, self.agents_path)
+            write_atomically(self.agents_path, json.dumps({"agents": recent}, sort_keys=True))
         except OSError as exc:  # the feed serves on; only a restart's wait is at stake
             log.warning("%s: not written: %r", self.agents_path, exc)
-            with contextlib.suppress(OSError):
-                temporary.unlink()
 
 
 def feed_router(feed: SnapshotFeed, auth: TokenTable) -> APIRouter:

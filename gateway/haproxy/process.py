@@ -38,6 +38,7 @@ import threading
 import time
 from pathlib import Path
 
+from gateway.files import write_atomically
 from gateway.haproxy.render import Rendered
 from gateway.haproxy.runtime import send
 from gateway.haproxy.snapshot import Layout
@@ -71,13 +72,6 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_files(rendered: Rendered, layout: Layout, written: Rendered | None = None) -> int:
     """Error files, Lua, maps, then the configuration: a reload always finds a whole set.
     ``written``: what the last call wrote to the same layout; files it already holds
@@ -86,19 +80,19 @@ def write_files(rendered: Rendered, layout: Layout, written: Rendered | None = N
     count = 0
     for name, body in rendered.error_files.items():
         if written is None or written.error_files.get(name) != body:
-            _atomic_write(layout.run_dir / "errors" / name, body)
+            write_atomically(layout.run_dir / "errors" / name, body)
             count += 1
     for name, text in rendered.lua.items():
         if written is None or written.lua.get(name) != text:
-            _atomic_write(layout.run_dir / name, text)
+            write_atomically(layout.run_dir / name, text)
             count += 1
     for name, entries in rendered.maps.items():
         if written is None or written.maps.get(name) != entries:
-            _atomic_write(layout.map_path(name),
+            write_atomically(layout.map_path(name),
                           "".join(f"{k} {v}\n" for k, v in sorted(entries.items())))
             count += 1
     if written is None or written.config != rendered.config:
-        _atomic_write(layout.config_path, rendered.config)
+        write_atomically(layout.config_path, rendered.config)
         count += 1
     return count
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sqlite3
 import time
 from collections import defaultdict
@@ -33,6 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.errors import GatewayError
+from gateway.files import write_atomically
 from gateway.lifecycle.records.store import RecordStore
 from gateway.metrics import GatewayMetrics
 from gateway.policy.residency import smoothed_rate
@@ -152,10 +152,7 @@ class DemandMeter:
         if self.path is None:
             return
         text = json.dumps({"saved_at": time.time(), "models": rates}, sort_keys=True)
-        tmp = self.path.with_suffix(".tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text)
-            os.replace(tmp, self.path)
+            write_atomically(self.path, text)
         except OSError as exc:
             log.warning("recording demand to %s failed: %r", self.path, exc)

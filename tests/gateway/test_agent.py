@@ -5,14 +5,19 @@ at holdings it no longer routes; no processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import threading
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from gateway.agent import Agent, AgentSettings
 from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.config.residency import ResidencySpec
-from gateway.haproxy.snapshot import RouteState, Snapshot, server_name
+from gateway.haproxy.snapshot import RouteState, Snapshot, server_name, snapshot_version
 from gateway.replica import ReplicaForwarder, ReplicaSettings
 
 
@@ -64,3 +69,80 @@ def test_replica_says_its_requests_at_a_holding_it_left_until_they_end(
 
     pair = ("m", "p", server_name("127.0.0.1:8001"))
     assert asyncio.run(scenario()) == [{}, {pair: 1}, {}]
+
+
+def _agent_with_replica(tmp_path: Path) -> tuple[Agent, Snapshot]:
+    config = GatewayConfig(pools=(PoolSpec(
+        name="p", members=(MemberSpec(host="127.0.0.1", http_port=8000, grpc_port=8001),),
+        models=("*",), residency=ResidencySpec(memory_budget_bytes=1 << 30)),))
+    agent = Agent(AgentSettings("127.0.0.1:1", "127.0.0.1:2", tmp_path, haproxy=False,
+                                retry_s=0.01))
+    agent.replica = ReplicaForwarder(config, ReplicaSettings("127.0.0.1:1"))
+    name = server_name(agent.replica.core.state.members()[0].key)
+    held = Snapshot(pools=(), routes=(RouteState(
+        model="m", pools=(("p", 1.0),), max_in_system=10, holders=(("p", (name,)),)),))
+    return agent, held
+
+
+def test_a_snapshot_applied_while_an_older_ones_apply_waits_is_the_one_routed(
+        tmp_path: Path) -> None:
+    """The follower, the leases' watch and the tenants' observer all apply snapshots:
+    an older one's apply held at its save (as a slow disk would) must not end after a
+    newer one's and leave the replica routing by the older one."""
+    agent, held = _agent_with_replica(tmp_path)
+    assert agent.replica is not None
+    gone = replace(held, routes=(replace(held.routes[0], holders=(("p", ()),)),))
+    saving, release = threading.Event(), threading.Event()
+    saves: list[Snapshot] = []
+    calls = iter(range(100))
+    original = agent._save
+
+    def slow_save(snapshot: Snapshot) -> None:
+        if next(calls) == 0:  # the first save waits until the newer one could go
+            saving.set()
+            release.wait(5)
+        saves.append(snapshot)
+        original(snapshot)
+
+    agent._save = slow_save  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        older = asyncio.ensure_future(agent._apply(held))
+        await asyncio.to_thread(saving.wait, 5)
+        newer = asyncio.ensure_future(agent._apply(gone))
+        await asyncio.sleep(0.05)  # (the newer one runs as far as it may)
+        release.set()
+        await asyncio.gather(older, newer)
+        await agent.replica.client.aclose()
+
+    asyncio.run(scenario())
+    assert saves == [held, gone]
+    assert agent.version == snapshot_version(gone)
+    assert agent.replica.core.state.holders("m") == frozenset()  # routed by the newer one
+    assert agent._saved() == gone
+
+
+def test_a_loop_of_the_agent_that_fails_is_logged_and_started_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    agent = Agent(AgentSettings("127.0.0.1:1", "127.0.0.1:2", tmp_path, retry_s=0.01))
+    runs: list[int] = []
+
+    async def loop() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            raise FileNotFoundError("snapshot.tmp")  # as a failed save once ended it
+        await asyncio.Event().wait()  # then runs for good
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(agent._supervised("follow", loop))
+        while len(runs) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with caplog.at_level(logging.ERROR, logger="gateway.agent"):
+        asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert runs == [0, 1]
+    failed = [r for r in caplog.records if "follow loop failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None

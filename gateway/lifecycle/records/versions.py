@@ -24,6 +24,7 @@ from google.protobuf import text_format
 
 from converters.repository import existing_versions, validate_model_name
 from converters.triton_config import parse_model_config
+from gateway.files import write_atomically
 
 __all__ = ["RepositorySnapshot", "clear_staging_leftovers", "existing_versions",
            "pinned_config_text", "remove_model", "remove_version", "restore", "snapshot",
@@ -91,10 +92,7 @@ def pinned_config_text(config_text: str, version: int) -> str:
 
 def write_config(repo: Path, model: str, text: str) -> None:
     """Replace ``<repo>/<model>/config.pbtxt`` atomically."""
-    folder = repo / validate_model_name(model)
-    tmp = folder / ".config.pbtxt.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, folder / "config.pbtxt")
+    write_atomically(repo / validate_model_name(model) / "config.pbtxt", text)
 
 
 def warmup_files(config_text: str) -> set[str]:
