@@ -113,6 +113,7 @@ def test_a_snapshot_applied_while_an_older_ones_apply_waits_is_the_one_routed(
         await asyncio.sleep(0.05)  # (the newer one runs as far as it may)
         release.set()
         await asyncio.gather(older, newer)
+        assert agent.replica is not None
         await agent.replica.client.aclose()
 
     asyncio.run(scenario())

@@ -18,7 +18,7 @@ def test_two_writers_of_one_file_at_the_same_moment_both_succeed(
     data-plane replica's follower and its leases' watch saving one snapshot): with one
     temporary file for both, the first move took the second's file away."""
     target = tmp_path / "snapshot.json"
-    real_replace, nested = os.replace, []
+    real_replace, nested = os.replace, list[bool]()
 
     def replace_after_another(src: str, dst: str) -> None:
         if not nested:
