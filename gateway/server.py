@@ -64,7 +64,7 @@ from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.haproxy.controller import HAProxyController, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
 from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
-from gateway.lifecycle.assembly import build_warmup
+from gateway.lifecycle.assembly import build_warmup, report_failure
 from gateway.lifecycle.records.backend import database_url
 from gateway.lifecycle.records.leader import Leadership
 from gateway.lifecycle.records.tenancy import LiveTenancy
@@ -274,6 +274,8 @@ async def serve(
         asyncio.create_task(probe_forever(core, settings.probe_interval_s), name="probes"),
         asyncio.create_task(history.run_forever(), name="traffic-history"),
     ]
+    for task in tasks[1:]:  # a background task that dies says so at once
+        task.add_done_callback(report_failure)
     await _started(http_server, tasks[0], own_http)
     replica = None
     if local is not None and run_dir is not None:
@@ -288,6 +290,7 @@ async def serve(
         await asyncio.to_thread(haproxy.start, asyncio.get_running_loop())
         tasks.append(asyncio.create_task(haproxy.run_forever(settings.probe_interval_s),
                                          name="haproxy"))
+        tasks[-1].add_done_callback(report_failure)
     log.warning(
         "infergate gateway (%s data plane): HTTP %s:%d gRPC %s:%d",
         settings.data_plane, settings.host, settings.http_port, settings.host,

@@ -166,10 +166,23 @@ async def probe_forever(core: Core, interval_s: float) -> None:
     timeout = httpx.Timeout(max(2.0, 2 * interval_s), connect=max(0.5, interval_s))
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
         while True:
-            dns_pools = [p for p in core.state.pools if p.spec.dns]
-            if dns_pools:
-                await asyncio.gather(*(resolve_members(core.state, p) for p in dns_pools))
-            await asyncio.gather(*(probe_member(client, core, m)
-                                   for m in core.state.members()))
-            core.round()
+            try:
+                await probe_round(client, core)
+            except Exception:  # noqa: BLE001 - probing goes on: health must not freeze
+                log.exception("a probe round failed; the next one in %.1f s", interval_s)
             await asyncio.sleep(interval_s)
+
+
+async def probe_round(client: httpx.AsyncClient, core: Core) -> None:
+    """DNS pools resolved, every member probed (a member whose probe fails unexpectedly
+    is logged, and the others' verdicts stand), then the core's round."""
+    dns_pools = [p for p in core.state.pools if p.spec.dns]
+    if dns_pools:
+        await asyncio.gather(*(resolve_members(core.state, p) for p in dns_pools))
+    members = core.state.members()
+    results = await asyncio.gather(*(probe_member(client, core, m) for m in members),
+                                   return_exceptions=True)
+    for member, result in zip(members, results, strict=True):
+        if isinstance(result, Exception):
+            log.error("probing %s failed", member.key, exc_info=result)
+    core.round()

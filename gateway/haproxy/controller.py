@@ -270,8 +270,14 @@ class HAProxyController:
 
     async def model_in_flight(self, model: str, member: PoolMember) -> int:
         """Requests of ``model`` HAProxy has at ``member`` now (its residency backend's
-        count there: an eviction unloads once it is 0)."""
-        counts = read_haproxy(await self.api.aquery("show stat"), "", False)
+        count there: an eviction unloads once it is 0); 1 while HAProxy does not answer
+        (not known: the eviction waits, within its bound)."""
+        try:
+            text = await self.api.aquery("show stat")
+        except OSError as exc:
+            log.warning("HAProxy's counts unavailable: %s", exc)
+            return 1
+        counts = read_haproxy(text, "", False)
         return counts.at_model_server.get(
             (member.pool, residency_suffix(model), server_name(member.key)), 0)
 

@@ -86,7 +86,7 @@ class Warmup:
             jobs.append((self._residency_rounds(residency, interval_s), "residency"))
         for job, name in jobs:
             task = asyncio.create_task(job, name=name)
-            task.add_done_callback(_report_failure)
+            task.add_done_callback(report_failure)
             self.tasks.append(task)
 
     async def _residency_rounds(self, residency: Residency, interval_s: float) -> None:
@@ -106,7 +106,7 @@ class Warmup:
             await self.lifecycle.close()
 
 
-def _report_failure(task: asyncio.Task[Any]) -> None:
+def report_failure(task: asyncio.Task[Any]) -> None:
     """A background task that died: say so (else it dies unseen, and a preload that
     died keeps the gateway unready for good)."""
     if not task.cancelled() and task.exception() is not None:

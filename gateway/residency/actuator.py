@@ -24,7 +24,13 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.pools import PoolMember
 from gateway.residency.footprints import Footprints
-from gateway.residency.holdings import Holding, HoldingTable, Phase, StaleTransition
+from gateway.residency.holdings import (
+    PENDING,
+    Holding,
+    HoldingTable,
+    Phase,
+    StaleTransition,
+)
 from gateway.residency.metrics import ResidencyMetrics
 from gateway.state import GatewayState
 from gateway.upstream.triton import MemberAdmin
@@ -133,6 +139,13 @@ class Actuator:
             await self._load_on(member, holding)
         except StaleTransition as stale:
             log.info("load of %s on %s overtaken: %s", holding.model, holding.member, stale)
+        except Exception as exc:  # noqa: BLE001 - never left loading for good
+            log.exception("loading %s on %s failed", holding.model, holding.member)
+            with contextlib.suppress(StaleTransition):
+                current = self.table.get(holding.member, holding.model)
+                if current is not None and current.token == holding.token and \
+                        current.phase in PENDING:
+                    self.table.advance(current, Phase.FAILED, repr(exc))
         finally:
             self._running[holding.member] -= 1
             self.pump(holding.member)
@@ -213,14 +226,15 @@ class Actuator:
             if not await self.footprints.released(member, holding.model, wait_s):
                 log.warning("%s's processes on %s still run %.0f s after its unload",
                             holding.model, member.key, wait_s)
-        except GatewayError as exc:
-            log.error("evicting %s from %s failed: %s", holding.model, member.key, exc.message)
-            with contextlib.suppress(StaleTransition):
-                current = self.table.get(holding.member, holding.model)
-                if current is not None and current.token == holding.token:
-                    self.table.advance(current, Phase.RESIDENT, "eviction failed")
-            return False
         except StaleTransition:
+            return False
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the holding moves on
+            if isinstance(exc, GatewayError):
+                log.error("evicting %s from %s failed: %s", holding.model, member.key,
+                          exc.message)
+            else:
+                log.exception("evicting %s from %s failed", holding.model, member.key)
+            self._eviction_failed(holding, refused=isinstance(exc, GatewayError))
             return False
         with contextlib.suppress(StaleTransition):
             self.table.advance(unloading, None)
@@ -228,6 +242,21 @@ class Actuator:
                                  self.clock() - holding.since]
         self.metrics.evictions.labels(holding.model, reason).inc()
         return True
+
+    def _eviction_failed(self, holding: Holding, refused: bool) -> None:
+        """An eviction that failed never leaves its holding draining for good (out of
+        routing, its room counted, never evicted or loaded again): back to resident
+        while Triton was not asked to unload it, or refused (it still serves the model
+        there); gone when the unload may have happened otherwise (routing never goes
+        back to it; the next reconcile adopts it again if the member still has it)."""
+        with contextlib.suppress(StaleTransition):
+            current = self.table.get(holding.member, holding.model)
+            if current is None or current.token != holding.token:
+                return
+            if current.phase is Phase.DRAINING or refused:
+                self.table.advance(current, Phase.RESIDENT, "eviction failed")
+            else:
+                self.table.drop(current)
 
     # -- tasks -------------------------------------------------------------------------------
     def spawn(self, job: Awaitable[Any]) -> None:

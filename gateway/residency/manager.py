@@ -385,7 +385,10 @@ class Residency:
         resident on as many members (or ``timeout_s`` passed)."""
         give_up = self.state.clock() + timeout_s
         while self.state.clock() < give_up:
-            await self.round()
+            try:
+                await self.round()
+            except Exception:  # noqa: BLE001 - as run_forever: the next round tries again
+                log.exception("residency round failed (preload)")
             if all(self._pinned_met(pool) for pool in self.pools()):
                 return
             await self.sleep(0.1)

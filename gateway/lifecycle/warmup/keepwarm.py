@@ -59,8 +59,9 @@ class KeepWarm:
 
     async def run_forever(self) -> None:
         while True:
-            intervals = [p.interval_s for p in self.policies().values()]
+            intervals: list[float] = []
             try:
+                intervals = [p.interval_s for p in self.policies().values()]
                 await self.tick()
             except Exception:  # noqa: BLE001 - the loop must outlive one bad round
                 log.exception("keep-warm round failed")

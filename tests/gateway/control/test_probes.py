@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.control.probes import (
     pending_requests,
     probe_member,
+    probe_round,
     read_version,
     service_counters,
 )
@@ -246,3 +248,25 @@ def test_member_is_down_after_two_failed_probes_but_at_once_when_refused(
     assert asyncio.run(probe(member)) is True and member.failed_probes == 0
     gone, _, _ = _one_member(free_port(), tmp_path)
     assert asyncio.run(probe(gone.state.members()[0])) is False
+
+
+def test_a_member_whose_probe_fails_unexpectedly_leaves_the_others_probed(
+        member_server: tuple[int, Answers], caplog: pytest.LogCaptureFixture) -> None:
+    """An IPv6 address from DNS made an unbracketed URL, which httpx refuses with an
+    exception no probe caught: the round's gather ended there, and with it the probing
+    of every member, for good and without a log line."""
+    port, answers = member_server
+    good = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
+    odd = MemberSpec(host="fd00::1", http_port=8000, grpc_port=8001, metrics_port=8002)
+    core = Core.for_config(GatewayConfig(pools=(PoolSpec(name="p", members=(odd, good)),)))
+
+    async def one_round() -> None:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            await probe_round(client, core)
+
+    with caplog.at_level(logging.ERROR, logger="gateway.control.probes"):
+        asyncio.run(one_round())
+    probed = {m.key: m.version_probed for m in core.state.members()}
+    assert probed == {"fd00::1:8001": False, f"127.0.0.1:{port}": True}, probed
+    assert "/v2/health/live" in answers.asked
+    assert any("probing fd00::1" in r.getMessage() and r.exc_info for r in caplog.records)

@@ -10,7 +10,8 @@ import asyncio
 import pytest
 
 from gateway.errors import ModelNotFound, ModelNotReady, Unavailable
-from gateway.residency.holdings import Phase
+from gateway.pools import PoolMember
+from gateway.residency.holdings import Holding, Phase
 from gateway.residency.waiting import Flight
 from tests.gateway.residency.fakes import MB, A, B, Rig
 
@@ -319,3 +320,56 @@ async def test_a_model_larger_than_every_budget_is_unavailable_without_retry_aft
         await asyncio.wait_for(rig.core.state.wait_resident("huge", 10.0), 0.5)
     assert "more than any member of pool 'p' may hold" in never.value.message
     assert never.value.retry_after_s is None and sum(rig.members.loads.values()) == 0
+
+
+async def _resident(rig: Rig, model: str) -> Holding:
+    await rig.residency.round()
+    await rig.core.state.wait_resident(model, 10.0)
+    (member,) = rig.core.state.holders(model)
+    holding = rig.residency.table.get(member, model)
+    assert holding is not None and holding.phase is Phase.RESIDENT
+    return holding
+
+
+async def test_an_eviction_that_fails_before_the_unload_leaves_the_model_resident(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """HAProxy's admin socket refusing mid-drain (an OSError, no GatewayError) ended the
+    eviction's task and left the holding draining for good: out of routing, its room
+    counted, never evicted nor loaded again."""
+    rig = Rig({"m": 100 * MB}, budget=300 * MB, members=1, instant=True)
+    holding = await _resident(rig, "m")
+
+    async def refused(model: str, member: PoolMember) -> int:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    rig.core.state.count_in_flight(refused)
+    assert await rig.residency.actuator.evict(holding, "room") is False
+    assert rig.phase(A, "m") == "resident" and rig.core.state.holders("m") == {A}
+    assert rig.members.unloads == {}
+    assert any("evicting m from" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+async def test_an_eviction_that_fails_after_the_unload_was_sent_drops_the_record() -> None:
+    rig = Rig({"m": 100 * MB}, budget=300 * MB, members=1, instant=True)
+    holding = await _resident(rig, "m")
+
+    async def broken(member: PoolMember, model: str, timeout_s: float) -> bool:
+        raise RuntimeError("/proc unreadable")
+
+    rig.footprints.released = broken  # type: ignore[method-assign]
+    assert await rig.residency.actuator.evict(holding, "room") is False
+    assert rig.members.unloads == {(A, "m"): 1}
+    assert rig.phase(A, "m") is None and rig.core.state.holders("m") == frozenset()
+
+
+async def test_a_load_that_fails_unexpectedly_is_failed_not_loading_for_good() -> None:
+    rig = Rig({"m": 100 * MB}, budget=300 * MB, instant=True)
+    await rig.residency.round()
+
+    async def broken(member: PoolMember) -> int | None:
+        raise ValueError("unparsable metrics")
+
+    rig.footprints.gpu_before = broken  # type: ignore[method-assign]
+    with pytest.raises((ModelNotReady, Unavailable)):
+        await rig.core.state.wait_resident("m", 10.0)
+    assert rig.phase(A, "m") == rig.phase(B, "m") == "failed"
