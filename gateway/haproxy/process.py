@@ -89,7 +89,7 @@ def write_files(rendered: Rendered, layout: Layout, written: Rendered | None = N
     for name, entries in rendered.maps.items():
         if written is None or written.maps.get(name) != entries:
             write_atomically(layout.map_path(name),
-                          "".join(f"{k} {v}\n" for k, v in sorted(entries.items())))
+                             "".join(f"{k} {v}\n" for k, v in sorted(entries.items())))
             count += 1
     if written is None or written.config != rendered.config:
         write_atomically(layout.config_path, rendered.config)
