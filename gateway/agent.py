@@ -150,6 +150,9 @@ class Agent:
         # over the versions the control plane read)
         self.versions = VersionWatch(self.metrics.member_info, settings.grpc_upstream_reuse)
         self._applying = asyncio.Lock()  # one snapshot applied at a time (:meth:`_apply`)
+        # past its waits for the control plane (first configuration, first snapshot): a
+        # stop drains; before, there is nothing to drain and it ends at once
+        self.serving = False
 
     def _proxy(self) -> SnapshotProxy:
         return SnapshotProxy(
@@ -497,6 +500,7 @@ class Agent:
         async with httpx.AsyncClient(trust_env=False) as client:
             self.replica = await self._start_replica(client)
             snapshot = await self.first_snapshot(client)
+            self.serving = True  # from here on a stop drains, in order
             self.received = snapshot
             routed = self._routed(snapshot)
             self.replica.follow(routed)
@@ -549,6 +553,24 @@ async def run_agent(settings: AgentSettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    await Agent(settings).run(stop)
+    await run_until_stopped(Agent(settings), stop)
+
+
+async def run_until_stopped(agent: Agent, stop: asyncio.Event) -> None:
+    """The agent until ``stop``: one serving drains and stops in order (:meth:`Agent.run`);
+    one still starting (waiting for a control plane that does not answer: its first
+    configuration or snapshot) has nothing to drain and ends at once. (It used to wait
+    for the control plane for good, deaf to SIGTERM: a replica whose control plane
+    failed to start outlived it.)"""
+    running = asyncio.ensure_future(agent.run(stop))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not running.done() and not agent.serving:
+            running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    finally:
+        stopping.cancel()
 
 

@@ -287,7 +287,15 @@ async def serve(
     if native:
         haproxy = _haproxy(settings, core, auth, f"{own_host}:{own_http}",
                            f"{own_host}:{own_grpc}", local)
-        await asyncio.to_thread(haproxy.start, asyncio.get_running_loop())
+        try:
+            await asyncio.to_thread(haproxy.start, asyncio.get_running_loop())
+        except BaseException:
+            # HAProxy did not start (a port taken): the replica this start began, in a
+            # session of its own, must not outlive it (one adopted was there before)
+            if replica is not None and not replica.adopted:
+                replica.begin_stop()
+                await asyncio.to_thread(replica.wait_stopped)
+            raise
         tasks.append(asyncio.create_task(haproxy.run_forever(settings.probe_interval_s),
                                          name="haproxy"))
         tasks[-1].add_done_callback(report_failure)

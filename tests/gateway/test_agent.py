@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.agent import Agent, AgentSettings
+from gateway.agent import Agent, AgentSettings, run_until_stopped
 from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.config.residency import ResidencySpec
@@ -147,3 +147,21 @@ def test_a_loop_of_the_agent_that_fails_is_logged_and_started_again(
     assert runs == [0, 1]
     failed = [r for r in caplog.records if "follow loop failed" in r.getMessage()]
     assert len(failed) == 1 and failed[0].exc_info is not None
+
+
+def test_an_agent_still_waiting_for_its_control_plane_stops_at_once(tmp_path: Path) -> None:
+    """No configuration kept and no control plane answering: it waits for one, and a
+    stop (SIGTERM) ends it at once (it used to wait for good: a replica whose control
+    plane failed to start outlived it)."""
+    agent = Agent(AgentSettings("127.0.0.1:1", "127.0.0.1:2", tmp_path, haproxy=False,
+                                retry_s=0.05))
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(run_until_stopped(agent, stop))
+        await asyncio.sleep(0.3)  # (some rounds of asking the control plane)
+        assert not running.done() and not agent.serving
+        stop.set()
+        await asyncio.wait_for(running, 5)
+
+    asyncio.run(scenario())
