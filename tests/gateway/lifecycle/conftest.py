@@ -217,7 +217,9 @@ def spawn_gateway(config: Path, log_dir: Path, *args: str) -> Iterator[GatewayPr
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--pools", str(config),
              "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-             "--probe-interval", "0.5", *args],
+             "--probe-interval", "0.5",
+             # HAProxy's files beside the log (as run_gateway): a leftover is traceable
+             "--haproxy-run-dir", str(log_dir.resolve() / f"haproxy-{http_port}"), *args],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
