@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from gateway import errors
 from gateway.haproxy import queueing
+from gateway.haproxy.deadline_rules import stream_grace_rules
 from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Resident, Snapshot
 from gateway.policy import parse_errors, rate, tenancy
 from gateway.policy.upstream import EJECT_AFTER_FAILURES, HEALTH_FALL, RETRIES
@@ -83,6 +84,7 @@ def _python_backends(name: str, http: str, grpc: str, layout: Layout,
         "  option http-no-delay",
         f"  timeout server {layout.stream_timeout_s}s",
         f"  timeout client {layout.stream_timeout_s}s",
+        *stream_grace_rules(),
         *extra,
         f"  server {name} {grpc} proto h2",
         "",

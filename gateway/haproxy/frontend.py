@@ -11,9 +11,9 @@ from gateway import errors
 from gateway.haproxy import queueing
 from gateway.haproxy.answers import grpc_return, http_return
 from gateway.haproxy.backends import PIN
+from gateway.haproxy.deadline_rules import deadline_fetch
 from gateway.haproxy.maps import MISS
 from gateway.haproxy.request_rules import (
-    deadline_fetch,
     model_rules,
     request_rules,
     residency_rules,
@@ -30,7 +30,8 @@ GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # client pausing 40 ms between calls of 3 ms each would be reported as 43 ms
 LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
               "%[var(txn.gs)] %Ta %[var(txn.out)] %ts "
-              "%[var(txn.tn)] %[var(txn.tc)] %[var(txn.why)] %[var(txn.ver)] %Tw")
+              "%[var(txn.tn)] %[var(txn.tc)] %[var(txn.why)] %[var(txn.ver)] %Tw "
+              "%[var(txn.dl)]")
 
 
 def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> str:

@@ -127,22 +127,6 @@ def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -
 
 
 
-def deadline_fetch(http: bool) -> list[Rule]:
-    """The client's deadline in milliseconds (``txn.dl``), as each protocol says it
-    (``gateway.policy.deadline``): the member's server timeout, and the deadline rule's."""
-    if http:
-        return [(f"set-var(txn.dl) req.fhdr({deadline.HTTP_TIMEOUT_HEADER}),add(0)",
-                 "has_timeout good_timeout")]
-    rules: list[Rule] = [
-        ("set-var(txn.gt) req.hdr(grpc-timeout),regsub([^0-9],,g)",
-         f"{{ req.hdr(grpc-timeout) -m reg {deadline.GRPC_TIMEOUT_PATTERN} }}"),
-    ]
-    rules += [(f"set-var(txn.dl) var(txn.gt){conv}",
-               f"{{ var(txn.gt) -m found }} {{ req.hdr(grpc-timeout) -m end {unit} }}")
-              for unit, conv in deadline.GRPC_TIMEOUT_MS_CONVERTERS.items()]
-    return rules
-
-
 def shadow_rules(http: bool) -> list[Rule]:
     """A rollout's shadow step (map ``shadow``: model -> percent,
     ``gateway.policy.rollout.Shadow``). HAProxy cannot copy a request: an unversioned

@@ -4,12 +4,13 @@ of its own user only), counted into the gateway's ``infergate_*`` metrics (same 
 labels and meaning as the Python data plane's).
 
 The line (``frontend.LOG_FORMAT``): ``model pool proto status grpc_status Ta outcome
-termination tenant class reason version Tw`` (tenant, class and reason ``-`` without
-tenants; ``reason``: which limit refused it; ``version``: the one a rollout pinned the
-request to, else ``-``; ``Tw``: milliseconds it waited in a backend's queue for a
-member's slot, ``infergate_tenant_queue_wait_seconds``, -1 when it never reached one;
-``status`` -1: no answer was sent, as for a call its client cancelled, counted
-``cancelled``).
+termination tenant class reason version Tw deadline`` (tenant, class and reason ``-``
+without tenants; ``reason``: which limit refused it; ``version``: the one a rollout
+pinned the request to, else ``-``; ``Tw``: milliseconds it waited in a backend's queue
+for a member's slot, ``infergate_tenant_queue_wait_seconds``, -1 when it never reached
+one; ``deadline``: the client's, in milliseconds, ``-`` without one; ``status`` -1: no
+answer was sent, as for a call its client cancelled, counted ``cancelled``, or
+``deadline`` when its deadline had come: ``deadline.given_up_at_deadline``).
 This runs beside the hot path, in a thread, after HAProxy has answered: a few
 microseconds of Python per request, never in the request's way.
 Latency is HAProxy's ``%Ta``: the request's active time, from its first byte to the
@@ -34,6 +35,7 @@ from typing import Any
 
 from gateway.errors import CANCELLED_OUTCOME, outcome_of_answer
 from gateway.metrics import GatewayMetrics, observe_many
+from gateway.policy import deadline
 from gateway.telemetry import VersionTally
 
 log = logging.getLogger(__name__)
@@ -43,25 +45,32 @@ NOTE_EVERY_S = 0.25
 SMALL_CHUNK, GATHER_S = 16384, 0.02
 LOCAL_OUTCOMES = {"rejected": "rejected", "not_ready": "not_ready", "shed": "deadline"}
 NOT_COUNTED = {"auth", "unknown", "too_large"}
+GIVEN_UP = ("c", "C")  # termination states the client ended (timeout or abort)
 
 
-def classify(proto: str, status: int, grpc_status: str, local: str, termination: str) -> str | None:
-    """The ``outcome`` label of one logged request, or None when it is not counted."""
+def classify(proto: str, status: int, grpc_status: str, local: str, termination: str,
+             active_ms: int = 0, deadline_ms: int | None = None) -> str | None:
+    """The ``outcome`` label of one logged request, or None when it is not counted;
+    ``active_ms`` (%Ta) and the client's ``deadline_ms`` tell a client that gave up at its
+    deadline from one that gave up before."""
     if local in NOT_COUNTED:
         return None
     if local in LOCAL_OUTCOMES:
         return LOCAL_OUTCOMES[local]
+    if proto == "grpc" and status == 200 and grpc_status.isdigit():
+        # the answer's own status reached the client, whatever ended the stream after it
+        # (Triton at its deadline sends its status, then resets: logged SD)
+        return outcome_of_answer(status, int(grpc_status))
     first = termination[:1]
     if first == "s" or status == 504:
         return "deadline"  # the server timeout is the client's deadline
     if first in ("S", "P") or status == 503 and grpc_status == "-":
         return "unavailable"
-    if first in ("c", "C"):
-        return CANCELLED_OUTCOME
+    if first in GIVEN_UP:
+        return "deadline" if deadline.given_up_at_deadline(active_ms, deadline_ms) \
+            else CANCELLED_OUTCOME
     if status < 0:  # no answer at all (HAProxy logs -1), and not the client's doing
         return "unavailable"
-    if proto == "grpc" and status == 200:
-        return outcome_of_answer(status, int(grpc_status) if grpc_status.isdigit() else 0)
     return outcome_of_answer(status)
 
 
@@ -99,10 +108,12 @@ class RequestLog:
         if model == "-" or not status_text.removeprefix("-").isdigit():
             return None
         self.lines += count
-        outcome = classify(proto, int(status_text), gs, local, termination)
+        tenant, priority, reason, version, queued_ms, deadline_text = (fields + ["-"] * 6)[8:14]
+        active = int(active_ms) if active_ms.lstrip("-").isdigit() else 0
+        outcome = classify(proto, int(status_text), gs, local, termination, active,
+                           int(deadline_text) if deadline_text.isdigit() else None)
         if outcome is None:
             return None
-        tenant, priority, reason, version, queued_ms = (fields + ["-"] * 5)[8:13]
         tenant_known = tenant != "-" and priority != "-"
         self._child(("requests", model, pool, proto, outcome, "user")).inc(count)
         if tenant_known:
@@ -111,7 +122,7 @@ class RequestLog:
             self._child(("rejected", model, outcome)).inc(count)
             if tenant_known and reason != "-":
                 self._child(("t_refused", tenant, priority, reason)).inc(count)
-        elif pool != "-" and outcome != CANCELLED_OUTCOME and active_ms.lstrip("-").isdigit():
+        elif pool != "-" and termination[:1] not in GIVEN_UP and active_ms.lstrip("-").isdigit():
             # (a request its client gave up on has no latency of the gateway's: the
             # client's patience; the Python plane observes none either)
             # whole milliseconds, truncated: the middle of that millisecond, an unbiased

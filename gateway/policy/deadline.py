@@ -112,3 +112,48 @@ def service_quantum(us: float) -> int:
     value = max(1, round(us))
     scale = 10 ** max(0, len(str(value)) - 2)
     return round(value / scale) * scale
+
+
+# **A call whose client's deadline passed is counted ``deadline``**, whoever ended it:
+# Triton's queue, the gateway's timer, or the client's own timer (its cancellation
+# reaches the gateway at about the deadline: a gRPC client ends a call at its deadline
+# itself). A cancellation counts as the deadline's when it comes no earlier than this
+# before the deadline (the client's clock and the gateway's differ by the request's way
+# there and the cancellation's way back): the smaller of AT_DEADLINE_MS and a tenth of
+# the deadline. Earlier, the client gave up (``cancelled``). Both planes decide with
+# :func:`given_up_at_deadline`: the Python forwarder in seconds, HAProxy's log lines in
+# whole milliseconds (%Ta against the deadline it logs).
+AT_DEADLINE_MS = 50
+
+
+def given_up_at_deadline(elapsed_ms: float, deadline_ms: float | None) -> bool:
+    """Whether a call its client cancelled after ``elapsed_ms`` ended at its deadline
+    (``deadline_ms`` from when the gateway received it; None: no deadline)."""
+    if deadline_ms is None:
+        return False
+    return elapsed_ms >= deadline_ms - min(AT_DEADLINE_MS, deadline_ms / 10)
+
+
+# **A gRPC stream the control plane relays behind HAProxy ends at the client's deadline
+# by the client's own timer**, not the gateway's: HAProxy 2.6 turns a server's end of a
+# stream whose client still has its side open into RST_STREAM(CANCEL) right after the
+# trailers (haproxy/haproxy#1219), and a client that reads the reset before the trailers
+# reports "Stream removed (RST_STREAM ... error code 8)" instead of "Deadline Exceeded".
+# HAProxy gives the control plane the client's deadline plus STREAM_GRACE_MS (its
+# ``grpc-timeout``) and says the grace in GRACE_HEADER; the control plane then waits,
+# and asks the member to wait, that much longer, so the client's own timer (which fires
+# first) ends the stream, as straight to Triton. A client that ignores its own deadline
+# is ended STREAM_GRACE_MS after it. The Python data plane's front door needs none: its
+# gRPC server's end of a stream reaches the client intact.
+STREAM_GRACE_MS = 1000
+GRACE_HEADER = "x-infergate-deadline-grace-ms"
+# the longest deadline (milliseconds) a grace is added to: grpc-timeout takes 8 digits
+GRACE_MAX_DEADLINE_MS = 10 ** 8 - 1 - STREAM_GRACE_MS
+
+
+def grace_s(value: str | None) -> float:
+    """The grace HAProxy said in GRACE_HEADER, in seconds; 0 without one (or a value that
+    is not a whole number of milliseconds up to STREAM_GRACE_MS)."""
+    if value is None or not value.isdigit() or int(value) > STREAM_GRACE_MS:
+        return 0.0
+    return int(value) / 1e3

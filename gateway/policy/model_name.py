@@ -26,6 +26,7 @@ HTTP_INFER_PATTERN = r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$"
 HTTP_UNVERSIONED_INFER_PATTERN = r"^/v2/models/[^/]+/infer$"
 GRPC_MODEL_FIELD = 1
 GRPC_VERSION_FIELD = 2
+GRPC_STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 UNKNOWN_MODEL = "Request for unknown model: '{model}' is not found"  # Triton's words
 NO_MODEL = ("the request names no model: field 1 (model_name) of the ModelInferRequest "
             "is missing, empty or malformed")

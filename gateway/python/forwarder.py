@@ -72,6 +72,14 @@ class RequestOptions:
     deadline_s: float | None = None  # seconds left for the client, None = no deadline
     api_key: str | None = None
     traffic: str = "user"  # "warmup" for synthetic keep-warm requests
+    # of deadline_s, the grace HAProxy added to a stream's (deadline.STREAM_GRACE_MS):
+    # the gateway waits that long, the client's own deadline is the rest
+    grace_s: float = 0.0
+
+    @property
+    def client_deadline_s(self) -> float | None:
+        """Seconds left until the client's own deadline (None: no deadline)."""
+        return None if self.deadline_s is None else self.deadline_s - self.grace_s
 
 
 NO_OPTIONS = RequestOptions()
@@ -195,7 +203,7 @@ class Forwarder:
                 self._refused(self.route(model), protocol, options, err, tenant, "rate")
             raise
         route = self.route(model)
-        started = self.clock()
+        started, patience = self.clock(), options.client_deadline_s
         if options.traffic == "user":
             self.state.note_used(model, started)
         if route.holders is not None and not self.state.resident(model):
@@ -223,10 +231,14 @@ class Forwarder:
                 self.state.tally.record(model, version, False, now - started, now)
             raise
         except asyncio.CancelledError:  # its client gave up (a gRPC call cancelled)
-            self._count(route, pool.name if pool is not None else "-", protocol,
-                        CANCELLED_OUTCOME, options.traffic)
+            gave_up = CANCELLED_OUTCOME  # or its deadline ended it (its own timer, or ours)
+            if deadline.given_up_at_deadline((self.clock() - started) * 1000,
+                                             None if patience is None else patience * 1000):
+                gave_up = outcome_name(DeadlineExceeded)
+            self._count(route, pool.name if pool is not None else "-", protocol, gave_up,
+                        options.traffic)
             if tenant is not None:
-                self._tenant_child("requests", tenant, CANCELLED_OUTCOME).inc()
+                self._tenant_child("requests", tenant, gave_up).inc()
             raise
         finally:
             self._count_in(route, -1, pool, tenant)
@@ -394,8 +406,9 @@ class Forwarder:
         if count >= limit:
             raise Overloaded(admission.overloaded_message(route.model, count + 1, limit),
                              retry_after_s=admission.RETRY_AFTER_S, reason="overloaded")
-        if options.deadline_s is not None and pool is not None:
-            self._shed_if_hopeless(route.model, pool, options.deadline_s)
+        patience = options.client_deadline_s  # (a stream's grace is not for its work)
+        if patience is not None and pool is not None:
+            self._shed_if_hopeless(route.model, pool, patience)
         self._count_in(route, +1, pool, tenant)
         return pool
 

@@ -38,6 +38,7 @@ from gateway.control.grpc_app import (
 )
 from gateway.control.model_control import ModelControl
 from gateway.errors import GatewayError, outcome_of_answer
+from gateway.policy import deadline
 from gateway.policy.deadline import triton_timeout_us
 from gateway.policy.model_name import (
     GRPC_VERSION_FIELD,
@@ -88,7 +89,13 @@ def _marked(context: Any) -> bool:
 
 
 def _options(context: grpc.aio.ServicerContext) -> RequestOptions:
-    return RequestOptions(deadline_s=context.time_remaining(), api_key=api_key(context))
+    """The call's deadline (with the grace HAProxy gave a stream, ``deadline.GRACE_HEADER``)
+    and API key."""
+    grace = next((value for key, value in context.invocation_metadata() or ()
+                  if key == deadline.GRACE_HEADER), None)
+    remaining = context.time_remaining()
+    return RequestOptions(deadline_s=remaining, api_key=api_key(context),
+                          grace_s=deadline.grace_s(grace) if remaining is not None else 0.0)
 
 
 class GatewayServicer(ControlServicer):

@@ -11,7 +11,10 @@ from gateway.errors import InvalidInput
 from gateway.policy.deadline import (
     HOPELESS,
     HTTP_TIMEOUT_PATTERN,
+    STREAM_GRACE_MS,
     expected_ms,
+    given_up_at_deadline,
+    grace_s,
     hopeless,
     http_deadline_s,
     service_quantum,
@@ -68,3 +71,20 @@ def test_hopeless_only_when_expected_beyond_nine_tenths_of_the_deadline() -> Non
                                           (17_551.0, 18_000), (99.6, 100), (123_456, 120_000)])
 def test_service_time_is_kept_to_two_significant_digits(us: float, kept: int) -> None:
     assert service_quantum(us) == kept
+
+
+@pytest.mark.parametrize(("elapsed_ms", "deadline_ms", "at_deadline"), [
+    (500, 500, True), (460, 500, True), (449, 500, False),  # 50 ms before: the deadline's
+    (95, 100, True), (89, 100, False),  # a tenth of a short deadline
+    (10_000, None, False), (0, 0, True)])
+def test_a_cancellation_counts_as_the_deadlines_when_it_comes_at_it(
+        elapsed_ms: float, deadline_ms: float | None, at_deadline: bool) -> None:
+    assert given_up_at_deadline(elapsed_ms, deadline_ms) is at_deadline
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    (None, 0.0), (str(STREAM_GRACE_MS), STREAM_GRACE_MS / 1e3), ("250", 0.25), ("-5", 0.0),
+    ("1.5", 0.0), (str(STREAM_GRACE_MS + 1), 0.0)])  # never more than HAProxy gives
+def test_grace_read_from_haproxys_header_only_when_within_the_streams(
+        value: str | None, seconds: float) -> None:
+    assert grace_s(value) == seconds

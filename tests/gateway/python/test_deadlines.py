@@ -51,3 +51,31 @@ async def test_a_deadline_the_pool_cannot_meet_is_refused_before_the_member_sees
     assert 'infergate_rejected_requests_total{model="m",reason="deadline"} 1.0' in text
     assert ('infergate_requests_total{model="m",outcome="deadline",pool="-",protocol="grpc",'
             'traffic="user"} 1.0') in text
+
+
+async def test_a_call_its_client_ends_at_its_deadline_counts_deadline_before_it_cancelled(
+        ) -> None:
+    """A gRPC client ends a call at its deadline itself: the forwarder sees its task
+    cancelled then, at about the deadline (``deadline.given_up_at_deadline``); with the
+    grace HAProxy gives a stream, at the client's deadline, not the gateway's."""
+    now = [100.0]
+    config = GatewayConfig(pools=(PoolSpec(name="p", members=(MemberSpec(grpc_port=1),)),))
+    dp, held = Forwarder.for_config(config, clock=lambda: now[0]), Held()
+
+    async def cancelled_after(seconds: float, options: RequestOptions) -> None:
+        call = asyncio.create_task(dp.forward("m", held, protocol="grpc", options=options))
+        await asyncio.sleep(0)
+        now[0] += seconds
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    await cancelled_after(0.5, RequestOptions(deadline_s=0.5))  # its deadline: ended by it
+    await cancelled_after(0.2, RequestOptions(deadline_s=0.5))  # the client gave up
+    await cancelled_after(0.2, RequestOptions())  # no deadline
+    # a stream behind HAProxy: 1.5 s left to the gateway, 0.5 s of them the client's
+    await cancelled_after(0.5, RequestOptions(deadline_s=1.5, grace_s=1.0))
+    text = dp.metrics.render().decode()
+    for outcome, count in (("deadline", 2), ("cancelled", 2)):
+        assert (f'infergate_requests_total{{model="m",outcome="{outcome}",pool="p",'
+                f'protocol="grpc",traffic="user"}} {count}.0') in text

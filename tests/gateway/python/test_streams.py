@@ -203,9 +203,16 @@ def _stream_status(url: str, requests: tuple[tuple[Any, ...], ...], timeout_s: f
 def test_stream_ends_with_deadline_exceeded_when_client_deadline_passes(
     gateway: GatewayProcess, triton: LocalTriton,
 ) -> None:
+    """Through HAProxy the client's own timer ends it (the control plane waits
+    ``deadline.STREAM_GRACE_MS`` longer): HAProxy 2.6 would turn the control plane's end
+    into RST_STREAM(CANCEL), which a client busy reading reports as "Stream removed
+    (RST_STREAM ... error code 8)" (CI saw it). Counted ``deadline`` on both planes."""
     assert triton.endpoints is not None
     slow = (("a", "a", 20, 200, -1),)
     said: list[str] = []
+    labels = {"model": MODEL, "protocol": "grpc_stream"}
+    before = {outcome: _metric(gateway.http_url, "infergate_requests_total", outcome=outcome,
+                               **labels) for outcome in ("deadline", "cancelled")}
     code, received = _stream_status(gateway.grpc_url, slow, timeout_s=1.0, details=said)
     direct_code, _ = _stream_status(triton.endpoints.grpc_url, slow, timeout_s=1.0,
                                     details=said)
@@ -215,6 +222,11 @@ def test_stream_ends_with_deadline_exceeded_when_client_deadline_passes(
     # client's own "Deadline Exceeded", sometimes "Stream removed (Deadline Exceeded)"
     # (whichever of the client's timer and the server's end of the stream comes first)
     assert all("Deadline Exceeded" in text for text in said), said
+    assert wait_until(lambda: _metric(gateway.http_url, "infergate_requests_total",
+                                      outcome="deadline", **labels)
+                      == before["deadline"] + 1, 10)
+    assert _metric(gateway.http_url, "infergate_requests_total", outcome="cancelled",
+                   **labels) == before["cancelled"]
 
 
 def _metric(url: str, name: str, **labels: str) -> float:
