@@ -70,6 +70,7 @@ from gateway.haproxy.snapshot import (
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import GatewayMetrics
+from gateway.netaddr import join_host_port
 from gateway.policy.tenancy import TenantActivity
 from gateway.replica import ReplicaForwarder, ReplicaSettings, watch_rollouts
 from gateway.telemetry import HAProxyCounts, Telemetry, VersionTally, read_haproxy
@@ -159,7 +160,7 @@ class Agent:
             self.layout, HAProxyProcess(self.layout, external=self.settings.haproxy_external))
 
     def _note_versions(self, snapshot: Snapshot) -> None:
-        members = [(p.name, f"{m.host}:{m.grpc_port}", m.triton_version)
+        members = [(p.name, join_host_port(m.host, m.grpc_port), m.triton_version)
                    for p in snapshot.pools for m in p.members]
         self.versions.observe(members)
         self.versions.forget({(pool, member) for pool, member, _ in members})

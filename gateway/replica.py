@@ -43,6 +43,7 @@ from gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, Overlo
 from gateway.haproxy.process import free_port
 from gateway.haproxy.snapshot import Snapshot, server_name
 from gateway.metrics import GatewayMetrics
+from gateway.netaddr import split_host_port
 from gateway.policy import readiness
 from gateway.policy.rollout import Shadow, Split
 from gateway.python.forwarder import Forwarder
@@ -248,7 +249,7 @@ class ReplicaForwarder:
         add_serving_routes(serving, self.core, control, self.upstream_http, self.auth)
         app = create_http_app(self.forwarder, serving, self.upstream_http, self.auth,
                               max_body_bytes=self.settings.max_request_bytes)
-        host, port = self.http_address.rsplit(":", 1)
+        host, port = split_host_port(self.http_address)
         self._http = EmbeddedServer(uvicorn.Config(
             app, host=host, port=int(port), log_level=self.settings.log_level,
             access_log=False, lifespan="off", loop="asyncio", http=GatewayHttpToolsProtocol,

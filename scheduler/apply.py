@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from gateway.netaddr import join_host_port
 from scheduler.changeover import (
     Action,
     Apply,
@@ -219,7 +220,8 @@ def _scrape_pending(pod_ip: str | None, port: int = 8002, timeout_s: float = 1.0
     if not pod_ip:
         return None
     try:
-        with urllib.request.urlopen(f"http://{pod_ip}:{port}/metrics", timeout=timeout_s) as r:
+        with urllib.request.urlopen(f"http://{join_host_port(pod_ip, port)}/metrics",
+                                    timeout=timeout_s) as r:
             return pending_count(r.read().decode("utf-8", "replace"))
     except OSError:
         return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.config.residency import ResidencySpec
+from gateway.netaddr import bare_host, join_host_port
 
 
 class MemberSpec(BaseModel):
@@ -14,14 +15,31 @@ class MemberSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # a name or an IP address; an IPv6 one kept bare (no brackets)
     http_port: int = Field(8000, ge=1, le=65535)
     grpc_port: int = Field(8001, ge=1, le=65535)
     metrics_port: int = Field(8002, ge=1, le=65535)
 
+    @field_validator("host")
+    @classmethod
+    def _bare_host(cls, value: str) -> str:
+        return bare_host(value)
+
+    @property
+    def http_address(self) -> str:
+        return join_host_port(self.host, self.http_port)
+
+    @property
+    def grpc_address(self) -> str:
+        return join_host_port(self.host, self.grpc_port)
+
+    @property
+    def metrics_address(self) -> str:
+        return join_host_port(self.host, self.metrics_port)
+
     @property
     def key(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
+        return self.grpc_address
 
 
 class PoolSpec(BaseModel):

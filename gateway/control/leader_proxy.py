@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway.errors import Unavailable
+from gateway.netaddr import split_host_port
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +154,9 @@ class TcpRelay:
         self._open.add(client_w)
         try:
             address = self._locate()
-            host, _, port = address.rpartition(":")
+            host, port = split_host_port(address)
             leader_r, leader_w = await asyncio.wait_for(
-                asyncio.open_connection(host.strip("[]"), int(port)), self._timeout)
+                asyncio.open_connection(host, port), self._timeout)
         except (Unavailable, OSError, ValueError) as exc:  # (TimeoutError is an OSError)
             log.info("standby: a gRPC connection not relayed: %s", exc)
             client_w.close()

@@ -82,7 +82,7 @@ async def probe_member(client: httpx.AsyncClient, core: Core, member: PoolMember
     spec = member.spec
     refused = False
     try:
-        live = await client.get(f"http://{spec.host}:{spec.http_port}/v2/health/live")
+        live = await client.get(f"http://{spec.http_address}/v2/health/live")
         passed = live.status_code == 200
     except httpx.ConnectError:
         passed, refused = False, True  # nothing listens: down now
@@ -125,7 +125,7 @@ async def probe_member(client: httpx.AsyncClient, core: Core, member: PoolMember
 async def _scrape(client: httpx.AsyncClient, spec: MemberSpec) -> str | None:
     """The member's metrics page, None when it cannot be read."""
     with contextlib.suppress(httpx.HTTPError, ValueError):
-        resp = await client.get(f"http://{spec.host}:{spec.metrics_port}/metrics")
+        resp = await client.get(f"http://{spec.metrics_address}/metrics")
         return resp.text if resp.status_code == 200 else None
     return None
 
@@ -133,7 +133,7 @@ async def _scrape(client: httpx.AsyncClient, spec: MemberSpec) -> str | None:
 async def read_version(client: httpx.AsyncClient, spec: MemberSpec) -> str | None:
     """The member's Triton version (server metadata), None when it cannot be read."""
     try:
-        resp = await client.get(f"http://{spec.host}:{spec.http_port}/v2")
+        resp = await client.get(f"http://{spec.http_address}/v2")
         return version_from_metadata(resp.json()) if resp.status_code == 200 else None
     except (httpx.HTTPError, ValueError) as exc:
         log.debug("member %s: server metadata unreadable: %s", spec.key, exc)

@@ -60,6 +60,7 @@ from gateway.errors import GatewayError, Unavailable, error_answer
 from gateway.lifecycle.records.catalog import NotRecorded, RecordedCatalog
 from gateway.lifecycle.records.leader import Advertised, Leadership, LeaderState
 from gateway.lifecycle.records.postgres import PostgresStore
+from gateway.netaddr import bare_host, join_host_port, split_host_port
 
 log = logging.getLogger(__name__)
 LOST_EXIT = 3  # the process's status when it stops for a lost leadership
@@ -85,16 +86,13 @@ def advertised(host: str, http_port: int, grpc_port: int, given: str | None) -> 
     (a wildcard address replaced by this host's name)."""
     port = http_port
     if given:
-        name, sep, tail = given.rpartition(":")
-        if sep and tail.isdigit() and (not name.count(":") or name.endswith("]")):
-            host, port = name, int(tail)
-        else:
-            host = given
+        try:
+            host, port = split_host_port(given)
+        except ValueError:  # HOST alone (a bare IPv6 literal too)
+            host = bare_host(given)
     elif host in WILDCARDS:
         host = socket.getfqdn()
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # an IPv6 literal
-    return Advertised(http=f"{host}:{port}", grpc=f"{host}:{grpc_port}")
+    return Advertised(http=join_host_port(host, port), grpc=join_host_port(host, grpc_port))
 
 
 class Standby:

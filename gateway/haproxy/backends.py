@@ -13,6 +13,7 @@ from gateway import errors
 from gateway.haproxy import queueing
 from gateway.haproxy.deadline_rules import stream_grace_rules
 from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Resident, Snapshot
+from gateway.netaddr import join_host_port
 from gateway.policy import parse_errors, rate, tenancy
 from gateway.policy.upstream import EJECT_AFTER_FAILURES, HEALTH_FALL, RETRIES
 from gateway.upstream.triton_version import grpc_mode
@@ -121,7 +122,7 @@ def pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
         port = m.http_port if http else m.grpc_port
         extra = "" if http else f"{grpc_server(m, layout)} port {m.http_port} check-proto h1"
         lines.append(
-            f"  server {m.name} {m.host}:{port} {check} "
+            f"  server {m.name} {join_host_port(m.host, port)} {check} "
             f"weight {m.weight}{cap}{extra}{'' if m.routable else ' disabled'}"
         )
     return "\n".join(lines) + "\n"
@@ -148,7 +149,8 @@ def _model_backend(pool: PoolState, resident: Resident, proto: str, layout: Layo
         port = m.http_port if http else m.grpc_port
         extra = "" if http else grpc_server(m, layout)
         held = m.name in resident.holders
-        lines.append(f"  server {m.name} {m.host}:{port} track {proto}_{pool.name}/{m.name} "
+        lines.append(f"  server {m.name} {join_host_port(m.host, port)} "
+                     f"track {proto}_{pool.name}/{m.name} "
                      f"weight {m.weight}{cap}{extra}{'' if held else ' disabled'}")
     return "\n".join(lines) + "\n"
 
@@ -184,7 +186,8 @@ def pin_backends(snapshot: Snapshot, layout: Layout) -> list[str]:
                   "%[req.hdr(content-length),add(txn.vl)] if { req.hdr(content-length) -m found }"]
         for m in pool.members:
             held = resident is None or m.name in resident.holders
-            lines.append(f"  server {m.name} {m.host}:{m.grpc_port} track grpc_{pool.name}/"
+            lines.append(f"  server {m.name} {join_host_port(m.host, m.grpc_port)} "
+                         f"track grpc_{pool.name}/"
                          f"{m.name} weight {m.weight}{grpc_server(m, layout)}"
                          f"{'' if held else ' disabled'}")
         out.append("\n".join(lines) + "\n")

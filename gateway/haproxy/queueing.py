@@ -35,6 +35,7 @@ from collections.abc import Callable
 from gateway import errors
 from gateway.config.tenancy import Priority
 from gateway.haproxy.snapshot import MemberState, PoolState, Snapshot
+from gateway.netaddr import join_host_port
 from gateway.policy import queueing
 
 Rule = tuple[str, str]  # (action, condition), as gateway.haproxy.admission_rules'
@@ -83,7 +84,8 @@ def bypass_backends(snapshot: Snapshot, head: Callable[[str], list[str]],
         if pool.member_slots <= 0:
             continue
         lines = head(f"grpc_{pool.name}{BYPASS}")
-        lines += [f"  server {m.name} {m.host}:{m.grpc_port} track grpc_{pool.name}/{m.name} "
+        lines += [f"  server {m.name} {join_host_port(m.host, m.grpc_port)} "
+                  f"track grpc_{pool.name}/{m.name} "
                   f"weight {m.weight}{server(m)}" for m in pool.members]
         out.append("\n".join(lines) + "\n")
     return out

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config.tenancy import DEFAULT_REFUSAL_DELAY_MS, Priority
+from gateway.netaddr import split_host_port
 from gateway.policy.rate import RateClass
 from gateway.policy.routing import MAX_POOLS_PER_MODEL, MAX_WEIGHT
 from gateway.policy.tenancy import split_shares
@@ -266,7 +267,12 @@ def residency_suffix(model: str) -> str:
 
 
 def server_name(member_key: str) -> str:
-    """``127.0.0.1:8001`` -> ``127.0.0.1_8001``: a valid HAProxy server name."""
+    """``127.0.0.1:8001`` -> ``127.0.0.1_8001``: a valid HAProxy server name; an IPv6
+    member's ``[fd00::5]:8001`` -> ``v6_fd00--5_8001`` (distinct for distinct addresses:
+    no host name has ``_``, no IPv6 address has ``-``)."""
+    host, port = split_host_port(member_key)
+    if ":" in host:
+        return f"v6_{_NOT_IDENTIFIER.sub('.', host.replace(':', '-'))}_{port}"
     return _NOT_IDENTIFIER.sub("_", member_key)
 
 

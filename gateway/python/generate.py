@@ -159,7 +159,7 @@ class _Relay:
             await self.out.put(_END)
 
     async def _call(self, member: PoolMember) -> int:
-        url = f"http://{member.spec.host}:{member.spec.http_port}{self.path}"
+        url = f"http://{member.spec.http_address}{self.path}"
         timeout = aiohttp.ClientTimeout(total=self.options.deadline_s, sock_connect=2.0,
                                         sock_read=self.upstream.timeout_s)
         sent_at = time.monotonic()

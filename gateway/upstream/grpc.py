@@ -39,7 +39,7 @@ class UpstreamGRPC:
     def _get(self, member: PoolMember) -> tuple[Any, Any, Any]:
         entry = self._members.get(member.key)
         if entry is None:
-            target = f"{member.spec.host}:{member.spec.grpc_port}"
+            target = member.spec.grpc_address
             channel = grpc.aio.insecure_channel(
                 target, options=[*CHANNEL_OPTIONS, *UPSTREAM_ONLY_OPTIONS])
             self._channels.append(channel)

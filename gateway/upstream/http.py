@@ -52,7 +52,7 @@ class UpstreamHTTP:
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> UpstreamResponse:
-        url = f"http://{member.spec.host}:{member.spec.http_port}{path}"
+        url = f"http://{member.spec.http_address}{path}"
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
         try:
             async with self.session.request(method, url, data=body, headers=headers,

@@ -103,7 +103,7 @@ class MemberAdmin:
 
     async def metrics_text(self, member: PoolMember) -> str:
         """The member's Prometheus page (its metrics port)."""
-        url = f"http://{member.spec.host}:{member.spec.metrics_port}/metrics"
+        url = f"http://{member.spec.metrics_address}/metrics"
         try:
             resp = await self.client.get(url)
         except httpx.HTTPError as exc:
@@ -122,7 +122,7 @@ class MemberAdmin:
     def _stub(self, member: PoolMember) -> GRPCInferenceServiceStub:
         if self._closed:
             raise Unavailable(f"member {member.key}: the admin client is closed")
-        target = f"{member.spec.host}:{member.spec.grpc_port}"
+        target = member.spec.grpc_address
         entry = self._channels.get(target)
         if entry is None:
             channel = grpc.aio.insecure_channel(
@@ -131,7 +131,7 @@ class MemberAdmin:
         return entry[1]
 
     async def config(self, member: PoolMember, model: str) -> mc.ModelConfig:
-        url = f"http://{member.spec.host}:{member.spec.http_port}/v2/models/{model}/config"
+        url = f"http://{member.spec.http_address}/v2/models/{model}/config"
         try:
             resp = await self.client.get(url)
         except httpx.HTTPError as exc:
@@ -142,7 +142,7 @@ class MemberAdmin:
 
     async def loaded_versions(self, member: PoolMember, model: str) -> list[int]:
         """Versions of ``model`` the member has loaded and ready (empty if none)."""
-        url = f"http://{member.spec.host}:{member.spec.http_port}/v2/models/{model}"
+        url = f"http://{member.spec.http_address}/v2/models/{model}"
         try:
             resp = await self.client.get(url)
         except httpx.HTTPError as exc:
@@ -175,7 +175,7 @@ class MemberAdmin:
     async def _request(self, member: PoolMember, method: str, path: str, body: bytes = b"",
                        headers: dict[str, str] | None = None, client_errors: bool = False,
                        ) -> httpx.Response:
-        url = f"http://{member.spec.host}:{member.spec.http_port}{path}"
+        url = f"http://{member.spec.http_address}{path}"
         try:
             resp = await self.client.request(method, url, content=body, headers=headers)
         except httpx.InvalidURL as exc:  # a model name with control characters, say
@@ -192,7 +192,7 @@ class MemberAdmin:
 
     async def _post(self, member: PoolMember, path: str, body: bytes,
                     headers: dict[str, str] | None = None) -> httpx.Response:
-        url = f"http://{member.spec.host}:{member.spec.http_port}{path}"
+        url = f"http://{member.spec.http_address}{path}"
         try:
             return await self.client.post(url, content=body, headers=headers)
         except httpx.HTTPError as exc:

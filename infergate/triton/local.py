@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.netaddr import join_host_port
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -62,20 +64,30 @@ class TritonEndpoints:
 
     @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.http_port}"
+        return join_host_port(self.host, self.http_port)
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
+        return join_host_port(self.host, self.grpc_port)
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
+        return f"http://{join_host_port(self.host, self.metrics_port)}/metrics"
+
+
+def _http_address(host: str) -> str:
+    """Triton's HTTP and metrics servers (libevhtp) take an IPv6 address as ``ipv6:ADDR``
+    (a bare one is read as IPv4 and binds nothing)."""
+    return f"ipv6:{host}" if ":" in host else host
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now (the caller binds it soon after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
@@ -208,11 +220,12 @@ class LocalTriton:
             # 2 cores (a Triton ready with 3 models: 2.5 s -> 1 s), the same config served
             "--disable-auto-complete-config",
             *[f"--load-model={m}" for m in s.models],
-            f"--http-address={s.host}",
+            f"--http-address={_http_address(s.host)}",
             f"--http-port={ports[0]}",
-            f"--grpc-address={s.host}",
+            # Triton writes "{address}:{port}" for gRPC: an IPv6 address in brackets
+            f"--grpc-address={'[' + s.host + ']' if ':' in s.host else s.host}",
             f"--grpc-port={ports[1]}",
-            f"--metrics-address={s.host}",
+            f"--metrics-address={_http_address(s.host)}",
             f"--metrics-port={ports[2]}",
             "--allow-cpu-metrics=true",
             "--exit-on-error=true",
@@ -282,7 +295,7 @@ class LocalTriton:
 
     def _check_ports_free(self, ports: list[int]) -> None:
         for port in ports:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            with socket.socket(_family(self.settings.host), socket.SOCK_STREAM) as sock:
                 if sock.connect_ex((self.settings.host, port)) == 0:
                     raise TritonStartupError(
                         f"port {self.settings.host}:{port} is already in use; choose another "

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -252,21 +253,28 @@ def test_member_is_down_after_two_failed_probes_but_at_once_when_refused(
 
 def test_a_member_whose_probe_fails_unexpectedly_leaves_the_others_probed(
         member_server: tuple[int, Answers], caplog: pytest.LogCaptureFixture) -> None:
-    """An IPv6 address from DNS made an unbracketed URL, which httpx refuses with an
-    exception no probe caught: the round's gather ended there, and with it the probing
-    of every member, for good and without a log line."""
+    """An exception no probe catches (it was httpx refusing the unbracketed URL of an IPv6
+    member found by DNS, before gateway/netaddr.py) ended the round's gather, and with it
+    the probing of every member, for good and without a log line."""
     port, answers = member_server
     good = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
-    odd = MemberSpec(host="fd00::1", http_port=8000, grpc_port=8001, metrics_port=8002)
+    odd = MemberSpec(host="10.255.255.1", http_port=8000, grpc_port=8001, metrics_port=8002)
     core = Core.for_config(GatewayConfig(pools=(PoolSpec(name="p", members=(odd, good)),)))
 
+    class Refusing(httpx.AsyncClient):
+        async def get(self, url: Any, **kwargs: Any) -> httpx.Response:
+            if "10.255.255.1" in str(url):
+                raise RuntimeError("unexpected")
+            return await super().get(url, **kwargs)
+
     async def one_round() -> None:
-        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+        async with Refusing(timeout=5, trust_env=False) as client:
             await probe_round(client, core)
 
     with caplog.at_level(logging.ERROR, logger="gateway.control.probes"):
         asyncio.run(one_round())
     probed = {m.key: m.version_probed for m in core.state.members()}
-    assert probed == {"fd00::1:8001": False, f"127.0.0.1:{port}": True}, probed
+    assert probed == {"10.255.255.1:8001": False, f"127.0.0.1:{port}": True}, probed
     assert "/v2/health/live" in answers.asked
-    assert any("probing fd00::1" in r.getMessage() and r.exc_info for r in caplog.records)
+    assert any("probing 10.255.255.1:8001" in r.getMessage() and r.exc_info
+               for r in caplog.records)

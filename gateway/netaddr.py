@@ -1,0 +1,42 @@
+"""Host and port joined into one address and split again, IPv6 literals bracketed.
+
+A member's host comes from ``pools.yaml`` or from DNS (a headless Service's AAAA records
+on a dual-stack or IPv6 cluster): ``fd00::5`` joined with its port as ``fd00::5:8001``
+is no address at all (httpx refuses the URL, gRPC and HAProxy misread it). Every place
+that writes a host and a port as one string, a URL's authority, a gRPC target, an
+HAProxy ``server`` line, a member's key, goes through :func:`join_host_port`; hosts are
+kept bare (``MemberSpec`` strips brackets).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+
+def bare_host(host: str) -> str:
+    """``host`` without the brackets of a bracketed IPv6 literal; ValueError for a host
+    with a colon that is no IPv6 address (a port written into the host, say)."""
+    inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if ":" in inner:
+        try:
+            ipaddress.IPv6Address(inner)
+        except ValueError:
+            raise ValueError(f"'{host}' is neither a host name nor an IP address "
+                             "(a port belongs in its own field)") from None
+    return inner
+
+
+def join_host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 literal in brackets (``[fd00::5]:8001``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """The bare host and the port of ``host:port`` or ``[v6]:port``; ValueError when it
+    has no port."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"'{address}' is not HOST:PORT")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f"'{address}': an IPv6 address needs brackets, [ADDRESS]:PORT")
+    return bare_host(host), int(port)
