@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 
-def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+def write_atomically(path: Path, text: str | bytes, mode: int = 0o644) -> None:
     """``text`` into ``path`` whole or not at all: a crash leaves the file before, and
     a reader never sees half of it. Each write goes through a temporary file of its own
     beside ``path``, so writers at the same moment (threads, processes) never share one:
@@ -16,11 +16,11 @@ def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
     another's away: the data-plane replica's snapshot writes then failed, and the
     replica stopped following its control plane for good.) ``mode``: the file's
     permissions (0o600 for one holding a secret: never readable by others, not even
-    for a moment)."""
+    for a moment; 0o755 for a program)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as out:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as out:
             os.fchmod(out.fileno(), mode)
             out.write(text)
         os.replace(temporary, path)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.files import write_atomically
 from gateway.netaddr import join_host_port
 
 _PR_SET_PDEATHSIG = 1
@@ -125,9 +125,8 @@ def install_python_stub(runtime_env: Path) -> None:
         raise TritonStartupError(f"no Python-backend stub for Python {py_tag} at {source}")
     if target.is_file() and target.stat().st_size == source.stat().st_size:
         return
-    tmp = target.with_suffix(".tmp")
-    shutil.copy2(source, tmp)
-    os.replace(tmp, target)
+    # (Tritons starting at once each copy it through a temporary file of their own)
+    write_atomically(target, source.read_bytes(), mode=source.stat().st_mode & 0o777)
 
 
 def _die_with_parent() -> None:

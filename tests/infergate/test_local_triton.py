@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,12 @@ import httpx
 import pytest
 
 from converters.samples import SAMPLE_MODEL_NAME
-from infergate.triton.local import LocalTriton, TritonSettings, TritonStartupError
+from infergate.triton.local import (
+    LocalTriton,
+    TritonSettings,
+    TritonStartupError,
+    install_python_stub,
+)
 from tests.conftest import RUNTIME_ENV, triton_settings
 from tests.procs import ROOT, triton_processes, wait_until
 
@@ -205,3 +211,35 @@ def _upload_as_printed(welcome: str, log_dir: Path, http_port: int) -> None:
         {"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}]})
     assert answer.json()["outputs"][0]["data"] == [3.0] * 16  # predict stays open
     assert time.monotonic() - started < 60
+
+
+def test_tritons_starting_at_once_each_install_the_python_stub_whole(tmp_path: Path) -> None:
+    """Each copies it through a temporary file of its own: through one fixed name, one
+    start moved another's away and failed (FileNotFoundError)."""
+    root = tmp_path / "lib" / "python3.11" / "site-packages" / "pytriton" / "tritonserver"
+    source = root / "python_backend_stubs" / "3.11" / "triton_python_backend_stub"
+    source.parent.mkdir(parents=True)
+    (root / "backends" / "python").mkdir(parents=True)
+    source.write_bytes(os.urandom(2 << 20))
+    source.chmod(0o755)
+    target = root / "backends" / "python" / "triton_python_backend_stub"
+    at_once = threading.Barrier(8)
+    failures: list[BaseException] = []
+
+    def install() -> None:
+        at_once.wait()
+        try:
+            install_python_stub(tmp_path)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            failures.append(exc)
+
+    for _ in range(5):  # the race is a matter of timing: five rounds of eight at once
+        target.unlink(missing_ok=True)
+        threads = [threading.Thread(target=install) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
+        assert target.read_bytes() == source.read_bytes() and os.access(target, os.X_OK)
+        assert sorted(p.name for p in target.parent.iterdir()) == [target.name]
