@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from converters.tiny import TINY_WIDTH, build_tiny_model
-from gateway.policy.deadline import EXPIRED
+from gateway.policy.deadline import EXCEEDED, EXPIRED
 from infergate.processes import GatewayProcess
 from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES, triton_settings
@@ -120,7 +120,8 @@ def test_a_deadline_the_pool_cannot_meet_is_refused_before_triton_works(
     match = HOPELESS.fullmatch(answer.json()["error"])
     assert match is not None and match.group(1) == "2" and int(match.group(2)) >= 10
     # gRPC: a deadline the client's own library does not end first (on a busy host it may
-    # have passed by the time the Python plane's handler runs: EXPIRED, also before Triton)
+    # pass before the answer: the client's own "Deadline Exceeded", or the Python plane's
+    # EXPIRED when its handler runs after it; neither reaches Triton)
     said: list[str] = []
     for _ in range(5):
         code, message = _grpc(gateway, SLOW, deadline_s=0.008)
@@ -128,7 +129,7 @@ def test_a_deadline_the_pool_cannot_meet_is_refused_before_triton_works(
         assert code == "StatusCode.DEADLINE_EXCEEDED", message
         if HOPELESS.fullmatch(message):
             break
-        assert message == EXPIRED, message
+        assert message in (EXPIRED, EXCEEDED), message
     assert HOPELESS.fullmatch(said[-1]), said
     assert _triton_answered(triton, SLOW) == answered  # never reached Triton
     # a deadline the pool can meet is served

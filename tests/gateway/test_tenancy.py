@@ -29,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.config.tenancy import DEFAULT_REFUSAL_DELAY_MS
+from gateway.haproxy.runtime import RuntimeAPI
 from infergate.processes import GatewayProcess
 from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES, triton_settings
@@ -281,6 +282,17 @@ def _shares(gw: GatewayProcess) -> dict[str, int]:
     return dict(httpx.get(f"http://{gw.http_url}/v1/tenants").json()["pools"]["p"]["shares"])
 
 
+def _share_applied(gw: GatewayProcess, tenant: str) -> int:
+    """The share the data plane refuses by: HAProxy's map follows ``GET /v1/tenants``
+    within a probe round (the Python plane reads the control plane's own)."""
+    if gw.data_plane != "haproxy":
+        return _shares(gw)[tenant]
+    (run_dir,) = gw.log.parent.glob("haproxy-*")
+    shown = RuntimeAPI(run_dir / "admin.sock").query(f"show map {run_dir}/maps/share.map")
+    return int(dict(line.split()[1:] for line in shown.splitlines() if line.strip())
+               [f"p/{tenant}"])
+
+
 async def test_a_lone_tenant_uses_the_pool_and_shares_shrink_when_another_arrives(
         gateway: GatewayProcess, triton: LocalTriton) -> None:
     base = f"http://{gateway.http_url}"
@@ -308,6 +320,8 @@ async def test_a_lone_tenant_uses_the_pool_and_shares_shrink_when_another_arrive
         # within a probe round heavy's share is half the ceiling: 3 in flight are not
         # cut, its next request is refused
         assert await asyncio.to_thread(wait_until, lambda: _shares(gateway)["heavy"] == 2, 20)
+        assert await asyncio.to_thread(wait_until,
+                                       lambda: _share_applied(gateway, "heavy") == 2, 20)
         refused = await post(HEAVY)
         assert refused.status_code == 429, refused.text
         assert refused.json()["error"] == (
