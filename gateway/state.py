@@ -15,6 +15,7 @@ lifecycle (readiness, the pools serving a model, a rollout's split) and the serv
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -29,6 +30,8 @@ from gateway.policy.rollout import Shadow, Split
 from gateway.policy.tenancy import Tenancy, TenantActivity, queued_elsewhere
 from gateway.pools import Pool, PoolMember, pools_for_model
 from gateway.telemetry import VersionTally
+
+log = logging.getLogger(__name__)
 
 Follower = Callable[[], Awaitable[None]]
 RecoveryHook = Callable[[PoolMember], Awaitable[None]]
@@ -54,6 +57,7 @@ class GatewayState:
         self._watchers: list[Callable[[], None]] = []
         self._recovery: list[RecoveryHook] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._restores: dict[str, asyncio.Task[None]] = {}  # member key -> its restore
         self._tenancy: Tenancy | None = None
         self._splits: dict[str, Split] = {}
         self._shadows: dict[str, Shadow] = {}
@@ -369,8 +373,20 @@ class GatewayState:
 
     def recovered(self, member: PoolMember, on_error: Callable[[BaseException], None]) -> None:
         """Run the recovery hooks for ``member`` in the background, held out of routing
-        until they are done."""
-        if not self._recovery or not member.restore_started():
+        until they are done. A member back again while its last restore still runs (it
+        failed again meanwhile) is restored anew, the old restore cancelled: that one
+        may wait on a call the member's failure lost (a load has minutes), and the
+        member stayed out of routing until it ended (CI: a Triton resumed from SIGSTOP
+        refused connections for a moment, failed its check again, came back, and was
+        never routable again within 30 s)."""
+        if not self._recovery:
+            return
+        previous = self._restores.pop(member.key, None)
+        if previous is not None and not previous.done():
+            previous.cancel()  # (it leaves the member's flag to the new one)
+            log.warning("member %s/%s came back while restoring: restoring it anew",
+                        member.pool, member.key)
+        elif not member.restore_started():
             return
 
         async def restore() -> None:
@@ -380,13 +396,16 @@ class GatewayState:
             except Exception as exc:  # noqa: BLE001 - reported; the member serves what it has
                 on_error(exc)
             finally:
-                member.restore_done()
-                self._changed()
+                if self._restores.get(member.key) is task:  # not replaced by a newer one
+                    del self._restores[member.key]
+                    member.restore_done()
+                    self._changed()
             try:
                 await self.settle()  # routable again: HAProxy follows now
             except Exception as exc:  # noqa: BLE001 - it follows at its next round
                 on_error(exc)
 
         task = asyncio.create_task(restore())
+        self._restores[member.key] = task
         self._tasks.add(task)  # a strong reference until it is done
         task.add_done_callback(self._tasks.discard)

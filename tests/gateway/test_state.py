@@ -82,13 +82,45 @@ def test_recovery_hooks_hold_member_out_of_routing_until_done() -> None:
 
         state.on_recovery(reload)
         state.recovered(member, on_error=lambda exc: None)
-        state.recovered(member, on_error=lambda exc: None)  # already restoring: once
         await asyncio.sleep(0)
         assert seen == [False] and member.restoring
         release.set()
         for _ in range(3):
             await asyncio.sleep(0)
         assert not member.restoring and member.available(state.clock())
+
+    asyncio.run(scenario())
+
+
+def test_a_member_back_again_while_restoring_is_restored_anew_and_routable_after() -> None:
+    """It failed again mid-restore, and its restore waits on a call that failure lost:
+    before, its next return found it still restoring and did nothing, and it stayed out
+    of routing until that call's own timeout (a load's: minutes)."""
+    async def scenario() -> None:
+        state = _dataplane().state
+        member = state.pools[0].members[0]
+        lost, calls = asyncio.Event(), []
+
+        async def reload(m: PoolMember) -> None:
+            calls.append(len(calls))
+            if len(calls) == 1:
+                await lost.wait()  # never answered
+
+        state.on_recovery(reload)
+        for passed, refused in ((False, True), (True, False)):  # down, then back
+            member.probed(passed, refused)
+        state.recovered(member, on_error=lambda exc: None)
+        await asyncio.sleep(0)
+        assert calls == [0] and member.restoring
+        for passed, refused in ((False, True), (True, False)):  # down again, back again
+            assert member.probed(passed, refused) is (passed and not refused)
+        state.recovered(member, on_error=lambda exc: None)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert calls == [0, 1]
+        assert not member.restoring and member.available(state.clock())
+        # the first restore ended (cancelled), not left waiting
+        assert asyncio.all_tasks() == {asyncio.current_task()}
 
     asyncio.run(scenario())
 
