@@ -152,12 +152,19 @@ def test_a_request_tritons_queue_dropped_at_the_models_slo_is_a_deadline(
     assert time.monotonic() - started < HOLD_S  # dropped, not held for the batch
 
 
-def test_the_clients_deadline_ends_the_wait_on_both_planes(gateway: GatewayProcess) -> None:
+def test_the_clients_deadline_ends_the_wait_on_both_planes(gateway: GatewayProcess,
+                                                          triton: LocalTriton) -> None:
+    assert triton.endpoints is not None
     started = time.monotonic()
     answer = _post(gateway, HELD, deadline_ms=500)
     assert answer.status_code == 504, answer.text
-    if gateway.data_plane == "python":  # Triton's queue dropped it: the timeout reached it
-        assert answer.json() == {"error": "Request timeout expired"}
+    if gateway.data_plane == "python":
+        # Triton's queue dropped it (the timeout parameter reached it, at 9/10 of the
+        # deadline), or the gateway's own timer ended the wait first: this test run alone
+        # saw the latter 4 times of 4, in its module's order the former
+        assert answer.json()["error"] in (
+            "Request timeout expired",
+            f"Deadline Exceeded: no answer from member {triton.endpoints.grpc_url} in time")
     else:  # HAProxy's server timeout: it cannot add the parameter to the body
         assert answer.json()["error"] == ("Deadline Exceeded: no answer from the Triton "
                                           "member in time")
