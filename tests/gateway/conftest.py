@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 from aiohttp import web
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from gateway.haproxy.runtime import RuntimeAPI
 from gateway.pools import PoolMember
 
 
@@ -33,6 +34,14 @@ def tiny_infers_over_grpc(grpc_url: str, model: str = TINY_MODEL_NAME) -> bool:
         return bool(client.infer(model, [inp]).as_numpy("y")[0][0] == 3.0)
     finally:
         client.close()
+
+
+def haproxy_share(run_dir: Path, pool: str, tenant: str) -> int:
+    """The share a running HAProxy (its run folder) holds for ``tenant`` in ``pool``: its
+    map ``share``, read over the admin socket."""
+    shown = RuntimeAPI(run_dir / "admin.sock").query(f"show map {run_dir}/maps/share.map")
+    shares = dict(line.split()[1:] for line in shown.splitlines() if line.strip())
+    return int(shares[f"{pool}/{tenant}"])
 
 
 class Held:

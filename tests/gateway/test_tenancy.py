@@ -29,10 +29,10 @@ from tritonclient.utils import InferenceServerException
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.config.tenancy import DEFAULT_REFUSAL_DELAY_MS
-from gateway.haproxy.runtime import RuntimeAPI
 from infergate.processes import GatewayProcess
 from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES, triton_settings
+from tests.gateway.conftest import haproxy_share
 from tests.procs import run_gateway, started_triton, wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -288,9 +288,7 @@ def _share_applied(gw: GatewayProcess, tenant: str) -> int:
     if gw.data_plane != "haproxy":
         return _shares(gw)[tenant]
     (run_dir,) = gw.log.parent.glob("haproxy-*")
-    shown = RuntimeAPI(run_dir / "admin.sock").query(f"show map {run_dir}/maps/share.map")
-    return int(dict(line.split()[1:] for line in shown.splitlines() if line.strip())
-               [f"p/{tenant}"])
+    return haproxy_share(run_dir, "p", tenant)
 
 
 async def test_a_lone_tenant_uses_the_pool_and_shares_shrink_when_another_arrives(

@@ -15,9 +15,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
-from gateway.haproxy.runtime import RuntimeAPI
 from infergate.processes import AgentProcess, run_agent
 from tests.conftest import triton_settings
+from tests.gateway.conftest import haproxy_share
 from tests.procs import pools_yaml, run_gateway, started_triton, wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -49,11 +49,7 @@ def _body() -> bytes:
 
 def _share(agent: AgentProcess, tenant: str) -> int:
     """The share this replica's HAProxy holds for ``tenant`` in pool p (its map)."""
-    run_dir = agent.log.parent / "haproxy"
-    shown = RuntimeAPI(run_dir / "admin.sock").query(f"show map {run_dir}/maps/share.map")
-    shares = {key: value for _, key, value in (line.split() for line in shown.splitlines()
-                                               if line.strip())}
-    return int(shares[f"p/{tenant}"])
+    return haproxy_share(agent.log.parent / "haproxy", "p", tenant)
 
 
 def _in_flight(agent: AgentProcess) -> dict[tuple[str, str], float]:
