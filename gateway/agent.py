@@ -55,7 +55,7 @@ from gateway.config import GatewayConfig
 from gateway.embedded import EmbeddedServer
 from gateway.files import write_atomically
 from gateway.haproxy.drain import BUSY_POLL_S, LeftHoldings, Pair, encode_busy
-from gateway.haproxy.process import HAProxyProcess, free_port
+from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.snapshot import (
     LEASE_S,
@@ -70,7 +70,7 @@ from gateway.haproxy.snapshot import (
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import GatewayMetrics
-from gateway.netaddr import join_host_port
+from gateway.netaddr import free_port, join_host_port
 from gateway.policy.tenancy import TenantActivity
 from gateway.replica import ReplicaForwarder, ReplicaSettings, watch_rollouts
 from gateway.telemetry import HAProxyCounts, Telemetry, VersionTally, read_haproxy

@@ -38,7 +38,7 @@ import httpx
 
 from gateway.embedded import CLOSE_S
 from gateway.files import write_atomically
-from gateway.haproxy.process import free_port
+from gateway.netaddr import free_port
 
 log = logging.getLogger(__name__)
 LAYOUT_FILE = "local-layout.json"

@@ -11,6 +11,13 @@ kept bare (``MemberSpec`` strips brackets).
 from __future__ import annotations
 
 import ipaddress
+import random
+import socket
+from pathlib import Path
+
+# where free_port looks when the kernel's ephemeral range leaves room below it
+PORTS_FROM = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def bare_host(host: str) -> str:
@@ -40,3 +47,31 @@ def split_host_port(address: str) -> tuple[str, int]:
     if ":" in host and not (host.startswith("[") and host.endswith("]")):
         raise ValueError(f"'{address}': an IPv6 address needs brackets, [ADDRESS]:PORT")
     return bare_host(host), int(port)
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out for outgoing connections (32768 if unread)."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now, for a server to bind soon after: below the
+    kernel's ephemeral range when there is room, so that no outgoing connection takes
+    it meanwhile (one did, with a port the kernel had handed out: an HAProxy that bound
+    it a moment later found it taken). Else one the kernel picks."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low = _ephemeral_low()
+    for _ in range(50 if low > PORTS_FROM + 1000 else 0):
+        port = random.randrange(PORTS_FROM, low)
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

@@ -40,10 +40,9 @@ from gateway.control.model_control import ModelControl
 from gateway.core import Core
 from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, Overloaded, Unavailable
-from gateway.haproxy.process import free_port
 from gateway.haproxy.snapshot import Snapshot, server_name
 from gateway.metrics import GatewayMetrics
-from gateway.netaddr import split_host_port
+from gateway.netaddr import free_port, split_host_port
 from gateway.policy import readiness
 from gateway.policy.rollout import Shadow, Split
 from gateway.python.forwarder import Forwarder

@@ -63,7 +63,7 @@ from gateway.core import Core
 from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.haproxy.controller import HAProxyController, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
-from gateway.haproxy.process import HAProxyProcess, find_haproxy, free_port
+from gateway.haproxy.process import HAProxyProcess, find_haproxy
 from gateway.lifecycle.assembly import build_warmup, report_failure
 from gateway.lifecycle.records.backend import database_url
 from gateway.lifecycle.records.leader import Leadership
@@ -75,6 +75,7 @@ from gateway.local_replica import (
     ReplicaOptions,
     local_layout,
 )
+from gateway.netaddr import free_port
 from gateway.pools import PoolMember
 from gateway.python.forwarder import Forwarder
 from gateway.python.grpc_api import create_grpc_server

@@ -19,7 +19,7 @@ from pathlib import Path
 from gateway.auth import TokenTable
 from gateway.config.tenancy import Priority
 from gateway.core import Core
-from gateway.haproxy.process import HAProxyProcess, free_port
+from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.runtime import RuntimeAPI, parse_table
 from gateway.haproxy.snapshot import (
@@ -35,6 +35,7 @@ from gateway.haproxy.snapshot import (
     server_name,
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
+from gateway.netaddr import free_port
 from gateway.policy.access import configured_digest
 from gateway.policy.rate import configured_classes
 from gateway.policy.routing import RoutingPolicy, ranked_pools

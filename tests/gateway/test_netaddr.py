@@ -4,6 +4,7 @@ everywhere, and a pool of IPv6 members served end to end by a real Triton listen
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.config.pools import MemberSpec
 from gateway.haproxy.snapshot import server_name
-from gateway.netaddr import bare_host, join_host_port, split_host_port
+from gateway.netaddr import bare_host, free_port, join_host_port, split_host_port
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.procs import pools_yaml, run_gateway, started_triton, wait_until
@@ -98,3 +99,14 @@ def test_a_pool_of_ipv6_members_is_probed_and_serves_both_protocols(
         finally:
             http.close()
             grpc.close()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_a_free_port_lies_below_the_ephemeral_range_and_can_be_bound(host: str) -> None:
+    """No outgoing connection can take it between the pick and the server's bind."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = free_port(host)
+        assert port < low
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.bind((host, port))

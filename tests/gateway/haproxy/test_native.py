@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from gateway.haproxy.changes import runtime_commands
 from gateway.haproxy.config import CLOSE_SPREAD_S, GOAWAY_IDLE_S
-from gateway.haproxy.process import HAProxyProcess, free_port, write_files
+from gateway.haproxy.process import HAProxyProcess, write_files
 from gateway.haproxy.render import render
 from gateway.haproxy.runtime import RuntimeAPI, send
 from gateway.haproxy.snapshot import (
@@ -37,6 +37,7 @@ from gateway.haproxy.snapshot import (
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import create_metrics
+from gateway.netaddr import free_port
 from gateway.policy.access import key_digest
 from gateway.policy.rate import RateClass
 from gateway.telemetry import VersionTally

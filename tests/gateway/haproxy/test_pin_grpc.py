@@ -28,7 +28,6 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
-from gateway.haproxy.process import free_port
 from gateway.haproxy.snapshot import (
     Layout,
     MemberState,
@@ -37,6 +36,7 @@ from gateway.haproxy.snapshot import (
     Snapshot,
     server_name,
 )
+from gateway.netaddr import free_port
 from gateway.policy.rollout import pin_grpc_version
 from loadtests.rollout_models import affine_onnx
 from tests.conftest import triton_settings

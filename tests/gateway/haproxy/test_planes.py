@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from gateway.haproxy.answers import CONTROL_DOWN
-from gateway.haproxy.process import HAProxyProcess, free_port
+from gateway.haproxy.process import HAProxyProcess
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.snapshot import Layout, PoolState, RouteState, Snapshot
+from gateway.netaddr import free_port
 from gateway.policy.planes import control_http
 from tests.gateway.haproxy.conftest import as_member, serving
 

@@ -20,11 +20,11 @@ import pytest
 from gateway.haproxy.process import (
     HAProxyProcess,
     _die_with_parent_command,
-    free_port,
     write_files,
 )
 from gateway.haproxy.render import render
 from gateway.haproxy.snapshot import Layout, Snapshot
+from gateway.netaddr import free_port
 from tests.procs import ROOT, wait_until
 
 STARTER = textwrap.dedent("""
@@ -32,7 +32,8 @@ STARTER = textwrap.dedent("""
     from pathlib import Path
     import grpc  # gRPC's threads running, as in the gateway
     from concurrent import futures
-    from gateway.haproxy.process import HAProxyProcess, free_port, write_files
+    from gateway.haproxy.process import HAProxyProcess, write_files
+    from gateway.netaddr import free_port
     from gateway.haproxy.render import render
     from gateway.haproxy.snapshot import Layout, Snapshot
     server = grpc.server(futures.ThreadPoolExecutor(2))

@@ -17,7 +17,7 @@ import pytest
 from gateway.haproxy.changes import runtime_commands
 from gateway.haproxy.config import render_config
 from gateway.haproxy.maps import route_maps
-from gateway.haproxy.process import HAProxyProcess, free_port, write_files
+from gateway.haproxy.process import HAProxyProcess, write_files
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.render import render
 from gateway.haproxy.snapshot import (
@@ -33,6 +33,7 @@ from gateway.haproxy.snapshot import (
     snapshot_to_dict,
     snapshot_version,
 )
+from gateway.netaddr import free_port
 from gateway.telemetry import read_haproxy
 from tests.gateway.haproxy.conftest import (
     as_member,

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.haproxy.process import HAProxyProcess, free_port, group_members, write_files
+from gateway.haproxy.process import HAProxyProcess, group_members, write_files
 from gateway.haproxy.render import render
 from gateway.haproxy.snapshot import Layout, Snapshot
 from gateway.haproxy.telemetry import tcp_peer_uid
+from gateway.netaddr import free_port
 from tests.procs import wait_until
 
 pytestmark = pytest.mark.integration  # starts the real HAProxy: make test installs it
