@@ -49,6 +49,11 @@ def split_host_port(address: str) -> tuple[str, int]:
     return bare_host(host), int(port)
 
 
+def family(host: str) -> socket.AddressFamily:
+    """The socket family of an IP address (a host name: IPv4's)."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def _ephemeral_low() -> int:
     """The first port the kernel hands out for outgoing connections (32768 if unread)."""
     try:
@@ -62,16 +67,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     kernel's ephemeral range when there is room, so that no outgoing connection takes
     it meanwhile (one did, with a port the kernel had handed out: an HAProxy that bound
     it a moment later found it taken). Else one the kernel picks."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     low = _ephemeral_low()
     for _ in range(50 if low > PORTS_FROM + 1000 else 0):
         port = random.randrange(PORTS_FROM, low)
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
+        with socket.socket(family(host), socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
             return port
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
+    with socket.socket(family(host), socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

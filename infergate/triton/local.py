@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.files import write_atomically
-from gateway.netaddr import free_port, join_host_port
+from gateway.netaddr import family, free_port, join_host_port
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -79,10 +79,6 @@ def _http_address(host: str) -> str:
     """Triton's HTTP and metrics servers (libevhtp) take an IPv6 address as ``ipv6:ADDR``
     (a bare one is read as IPv4 and binds nothing)."""
     return f"ipv6:{host}" if ":" in host else host
-
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 
@@ -289,7 +285,7 @@ class LocalTriton:
 
     def _check_ports_free(self, ports: list[int]) -> None:
         for port in ports:
-            with socket.socket(_family(self.settings.host), socket.SOCK_STREAM) as sock:
+            with socket.socket(family(self.settings.host), socket.SOCK_STREAM) as sock:
                 if sock.connect_ex((self.settings.host, port)) == 0:
                     raise TritonStartupError(
                         f"port {self.settings.host}:{port} is already in use; choose another "

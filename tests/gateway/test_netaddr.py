@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.config.pools import MemberSpec
 from gateway.haproxy.snapshot import server_name
-from gateway.netaddr import bare_host, free_port, join_host_port, split_host_port
+from gateway.netaddr import bare_host, family, free_port, join_host_port, split_host_port
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.procs import pools_yaml, run_gateway, started_triton, wait_until
@@ -108,5 +108,5 @@ def test_a_free_port_lies_below_the_ephemeral_range_and_can_be_bound(host: str) 
     for _ in range(20):
         port = free_port(host)
         assert port < low
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        with socket.socket(family(host)) as sock:
             sock.bind((host, port))
