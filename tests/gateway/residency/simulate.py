@@ -5,7 +5,8 @@ the policy can be judged before the benchmark's real run (which measures what th
 cannot: CPU, memory, the data planes).
 
     python -m tests.gateway.residency.simulate [--budget 0.25] [--seed 1]
-        [--knob probation_share=0.25 ...] [--cores 2 --release-s 0.5] [--table]
+        [--knob probation_share=0.25 ...] [--cores 2 --release-s 0.5 | --host measured]
+        [--table]
 
 Prints per phase the hit ratio against the best fixed placement's, failures by message,
 loads and evictions by reason; ``--table``: one row per budget (half, a quarter) and seed
@@ -17,6 +18,11 @@ among every member's loads (a load of about 1.1 cores each, as measured on this 
 with more loads than that at once, each takes longer), and ``--release-s S`` has an
 evicted model's processes exit S seconds after its unload (``release_wait_s`` waits for
 them): the shared 2-core host of the real benchmark, roughly.
+
+``--host measured`` times loads and exits as this host's members took them during the
+benchmark itself (:data:`MEASURED`: Triton's own log, the gateway's transitions), with the
+gateway's default waiting room: about three times slower than the plain model, and the
+one whose verdicts the benchmark has agreed with (docs/residency.md, "Measured").
 """
 
 from __future__ import annotations
@@ -88,6 +94,27 @@ def load_seconds(size: int) -> float:
 LOAD_CORES = 1.1  # what one load keeps busy (bench_member_loads)
 
 
+@dataclass(frozen=True)
+class Host:
+    """How long the members' loads and evicted models' exits take."""
+
+    load_base_s: float  # a load's time, less its size's share
+    load_s_per_gb: float
+    release_s: float  # an evicted model's processes exit this long after its unload
+    crowding: float  # a load's time grows by this for each other load on its member
+    waiting_room: int  # requests the waiting room holds
+
+
+# bench_residency --quick, a quarter budget, on this 2-core host (2026-12-06, a run with
+# nothing else running): Triton's own "loading" -> "successfully loaded", medians 0.65,
+# 0.86 and 1.29 s for the 31, 64 and 131 MB stubs (74, 92 and 48 loads), under the
+# benchmark's traffic and its other loads (so no crowding on top); an evicted model's
+# "unloading" -> gone (the unload, then its stubs' exit), 1.35 s whatever its size; the
+# gateway's default waiting room of 64
+MEASURED = Host(load_base_s=0.45, load_s_per_gb=6.4, release_s=1.35, crowding=0.0,
+                waiting_room=64)
+
+
 @dataclass
 class Result:
     phases: list[tuple[float, float, int]]  # (hits, best fixed's hits, failed) per phase
@@ -114,12 +141,19 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
                    phase_s: float = 30.0, deadline_s: float = 15.0,
                    knobs: dict[str, Any] | None = None,
                    load_s: Callable[[int], float] = load_seconds,
-                   cores: float | None = None, release_s: float = 0.0) -> Result:
+                   cores: float | None = None, release_s: float = 0.0,
+                   host: Host | None = None) -> Result:
     """One trace over a pool of two members whose budgets each hold ``budget_share`` of
-    every model's footprint together (``cores``, ``release_s``: the module's)."""
+    every model's footprint together (``cores``, ``release_s``, ``host``: the
+    module's; ``host`` replaces ``load_s`` and ``release_s``)."""
     models = catalogue()
     budget = int(sum(models.values()) * budget_share)
-    knobs = {"min_resident_s": 5.0, "waiting_room": {"max_requests": 128}, **(knobs or {})}
+    crowding, room = 0.2, 128
+    if host is not None:
+        def load_s(size: int) -> float:
+            return host.load_base_s + host.load_s_per_gb * size / 1e9
+        release_s, crowding, room = host.release_s, host.crowding, host.waiting_room
+    knobs = {"min_resident_s": 5.0, "waiting_room": {"max_requests": room}, **(knobs or {})}
     rig = Rig(models, budget=budget, **knobs)
     loop = asyncio.get_running_loop()
     rig.clock.now = loop.time()
@@ -136,7 +170,7 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
             1.0, (len(members.pending) + 1) * LOAD_CORES / cores)
         members.pending[member.key, model] = loop.create_future()
         try:
-            await asyncio.sleep(load_s(models[model]) * (1 + 0.2 * running) * shared)
+            await asyncio.sleep(load_s(models[model]) * (1 + crowding * running) * shared)
         finally:
             members.pending.pop((member.key, model), None)
         members.ready.setdefault(member.key, set()).add(model)
@@ -255,11 +289,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="cores every member's loads share (default: not shared)")
     parser.add_argument("--release-s", type=float, default=0.0,
                         help="an evicted model's processes exit this long after its unload")
+    parser.add_argument("--host", choices=["measured"], default=None,
+                        help="loads and exits timed as this host's members took them in "
+                             "the benchmark (MEASURED), the default waiting room")
     parser.add_argument("--table", action="store_true",
                         help="both budgets (half, a quarter) and both seeds, one row each")
     args = parser.parse_args(argv)
     knobs = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.knob)}
-    host = {"cores": args.cores, "release_s": args.release_s}
+    host = {"cores": args.cores, "release_s": args.release_s,
+            "host": MEASURED if args.host == "measured" else None}
     if args.table:
         print("| budgets hold | seed | failed | hits / best fixed, per phase "
               "| recovery s | loads / min |")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.gateway.residency.simulate import run
+from tests.gateway.residency.simulate import MEASURED, run
 
 
 def test_no_request_fails_and_the_budget_holds_when_budgets_hold_half_the_models() -> None:
@@ -38,3 +38,15 @@ def test_few_fail_when_a_quarter_budget_meets_slow_loads_and_exits() -> None:
     assert result.over_budget == 0
     assert result.failures <= 0.015 * result.requests, result.failed
     assert "evicted before its waiters reached it" not in result.failed
+
+
+def test_no_load_is_evicted_before_its_waiters_when_loads_take_what_they_took_here() -> None:
+    """Loads and exits as this host's members took them in the benchmark (about three
+    times the plain model's): no model leaves before the waiters of its load reach it,
+    the budget holds, and failures stay near what this code does there (2.1 % at seed 1;
+    the benchmark itself failed 3.8-11 % in four runs that day). A change that made room
+    for a placed miss its own while its victims drained failed the first."""
+    result = run(0.25, seed=1, host=MEASURED)
+    assert result.over_budget == 0
+    assert "evicted before its waiters reached it" not in result.failed, result.failed
+    assert result.failures <= 0.03 * result.requests, result.failed
