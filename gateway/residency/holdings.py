@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from gateway.state import GatewayState
+
+log = logging.getLogger(__name__)
 
 
 class Phase(enum.StrEnum):
@@ -90,7 +93,7 @@ Listener = Callable[[Holding | None, Holding | None], None]
 class HoldingTable:
     """Every holding of the residency; the only writer of them, and of the model's
     holders in :class:`GatewayState`. ``listener(before, after)`` is told of each
-    transition (after: None when the record went)."""
+    transition (after: None when the record went); each is logged at INFO."""
 
     def __init__(self, state: GatewayState, clock: Callable[[], float],
                  listener: Listener | None = None) -> None:
@@ -187,12 +190,17 @@ class HoldingTable:
             self._write(current, None)
 
     def _write(self, before: Holding | None, after: Holding | None) -> None:
-        key = (before or after).member, (before or after).model  # type: ignore[union-attr]
+        holding = after or before
+        assert holding is not None
+        key = holding.member, holding.model
         if after is None:
             self._records.pop(key, None)
             self._gone_at[key] = self._clock()
         else:
             self._records[key] = after
+        log.info("%s on %s: %s -> %s (%s, %s)", holding.model, holding.member,
+                 before.phase if before else "new", after.phase if after else "gone",
+                 holding.reason, holding.segment)
         was = before is not None and before.phase is Phase.RESIDENT
         now = after is not None and after.phase is Phase.RESIDENT
         if was != now:

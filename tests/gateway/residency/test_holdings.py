@@ -4,10 +4,18 @@ out of resident."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from gateway.core import Core
-from gateway.residency.holdings import ALLOWED, HoldingTable, Phase, StaleTransition
+from gateway.residency.holdings import (
+    ALLOWED,
+    PROBATION,
+    HoldingTable,
+    Phase,
+    StaleTransition,
+)
 from tests.gateway.residency.fakes import FakeClock, config
 
 A = "127.0.0.1:9001"
@@ -34,6 +42,17 @@ def test_a_load_walks_queued_to_resident_and_routes_when_warm() -> None:
     assert core.state.holders("m") == {A}
     assert [getattr(a, "phase", None) for _, a in seen] == [
         Phase.QUEUED, Phase.LOADING, Phase.WARMING, Phase.RESIDENT]
+
+
+def test_each_transition_is_logged_with_its_reason_when_info_is_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    table, _, _, _ = _table()
+    with caplog.at_level(logging.INFO, logger="gateway.residency.holdings"):
+        queued = table.queue(A, "m", "miss", PROBATION)
+        table.advance(queued, Phase.FAILED, "out of memory")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"m on {A}: new -> queued (miss, probation)",
+        f"m on {A}: queued -> failed (out of memory, probation)"]
 
 
 def test_leaving_resident_unroutes_before_the_unload_when_evicted() -> None:
