@@ -151,6 +151,9 @@ class MemberView:
     # pending model -> when it is expected resident (the measured load times): when its
     # room may be had again (miss_room_at); a pending model without one frees none
     ready_at: Mapping[str, float] = field(default_factory=dict)
+    # pending model -> bytes of the draining models whose room it takes once they leave (a
+    # miss placed here waits for its victims): counted once, not as both
+    covered: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -234,7 +237,9 @@ def used_bytes(view: ResidencyView, member_key: str) -> int:
 
 def _used(member: MemberView, footprints: Mapping[str, int]) -> int:
     return sum(footprints.get(name, 0)
-               for name in set(member.held) | member.draining | member.pending)
+               for name in set(member.held) | member.draining | member.pending) - sum(
+        min(footprints.get(name, 0), covered) for name, covered in member.covered.items()
+        if name in member.pending)
 
 
 Eligible = Callable[[str], bool]

@@ -157,7 +157,7 @@ def _at(view: ResidencyView, at: float, drain_s: float | None = None) -> Residen
             m = replace(m, held={**m.held, **ready}, pending=m.pending - ready.keys())
         if gone and m.draining:
             m = replace(m, held={n: t for n, t in m.held.items() if n not in m.draining},
-                        draining=frozenset())
+                        draining=frozenset(), covered={})
         members.append(m)
     return replace(view, now=at, members=tuple(members))
 

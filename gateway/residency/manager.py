@@ -163,6 +163,11 @@ class Residency:
 
     def _member_view(self, pool: Pool, member: PoolMember, now: float) -> policy.MemberView:
         holdings = self.table.of_member(member.key).values()
+        # misses placed here waiting for their victims to leave: their room is theirs, as
+        # a pending load's (loaded into probation, expected when their room is made), the
+        # victims' bytes counted once
+        promised = {f.model: f for f in self.room.promised(member.key)}
+        leaving = {h.model for h in holdings if h.phase in LEAVING}
         return policy.MemberView(
             key=member.key, budget_bytes=self.spec(pool).usable_bytes,
             available=member.available(now) and member.healthy,
@@ -171,10 +176,16 @@ class Residency:
             failed={h.model: h.since for h in holdings if h.phase is Phase.FAILED},
             draining=frozenset(h.model for h in holdings if h.phase in LEAVING),
             pending=frozenset({h.model for h in holdings if h.phase in PENDING}
-                              | {m for k, m in self._reserved if k == member.key}),
-            probation=frozenset(h.model for h in holdings if h.segment == PROBATION),
+                              | {m for k, m in self._reserved if k == member.key}
+                              | promised.keys()),
+            probation=frozenset({h.model for h in holdings if h.segment == PROBATION}
+                                | promised.keys()),
             ready_at={h.model: now + self.actuator.expected_in(h) for h in holdings
-                      if h.phase in PENDING})
+                      if h.phase in PENDING} | {
+                m: now + expected for m, f in promised.items()
+                if (expected := self.misses.expected_in(f)) is not None},
+            covered={m: sum(self.footprints.bytes(v, pool) for v in f.victims & leaving)
+                     for m, f in promised.items()})
 
     def unreserve(self, model: str) -> None:
         """A plan's load of ``model`` waiting for room is decided again by a miss."""

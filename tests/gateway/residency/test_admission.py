@@ -14,6 +14,7 @@ from gateway.policy.residency import (
     Move,
     ResidencyKnobs,
     ResidencyView,
+    used_bytes,
 )
 from gateway.policy.residency_misses import (
     HURRY_RPS,
@@ -128,6 +129,22 @@ def test_miss_room_at_waits_for_an_eviction_under_way_when_told_how_long_it_take
     view = _view(models, member)
     assert miss_room_at(view, "new", KNOBS) is None
     assert miss_room_at(view, "new", KNOBS, drain_s=1.5) == NOW + 1.5
+
+
+def test_a_miss_waiting_for_its_victims_counts_their_room_once_when_covered() -> None:
+    """"big" (1.5 GB) was placed on a 2 GB member evicting v1 (gone) and v2 (1 GB, still
+    leaving): the member is full (0.5 GB h1 + v2's room that is big's), not over its
+    budget (counted twice, the plan would evict young models to make up a deficit that
+    is not there), and a later miss finds no room there."""
+    models = [_model("h1", 0.5, demand=5), _model("v2"), _model("big", 1.5),
+              _model("new", 0.5)]
+    member = MemberView("a", 2 * GB, True, {"h1": OLD, "v2": OLD}, {}, frozenset({"v2"}),
+                        pending=frozenset({"big"}), probation=frozenset({"big"}),
+                        covered={"big": 1 * GB})
+    view = _view(models, member)
+    assert used_bytes(view, "a") == 2 * GB
+    assert place_miss(view, "new", KNOBS) is None
+    assert used_bytes(_view(models, replace(member, covered={})), "a") == 3 * GB
 
 
 def test_fits_probation_when_the_model_fits_a_members_probation_share() -> None:

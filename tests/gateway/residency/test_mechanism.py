@@ -373,3 +373,36 @@ async def test_a_load_that_fails_unexpectedly_is_failed_not_loading_for_good() -
     with pytest.raises((ModelNotReady, Unavailable)):
         await rig.core.state.wait_resident("m", 10.0)
     assert rig.phase(A, "m") == rig.phase(B, "m") == "failed"
+
+
+async def test_room_a_miss_evicted_for_is_its_own_while_its_victims_leave() -> None:
+    """A 200 MB miss evicts two 100 MB models; the first leaves at once, the second's
+    processes take their time. A 100 MB miss arriving meanwhile does not take the room the
+    first one freed (before: it did, the large load no longer fitted once the second left,
+    and its requests waited for room again)."""
+    rig = Rig({"v1": 100 * MB, "v2": 100 * MB, "big": 200 * MB, "small": 100 * MB},
+              budget=200 * MB, members=1, instant=True, min_resident_s=0.0,
+              probation_min_s=0.0, probation_share=1.0)
+    exits: dict[str, asyncio.Future[None]] = {}
+
+    async def released(member: PoolMember, model: str, timeout_s: float) -> bool:
+        if model == "v2":  # its stubs exit when the test says
+            await exits.setdefault(model, asyncio.get_running_loop().create_future())
+        return True
+
+    rig.footprints.released = released  # type: ignore[method-assign]
+    await rig.residency.round()
+    for model in ("v1", "v2"):
+        await rig.core.state.wait_resident(model, 10.0)
+    rig.clock.advance(10)
+    big = asyncio.ensure_future(rig.core.state.wait_resident("big", 30.0))
+    await rig.until(lambda: rig.phase(A, "v1") is None and "v2" in exits)
+    assert rig.phase(A, "v2") == "unloading"
+    small = asyncio.ensure_future(rig.core.state.wait_resident("small", 30.0))
+    await rig.settle(20)
+    assert rig.members.loads[A, "small"] == 0  # the room v1 freed is big's
+    exits["v2"].set_result(None)
+    await asyncio.wait_for(big, 2)
+    assert rig.core.state.holders("big") == {A} and rig.members.loads[A, "big"] == 1
+    assert all(used <= 200 * MB for _, used in rig.used_seen)
+    small.cancel()
