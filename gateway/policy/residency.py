@@ -236,10 +236,12 @@ def used_bytes(view: ResidencyView, member_key: str) -> int:
 
 
 def _used(member: MemberView, footprints: Mapping[str, int]) -> int:
-    return sum(footprints.get(name, 0)
-               for name in set(member.held) | member.draining | member.pending) - sum(
-        min(footprints.get(name, 0), covered) for name, covered in member.covered.items()
-        if name in member.pending)
+    taken = sum(footprints.get(name, 0)
+                for name in set(member.held) | member.draining | member.pending)
+    # a miss waiting for its victims to leave takes their room: those bytes count once
+    twice = sum(min(footprints.get(name, 0), covered)
+                for name, covered in member.covered.items() if name in member.pending)
+    return taken - twice
 
 
 Eligible = Callable[[str], bool]
