@@ -104,6 +104,10 @@ class Host:
     crowding: float  # a load's time grows by this for each other load on its member
     waiting_room: int  # requests the waiting room holds
 
+    def load_seconds(self, size: int) -> float:
+        """A load's time alone on its member."""
+        return self.load_base_s + self.load_s_per_gb * size / 1e9
+
 
 # bench_residency --quick, a quarter budget, on this 2-core host (2026-12-06, a run with
 # nothing else running): Triton's own "loading" -> "successfully loaded", medians 0.65,
@@ -150,9 +154,8 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
     budget = int(sum(models.values()) * budget_share)
     crowding, room = 0.2, 128
     if host is not None:
-        def load_s(size: int) -> float:
-            return host.load_base_s + host.load_s_per_gb * size / 1e9
-        release_s, crowding, room = host.release_s, host.crowding, host.waiting_room
+        load_s, release_s = host.load_seconds, host.release_s
+        crowding, room = host.crowding, host.waiting_room
     knobs = {"min_resident_s": 5.0, "waiting_room": {"max_requests": room}, **(knobs or {})}
     rig = Rig(models, budget=budget, **knobs)
     loop = asyncio.get_running_loop()
