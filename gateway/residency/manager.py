@@ -174,7 +174,7 @@ class Residency:
             held={h.model: h.resident_since or h.since for h in holdings
                   if h.phase is Phase.RESIDENT or h.phase in LEAVING},
             failed={h.model: h.since for h in holdings if h.phase is Phase.FAILED},
-            draining=frozenset(h.model for h in holdings if h.phase in LEAVING),
+            draining=frozenset(leaving),
             pending=frozenset({h.model for h in holdings if h.phase in PENDING}
                               | {m for k, m in self._reserved if k == member.key}
                               | promised.keys()),

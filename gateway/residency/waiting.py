@@ -148,9 +148,9 @@ class WaitingRoom:
     def promised(self, member: str) -> list[Flight]:
         """Models whose misses were placed on ``member`` and wait for their victims there
         to leave: the room those free is theirs (counted as pending, as a plan's load
-        waiting for room is), not the next decision's. Seen before: a 131 MB model's
-        victims drained, the first one's room went to another miss meanwhile, and its
-        load no longer fitted (placed again 8 s later)."""
+        waiting for room is, the victims' bytes once), not the next decision's. Seen
+        before: a 131 MB model's victims drained, the first one's room went to another
+        miss meanwhile, and its load no longer fitted (placed again 8 s later)."""
         return [f for f in self.flights.values()
                 if f.member == member and f.holding is None and not f.done.done()]
 

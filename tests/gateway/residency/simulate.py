@@ -21,8 +21,9 @@ them): the shared 2-core host of the real benchmark, roughly.
 
 ``--host measured`` times loads and exits as this host's members took them during the
 benchmark itself (:data:`MEASURED`: Triton's own log, the gateway's transitions), with the
-gateway's default waiting room: about three times slower than the plain model, and the
-one whose verdicts the benchmark has agreed with (docs/residency.md, "Measured").
+gateway's default waiting room: about three times slower than the plain model, and near
+the failures the benchmark sees; its verdict on a change can still flip with its settings,
+so the benchmark judges (docs/residency.md, "Measured").
 """
 
 from __future__ import annotations
