@@ -102,6 +102,21 @@ def _die_with_parent_command() -> list[str]:
     return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
+def alerts_first(output: str, limit: int = 2000) -> str:
+    """HAProxy's ``-c`` output as an error's message: its ``[ALERT]`` lines (the cause)
+    first, then the rest while ``limit`` characters allow. A configuration with many
+    warnings once pushed its one alert out of a message that kept only the tail."""
+    lines = output.strip().splitlines()
+    alerts = [line for line in lines if "[ALERT]" in line]
+    others = [line for line in lines if "[ALERT]" not in line]
+    text = "\n".join(alerts)[:limit]
+    for line in others:
+        if len(text) + len(line) + 1 > limit:
+            break
+        text = f"{text}\n{line}" if text else line
+    return text
+
+
 def _master_pid(show_proc: str) -> int | None:
     """The master's pid in the master CLI's ``show proc`` answer."""
     for line in show_proc.splitlines():
@@ -182,8 +197,8 @@ class HAProxyProcess:
         result = subprocess.run([self.binary, "-c", "-f", str(self.layout.config_path)],
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise HAProxyError(f"HAProxy refused the configuration: "
-                               f"{(result.stderr or result.stdout).strip()[-2000:]}")
+            raise HAProxyError("HAProxy refused the configuration: "
+                               + alerts_first(result.stderr or result.stdout))
 
     def start(self, timeout_s: float = 10.0) -> None:
         self.check()

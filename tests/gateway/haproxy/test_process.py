@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 from gateway.haproxy.process import (
+    HAProxyError,
     HAProxyProcess,
     _die_with_parent_command,
     write_files,
@@ -123,3 +124,22 @@ def test_the_child_gets_sigterm_as_its_parent_death_signal_when_started_by_setpr
     plain = subprocess.run([sys.executable, "-c", GET_PDEATHSIG],
                            capture_output=True, text=True, check=True)
     assert int(child.stdout) == signal.SIGTERM and int(plain.stdout) == 0
+
+
+@pytest.mark.integration
+def test_a_refused_configuration_is_told_by_its_alert_however_many_warnings_follow(
+        tmp_path: Path) -> None:
+    """``haproxy -c`` on a configuration with one error and many warnings after it: the
+    error's message names the error (it once kept only the last 2,000 characters, all
+    warnings, and a replica's failed start said nothing of why)."""
+    layout = Layout(*(f"127.0.0.1:{free_port()}" for _ in range(4)), tmp_path,
+                    f"127.0.0.1:{free_port()}")
+    write_files(render(Snapshot(pools=()), layout), layout)
+    warnings = "".join(f"backend warned{n}\n    timeout client 5s\n" for n in range(60))
+    with layout.config_path.open("a") as config:
+        config.write("backend broken\n    no-such-keyword here\n" + warnings)
+    with pytest.raises(HAProxyError) as refused:
+        HAProxyProcess(layout).check()
+    message = str(refused.value)
+    assert "no-such-keyword" in message and "[ALERT]" in message
+    assert "[WARNING]" in message and len(message) < 2100  # warnings while room is left
