@@ -67,6 +67,7 @@ from gateway.haproxy.snapshot import (
     snapshot_from_dict,
     snapshot_to_dict,
     snapshot_version,
+    sockets_fit,
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
 from gateway.metrics import GatewayMetrics
@@ -117,7 +118,7 @@ class Agent:
         self.telemetry = Telemetry(metrics) if metrics is not None else Telemetry()
         self.metrics = self.telemetry.metrics
         run_dir = settings.state_dir / "haproxy"
-        if len(str(run_dir / "master.sock")) > 100:  # unix socket path limit
+        if not sockets_fit(run_dir):
             run_dir = Path(tempfile.mkdtemp(prefix="infergate-agent-"))
         self.layout = Layout(
             http_bind=f"{settings.host}:{settings.http_port}",

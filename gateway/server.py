@@ -64,6 +64,7 @@ from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.haproxy.controller import HAProxyController, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
 from gateway.haproxy.process import HAProxyProcess, find_haproxy
+from gateway.haproxy.snapshot import sockets_fit
 from gateway.lifecycle.assembly import build_warmup, report_failure
 from gateway.lifecycle.records.backend import database_url
 from gateway.lifecycle.records.leader import Leadership
@@ -88,7 +89,6 @@ from gateway.upstream.triton_version import GrpcReuse
 
 log = logging.getLogger(__name__)
 REPLICA_METRICS_TIMEOUT_S = 1.0  # a scrape does not wait longer for the local replica's
-MAX_SOCKET_PATH = 97  # HAProxy's longest unix socket path ("stats socket")
 
 
 @dataclass(frozen=True)
@@ -416,8 +416,7 @@ def haproxy_run_dir(settings: GatewaySettings) -> Path:
     host:port), or :func:`default_run_dir` where none is given or its socket paths would
     be too long (unix socket paths are limited to ~108 bytes)."""
     given = settings.haproxy_run_dir.resolve() if settings.haproxy_run_dir else None
-    if given is not None and max(len(str(given / name)) for name in
-                                 ("admin.sock", "master.sock")) > MAX_SOCKET_PATH:
+    if given is not None and not sockets_fit(given):
         if settings.haproxy_external:
             raise ValueError(f"--haproxy-run-dir {given}: too long for a unix socket path")
         given = None

@@ -230,14 +230,28 @@ class Layout:
 
     @property
     def admin_socket(self) -> Path:
-        return self.run_dir / "admin.sock"
+        return self.run_dir / ADMIN_SOCKET
 
     @property
     def master_socket(self) -> Path:
-        return self.run_dir / "master.sock"
+        return self.run_dir / MASTER_SOCKET
 
     def map_path(self, name: str) -> Path:
         return self.run_dir / "maps" / f"{name}.map"
+
+
+ADMIN_SOCKET, MASTER_SOCKET = "admin.sock", "master.sock"
+# HAProxy's longest unix socket path: "stats socket ... too long (max 97)" (2.6), below
+# the kernel's 108 bytes
+MAX_SOCKET_PATH = 97
+
+
+def sockets_fit(run_dir: Path) -> bool:
+    """Whether HAProxy takes the unix sockets a run folder ``run_dir`` holds (the admin
+    socket and the master CLI's): a replica's state folder one level deeper than usual
+    once passed the kernel's limit and not HAProxy's, and its HAProxy refused to start."""
+    return all(len(str(run_dir / name)) <= MAX_SOCKET_PATH
+               for name in (ADMIN_SOCKET, MASTER_SOCKET))
 
 
 _NOT_IDENTIFIER = re.compile(r"[^A-Za-z0-9_.-]")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,14 @@ from gateway.agent import Agent, AgentSettings, run_until_stopped
 from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.config.residency import ResidencySpec
-from gateway.haproxy.snapshot import RouteState, Snapshot, server_name, snapshot_version
+from gateway.haproxy.snapshot import (
+    MAX_SOCKET_PATH,
+    RouteState,
+    Snapshot,
+    server_name,
+    snapshot_version,
+    sockets_fit,
+)
 from gateway.replica import ReplicaForwarder, ReplicaSettings
 
 
@@ -165,3 +173,24 @@ def test_an_agent_still_waiting_for_its_control_plane_stops_at_once(tmp_path: Pa
         await asyncio.wait_for(running, 5)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_haproxy_files_move_to_a_short_folder_when_a_socket_path_would_be_too_long(
+        tmp_path: Path, extra: int) -> None:
+    """HAProxy takes unix socket paths of at most 97 bytes: a state folder whose master
+    socket (the longer name) would be exactly that long keeps HAProxy's files; one byte
+    more and they move to a private temporary folder (the agent once checked 100 bytes,
+    and its HAProxy refused "admin.sock too long (max 97)" under a state folder one
+    level deeper)."""
+    run = "/haproxy/master.sock"
+    state = tmp_path / ("s" * (MAX_SOCKET_PATH - len(str(tmp_path)) - 1 - len(run) + extra))
+    agent = Agent(AgentSettings("127.0.0.1:1", "127.0.0.1:2", state))
+    moved = agent.layout.run_dir
+    try:
+        assert len(str(state / "haproxy" / "master.sock")) == MAX_SOCKET_PATH + extra
+        assert (moved == state / "haproxy") == (extra == 0)
+        assert sockets_fit(moved) and len(str(agent.layout.master_socket)) <= MAX_SOCKET_PATH
+    finally:
+        if moved != state / "haproxy":
+            shutil.rmtree(moved)
