@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
 import os
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -55,7 +55,7 @@ from gateway.config import GatewayConfig
 from gateway.embedded import EmbeddedServer
 from gateway.files import write_atomically
 from gateway.haproxy.drain import BUSY_POLL_S, LeftHoldings, Pair, encode_busy
-from gateway.haproxy.process import HAProxyProcess
+from gateway.haproxy.process import HAProxyProcess, private_run_dir
 from gateway.haproxy.proxy import SnapshotProxy
 from gateway.haproxy.snapshot import (
     LEASE_S,
@@ -118,8 +118,9 @@ class Agent:
         self.telemetry = Telemetry(metrics) if metrics is not None else Telemetry()
         self.metrics = self.telemetry.metrics
         run_dir = settings.state_dir / "haproxy"
-        if not sockets_fit(run_dir):
-            run_dir = Path(tempfile.mkdtemp(prefix="infergate-agent-"))
+        if not sockets_fit(run_dir):  # one folder per state folder: a restart reuses it
+            digest = hashlib.sha256(str(settings.state_dir.resolve()).encode()).hexdigest()
+            run_dir = private_run_dir(f"infergate-agent-{os.getuid()}-{digest[:16]}")
         self.layout = Layout(
             http_bind=f"{settings.host}:{settings.http_port}",
             grpc_bind=f"{settings.host}:{settings.grpc_port}",

@@ -30,8 +30,6 @@ import logging
 import os
 import shutil
 import signal
-import stat
-import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,7 +61,7 @@ from gateway.core import Core
 from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.haproxy.controller import HAProxyController, default_layout
 from gateway.haproxy.feed import SnapshotFeed, feed_router
-from gateway.haproxy.process import HAProxyProcess, find_haproxy
+from gateway.haproxy.process import HAProxyProcess, find_haproxy, private_run_dir
 from gateway.haproxy.snapshot import sockets_fit
 from gateway.lifecycle.assembly import build_warmup, report_failure
 from gateway.lifecycle.records.backend import database_url
@@ -400,15 +398,7 @@ def default_run_dir(host: str, http_port: int, grpc_port: int) -> Path:
     """HAProxy's folder when none is given: named after what it binds, so that a
     restart of the same command finds the HAProxy a crash left serving; private to this
     user (a folder someone else made or can write is refused)."""
-    run_dir = Path(tempfile.gettempdir()) / (
-        f"infergate-haproxy-{os.getuid()}-{host}-{http_port}-{grpc_port}")
-    run_dir.mkdir(mode=0o700, exist_ok=True)
-    found = os.lstat(run_dir)
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or \
-            found.st_mode & 0o077:
-        raise ValueError(f"{run_dir} is not a private folder of this user: remove it or "
-                         "pass --haproxy-run-dir")
-    return run_dir
+    return private_run_dir(f"infergate-haproxy-{os.getuid()}-{host}-{http_port}-{grpc_port}")
 
 
 def haproxy_run_dir(settings: GatewaySettings) -> Path:

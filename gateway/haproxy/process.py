@@ -32,7 +32,9 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -88,6 +90,21 @@ def write_files(rendered: Rendered, layout: Layout, written: Rendered | None = N
         write_atomically(layout.config_path, rendered.config)
         count += 1
     return count
+
+
+def private_run_dir(name: str) -> Path:
+    """A folder for HAProxy's files and sockets in the temporary folder, named ``name``
+    by its caller after what it serves, so that a restart finds the same one (and a
+    crash's HAProxy in it); private to this user: a folder someone else made or can
+    write is refused."""
+    run_dir = Path(tempfile.gettempdir()) / name
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    found = os.lstat(run_dir)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or \
+            found.st_mode & 0o077:
+        raise ValueError(f"{run_dir} is not a private folder of this user: remove it or "
+                         "pass --haproxy-run-dir")
+    return run_dir
 
 
 def _die_with_parent_command() -> list[str]:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import stat
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -180,9 +181,10 @@ def test_haproxy_files_move_to_a_short_folder_when_a_socket_path_would_be_too_lo
         tmp_path: Path, extra: int) -> None:
     """HAProxy takes unix socket paths of at most 97 bytes: a state folder whose master
     socket (the longer name) would be exactly that long keeps HAProxy's files; one byte
-    more and they move to a private temporary folder (the agent once checked 100 bytes,
-    and its HAProxy refused "admin.sock too long (max 97)" under a state folder one
-    level deeper)."""
+    more and they move to a private temporary folder named after the state folder, the
+    same at the next start (the agent once checked 100 bytes, and its HAProxy refused
+    "admin.sock too long (max 97)" under a state folder one level deeper; it made a new
+    folder at each start, and left them all behind)."""
     run = "/haproxy/master.sock"
     state = tmp_path / ("s" * (MAX_SOCKET_PATH - len(str(tmp_path)) - 1 - len(run) + extra))
     agent = Agent(AgentSettings("127.0.0.1:1", "127.0.0.1:2", state))
@@ -191,6 +193,9 @@ def test_haproxy_files_move_to_a_short_folder_when_a_socket_path_would_be_too_lo
         assert len(str(state / "haproxy" / "master.sock")) == MAX_SOCKET_PATH + extra
         assert (moved == state / "haproxy") == (extra == 0)
         assert sockets_fit(moved) and len(str(agent.layout.master_socket)) <= MAX_SOCKET_PATH
+        assert Agent(AgentSettings("127.0.0.1:1", "127.0.0.1:2", state)).layout.run_dir == moved
+        if extra:
+            assert stat.S_IMODE(moved.stat().st_mode) == 0o700
     finally:
         if moved != state / "haproxy":
             shutil.rmtree(moved)
