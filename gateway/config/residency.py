@@ -13,16 +13,27 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# the waiting room's default size, per member of the pool: what the pool can load grows
+# with its members (docs/residency.md, the waiting room's row, has the figures)
+REQUESTS_PER_MEMBER = 128
+
 
 class WaitingRoomSpec(BaseModel):
     """Requests for a model resident nowhere (misses) wait here while it loads."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # misses held at once, all models of the pool together; beyond: 503 + Retry-After
-    max_requests: int = Field(64, ge=0)
+    # misses held at once, all models of the pool together; beyond: 503 + Retry-After.
+    # None: REQUESTS_PER_MEMBER per member of the pool
+    max_requests: int | None = Field(None, ge=0)
     # a miss without a deadline of its own waits at most this long for its model
     max_wait_s: float = Field(30.0, gt=0)
+
+    def limit(self, members: int) -> int:
+        """The misses held at once in a pool of ``members`` members."""
+        if self.max_requests is not None:
+            return self.max_requests
+        return REQUESTS_PER_MEMBER * max(1, members)
 
 
 class ResidencySpec(BaseModel):

@@ -6,7 +6,8 @@ served:
 - a model the pool does not know: 404, and a name found unknown is not looked up again
   for :data:`UNKNOWN_TTL_S` (one repository look-up at a time per pool, however many
   requests name it);
-- the room full (``max_requests`` waiting in the pool): 503 + ``Retry-After``;
+- the room full (``max_requests`` waiting in the pool, by default
+  :data:`~gateway.config.residency.REQUESTS_PER_MEMBER` per member): 503 + ``Retry-After``;
 - the load expected to end after what the request may wait (its deadline's first
   :data:`~gateway.policy.deadline.SHARE_NUM`/:data:`~gateway.policy.deadline.SHARE_DEN`,
   so a gRPC client reads this answer before its own deadline fires; at most
@@ -108,10 +109,11 @@ class WaitingRoom:
         if not await self._known(pool, model):
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         room = self.spec(pool).waiting_room
-        if self.waiting(pool) >= room.max_requests:
+        size = room.limit(len(pool.members))
+        if self.waiting(pool) >= size:
             raise ModelNotReady(
                 f"model '{model}' is being loaded, and the waiting room of pool "
-                f"'{pool.name}' is full ({room.max_requests} requests wait for models "
+                f"'{pool.name}' is full ({size} requests wait for models "
                 "being loaded): retry shortly", retry_after_s=self._retry_after(None),
                 reason="loading")
         if self.placer.never_fits(pool, model):  # no retry helps: said without Retry-After
