@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import time
@@ -464,7 +465,11 @@ class Agent:
             return JSONResponse({"agent": self.settings.agent_id, "version": self.version,
                                  "phase": phase,
                                  "control_plane_seen_at": self.control_plane_seen_at,
-                                 "reloads": self.proxy.reloads if self.proxy else 0})
+                                 "reloads": self.proxy.reloads if self.proxy else 0,
+                                 # where HAProxy's files are (the state folder's, or a
+                                 # temporary one where that is too long for sockets)
+                                 "haproxy_run_dir": str(self.layout.run_dir)
+                                 if self.proxy else None})
 
         @app.get("/ready")
         async def ready() -> Response:
@@ -544,6 +549,10 @@ class Agent:
                 await self.replica.stop()
                 if self.proxy is not None:
                     self._receiver.stop()
+                    if not self.layout.run_dir.is_relative_to(self.settings.state_dir):
+                        # the temporary folder of a state folder too long for sockets:
+                        # HAProxy ended with us, nothing in it outlives this run
+                        shutil.rmtree(self.layout.run_dir, ignore_errors=True)
                 status.should_exit = True  # (its phase was read until now)
                 tasks.append(served)
                 with contextlib.suppress(asyncio.CancelledError, Exception):

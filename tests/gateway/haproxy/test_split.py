@@ -113,9 +113,14 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
         ea, eb = a.start(), b.start()
         config = lifecycle_config(tmp_path / "gateway.yaml", {"cpu": [ea, eb]}, repo)
         ports = (free_port(), free_port())
+        # B's state folder is too long for HAProxy's sockets: its files go to a temporary
+        # folder, removed when it stops
+        long_state = tmp_path / ("agent-b-" + "b" * 60)
         with run_gateway(config, tmp_path, data_plane="none", ports=ports) as control, \
                 run_agent(control, tmp_path / "agent-a", TOKENS["admin"]) as agent_a, \
-                run_agent(control, tmp_path / "agent-b", TOKENS["admin"]) as agent_b:
+                run_agent(control, long_state, TOKENS["admin"]) as agent_b:
+            moved = Path(str(agent_b.status()["haproxy_run_dir"]))
+            assert not moved.is_relative_to(long_state) and (moved / "haproxy.cfg").exists()
             # an upload through replica A (HAProxy forwards /v1 to the control plane)
             model = tiny_onnx(tmp_path / "model.onnx")
             accepted = upload(f"http://{agent_a.http_url}", "owned", model, TINY_SPEC,
@@ -173,5 +178,6 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
                                   .status_code == 200, 30)
                 assert job(url_a, accepted["id"])["state"] == "succeeded"  # told truthfully
                 assert _infers(agent_b.http_url, "owned")
+        assert not moved.exists()  # B stopped: its temporary folder with it
     finally:
         end_in_background(a, b)
