@@ -121,7 +121,8 @@ class Agent:
         run_dir = settings.state_dir / "haproxy"
         if not sockets_fit(run_dir):  # one folder per state folder: a restart reuses it
             digest = hashlib.sha256(str(settings.state_dir.resolve()).encode()).hexdigest()
-            run_dir = private_run_dir(f"infergate-agent-{os.getuid()}-{digest[:16]}")
+            run_dir = private_run_dir(f"infergate-agent-{os.getuid()}-{digest[:16]}",
+                                      "pass a shorter --state-dir")
         self.layout = Layout(
             http_bind=f"{settings.host}:{settings.http_port}",
             grpc_bind=f"{settings.host}:{settings.grpc_port}",

@@ -92,18 +92,18 @@ def write_files(rendered: Rendered, layout: Layout, written: Rendered | None = N
     return count
 
 
-def private_run_dir(name: str) -> Path:
+def private_run_dir(name: str, instead: str = "pass --haproxy-run-dir") -> Path:
     """A folder for HAProxy's files and sockets in the temporary folder, named ``name``
     by its caller after what it serves, so that a restart finds the same one (and a
     crash's HAProxy in it); private to this user: a folder someone else made or can
-    write is refused."""
+    write is refused (``instead``: what the error tells to do, besides removing it)."""
     run_dir = Path(tempfile.gettempdir()) / name
     run_dir.mkdir(mode=0o700, exist_ok=True)
     found = os.lstat(run_dir)
     if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or \
             found.st_mode & 0o077:
         raise ValueError(f"{run_dir} is not a private folder of this user: remove it or "
-                         "pass --haproxy-run-dir")
+                         f"{instead}")
     return run_dir
 
 

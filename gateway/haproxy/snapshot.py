@@ -248,8 +248,8 @@ MAX_SOCKET_PATH = 97
 
 def sockets_fit(run_dir: Path) -> bool:
     """Whether HAProxy takes the unix sockets a run folder ``run_dir`` holds (the admin
-    socket and the master CLI's): a replica's state folder one level deeper than usual
-    once passed the kernel's limit and not HAProxy's, and its HAProxy refused to start."""
+    socket and the master CLI's). The agent once checked 100 bytes, not HAProxy's 97,
+    and under a state folder one level deeper than usual its HAProxy refused to start."""
     return all(len(str(run_dir / name)) <= MAX_SOCKET_PATH
                for name in (ADMIN_SOCKET, MASTER_SOCKET))
 
