@@ -119,7 +119,7 @@ class Agent:
         self.telemetry = Telemetry(metrics) if metrics is not None else Telemetry()
         self.metrics = self.telemetry.metrics
         run_dir = settings.state_dir / "haproxy"
-        if not sockets_fit(run_dir):  # one folder per state folder: a restart reuses it
+        if settings.haproxy and not sockets_fit(run_dir):  # one per state folder, reused
             digest = hashlib.sha256(str(settings.state_dir.resolve()).encode()).hexdigest()
             run_dir = private_run_dir(f"infergate-agent-{os.getuid()}-{digest[:16]}",
                                       "pass a shorter --state-dir")

@@ -199,3 +199,6 @@ def test_haproxy_files_move_to_a_short_folder_when_a_socket_path_would_be_too_lo
     finally:
         if moved != state / "haproxy":
             shutil.rmtree(moved)
+    # a replica without HAProxy of its own (gateway serve's, on one node) makes no folder
+    alone = Agent(AgentSettings("127.0.0.1:1", "127.0.0.1:2", state, haproxy=False))
+    assert alone.layout.run_dir == state / "haproxy" and not moved.exists()
