@@ -231,15 +231,18 @@ class LocalTriton:
         env.pop("PYTHONPATH", None)
         env.pop("PYTHONHOME", None)
         _become_subreaper()
-        self._proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
+        # what Triton prints before its log is open (a bad option, a library that does
+        # not load) goes to stderr: kept beside the log for a start-up error to say
+        with self.stderr_file.open("wb") as stderr:
+            self._proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         try:
             self._wait_ready()
         except BaseException:
@@ -280,8 +283,22 @@ class LocalTriton:
         self.stop()
 
     # -- helpers -----------------------------------------------------------------------
+    @property
+    def stderr_file(self) -> Path:
+        return self.settings.log_file.with_name(self.settings.log_file.name + ".stderr")
+
     def log_tail(self, lines: int = 25) -> str:
-        return _log_tail(self.settings.log_file, lines)
+        tail = _log_tail(self.settings.log_file, lines)
+        if tail != "(log empty)":
+            return tail
+        with contextlib.suppress(OSError):
+            stderr = self.stderr_file.read_text(errors="replace").strip().splitlines()
+            # a refused option is followed by the whole usage: the line before it says why
+            usage = next((i for i, ln in enumerate(stderr) if ln.startswith("Usage:")), None)
+            stderr = stderr[:usage][-lines:]
+            if stderr:
+                return "(log empty; its stderr:)\n" + "\n".join(stderr)
+        return tail
 
     def _check_ports_free(self, ports: list[int]) -> None:
         for port in ports:

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -70,6 +71,18 @@ def test_local_triton_quotes_log_when_model_fails_to_load(own_repo: Path, tmp_pa
     assert "exited with status" in message
     assert "failed to load" in message and SAMPLE_MODEL_NAME in message
     assert "Protobuf parsing failed" in message  # Triton's own words, quoted from its log
+    assert triton_processes(str(own_repo)) == []
+
+
+def test_local_triton_quotes_its_stderr_when_it_exits_before_its_log_opens(
+        own_repo: Path, tmp_path: Path) -> None:
+    """An option Triton refuses ends it before it writes its log: the error quotes what
+    it printed instead (a parallel test run once saw only "(log empty)")."""
+    settings = replace(triton_settings(own_repo, tmp_path), extra_args=("--no-such-option",))
+    with pytest.raises(TritonStartupError) as info:
+        LocalTriton(settings).start()
+    message = str(info.value)
+    assert "its stderr" in message and "no-such-option" in message, message
     assert triton_processes(str(own_repo)) == []
 
 
