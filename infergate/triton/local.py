@@ -164,6 +164,9 @@ def _reap(pids: list[int], timeout_s: float = 5.0) -> None:
             time.sleep(0.05)
 
 
+EMPTY_LOG = "(log empty)"  # what a log tail says when nothing in the log explains
+
+
 def _log_tail(path: Path, lines: int = 25) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()
@@ -172,7 +175,7 @@ def _log_tail(path: Path, lines: int = 25) -> str:
     interesting = [ln for ln in text if not _is_gpu_noise(ln)]
     # Triton prints a big options table at exit; its E-lines say what actually failed.
     errors = [ln for ln in interesting if ln.startswith("E") or "failed to load" in ln]
-    return "\n".join((errors or interesting)[-lines:]) or "(log empty)"
+    return "\n".join((errors or interesting)[-lines:]) or EMPTY_LOG
 
 
 def _is_gpu_noise(line: str) -> bool:
@@ -289,7 +292,7 @@ class LocalTriton:
 
     def log_tail(self, lines: int = 25) -> str:
         tail = _log_tail(self.settings.log_file, lines)
-        if tail != "(log empty)":
+        if tail != EMPTY_LOG:
             return tail
         with contextlib.suppress(OSError):
             stderr = self.stderr_file.read_text(errors="replace").strip().splitlines()
