@@ -12,7 +12,9 @@ without taking a stream, a ``generate``, a miss or a health call with it:
   process too, and adopted by a restart (its pid in the run folder). It follows the
   control plane's snapshots as a cluster's replica does, and routes on its last one
   while the control plane is away;
-- this process runs the control plane alone.
+- this process runs the control plane alone, and keeps the replica running: one that
+  exits (a crash, a port another process took) is started again (:meth:`LocalReplica.tend`,
+  :class:`RestartBackoff`), its log's last lines in this process's log.
 
 The addresses all three use must survive a restart: they are chosen once and kept in
 the run folder (:func:`local_layout`), with the token the replica presents to the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -38,13 +41,17 @@ import httpx
 
 from gateway.embedded import CLOSE_S
 from gateway.files import write_atomically
-from gateway.netaddr import free_port
+from gateway.netaddr import free_ports
 
 log = logging.getLogger(__name__)
 LAYOUT_FILE = "local-layout.json"
 PID_FILE = "replica.pid"
 REPLICA_TOKEN_NAME = "data-plane-replica"  # (its principal's name in the token table)
 STOP_GRACE_S = 5.0  # after its own drain, the replica's servers close within this
+RESTART_FIRST_S = 1.0  # a replica that exited starts again this long after, at first
+RESTART_MAX_S = 30.0  # the longest wait while it keeps exiting
+STABLE_S = 60.0  # one that ran this long before it exited starts the waits over
+LOG_TAIL_CHARS = 800  # of the replica's log, quoted when it exits
 
 
 @dataclass(frozen=True)
@@ -60,13 +67,14 @@ class LocalLayout:
     token: str
 
 
-def local_layout(run_dir: Path) -> LocalLayout:
-    """The layout kept in ``run_dir``, or a new one (free ports, a fresh token) written
-    there for the next start."""
+def local_layout(run_dir: Path, taken: tuple[int, ...] = ()) -> LocalLayout:
+    """The layout kept in ``run_dir``, or a new one (free ports, none of them ``taken``,
+    the ports the gateway serves on; a fresh token) written there for the next start."""
     path = run_dir / LAYOUT_FILE
     with contextlib.suppress(OSError, ValueError, TypeError):
         return LocalLayout(**json.loads(path.read_text()))
-    layout = LocalLayout(free_port(), free_port(), free_port(), free_port(), free_port(),
+    control_http, control_grpc, replica_http, replica_grpc, status = free_ports(5, taken=taken)
+    layout = LocalLayout(control_http, control_grpc, replica_http, replica_grpc, status,
                          secrets.token_urlsafe(32))
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     write_atomically(path, json.dumps(asdict(layout)), mode=0o600)  # (holds a token)
@@ -81,9 +89,33 @@ class ReplicaOptions:
     auth: bool = False  # the control plane checks tokens: the replica presents its own
 
 
+@dataclass
+class RestartBackoff:
+    """When to start again a replica that exited (pure: the caller gives the time):
+    :data:`RESTART_FIRST_S` after its exit, the wait doubling up to :data:`RESTART_MAX_S`
+    each time one exits within :data:`STABLE_S` of its start (a port another process
+    holds fails every start: its log is not flooded), from the first wait again after
+    one that ran longer."""
+
+    wait_s: float = 0.0
+    started_at: float = -math.inf
+
+    def start_at(self, exited_at: float) -> float:
+        """The time to start a replica that exited at ``exited_at``."""
+        if exited_at - self.started_at >= STABLE_S:
+            self.wait_s = RESTART_FIRST_S
+        else:
+            self.wait_s = min(RESTART_MAX_S, max(RESTART_FIRST_S, 2 * self.wait_s))
+        return exited_at + self.wait_s
+
+    def started(self, now: float) -> None:
+        self.started_at = now
+
+
 class LocalReplica:
     """The replica's process: started, or adopted when a previous control plane's is
-    still running; stopped after a drain of its own (SIGTERM)."""
+    still running; started again when it exits (:meth:`tend`); stopped after a drain
+    of its own (SIGTERM)."""
 
     def __init__(self, run_dir: Path, layout: LocalLayout, options: ReplicaOptions) -> None:
         self.run_dir = run_dir
@@ -93,6 +125,9 @@ class LocalReplica:
         self.pid: int | None = None
         self._child: subprocess.Popen[bytes] | None = None  # when this process started it
         self.adopted = False
+        self.backoff = RestartBackoff()
+        self._restart_at: float | None = None  # while the one that exited waits
+        self.restarts = 0
 
     def command(self) -> list[str]:
         layout, options = self.layout, self.options
@@ -122,8 +157,8 @@ class LocalReplica:
         """Adopt the running replica, or start one (in a session of its own: it outlives
         this process, and a terminal's Ctrl-C reaches only this one)."""
         self.pid = self._running()
+        self.adopted = self.pid is not None
         if self.pid is not None:
-            self.adopted = True
             log.warning("adopting the running data-plane replica (pid %d)", self.pid)
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +172,34 @@ class LocalReplica:
                                            stdin=subprocess.DEVNULL, start_new_session=True)
         self.pid = self._child.pid
         (self.run_dir / PID_FILE).write_text(str(self.pid))
+
+    def tend(self, now: float) -> str | None:
+        """One look at the replica (by the one task that keeps it; ``now``: monotonic):
+        one that exited is told in the log with its own log's last lines, and started
+        again once its wait (:class:`RestartBackoff`) is over. The agent id of the one
+        that exited when a new one started, else None."""
+        if self.alive():
+            return None
+        if self._restart_at is None:
+            self._restart_at = self.backoff.start_at(now)
+            log.error("the data-plane replica (pid %s) exited; starting it again in %.0f s. "
+                      "The end of its log (%s): %s", self.pid, self._restart_at - now,
+                      self.run_dir / "replica.log", self.log_tail())
+        if now < self._restart_at:
+            return None
+        gone, self._restart_at = self.agent_id, None
+        self.start()
+        self.backoff.started(now)
+        self.restarts += 1
+        return gone
+
+    def log_tail(self) -> str:
+        try:
+            with (self.run_dir / "replica.log").open("rb") as file:
+                file.seek(max(0, file.seek(0, os.SEEK_END) - LOG_TAIL_CHARS))
+                return file.read().decode(errors="replace").strip() or "(empty)"
+        except OSError as error:
+            return f"(unreadable: {error})"
 
     @property
     def agent_id(self) -> str | None:

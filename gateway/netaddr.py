@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import random
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 # where free_port looks when the kernel's ephemeral range leaves room below it
@@ -62,11 +63,26 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def free_ports(count: int, host: str = "127.0.0.1", taken: Iterable[int] = ()) -> list[int]:
+    """``count`` different :func:`free_port` picks, none of them in ``taken`` (ports this
+    process was given and has not bound yet). Picks nothing binds yet are invisible to
+    the next pick: two servers started from two picks in a row could get one port, and
+    HAProxy and grpc-core would share it without a word (``SO_REUSEPORT``)."""
+    avoid, ports = set(taken), list[int]()
+    while len(ports) < count:
+        port = free_port(host)
+        if port not in avoid:
+            avoid.add(port)
+            ports.append(port)
+    return ports
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now, for a server to bind soon after: below the
     kernel's ephemeral range when there is room, so that no outgoing connection takes
     it meanwhile (one did, with a port the kernel had handed out: an HAProxy that bound
-    it a moment later found it taken). Else one the kernel picks."""
+    it a moment later found it taken). Else one the kernel picks. More than one port:
+    :func:`free_ports`."""
     low = _ephemeral_low()
     for _ in range(50 if low > PORTS_FROM + 1000 else 0):
         port = random.randrange(PORTS_FROM, low)

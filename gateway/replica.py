@@ -42,7 +42,7 @@ from gateway.embedded import CLOSE_S, EmbeddedServer
 from gateway.errors import DeadlineExceeded, GatewayError, ModelNotFound, Overloaded, Unavailable
 from gateway.haproxy.snapshot import Snapshot, server_name
 from gateway.metrics import GatewayMetrics
-from gateway.netaddr import free_port, split_host_port
+from gateway.netaddr import free_ports, split_host_port
 from gateway.policy import readiness
 from gateway.policy.rollout import Shadow, Split
 from gateway.python.forwarder import Forwarder
@@ -227,8 +227,8 @@ class ReplicaForwarder:
         self.upstream_http = UpstreamHTTP(timeout_s=settings.upstream_timeout_s)
         self.upstream_grpc = UpstreamGRPC()
         self.admin = MemberAdmin(self.client)  # (its batching calls are the control plane's)
-        self.http_address, self.grpc_address = ports or (
-            f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
+        self.http_address, self.grpc_address = ports or tuple(
+            f"127.0.0.1:{port}" for port in free_ports(2))
         self.applied: Snapshot | None = None
         self._http: EmbeddedServer | None = None
         self._grpc: Any = None

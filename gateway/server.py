@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -74,7 +75,7 @@ from gateway.local_replica import (
     ReplicaOptions,
     local_layout,
 )
-from gateway.netaddr import free_port
+from gateway.netaddr import free_ports
 from gateway.pools import PoolMember
 from gateway.python.forwarder import Forwarder
 from gateway.python.grpc_api import create_grpc_server
@@ -166,8 +167,8 @@ async def serve(
     if not auth.enabled:
         log.warning("no API tokens configured: every endpoint is open (see --tokens)")
     run_dir = haproxy_run_dir(settings) if native else None
-    local = local_layout(run_dir) if run_dir is not None and settings.local_replica \
-        else None
+    local = local_layout(run_dir, taken=(settings.http_port, settings.grpc_port)) \
+        if run_dir is not None and settings.local_replica else None
     if local is not None and auth.enabled:  # the replica's own, to call the control plane
         auth.admit(TokenEntry(name=REPLICA_TOKEN_NAME, scopes=(Scope.ADMIN,),
                               token=local.token))
@@ -186,7 +187,8 @@ async def serve(
     if local is not None:
         own_host, own_http, own_grpc = "127.0.0.1", local.control_http, local.control_grpc
     elif native:
-        own_host, own_http, own_grpc = "127.0.0.1", free_port(), free_port()
+        own_http, own_grpc = free_ports(2, taken=(settings.http_port, settings.grpc_port))
+        own_host = "127.0.0.1"
     slot = AppSlot()  # what the HTTP server serves: a standby's API until this one leads
     http_server = EmbeddedServer(
         uvicorn.Config(
@@ -298,6 +300,11 @@ async def serve(
         tasks.append(asyncio.create_task(haproxy.run_forever(settings.probe_interval_s),
                                          name="haproxy"))
         tasks[-1].add_done_callback(report_failure)
+    keeper = None
+    if replica is not None:
+        keeper = asyncio.create_task(_keep(replica, feed, settings.probe_interval_s),
+                                     name="replica")
+        keeper.add_done_callback(report_failure)
     log.warning(
         "infergate gateway (%s data plane): HTTP %s:%d gRPC %s:%d",
         settings.data_plane, settings.host, settings.http_port, settings.host,
@@ -308,6 +315,8 @@ async def serve(
     try:
         await stop.wait()
     finally:
+        if keeper is not None:  # (no start after this: tend runs on this loop)
+            keeper.cancel()
         if replica is not None:
             replica.begin_stop()  # it drains its own in-flight meanwhile
         await _drain(core, settings.drain_timeout_s, haproxy)
@@ -371,6 +380,17 @@ def _stop_acting(reason: str) -> None:
     log.error("control plane: leadership lost (%s): exiting", reason)
     logging.shutdown()
     os._exit(LOST_EXIT)
+
+
+async def _keep(replica: LocalReplica, feed: SnapshotFeed, interval_s: float) -> None:
+    """The replica started again whenever it exits (:meth:`LocalReplica.tend`, on this
+    loop), for as long as this process serves; the snapshot feed forgets the one that
+    exited (nothing waits for its in-flight requests or its acknowledgements)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        gone = replica.tend(time.monotonic())
+        if gone is not None:
+            feed.forget(gone)
 
 
 def _replica_metrics(client: httpx.AsyncClient, local: LocalLayout

@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import yaml
 
-from infergate.triton.local import TritonEndpoints, free_port
+from gateway.netaddr import free_ports
+from infergate.triton.local import TritonEndpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 90.0
@@ -113,7 +114,7 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
     (``--no-replica-process``); None: :data:`REPLICA_PROCESS`; ``source``:
     the checkout whose gateway runs (another commit's, for a benchmark of before and
     after in one run; default this one)."""
-    http_port, grpc_port = ports or (free_port(), free_port())
+    http_port, grpc_port = ports or free_ports(2)
     # (absolute: another checkout's gateway runs in that checkout)
     pools_file, log_dir = pools_file.resolve(), log_dir.resolve()
     if data_plane is not None:
@@ -169,7 +170,7 @@ def run_agent(control: GatewayProcess, state_dir: Path, token: str | None = None
     """A data-plane replica (HAProxy + agent) following ``control``'s snapshots;
     ``source``: another checkout's agent (default this one); ``args``: more of the
     agent's options."""
-    http_port, grpc_port, status_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, status_port = free_ports(3)
     state_dir.mkdir(parents=True, exist_ok=True)
     log = state_dir / "agent.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -43,7 +43,7 @@ from gateway.lifecycle.client import TERMINAL, LifecycleClient
 from gateway.lifecycle.records.backend import DATABASE_URL_ENV
 from infergate.postgres import LocalPostgres, find_postgres_bin
 from infergate.processes import FrontDoor, run_agent, run_gateway, wait_until
-from infergate.triton.local import TritonEndpoints, free_port
+from infergate.triton.local import TritonEndpoints, free_ports
 from loadtests.harness import gateway_yaml, reporter, table, triton
 from loadtests.rollout_models import affine_onnx
 from loadtests.uploads import TOKENS, evaluation_set, upload, wait_job
@@ -73,7 +73,7 @@ def front_config(run: Path, http: int, grpc: int, planes: list[tuple[int, int]])
 
 @contextlib.contextmanager
 def front(run: Path, planes: list[tuple[int, int]]) -> Iterator[FrontDoor]:
-    http, grpc = free_port(), free_port()
+    http, grpc = free_ports(2)
     binary = find_haproxy()
     assert binary is not None, "HAProxy is needed (make system-deps)"
     proc = subprocess.Popen([binary, "-db", "-f", str(front_config(run, http, grpc, planes))],
@@ -138,7 +138,8 @@ def measure(work: Path, endpoints: TritonEndpoints, repo: Path, db: str) -> list
     os.environ[DATABASE_URL_ENV] = db  # (the processes started below inherit it)
     config = gateway_yaml(work / "gateway.yaml", {"cpu": [endpoints]}, lifecycle=repo,
                           tokens=TOKENS, models={CANARY: {"preload": True}})
-    a, b = (free_port(), free_port()), (free_port(), free_port())
+    ports = free_ports(4)
+    a, b = (ports[0], ports[1]), (ports[2], ports[3])
     for folder in ("a", "b"):
         (work / folder).mkdir()
     with run_gateway(config, work / "a", data_plane="none", ports=a) as leader, \

@@ -47,7 +47,7 @@ from converters.decoupled import build_decoupled_model
 from converters.tiny import TINY_MODEL_NAME as TINY
 from converters.tiny import TINY_WIDTH, build_tiny_model
 from infergate.processes import FrontDoor, GatewayProcess, pools_yaml, run_agent, run_gateway
-from infergate.triton.local import TritonEndpoints, free_port
+from infergate.triton.local import TritonEndpoints, free_ports
 from loadtests.harness import reporter, table, triton
 
 say = reporter("bench_outage")
@@ -210,7 +210,8 @@ def _layout(kind: str, source: Path | None, endpoints: TritonEndpoints, work: Pa
                                 Callable[[], contextlib.AbstractContextManager[Any]]]]:
     """(the front door, crash the control plane, start it again)."""
     pools = pools_yaml(work / "pools.yaml", {"local": [endpoints]})
-    ports = (free_port(), free_port())
+    http_port, grpc_port = free_ports(2)
+    ports = (http_port, grpc_port)
     plane = "none" if kind == "split" else "haproxy"
     with run_gateway(pools, work, data_plane=plane, ports=ports, source=source) as control:
         def crash() -> GatewayProcess:

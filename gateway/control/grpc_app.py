@@ -26,7 +26,7 @@ from gateway.errors import GatewayError, Unavailable, Unsupported, grpc_status_n
 from gateway.policy import parse_errors
 from gateway.policy.access import presented_token
 from gateway.pools import PoolMember
-from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
+from gateway.upstream.grpc import SERVICE, UpstreamGRPC, server_options
 
 SHARED_MEMORY_RPCS = (
     "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
@@ -240,11 +240,7 @@ def create_control_grpc_server(
     """The control plane's own gRPC server, with no forwarder: the repository API, trace
     and log settings (``gateway/policy/planes.py``), health and metadata; an inference
     call reaching it is refused (``UNAVAILABLE``) saying the data plane serves it."""
-    server = grpc.aio.server(options=[
-        *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
-        ("grpc.so_reuseport", 1),
-        ("grpc.max_receive_message_length", max_message_bytes),
-    ])
+    server = grpc.aio.server(options=server_options(max_message_bytes))
     handlers = method_handlers(ControlServicer(core, control, upstream, auth))
 
     async def not_here(request: Any, context: grpc.aio.ServicerContext) -> Any:

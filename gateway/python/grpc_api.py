@@ -57,7 +57,7 @@ from gateway.python.forwarder import (
 )
 from gateway.python.shadow import compare_grpc
 from gateway.python.streams import StreamEnd, StreamRelay
-from gateway.upstream.grpc import CHANNEL_OPTIONS, SERVICE, UpstreamGRPC
+from gateway.upstream.grpc import SERVICE, UpstreamGRPC, server_options
 
 
 def with_timeout_parameter(request: bytes, deadline_s: float) -> bytes:
@@ -202,11 +202,7 @@ def create_grpc_server(
     """``max_message_bytes``: larger requests are refused by grpc-core itself with
     RESOURCE_EXHAUSTED before any handler runs; ``closing``: set once the drain is
     over, it ends the ``ModelStreamInfer`` streams still open (UNAVAILABLE)."""
-    server = grpc.aio.server(options=[
-        *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
-        ("grpc.so_reuseport", 1),
-        ("grpc.max_receive_message_length", max_message_bytes),
-    ])
+    server = grpc.aio.server(options=server_options(max_message_bytes))
     servicer = GatewayServicer(forwarder, control, upstream, auth, closing)
     handlers = method_handlers(servicer)
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(

@@ -25,6 +25,18 @@ UPSTREAM_ONLY_OPTIONS = [
 ]
 
 
+def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """A gateway gRPC server's options: larger requests than ``max_message_bytes`` are
+    refused by grpc-core before any handler runs; the port is its own. grpc-core binds
+    with ``SO_REUSEPORT`` unless told not to, and so does HAProxy: a port another
+    listener already holds (a free port two picks both took) would be shared silently,
+    the kernel sending some connections to the other listener (a CI run's stream met an
+    HAProxy frontend's 404 that way). Without it, the second bind fails, loudly."""
+    return [*(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", max_message_bytes)]
+
+
 def _identity(data: bytes) -> bytes:
     return data
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.files import write_atomically
-from gateway.netaddr import family, free_port, join_host_port
+from gateway.netaddr import family, free_ports, join_host_port
+from gateway.netaddr import free_port as free_port  # (tests and tools pick ports here too)
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -198,7 +199,9 @@ class LocalTriton:
         install_python_stub(s.runtime_env)
         if not s.model_repository.is_dir():
             raise TritonStartupError(f"model repository {s.model_repository} does not exist")
-        ports = [p or free_port(s.host) for p in (s.http_port, s.grpc_port, s.metrics_port)]
+        given = (s.http_port, s.grpc_port, s.metrics_port)
+        picked = iter(free_ports(given.count(0), s.host, taken=given))
+        ports = [p or next(picked) for p in given]
         self._check_ports_free(ports)
         self.endpoints = TritonEndpoints(s.host, *ports)
         s.log_file.parent.mkdir(parents=True, exist_ok=True)

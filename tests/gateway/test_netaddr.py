@@ -4,6 +4,7 @@ everywhere, and a pool of IPv6 members served end to end by a real Triton listen
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,7 +21,14 @@ from pydantic import ValidationError
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.config.pools import MemberSpec
 from gateway.haproxy.snapshot import server_name
-from gateway.netaddr import bare_host, family, free_port, join_host_port, split_host_port
+from gateway.netaddr import (
+    bare_host,
+    family,
+    free_port,
+    free_ports,
+    join_host_port,
+    split_host_port,
+)
 from infergate.triton.local import LocalTriton
 from tests.conftest import triton_settings
 from tests.procs import pools_yaml, run_gateway, started_triton, wait_until
@@ -110,3 +118,21 @@ def test_a_free_port_lies_below_the_ephemeral_range_and_can_be_bound(host: str) 
         assert port < low
         with socket.socket(family(host)) as sock:
             sock.bind((host, port))
+
+
+def test_several_free_ports_are_different_and_none_is_one_already_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pick nothing binds yet is free to the next pick too: two in a row can be one
+    port (and HAProxy and grpc-core would share it, SO_REUSEPORT). The picks here repeat
+    a port and offer one the caller was given."""
+    picks = iter([20_001, 20_001, 20_002, 20_003, 20_001, 20_004])
+    monkeypatch.setattr("gateway.netaddr.free_port", lambda host="127.0.0.1": next(picks))
+    assert free_ports(3, taken=(20_002,)) == [20_001, 20_003, 20_004]
+
+
+def test_several_free_ports_from_the_real_picker_can_all_be_bound() -> None:
+    ports = free_ports(5, taken=(free_port(),))
+    assert len(set(ports)) == 5
+    with contextlib.ExitStack() as held:
+        for port in ports:
+            held.enter_context(socket.socket()).bind(("127.0.0.1", port))

@@ -30,7 +30,7 @@ from gateway.policy import readiness
 from gateway.policy.rollout import Split
 from gateway.replica import ControlPlaneMisses, apply_snapshot, snapshot_tokens
 from infergate.processes import FrontDoor, GatewayProcess, run_agent
-from infergate.triton.local import LocalTriton, free_port
+from infergate.triton.local import LocalTriton, free_ports
 from tests.gateway.python.test_streams import stream_inputs
 from tests.gateway.residency.fakes import MB, A, B, config
 from tests.procs import pools_yaml, run_gateway, wait_until
@@ -173,7 +173,8 @@ def _layout(kind: str, pools: Path, tmp_path: Path
                 run_agent(control, tmp_path / "agent") as agent:
             yield agent, lambda: _crash(control)
         return
-    ports = (free_port(), free_port())
+    http_port, grpc_port = free_ports(2)
+    ports = (http_port, grpc_port)
     with run_gateway(pools, tmp_path, data_plane="haproxy", ports=ports,
                      replica=True) as gateway:
         yield gateway, lambda: _crash(gateway)

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from converters.decoupled import DECOUPLED_MODEL_NAME, build_decoupled_model
 from converters.tiny import TINY_MODEL_NAME, build_tiny_model
-from infergate.triton.local import LocalTriton, TritonEndpoints, free_port
+from infergate.triton.local import LocalTriton, TritonEndpoints, free_ports
 from tests.conftest import triton_settings
 from tests.procs import GatewayProcess, pools_yaml, run_gateway, started_triton
 
@@ -98,7 +98,7 @@ def index_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTrit
 def gateway_with_dead_member(index_triton: LocalTriton, data_plane: str,
                              tmp_path: Path) -> Iterator[tuple[GatewayProcess, str]]:
     assert index_triton.endpoints is not None
-    dead = TritonEndpoints("127.0.0.1", free_port(), free_port(), free_port())
+    dead = TritonEndpoints("127.0.0.1", *free_ports(3))
     pools = pools_yaml(tmp_path / "pools.yaml", {"mixed": [index_triton.endpoints, dead]})
     with run_gateway(pools, tmp_path, data_plane=data_plane) as gw:
         yield gw, f"{dead.host}:{dead.grpc_port}"

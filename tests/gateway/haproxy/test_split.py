@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 from converters.tiny import TINY_WIDTH, tiny_onnx
 from gateway.haproxy.answers import CONTROL_DOWN
 from infergate.processes import AgentProcess, run_agent
-from infergate.triton.local import LocalTriton, free_port
+from infergate.triton.local import LocalTriton, free_ports
 from tests.conftest import triton_settings
 from tests.gateway.conftest import tiny_infers_over_grpc
 from tests.gateway.lifecycle.conftest import (
@@ -112,7 +112,8 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
     try:
         ea, eb = a.start(), b.start()
         config = lifecycle_config(tmp_path / "gateway.yaml", {"cpu": [ea, eb]}, repo)
-        ports = (free_port(), free_port())
+        http_port, grpc_port = free_ports(2)
+        ports = (http_port, grpc_port)
         # B's state folder is too long for HAProxy's sockets: its files go to a temporary
         # folder, removed when it stops
         long_state = tmp_path / ("agent-b-" + "b" * 60)

@@ -26,7 +26,7 @@ from gateway.agent import LEASE_CHECK_S
 from gateway.haproxy.feed import AGENTS_FILE
 from gateway.haproxy.snapshot import LEASE_STEP_S
 from infergate.processes import run_agent
-from infergate.triton.local import LocalTriton, free_port
+from infergate.triton.local import LocalTriton, free_ports
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import (
     TINY_SPEC,
@@ -115,7 +115,8 @@ def test_restart_mid_rollout_fails_no_request_through_the_replica(tmp_path: Path
         endpoints = triton.start()
         config = lifecycle_config(tmp_path / "gateway.yaml", {"cpu": [endpoints]}, repo,
                                   models={MODEL: {"preload": True}})
-        ports = (free_port(), free_port())
+        http_port, grpc_port = free_ports(2)
+        ports = (http_port, grpc_port)
         with run_gateway(config, tmp_path, data_plane="none", ports=ports) as control, \
                 run_agent(control, tmp_path / "agent", TOKENS["admin"], None,
                           "--canary-lease", str(LEASE)) as agent:

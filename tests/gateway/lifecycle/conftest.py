@@ -33,7 +33,7 @@ from converters.images import sample_photo as photo
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.lifecycle.client import LifecycleClient
 from infergate.processes import ROOT, GatewayProcess, wait_until
-from infergate.triton.local import TritonEndpoints, free_port
+from infergate.triton.local import TritonEndpoints, free_ports
 
 TOKENS = {"predict": "predict-token-0123456789", "upload": "upload-token-0123456789",
           "admin": "admin-token-0123456789ab"}
@@ -211,7 +211,7 @@ async def eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> 
 def spawn_gateway(config: Path, log_dir: Path, *args: str) -> Iterator[GatewayProcess]:
     """A gateway subprocess, returned as soon as it is *live* (not ready): for tests of
     the readiness gate. Stopped with SIGTERM on exit."""
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = free_ports(2)
     log = log_dir / f"gateway-{http_port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(

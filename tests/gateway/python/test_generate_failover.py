@@ -15,7 +15,7 @@ from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.python.forwarder import Forwarder
 from gateway.python.generate import GenerateFastPath
 from gateway.upstream.http import UpstreamHTTP
-from infergate.triton.local import free_port
+from infergate.triton.local import free_ports
 from tests.gateway.conftest import generate_member
 
 EVENTS = [b'data: {"index":0}\n\n', b'data: {"index":1}\n\n', b'data: {"index":2}\n\n']
@@ -38,7 +38,7 @@ async def _member(port: int, break_after: int | None = None) -> web.AppRunner:
 
 
 async def _call(break_after: int | None = None) -> tuple[httpx.Response, Forwarder, Any]:
-    live_port, dead_port = free_port(), free_port()
+    live_port, dead_port = free_ports(2)
     members = (MemberSpec(http_port=dead_port, grpc_port=dead_port),
                MemberSpec(http_port=live_port, grpc_port=live_port))
     config = GatewayConfig(pools=(PoolSpec(name="p", members=members),))

@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from converters.tiny import TINY_WIDTH, build_tiny_model
 from infergate.processes import run_agent
-from infergate.triton.local import LocalTriton, TritonEndpoints, free_port
+from infergate.triton.local import LocalTriton, TritonEndpoints, free_ports
 from tests.conftest import triton_settings
 from tests.gateway.lifecycle.conftest import SteadyLoad, infer_body, stop
 from tests.procs import end_in_background, run_gateway, wait_until
@@ -278,7 +278,8 @@ def test_a_replica_serves_misses_and_says_so_at_once_without_its_control_plane(
     saying why; restarted, misses are served again."""
     unload_all(members)
     path = config(tmp_path / "gw.yaml", members)
-    ports = (free_port(), free_port())
+    http_port, grpc_port = free_ports(2)
+    ports = (http_port, grpc_port)
     with run_gateway(path, tmp_path, data_plane="none", ports=ports) as control, \
             run_agent(control, tmp_path / "agent") as agent:
         url = f"http://{agent.http_url}"
