@@ -74,6 +74,11 @@ NO_ANSWER = EXCEEDED + ": no answer from member {member} in time"
 # a request is admitted when it is expected within this share of its deadline: the rest
 # is for what the estimate leaves out (the answer's way back, connections, a busy host)
 SHARE_NUM, SHARE_DEN = 9, 10
+# the most of its deadline a request waiting for a model's load may wait, and only while
+# that load is under way and expected to end in time: past this, its refusal (or the
+# answer, once the model is resident) must still reach the client before its own
+# deadline fires
+LAST_NUM, LAST_DEN = 19, 20
 
 
 # a service time measured longer ago than this is not the service now; the throughput

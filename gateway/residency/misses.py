@@ -177,6 +177,14 @@ class Misses:
         flight.holding = self.residency.table.queue(member, flight.model, "miss", PROBATION)
         self.residency.actuator.enqueue(flight.holding)
 
+    def under_way(self, flight: Flight) -> bool:
+        holding = flight.holding
+        if holding is None:
+            return False
+        current = self.residency.table.get(holding.member, holding.model)
+        return current is not None and current.token == holding.token and \
+            current.phase in (Phase.LOADING, Phase.WARMING)
+
     def expected_in(self, flight: Flight) -> float | None:
         """Seconds until the flight's model is resident (the waiting room answers by it);
         None: not by waiting."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Callable, Collection, Coroutine
+from typing import Any, TypeVar
 
 from gateway.config import GatewayConfig, ModelPolicy
 from gateway.config.pools import MemberSpec, PoolSpec
@@ -19,6 +19,34 @@ from gateway.residency.manager import Residency
 from gateway.residency.metrics import ResidencyMetrics
 
 MB = 1_000_000
+T = TypeVar("T")
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock jumps to the next timer whenever nothing is ready: no
+    real waiting (nothing here does I/O)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._virtual = 0.0
+
+    def time(self) -> float:
+        return self._virtual
+
+    def _run_once(self) -> None:
+        scheduled = self._scheduled  # type: ignore[attr-defined]
+        if not self._ready and scheduled:  # type: ignore[attr-defined]
+            self._virtual = max(self._virtual, scheduled[0].when())
+        super()._run_once()  # type: ignore[misc]
+
+
+def run_virtual(work: Coroutine[Any, Any, T]) -> T:
+    """``work`` to its end on a :class:`VirtualLoop` of its own."""
+    loop = VirtualLoop()
+    try:
+        return loop.run_until_complete(work)
+    finally:
+        loop.close()
 
 
 class FakeClock:
@@ -181,6 +209,15 @@ class Rig:
         """Let the tasks the residency started run as far as they can now."""
         for _ in range(rounds):
             await asyncio.sleep(0)
+
+    def on_loop_time(self) -> None:
+        """One clock, the running loop's (a :class:`VirtualLoop`'s: timed tests)."""
+        loop = asyncio.get_running_loop()
+        self.clock.now = loop.time()
+        self.core.state.clock = loop.time
+        self.residency.table._clock = loop.time
+        self.residency.actuator.clock = loop.time
+        self.residency.room.clock = loop.time
 
     async def until(self, check: Callable[[], bool], timeout_s: float = 2.0) -> None:
         async def poll() -> None:

@@ -47,7 +47,7 @@ from loadtests.residency_trace import (
     reshuffles,
     schedule,
 )
-from tests.gateway.residency.fakes import MB, Rig
+from tests.gateway.residency.fakes import MB, Rig, run_virtual
 
 # a miss's waiters reach the member this long after its load (the control plane settles
 # the snapshot that routes them on every data-plane replica, then answers the replica):
@@ -55,26 +55,9 @@ from tests.gateway.residency.fakes import MB, Rig
 # deadline)
 FORWARD_S = 0.3
 EVICTED_FIRST = "evicted before its waiters reached it"
+PAST_DEADLINE = "served after the client's own deadline"  # (its client had given up)
 # stubs measured by bench_residency: 14 models of ~31 MB, 12 of ~64 MB, 10 of ~131 MB
 CATALOGUE = ((14, "1mb", 31), (12, "32mb", 64), (10, "100mb", 131))
-
-
-class VirtualLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock jumps to the next timer whenever nothing is ready: no
-    real waiting (nothing here does I/O)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._virtual = 0.0
-
-    def time(self) -> float:
-        return self._virtual
-
-    def _run_once(self) -> None:
-        scheduled = self._scheduled  # type: ignore[attr-defined]
-        if not self._ready and scheduled:  # type: ignore[attr-defined]
-            self._virtual = max(self._virtual, scheduled[0].when())
-        super()._run_once()  # type: ignore[misc]
 
 
 def catalogue() -> dict[str, int]:
@@ -161,11 +144,7 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
     knobs.setdefault("waiting_room", {"max_requests": room})
     rig = Rig(models, budget=budget, **knobs)
     loop = asyncio.get_running_loop()
-    rig.clock.now = loop.time()
-    rig.core.state.clock = loop.time  # one clock: the loop's
-    rig.residency.table._clock = loop.time
-    rig.residency.actuator.clock = loop.time
-    rig.residency.room.clock = loop.time
+    rig.on_loop_time()
     members = rig.members
 
     async def timed_load(member: PoolMember, model: str, config: Any = None) -> None:
@@ -200,6 +179,8 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
                 await asyncio.sleep(FORWARD_S)
                 if not rig.core.state.resident(arrival.model):
                     raise GatewayError(EVICTED_FIRST)
+                if loop.time() - arrival.t > deadline_s:
+                    raise GatewayError(PAST_DEADLINE)
             outcomes.append((arrival, "hit" if hit else "miss", ""))
         except GatewayError as error:
             outcomes.append((arrival, "failed", error.message))
@@ -266,11 +247,7 @@ def failure_kind(message: str) -> str:
 
 
 def run(budget_share: float, seed: int = 1, **kwargs: Any) -> Result:
-    loop = VirtualLoop()
-    try:
-        return loop.run_until_complete(simulate(budget_share, seed, **kwargs))
-    finally:
-        loop.close()
+    return run_virtual(simulate(budget_share, seed, **kwargs))
 
 
 def row(budget_share: float, seed: int, result: Result) -> str:

@@ -14,7 +14,7 @@ from gateway.errors import ModelNotFound, ModelNotReady, Unavailable
 from gateway.pools import PoolMember
 from gateway.residency.holdings import Holding, Phase
 from gateway.residency.waiting import Flight
-from tests.gateway.residency.fakes import MB, A, B, Rig
+from tests.gateway.residency.fakes import MB, A, B, Rig, run_virtual
 
 
 async def test_miss_waits_for_one_load_and_is_served_when_two_requests_ask_at_once() -> None:
@@ -140,6 +140,42 @@ async def test_a_miss_is_answered_before_the_client_deadline_when_the_load_runs_
         await rig.core.state.wait_resident("m", 0.5)
     assert loop.time() - began < 0.5  # at 9/10 of it: the documented answer comes first
     assert "longer than this request may wait (0.5 s)" in late.value.message
+
+
+def test_a_miss_waits_into_the_last_share_of_its_deadline_when_its_load_is_ending() -> None:
+    """At 9/10 of its deadline a request whose model's load is under way and expected to
+    end within 19/20 of it waits on (the simulator's held failures were mostly loads
+    that began late and ended within a second of their refusal); one whose load has not
+    begun is refused at 9/10. Virtual time: the loads end when the test says."""
+    async def waited(load_began_s: float) -> tuple[float, str]:
+        rig = Rig({"a": 100 * MB, "m": 100 * MB}, budget=300 * MB, members=1,
+                  loads_per_member=1)
+        rig.on_loop_time()
+        rig.residency.actuator.load_seconds.update({"a": 3.0, "m": 3.0})
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        first = asyncio.ensure_future(rig.core.state.wait_resident("a", 30.0))
+        await rig.until(lambda: len(rig.members.pending) == 1)
+        wait = asyncio.ensure_future(rig.core.state.wait_resident("m", 10.0))
+        (member, _), = rig.members.pending  # "m" queues behind "a"
+        loop.call_at(began + load_began_s, rig.members.finish, member, "a")
+        await first
+        assert rig.phase(member, "m") == "loading"  # from load_began_s
+        loop.call_at(began + load_began_s + 3.0, rig.members.finish, member, "m")
+        try:
+            await wait
+            answer = "served"
+        except ModelNotReady as refused:
+            answer = refused.message
+        took = loop.time() - began
+        await rig.until(lambda: not rig.members.pending, 5.0)
+        await rig.residency.close()
+        return took, answer
+
+    took, answer = run_virtual(waited(6.2))  # "m" loads from 6.2 s to 9.2 s
+    assert answer == "served" and 9.2 <= took < 9.5
+    took, answer = run_virtual(waited(7.0))  # at 9 s its load has 1 s to go: past 9.5 s
+    assert took == pytest.approx(9.0, abs=0.01) and "longer than this request may wait" in answer
 
 
 async def test_accounted_use_stays_within_the_budget_when_a_miss_evicts_for_room() -> None:
