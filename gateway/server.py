@@ -44,7 +44,7 @@ from gateway.config import GatewayConfig
 from gateway.console.pages import Console, create_console_router
 from gateway.console.placement import SchedulerPlans
 from gateway.console.session import Sessions
-from gateway.console.traffic import TrafficHistory
+from gateway.console.traffic import TenantWindow, TrafficHistory
 from gateway.control.dataplane_http import create_dataplane_router
 from gateway.control.grpc_app import create_control_grpc_server
 from gateway.control.http_app import create_control_app
@@ -235,10 +235,11 @@ async def serve(
     feed = SnapshotFeed(core, auth)  # for data-plane replicas elsewhere (agents)
     core.state.follow(feed.settle)
     core.state.count_in_flight(feed.in_flight_at)  # theirs: an eviction waits for them
-    history = TrafficHistory(core.metrics.registry)
+    history, tenant_window = TrafficHistory(core.metrics.registry), TenantWindow(
+        core.metrics.registry)
     console = Console(core, auth, history, Sessions(), warmup.lifecycle,
                       SchedulerPlans(settings.scheduler_url, admin_client)
-                      if settings.scheduler_url else None, warmup.residency)
+                      if settings.scheduler_url else None, warmup.residency, tenant_window)
     control_app = create_control_app(core, control, upstream_http, auth, warmup.lifecycle,
                                      routers=(feed_router(feed, auth),
                                               leader_router(leadership),
@@ -274,6 +275,7 @@ async def serve(
           if leadership is not None else []),
         asyncio.create_task(probe_forever(core, settings.probe_interval_s), name="probes"),
         asyncio.create_task(history.run_forever(), name="traffic-history"),
+        asyncio.create_task(tenant_window.run_forever(), name="tenant-window"),
     ]
     for task in tasks[1:]:  # a background task that dies says so at once
         task.add_done_callback(report_failure)

@@ -41,7 +41,7 @@ from gateway.console.charts import BLUE, ORANGE, Series, memory_bar, size_text, 
 from gateway.console.placement import PlacementUnavailable, SchedulerPlans
 from gateway.console.report import report_file, report_html
 from gateway.console.session import COOKIE, Session, Sessions, check_form, check_origin
-from gateway.console.traffic import TrafficHistory
+from gateway.console.traffic import TenantWindow, TrafficHistory
 from gateway.core import Core
 from gateway.errors import (
     Forbidden,
@@ -96,6 +96,7 @@ class Console:
     lifecycle: ModelLifecycle | None = None
     plans: SchedulerPlans | None = None
     residency: ResidencyReport | None = None  # pools with a memory budget per member
+    tenants: TenantWindow | None = None  # each tenant's rate and queue wait, recently
 
     async def model_names(self, residency: Mapping[str, Any] | None = None) -> list[str]:
         """Every model the lifecycle manages or finds in its repository (adopted then,
@@ -357,7 +358,8 @@ def create_console_router(console: Console) -> APIRouter:
                 problem = str(exc)
         report = console.residency.report() if console.residency is not None else None
         return page("pools.html", session, pools=pool_rows(console.core, report), plan=plan,
-                    problem=problem, scheduler=console.plans.url if console.plans else None)
+                    problem=problem, scheduler=console.plans.url if console.plans else None,
+                    tenants=tenant_rows(console))
 
     @router.get("/placement/{plan_id}.svg")
     async def plan_svg(request: Request, plan_id: str) -> Response:
@@ -579,3 +581,10 @@ class _Body:
         seen = 0
         while not self._ended and seen < self.DRAIN_LIMIT:
             seen += len(await self._next())
+
+
+def tenant_rows(console: Console) -> dict[str, Any] | None:
+    """The pools page's tenants (None: tenancy is off, or nothing samples them)."""
+    if console.tenants is None or console.core.state.tenancy is None:
+        return None
+    return {"window_s": console.tenants.window_s, "rows": console.tenants.rows()}

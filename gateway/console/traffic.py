@@ -18,7 +18,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -26,11 +26,33 @@ from prometheus_client import CollectorRegistry
 REQUESTS = "infergate_requests"
 LATENCY = "infergate_request_duration_seconds"
 USER = "user"
+TENANT_REQUESTS = "infergate_tenant_requests"
+TENANT_QUEUE_WAIT = "infergate_tenant_queue_wait_seconds"
+TENANT_IN_FLIGHT = "infergate_tenant_in_flight_requests"
+
+
+@dataclass(frozen=True)
+class Series:
+    """What a history reads: a counter of requests, a histogram, and the key a sample
+    counts under (None: left out)."""
+
+    requests: str
+    histogram: str
+    key: Callable[[Mapping[str, str]], str | None]
+
+
+# each model's user traffic and its latency
+MODELS = Series(REQUESTS, LATENCY,
+                lambda labels: labels["model"] if labels.get("traffic") == USER else None)
+# each tenant's requests (refused ones too) and how long its admitted ones waited in the
+# gateway's queue, per class: "tenant priority"
+TENANTS = Series(TENANT_REQUESTS, TENANT_QUEUE_WAIT,
+                 lambda labels: f"{labels['tenant']} {labels['priority']}")
 
 
 @dataclass(frozen=True)
 class Counts:
-    """Cumulative figures of one model at one instant."""
+    """Cumulative figures of one key at one instant."""
 
     requests: float
     buckets: tuple[tuple[float, float], ...]  # (upper bound, cumulative count), sorted
@@ -44,28 +66,27 @@ class Point:
     p99_s: float | None
 
 
-def read_counts(registry: CollectorRegistry) -> dict[str, Counts]:
-    """Per model: user requests counted so far and the latency histogram's buckets,
-    summed over pools and protocols."""
+def read_counts(registry: CollectorRegistry, series: Series = MODELS) -> dict[str, Counts]:
+    """Per key: requests counted so far and the histogram's buckets, summed over every
+    other label (a model's pools and protocols)."""
     requests: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
     for family in registry.collect():
-        if family.name not in (REQUESTS, LATENCY):
+        if family.name not in (series.requests, series.histogram):
             continue
         for sample in family.samples:
             labels = sample.labels
-            if labels.get("traffic") != USER:
+            key = series.key(labels)
+            if key is None:
                 continue
-            model = labels["model"]
-            if sample.name == f"{REQUESTS}_total":
-                requests[model] = requests.get(model, 0.0) + sample.value
-            elif sample.name == f"{LATENCY}_bucket":
+            if sample.name == f"{series.requests}_total":
+                requests[key] = requests.get(key, 0.0) + sample.value
+            elif sample.name == f"{series.histogram}_bucket":
                 bound = float(labels["le"])
-                per_model = buckets.setdefault(model, {})
-                per_model[bound] = per_model.get(bound, 0.0) + sample.value
-    return {model: Counts(requests.get(model, 0.0),
-                          tuple(sorted(buckets.get(model, {}).items())))
-            for model in requests.keys() | buckets.keys()}
+                per_key = buckets.setdefault(key, {})
+                per_key[bound] = per_key.get(bound, 0.0) + sample.value
+    return {key: Counts(requests.get(key, 0.0), tuple(sorted(buckets.get(key, {}).items())))
+            for key in requests.keys() | buckets.keys()}
 
 
 def quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
@@ -130,3 +151,61 @@ class TrafficHistory:
         while True:
             self.sample()
             await asyncio.sleep(self.interval_s)
+
+
+@dataclass(frozen=True)
+class TenantRow:
+    """One tenant and class over the console's window."""
+
+    tenant: str
+    priority: str
+    rate: float  # requests a second, refused ones included
+    in_flight: int  # admitted and not answered, now
+    wait_p50_s: float | None  # in the gateway's queue (None: none admitted in the window)
+    wait_p99_s: float | None
+
+
+class TenantWindow:
+    """Each tenant and class over the last ``window_s``: its request rate and how long
+    its admitted requests waited in the gateway's queue (p50, p99), read from the same
+    registry both data planes count into (owned by the console; sampled every
+    ``interval_s`` by the task the gateway's ``serve`` starts)."""
+
+    def __init__(self, registry: CollectorRegistry, interval_s: float = 5.0,
+                 window_s: float = 60.0, clock: Callable[[], float] = time.time) -> None:
+        self.registry, self.interval_s, self.window_s = registry, interval_s, window_s
+        self._clock = clock
+        self._samples: deque[tuple[float, dict[str, Counts]]] = deque()
+
+    def sample(self) -> None:
+        now = self._clock()
+        self._samples.append((now, read_counts(self.registry, TENANTS)))
+        # the newest sample at least window_s old stays: the window's start
+        while len(self._samples) > 2 and self._samples[1][0] <= now - self.window_s:
+            self._samples.popleft()
+
+    def rows(self) -> list[TenantRow]:
+        """Every tenant and class counted so far, by tenant then class; figures over the
+        window (from the first sample on, until the window is full)."""
+        if len(self._samples) < 2:
+            return []
+        (then, before), (now, after) = self._samples[0], self._samples[-1]
+        in_flight = _in_flight(self.registry)
+        rows = []
+        for key, counts in sorted(after.items()):
+            point = interval(before.get(key, Counts(0.0, ())), counts, now - then, now)
+            tenant, _, priority = key.rpartition(" ")
+            rows.append(TenantRow(tenant, priority, point.rate, in_flight.get(key, 0),
+                                  point.p50_s, point.p99_s))
+        return rows
+
+    async def run_forever(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(self.interval_s)
+
+
+def _in_flight(registry: CollectorRegistry) -> dict[str, int]:
+    return {TENANTS.key(sample.labels) or "": round(sample.value)
+            for family in registry.collect() if family.name == TENANT_IN_FLIGHT
+            for sample in family.samples}

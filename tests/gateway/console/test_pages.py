@@ -195,6 +195,41 @@ def test_pools_page_shows_members_and_the_schedulers_plan(stack: ConsoleStack) -
     assert anonymous.status_code == 303
 
 
+def test_pools_page_shows_each_tenants_rate_and_queue_wait_while_tenancy_is_on(
+        stack: ConsoleStack) -> None:
+    """Issue 36: the queue wait per tenant and class, in the console. Tenancy turned on
+    live (``PUT /v1/tenants``), the tenant's requests counted from HAProxy's log; off
+    again, the section goes."""
+    admin = {"authorization": f"Bearer {TOKENS['admin']}"}
+    predict = {"authorization": f"Bearer {TOKENS['predict']}"}
+    tenancy = {"tenants": [{"name": "apps", "priority": "critical",
+                            "keys": [TOKENS["predict"]]}]}
+    row = re.compile(r"<tr><td>apps</td><td>critical</td><td>([0-9.]+)</td><td>\d+</td>\s*"
+                     r"<td>([0-9.]+ ms|–)</td>")
+    with signed_in(stack.url, "upload") as owner:
+        assert "Tenants</h2>" not in owner.get("/ui/pools").text
+        answer = httpx.put(f"{stack.url}/v1/tenants", json=tenancy, headers=admin, timeout=60)
+        assert answer.status_code == 200, answer.text
+        try:
+            def counted() -> bool:
+                for _ in range(5):
+                    httpx.post(f"{stack.url}/v2/models/{TINY}/infer", json=infer_body(),
+                               headers=predict, timeout=30).raise_for_status()
+                found = row.search(owner.get("/ui/pools").text)
+                return bool(found and float(found.group(1)) > 0)
+
+            assert wait_until(counted, 60, 0.5), owner.get("/ui/pools").text[-3000:]
+            page = owner.get("/ui/pools").text
+        finally:
+            assert httpx.delete(f"{stack.url}/v1/tenants", headers=admin,
+                                timeout=60).status_code == 200
+        off = owner.get("/ui/pools").text
+    found = row.search(page)
+    assert found and found.group(2).endswith(" ms"), page[-3000:]  # its admitted requests' wait
+    assert "Tenants</h2>" in page and "Queue wait p99" in page
+    assert "Tenants</h2>" not in off
+
+
 def test_pages_show_no_residency_when_no_pool_has_a_memory_budget(stack: ConsoleStack) -> None:
     """Residency's parts (tests/gateway/console/test_residency.py) appear only with it:
     this gateway's pool loads every model on every member."""

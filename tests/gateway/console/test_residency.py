@@ -77,7 +77,7 @@ def _page(report: dict[str, Any] | None) -> str:
     session = Sessions().open(Principal("owner", frozenset({Scope.UPLOAD})))
     return TEMPLATES.get_template("pools.html").render(
         session=session, pools=pool_rows(_core(), report), plan=None, problem=None,
-        scheduler=None)
+        scheduler=None, tenants=None)
 
 
 def _section(page: str, pool: str) -> str:

@@ -1,12 +1,19 @@
-"""The console's traffic history: rates and quantiles read from the gateway's own
-registry, fed as each data plane feeds it (the Python forwarder observes one request at
-a time; HAProxy's request log adds many at once)."""
+"""The console's traffic history and tenant window: rates and quantiles read from the
+gateway's own registry, fed as each data plane feeds it (the Python forwarder observes
+one request at a time; HAProxy's request log adds many at once)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.console.traffic import Counts, TrafficHistory, interval, quantile, read_counts
+from gateway.console.traffic import (
+    Counts,
+    TenantWindow,
+    TrafficHistory,
+    interval,
+    quantile,
+    read_counts,
+)
 from gateway.metrics import create_metrics, observe_many
 
 
@@ -67,3 +74,42 @@ def test_read_counts_sums_pools_and_protocols() -> None:
     metrics.requests.labels("x", "b", "grpc", "client_error", "user").inc(2)
     counts = read_counts(metrics.registry)
     assert counts["x"].requests == 5 and counts["x"].buckets == ()  # none timed yet
+
+
+def test_tenant_window_gives_each_tenant_and_class_its_rate_and_queue_wait() -> None:
+    """Fed as both planes feed the registry (HAProxy's log adds many at once); the
+    window is the last ``window_s``, its start the newest sample at least that old."""
+    metrics, clock = create_metrics(), Clock()
+    window = TenantWindow(metrics.registry, interval_s=5, window_s=20, clock=clock)
+    window.sample()
+    assert window.rows() == []  # one sample: no interval yet
+    metrics.tenant_requests.labels("light", "critical", "success").inc(30)
+    observe_many(metrics.tenant_queue_wait.labels("light", "critical"), 0.0, 30)
+    metrics.tenant_requests.labels("flood", "sheddable", "success").inc(90)
+    metrics.tenant_requests.labels("flood", "sheddable", "rejected").inc(110)
+    observe_many(metrics.tenant_queue_wait.labels("flood", "sheddable"), 0.2, 90)
+    metrics.tenant_in_flight.labels("flood", "sheddable").set(64)
+    clock.now += 10
+    window.sample()
+    flood, light = window.rows()
+    assert (flood.tenant, flood.priority, flood.in_flight) == ("flood", "sheddable", 64)
+    assert flood.rate == pytest.approx(20.0)  # 200 in 10 s, refused ones included
+    assert flood.wait_p99_s == pytest.approx(0.2, rel=0.05)
+    assert (light.tenant, light.rate, light.in_flight) == ("light", 3.0, 0)
+    assert light.wait_p50_s is not None and light.wait_p50_s < 0.001
+    for _ in range(4):  # 40 s with nothing new: the window holds none of it
+        clock.now += 10
+        window.sample()
+    flood, light = window.rows()
+    assert flood.rate == 0 and flood.wait_p99_s is None and light.rate == 0
+
+
+def test_a_tenant_named_with_spaces_keeps_its_name_and_class() -> None:
+    metrics, clock = create_metrics(), Clock()
+    window = TenantWindow(metrics.registry, clock=clock)
+    window.sample()
+    metrics.tenant_requests.labels("team a", "standard", "success").inc()
+    clock.now += 5
+    window.sample()
+    (row,) = window.rows()
+    assert (row.tenant, row.priority) == ("team a", "standard")
