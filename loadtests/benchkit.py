@@ -65,10 +65,11 @@ def infer_input(x: np.ndarray) -> grpcclient.InferInput:
 
 
 def closed_loop(url: str, model: str, x: np.ndarray, concurrency: int,
-                seconds: float, min_requests: int = 3) -> LoadResult:
+                seconds: float, min_requests: int = 3, priority: int = 0) -> LoadResult:
     """``concurrency`` clients each send the next request when the last one returns, for
     ``seconds`` (and at least ``min_requests`` each, for slow large batches) after one
-    untimed request each (connection set-up)."""
+    untimed request each (connection set-up); ``priority``: Triton's per-request
+    priority level (0: the model's default)."""
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     deadline: list[float] = [0.0]
     began: list[float] = [0.0]
@@ -84,11 +85,11 @@ def closed_loop(url: str, model: str, x: np.ndarray, concurrency: int,
         client = grpcclient.InferenceServerClient(url)
         try:
             inp = infer_input(x)
-            client.infer(model, [inp])
+            client.infer(model, [inp], priority=priority)
             start_barrier.wait(timeout=120)
             while time.perf_counter() < deadline[0] or len(mine) < min_requests:
                 t0 = time.perf_counter()
-                client.infer(model, [inp])
+                client.infer(model, [inp], priority=priority)
                 mine.append((time.perf_counter() - t0) * 1000.0)
         except BaseException as err:  # noqa: BLE001 - surfaced below
             errors.append(err)
