@@ -101,6 +101,7 @@ import yaml
 from converters.repository import existing_versions
 from converters.samples import SAMPLE_MODEL_NAME, cat_input
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from gateway.upstream.triton_version import GrpcReuse
 from infergate.processes import GatewayProcess
 from infergate.triton.local import TritonEndpoints
 from loadtests import harness
@@ -334,17 +335,22 @@ def workloads(scratch: Path, models: Sequence[str]) -> list[Workload]:
 @contextlib.contextmanager
 def gateway(scratch: Path, name: str, member: TritonEndpoints, capacity: int,
             tenants: Sequence[TenantLoad] | None, data_plane: str | None,
-            refusal_delay_ms: int | None = None) -> Iterator[GatewayProcess]:
+            refusal_delay_ms: int | None = None,
+            grpc_upstream_reuse: str | None = None) -> Iterator[GatewayProcess]:
     """A gateway over ``member`` (its log and HAProxy files under ``scratch``); one that
     does not start (a ``tenancy:`` section it refuses, say) ends the benchmark, saying
-    why in the gateway's last words."""
+    why in the gateway's last words. ``grpc_upstream_reuse``: its
+    ``--grpc-upstream-reuse`` (None: its default, from the member's Triton version)."""
     folder = scratch / f"gateway-{name}"
     folder.mkdir()
     config = write_config(folder / "gateway.yaml", member, capacity, tenants,
                           queued=name == AFTER, refusal_delay_ms=refusal_delay_ms)
     with contextlib.ExitStack() as stack:
         try:
-            gw = stack.enter_context(harness.gateway(config, folder, data_plane=data_plane))
+            args = () if grpc_upstream_reuse is None else (
+                "--grpc-upstream-reuse", grpc_upstream_reuse)
+            gw = stack.enter_context(harness.gateway(config, folder, *args,
+                                                     data_plane=data_plane))
         except GatewayFailed as err:
             raise RuntimeError(
                 f"gateway '{name}' ({'no tenancy' if tenants is None else 'with tenancy'}) "
@@ -404,11 +410,12 @@ def warm_up(gateways: Iterable[GatewayProcess], works: Sequence[Workload],
 def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
         protocols: Sequence[str] = PROTOCOLS, capacity: int = CAPACITY_PER_MEMBER,
         data_plane: str | None = None, scenarios: str = "all",
-        refusal_delay_ms: int | None = None) -> list[dict[str, Any]]:
+        refusal_delay_ms: int | None = None,
+        grpc_upstream_reuse: str | None = None) -> list[dict[str, Any]]:
     """``scenarios``: ``overload`` (noisy, priority, fairness, paced, cost), ``flood``
     (issue 36's, before, with the refusal delay, and with the gateway's queue and the
     delay) or ``all``; ``refusal_delay_ms``: the tarpit and queued gateways' (None: the
-    gateway's default)."""
+    gateway's default); ``grpc_upstream_reuse``: every gateway's (None: its default)."""
     if shutil.which("h2load") is None:
         raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
     started = time.monotonic()
@@ -416,6 +423,12 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
     samples: Samples = {}
     with tempfile.TemporaryDirectory(prefix="bench_tenants-") as tmp:
         scratch = Path(tmp)
+
+        def arm(name: str, tenants: Sequence[TenantLoad] | None,
+                delay: int | None = None) -> contextlib.AbstractContextManager[GatewayProcess]:
+            return gateway(scratch, name, member, capacity, tenants, data_plane, delay,
+                           grpc_upstream_reuse)
+
         repo = scratch / "model_repo"
         repo.mkdir()
         ready = prepare_models(repo, models)
@@ -428,8 +441,7 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                 "multiples of capacity: " + ", ".join(
                     f"{p.scenario} {sum(t.in_flight for t in p.loads) / capacity:.1f}x"
                     for p in scenario_phases(capacity) if p.name == "mixed"))
-            with gateway(scratch, "tenants", member, capacity, specs["tenants"],
-                         data_plane) as gw:
+            with arm("tenants", specs["tenants"]) as gw:
                 plane = serving_plane(gw)
                 say(f"data plane: {plane}")
                 warm_up([gw], works, protocols, scratch)
@@ -443,19 +455,14 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                                 rounds, seconds, scratch, False, samples, direct)
                 if scenarios in ("flood", "all"):
                     with contextlib.ExitStack() as arms:
-                        floods = {name: arms.enter_context(gateway(
-                            scratch, name, member, capacity, specs[name], data_plane, delay))
-                            for name, delay in flood_delays(refusal_delay_ms).items()}
-                        floods["none"] = arms.enter_context(gateway(
-                            scratch, "flood-none", member, capacity, None, data_plane))
+                        floods = {name: arms.enter_context(arm(name, specs[name], delay))
+                                  for name, delay in flood_delays(refusal_delay_ms).items()}
+                        floods["none"] = arms.enter_context(arm("flood-none", None))
                         warm_up(floods.values(), works, protocols, scratch)
                         measure_all(floods, flood_phases(), works, protocols, rounds, seconds,
                                     scratch, False, samples, direct)
             if scenarios in ("overload", "all"):
-                with gateway(scratch, "none", member, capacity, specs["none"],
-                             data_plane) as none, \
-                        gateway(scratch, "one", member, capacity, specs["one"],
-                                data_plane) as one:
+                with arm("none", specs["none"]) as none, arm("one", specs["one"]) as one:
                     warm_up([none, one], works, protocols, scratch)
                     measure_all({"none": none, "one": one}, cost_phases(capacity), works,
                                 protocols, rounds, seconds, scratch, True, samples)
@@ -493,12 +500,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--refusal-delay-ms", type=int, default=None,
                         help="the tarpit and queued gateways' tenancy refusal_delay_ms "
                         "(default: the gateway's own)")
+    parser.add_argument("--grpc-upstream-reuse", choices=[r.value for r in GrpcReuse],
+                        default=None,
+                        help="every gateway's --grpc-upstream-reuse (default: decided from "
+                        "the member's Triton version; 'shared' measures what members with "
+                        "Triton 2.57.0+ get, at the risk of server#8034 on older ones)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (2.0 if args.quick else 1.5)
     models = tuple(args.model or ((TINY_MODEL_NAME,) if args.quick else MODELS))
     rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.capacity,
-               args.data_plane, args.scenarios, args.refusal_delay_ms)
+               args.data_plane, args.scenarios, args.refusal_delay_ms,
+               args.grpc_upstream_reuse)
     publish(rows, markdown, plot, args.out, "bench_tenants", say)
 
 
