@@ -16,6 +16,12 @@ footprint known in its pool (one eighth of a member's budget when none is known)
 its first load measures it. On this host the resident models are measured again each
 residency round (:meth:`Footprints.remeasure`): a model's figure is its latest.
 
+A load takes more than the model keeps once loaded (ONNX Runtime building its session:
+91 MB above its resident set for a 131 MB model here). On this host each load's surge is
+measured too (:func:`~gateway.residency.memory.measured_surges`), and the largest of a
+pool's models is kept free on each member (:meth:`Footprints.surge`; the residency's
+``usable_bytes``), so that a load on a member full to its budget stays within it.
+
 The converter's figure is read from the model's folder in the repository the members
 load from: the lifecycle's ``repository``, else the configuration's ``model_repository``
 (none: no converter figure).
@@ -35,6 +41,7 @@ from gateway.residency.memory import (
     gpu_memory_used,
     is_loopback,
     measured_footprints,
+    measured_surges,
     released,
 )
 from gateway.upstream.triton import MemberAdmin
@@ -53,6 +60,7 @@ class Footprints:
         self.repository = repository or config.model_repository
         self._converter: dict[str, tuple[float, int | None]] = {}  # model -> (mtime, bytes)
         self._measured: dict[str, int] = {}
+        self._surges: dict[str, int] = {}  # model -> the most a load took beyond its figure
 
     def refresh(self, models: list[str]) -> None:
         """Read the converter's figure of each model whose repository folder changed."""
@@ -102,6 +110,10 @@ class Footprints:
         if size > 0:
             self._measured[model] = size
 
+    def surge(self, models: Collection[str]) -> int:
+        """The most any of ``models``'s loads took beyond what it kept (0: none measured)."""
+        return max((self._surges.get(m, 0) for m in models), default=0)
+
     def overhead(self) -> int:
         """What a member's runtime takes per model beyond the converter's figure,
         learned from the models measured both ways (0 until one is)."""
@@ -124,6 +136,9 @@ class Footprints:
                 for name, size in (await measured_footprints(
                         member, self.admin, [model], started_after)).items():
                     self.measured(name, size)
+                for name, surge in (await measured_surges(
+                        member, [model], started_after)).items():
+                    self._surges[name] = max(surge, self._surges.get(name, 0))
             elif gpu_before is not None:
                 after = await self._gpu_used(member)
                 if after is not None and after > gpu_before:

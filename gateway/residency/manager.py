@@ -61,6 +61,9 @@ from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
 
+# the most of a member's budget kept free for a load's surge (a model whose load surges
+# more than that is loaded past its budget for a moment rather than held nowhere)
+SURGE_SHARE = 0.25
 RECORD_EVERY_S = 10.0  # demand recorded (the lifecycle's records, else its file) this often
 READY = "READY"
 
@@ -169,7 +172,7 @@ class Residency:
         promised = {f.model: f for f in self.room.promised(member.key)}
         leaving = {h.model for h in holdings if h.phase in LEAVING}
         return policy.MemberView(
-            key=member.key, budget_bytes=self.spec(pool).usable_bytes,
+            key=member.key, budget_bytes=self.usable_bytes(pool),
             available=member.available(now) and member.healthy,
             held={h.model: h.resident_since or h.since for h in holdings
                   if h.phase is Phase.RESIDENT or h.phase in LEAVING},
@@ -190,6 +193,19 @@ class Residency:
     def unreserve(self, model: str) -> None:
         """A plan's load of ``model`` waiting for room is decided again by a miss."""
         self._reserved = {r for r in self._reserved if r[1] != model}
+
+    def headroom_bytes(self, pool: Pool) -> int:
+        """What each member keeps free: the configured ``headroom_bytes``, or the largest
+        surge a load of one of the pool's models was measured to take beyond what it
+        keeps (:meth:`Footprints.surge`), at most :data:`SURGE_SHARE` of the budget."""
+        spec = self.spec(pool)
+        surge = min(self.footprints.surge(self.models(pool)),
+                    int(spec.memory_budget_bytes * SURGE_SHARE))
+        return max(spec.headroom_bytes, surge)
+
+    def usable_bytes(self, pool: Pool) -> int:
+        """What a member's models may take together: the budget less the headroom."""
+        return self.spec(pool).memory_budget_bytes - self.headroom_bytes(pool)
 
     def used_bytes(self, pool: Pool, member_key: str) -> int:
         """The member's accounted use: every holding but failed ones (queued, loading,
@@ -283,7 +299,7 @@ class Residency:
             holding = self.table.get(move.member, move.model)
             if holding is not None:
                 self.table.set_segment(holding, MAIN if move.reason == "promote" else PROBATION)
-        usable = self.spec(pool).usable_bytes
+        usable = self.usable_bytes(pool)
         for move in plan.loads:
             member = self._member(move.member)
             if member is None or not self.table.may_queue(move.member, move.model):
@@ -339,14 +355,14 @@ class Residency:
         """Why ``model`` of ``footprint_bytes`` fits no member of its pool (None: it
         fits one): an upload is refused with this."""
         pool = self.pool_of(model)
-        if pool is None or footprint_bytes <= self.spec(pool).usable_bytes:
+        if pool is None or footprint_bytes <= self.usable_bytes(pool):
             return None
         return (f"model '{model}' needs {footprint_bytes} bytes once loaded, more than any "
-                f"member of pool '{pool.name}' may hold ({self.spec(pool).usable_bytes} "
-                "bytes: memory_budget_bytes less headroom_bytes)")
+                f"member of pool '{pool.name}' may hold ({self.usable_bytes(pool)} "
+                "bytes: memory_budget_bytes less the headroom a load takes)")
 
     def no_room(self, pool: Pool, model: str) -> str:
-        size, budget = self.footprints.bytes(model, pool), self.spec(pool).usable_bytes
+        size, budget = self.footprints.bytes(model, pool), self.usable_bytes(pool)
         if size > budget:
             return (f"model '{model}' needs {size} bytes, more than any member of pool "
                     f"'{pool.name}' may hold ({budget} bytes)")
@@ -374,7 +390,7 @@ class Residency:
             return
         if holding is not None and holding.phase is not Phase.FAILED:
             raise Conflict(f"model '{model}' is already {holding.phase} on {member.key}")
-        size, room = self.footprints.bytes(model, pool), self.spec(pool).usable_bytes
+        size, room = self.footprints.bytes(model, pool), self.usable_bytes(pool)
         used = self.used_bytes(pool, member.key)
         if used + size > room:
             raise Conflict(f"member {member.key} has no room for '{model}' ({size} bytes; "

@@ -55,6 +55,8 @@ class Placing(Protocol):
 
     def used_bytes(self, pool: Pool, member_key: str) -> int: ...
 
+    def usable_bytes(self, pool: Pool) -> int: ...
+
     def slots(self, key: str) -> int: ...
 
     async def reconcile(self, pool: Pool) -> None: ...
@@ -76,7 +78,7 @@ class Misses:
 
     def never_fits(self, pool: Pool, model: str) -> bool:
         return self.residency.footprints.bytes(model, pool) > \
-            self.residency.spec(pool).usable_bytes
+            self.residency.usable_bytes(pool)
 
     def no_room(self, pool: Pool, model: str) -> str:
         return self.residency.no_room(pool, model)
@@ -170,7 +172,7 @@ class Misses:
         pool, member = flight.pool, flight.member
         assert member is not None
         size = self.residency.footprints.bytes(flight.model, pool)
-        if self.residency.used_bytes(pool, member) + size > self.residency.spec(pool).usable_bytes \
+        if self.residency.used_bytes(pool, member) + size > self.residency.usable_bytes(pool) \
                 or not self.residency.table.may_queue(member, flight.model):
             flight.member = None  # placed again as room frees (never from here: no loop)
             return

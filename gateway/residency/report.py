@@ -41,6 +41,10 @@ class Reported(Protocol):
 
     def used_bytes(self, pool: Pool, member_key: str) -> int: ...
 
+    def headroom_bytes(self, pool: Pool) -> int: ...
+
+    def usable_bytes(self, pool: Pool) -> int: ...
+
 
 def build(residency: Reported) -> dict[str, Any]:
     now = residency.state.clock()
@@ -53,7 +57,8 @@ def build(residency: Reported) -> dict[str, Any]:
             holdings = residency.table.of_member(member.key)
             members.append({
                 "key": member.key, "available": member.available(now),
-                "budget_bytes": spec.memory_budget_bytes, "usable_bytes": spec.usable_bytes,
+                "budget_bytes": spec.memory_budget_bytes,
+                "usable_bytes": residency.usable_bytes(pool),
                 "used_bytes": residency.used_bytes(pool, member.key),
                 "load_slots": spec.loads_per_member,
                 "loads_running": residency.actuator.running(member.key),
@@ -62,7 +67,8 @@ def build(residency: Reported) -> dict[str, Any]:
                            for m, h in sorted(holdings.items())],
             })
         pools.append({"name": pool.name, "budget_bytes": spec.memory_budget_bytes,
-                      "headroom_bytes": spec.headroom_bytes, "usable_bytes": spec.usable_bytes,
+                      "headroom_bytes": residency.headroom_bytes(pool),
+                      "usable_bytes": residency.usable_bytes(pool),
                       "waiting": residency.room.waiting(pool), "members": members})
         views = {v.name: v for v in residency.view(pool, now).models}
         for model in residency.models(pool):

@@ -111,7 +111,11 @@ class FakeFootprints:
 
     def __init__(self, sizes: dict[str, int]) -> None:
         self.sizes = sizes
+        self.surges: dict[str, int] = {}  # what a load takes beyond its size (as measured)
         self.remeasured: list[tuple[str, tuple[str, ...]]] = []
+
+    def surge(self, models: Collection[str]) -> int:
+        return max((self.surges.get(m, 0) for m in models), default=0)
 
     def of(self, model: str, pool: Pool) -> tuple[int, str]:
         return self.sizes.get(model, 100 * MB), "configured"

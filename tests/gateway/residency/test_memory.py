@@ -28,6 +28,7 @@ from gateway.residency.memory import (
     gpu_memory_used,
     is_loopback,
     measured_footprints,
+    measured_surges,
     released,
     stub_model,
 )
@@ -102,6 +103,19 @@ async def test_measured_footprints_attributes_each_model_its_stubs_when_two_are_
     one_tiny_stub = footprints[TINY_MODEL_NAME] / 2
     assert footprints[HEAVY] - one_tiny_stub >= 0.9 * HEAVY_WEIGHTS
     assert footprints[HEAVY] < one_tiny_stub + 3 * HEAVY_WEIGHTS
+
+
+async def test_a_loads_surge_is_what_its_stubs_held_at_their_peak_beyond_now(
+        member: PoolMember, admin: MemberAdmin) -> None:
+    """ONNX Runtime builds the heavy model's session from its 64 MiB matrix and keeps one
+    copy: the load held more for a moment than the model keeps."""
+    surges = await measured_surges(member, {TINY_MODEL_NAME, HEAVY, "absent"})
+    assert set(surges) == {TINY_MODEL_NAME, HEAVY}
+    assert surges[HEAVY] >= 0.5 * HEAVY_WEIGHTS, surges
+    assert surges[TINY_MODEL_NAME] < surges[HEAVY]
+    remote = PoolMember("p", MemberSpec(host="10.0.0.1", http_port=1, grpc_port=2,
+                                        metrics_port=3))
+    assert await measured_surges(remote, {HEAVY}) == {}
 
 
 async def test_measured_footprints_leaves_a_model_out_when_it_is_unloaded(
