@@ -45,6 +45,10 @@ class ResidencySpec(BaseModel):
     memory_budget_bytes: int = Field(ge=1)
     # kept free of the budget (the runtime's own allocations, fragmentation)
     headroom_bytes: int = Field(0, ge=0)
+    # members on this host: also keep free the largest surge a load of one of the pool's
+    # models was measured to take beyond what it keeps (real memory within the budget
+    # while loads run; at a small budget it costs hits: docs/residency.md)
+    surge_headroom: bool = False
     min_resident_s: float = Field(30.0, ge=0)  # no eviction within this of a load
     # smoothed requests per second one member carries before the model gets another
     rps_per_replica: float = Field(50.0, gt=0)

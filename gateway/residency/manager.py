@@ -195,10 +195,13 @@ class Residency:
         self._reserved = {r for r in self._reserved if r[1] != model}
 
     def headroom_bytes(self, pool: Pool) -> int:
-        """What each member keeps free: the configured ``headroom_bytes``, or the largest
-        surge a load of one of the pool's models was measured to take beyond what it
-        keeps (:meth:`Footprints.surge`), at most :data:`SURGE_SHARE` of the budget."""
+        """What each member keeps free: the configured ``headroom_bytes``, or with
+        ``surge_headroom`` the largest surge a load of one of the pool's models was
+        measured to take beyond what it keeps (:meth:`Footprints.surge`), at most
+        :data:`SURGE_SHARE` of the budget, when larger."""
         spec = self.spec(pool)
+        if not spec.surge_headroom:
+            return spec.headroom_bytes
         surge = min(self.footprints.surge(self.models(pool)),
                     int(spec.memory_budget_bytes * SURGE_SHARE))
         return max(spec.headroom_bytes, surge)
