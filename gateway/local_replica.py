@@ -127,7 +127,6 @@ class LocalReplica:
         self.adopted = False
         self.backoff = RestartBackoff()
         self._restart_at: float | None = None  # while the one that exited waits
-        self.restarts = 0
 
     def command(self) -> list[str]:
         layout, options = self.layout, self.options
@@ -190,7 +189,6 @@ class LocalReplica:
         gone, self._restart_at = self.agent_id, None
         self.start()
         self.backoff.started(now)
-        self.restarts += 1
         return gone
 
     def log_tail(self) -> str:

@@ -18,9 +18,10 @@ residency round (:meth:`Footprints.remeasure`): a model's figure is its latest.
 
 A load takes more than the model keeps once loaded (ONNX Runtime building its session:
 91 MB above its resident set for a 131 MB model here). On this host each load's surge is
-measured too (:func:`~gateway.residency.memory.measured_surges`), and the largest of a
-pool's models is kept free on each member (:meth:`Footprints.surge`; the residency's
-``usable_bytes``), so that a load on a member full to its budget stays within it.
+measured too (:func:`~gateway.residency.memory.measured_surges`); with the pool's
+``surge_headroom`` the largest of its models' is kept free on each member
+(:meth:`Footprints.surge`; the residency's ``usable_bytes``), so that a load on a member
+full to its budget stays within it.
 
 The converter's figure is read from the model's folder in the repository the members
 load from: the lifecycle's ``repository``, else the configuration's ``model_repository``

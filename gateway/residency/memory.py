@@ -83,21 +83,32 @@ def _stub_memory(http_port: int, models: set[str],
                  started_after: float | None = None) -> dict[str, int]:
     """Per model, its stubs' memory; ``started_after`` (epoch seconds): only stubs
     started since (a stub of an earlier load of the model may still be exiting)."""
+    totals: dict[str, int] = {}
+    for model, stub in _stubs(http_port, models, started_after):
+        with contextlib.suppress(psutil.Error):
+            totals[model] = totals.get(model, 0) + _process_bytes(stub)
+    return totals
+
+
+def _stubs(http_port: int, models: set[str],
+           started_after: float | None) -> list[tuple[str, psutil.Process]]:
+    """(model, stub) of each of ``models``'s stubs under the member's tritonserver,
+    started since ``started_after`` when given."""
     server = listening_process(http_port)
     if server is None:
-        return {}
+        return []
     try:
         children = server.children()
     except psutil.Error:  # it ended meanwhile
-        return {}
-    totals: dict[str, int] = {}
+        return []
+    found = []
     for child in children:
         with contextlib.suppress(psutil.Error):
             model = stub_model(child.cmdline())
             if model in models and (started_after is None
                                     or child.create_time() >= started_after):
-                totals[model] = totals.get(model, 0) + _process_bytes(child)
-    return totals
+                found.append((model, child))
+    return found
 
 
 async def measured_surges(member: PoolMember, models: Collection[str],
@@ -115,20 +126,10 @@ async def measured_surges(member: PoolMember, models: Collection[str],
 
 def _stub_surges(http_port: int, models: set[str],
                  started_after: float | None = None) -> dict[str, int]:
-    server = listening_process(http_port)
-    if server is None:
-        return {}
-    try:
-        children = server.children()
-    except psutil.Error:
-        return {}
     surges: dict[str, int] = {}
-    for child in children:
-        with contextlib.suppress(psutil.Error, OSError, ValueError):
-            model = stub_model(child.cmdline())
-            if model in models and (started_after is None
-                                    or child.create_time() >= started_after):
-                surges[model] = surges.get(model, 0) + _surge(child.pid)
+    for model, stub in _stubs(http_port, models, started_after):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            surges[model] = surges.get(model, 0) + _surge(stub.pid)
     return surges
 
 
@@ -167,16 +168,7 @@ async def released(member: PoolMember, model: str, timeout_s: float) -> bool:
 
 
 def _stubs_of(http_port: int, model: str) -> list[psutil.Process]:
-    server = listening_process(http_port)
-    if server is None:
-        return []
-    stubs = []
-    with contextlib.suppress(psutil.Error):
-        for child in server.children():
-            with contextlib.suppress(psutil.Error):
-                if stub_model(child.cmdline()) == model:
-                    stubs.append(child)
-    return stubs
+    return [stub for _, stub in _stubs(http_port, {model}, None)]
 
 
 def _running(process: psutil.Process) -> bool:
