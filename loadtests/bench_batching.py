@@ -14,7 +14,6 @@ median over rounds: images/s, p50 and p99 request latency, and the on/off ratios
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from converters.samples import cat_input
-from loadtests.benchkit import closed_loop, write_variant
+from loadtests.benchkit import closed_loop, rounds_main, write_variant
 from loadtests.harness import figure, median, table, triton
 
 ON, OFF = "effnet_batching", "effnet_nobatch"
@@ -157,11 +156,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=2.0)
-    args = parser.parse_args()
-    print(markdown(run(args.rounds, args.seconds)))
+    rounds_main(__doc__ or "", run, markdown)
 
 
 if __name__ == "__main__":

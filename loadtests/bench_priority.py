@@ -24,7 +24,6 @@ that host's run of this benchmark to say.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,7 +35,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from converters.samples import cat_input
 from gateway.config.tenancy import Priority
 from gateway.policy.queueing import TRITON_LEVEL, triton_priority
-from loadtests.benchkit import LoadResult, closed_loop, write_variant
+from loadtests.benchkit import LoadResult, closed_loop, rounds_main, write_variant
 from loadtests.harness import median, table, triton
 
 PLAIN, LEVELS = "effnet_plain", "effnet_levels"
@@ -148,11 +147,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=2.0)
-    args = parser.parse_args()
-    print(markdown(run(args.rounds, args.seconds)))
+    rounds_main(__doc__ or "", run, markdown)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,15 @@ side-by-side comparison isolates that field.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -114,3 +116,15 @@ def closed_loop(url: str, model: str, x: np.ndarray, concurrency: int,
     if not flat:
         raise RuntimeError(f"{model}: no request finished within {seconds} s")
     return LoadResult(len(flat), len(flat) * x.shape[0], elapsed, tuple(flat))
+
+
+def rounds_main(doc: str, run: Callable[[int, float], Sequence[dict[str, Any]]],
+                markdown: Callable[[list[dict[str, Any]]], str]) -> None:
+    """The command line of a benchmark of closed-loop rounds (``bench_batching``,
+    ``bench_priority``): ``--rounds`` (5) of ``--seconds`` (2) each; its table printed.
+    ``doc``: the module's docstring (its first paragraph is the help's description)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    print(markdown(list(run(args.rounds, args.seconds))))
