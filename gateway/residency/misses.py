@@ -179,22 +179,24 @@ class Misses:
         flight.holding = self.residency.table.queue(member, flight.model, "miss", PROBATION)
         self.residency.actuator.enqueue(flight.holding)
 
-    def under_way(self, flight: Flight) -> bool:
-        holding = flight.holding
+    def _current(self, holding: Holding | None) -> Holding | None:
+        """The table's record of ``holding`` now, if it is still that one (same token)."""
         if holding is None:
-            return False
+            return None
         current = self.residency.table.get(holding.member, holding.model)
-        return current is not None and current.token == holding.token and \
-            current.phase in (Phase.LOADING, Phase.WARMING)
+        return current if current is not None and current.token == holding.token else None
+
+    def under_way(self, flight: Flight) -> bool:
+        current = self._current(flight.holding)
+        return current is not None and current.phase in (Phase.LOADING, Phase.WARMING)
 
     def expected_in(self, flight: Flight) -> float | None:
         """Seconds until the flight's model is resident (the waiting room answers by it);
         None: not by waiting."""
         own = self.residency.actuator.expected_load_s(flight.model)
-        if flight.holding is not None:
-            current = self.residency.table.get(flight.holding.member, flight.model)
-            if current is not None and current.token == flight.holding.token:
-                return self.residency.actuator.expected_in(current)
+        current = self._current(flight.holding)
+        if current is not None:
+            return self.residency.actuator.expected_in(current)
         if flight.member is not None:  # room being made there
             actuator, member = self.residency.actuator, flight.member
             queued = sum(1 for h in self.residency.table.of_member(member).values()
@@ -237,9 +239,8 @@ class Misses:
             asyncio.get_running_loop().call_soon(job, *args)
 
     def _cancel_queued(self, holding: Holding) -> None:
-        current = self.residency.table.get(holding.member, holding.model)
-        if current is not None and current.token == holding.token and \
-                current.phase is Phase.QUEUED:
+        current = self._current(holding)
+        if current is not None and current.phase is Phase.QUEUED:
             self.residency.table.advance(current, None)
 
     def _load_failed(self, model: str, member: str, reason: str) -> None:
