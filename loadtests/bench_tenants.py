@@ -2,7 +2,9 @@
 own ``x-api-key``, against one pool at about twice its capacity.
 
 One local Triton member, one pool of ``capacity_per_member`` (default 5) x 1 member,
-``queue_factor`` 2 and ``refuse_at`` sheddable 1x / standard 2x / critical 3x capacity.
+``queue_factor`` 2 and the gateway's default class ceilings: sheddable 1x (1.5x where the
+pool queues in the gateway), standard 2x, critical 3x capacity (``--sheddable-at``: one
+sheddable ceiling for every pool, as before the queued pools had their own).
 h2load runs closed loop (each stream sends its next request when the last one answers;
 a refused request is retried at once, ``Retry-After`` not honoured), so a tenant's
 offered load is its concurrency (requests in flight). For the tiny model and
@@ -152,7 +154,6 @@ PROTOCOLS = ("grpc", "http")
 POOL = "p"
 CAPACITY_PER_MEMBER = 5  # one member: the pool's capacity
 QUEUE_FACTOR = 2.0
-REFUSE_AT = {"sheddable": 1.0, "standard": 2.0, "critical": 3.0}
 # a paced tenant sends few requests: its runs last at least this long, for a p99 of more
 # than a handful of answers
 PACED_MIN_SECONDS = 5.0
@@ -166,16 +167,17 @@ say = reporter("bench_tenants")
 
 # -- scenarios ------------------------------------------------------------------------
 
-def tenancy_section(loads: Iterable[TenantLoad],
-                    refusal_delay_ms: int | None = None) -> dict[str, Any]:
+def tenancy_section(loads: Iterable[TenantLoad], refusal_delay_ms: int | None = None,
+                    sheddable_at: float | None = None) -> dict[str, Any]:
     """The gateway's ``tenancy:`` for these tenants: weight 1 each, one key each; the
-    refusal delay when given (else the gateway's default)."""
+    refusal delay and the sheddable class's ceiling when given (else the gateway's
+    defaults)."""
     tenants = {t.tenant: t for t in loads}
     delay = {} if refusal_delay_ms is None else {"refusal_delay_ms": refusal_delay_ms}
     return {
         **delay,
         "default": {"priority": "standard"},
-        "refuse_at": dict(REFUSE_AT),
+        "refuse_at": {} if sheddable_at is None else {"sheddable": sheddable_at},
         "tenants": [{"name": t.tenant, "priority": t.priority, "weight": 1, "keys": [t.key]}
                     for t in tenants.values()],
     }
@@ -203,11 +205,13 @@ def flood_delays(refusal_delay_ms: int | None) -> dict[str, int | None]:
 
 def write_config(path: Path, member: TritonEndpoints, capacity: int,
                  tenants: Sequence[TenantLoad] | None, queued: bool = False,
-                 refusal_delay_ms: int | None = None) -> Path:
+                 refusal_delay_ms: int | None = None, sheddable_at: float | None = None
+                 ) -> Path:
     """``queued``: the pool queues in the gateway (``gateway_queue``), its member taking
-    ``capacity`` requests at once; ``refusal_delay_ms``: the tenancy's (None: default)."""
-    tenancy: dict[str, Any] = ({} if tenants is None else
-                               {"tenancy": tenancy_section(tenants, refusal_delay_ms)})
+    ``capacity`` requests at once; ``refusal_delay_ms``, ``sheddable_at``: the
+    tenancy's (None: default)."""
+    tenancy: dict[str, Any] = ({} if tenants is None else {"tenancy": tenancy_section(
+        tenants, refusal_delay_ms, sheddable_at)})
     gateway_yaml(path, {POOL: [member]}, capacity_per_member=capacity,
                  queue_factor=QUEUE_FACTOR, **tenancy)
     if queued:
@@ -336,7 +340,8 @@ def workloads(scratch: Path, models: Sequence[str]) -> list[Workload]:
 def gateway(scratch: Path, name: str, member: TritonEndpoints, capacity: int,
             tenants: Sequence[TenantLoad] | None, data_plane: str | None,
             refusal_delay_ms: int | None = None,
-            grpc_upstream_reuse: str | None = None) -> Iterator[GatewayProcess]:
+            grpc_upstream_reuse: str | None = None,
+            sheddable_at: float | None = None) -> Iterator[GatewayProcess]:
     """A gateway over ``member`` (its log and HAProxy files under ``scratch``); one that
     does not start (a ``tenancy:`` section it refuses, say) ends the benchmark, saying
     why in the gateway's last words. ``grpc_upstream_reuse``: its
@@ -344,7 +349,8 @@ def gateway(scratch: Path, name: str, member: TritonEndpoints, capacity: int,
     folder = scratch / f"gateway-{name}"
     folder.mkdir()
     config = write_config(folder / "gateway.yaml", member, capacity, tenants,
-                          queued=name == AFTER, refusal_delay_ms=refusal_delay_ms)
+                          queued=name == AFTER, refusal_delay_ms=refusal_delay_ms,
+                          sheddable_at=sheddable_at)
     with contextlib.ExitStack() as stack:
         try:
             args = () if grpc_upstream_reuse is None else (
@@ -411,11 +417,13 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
         protocols: Sequence[str] = PROTOCOLS, capacity: int = CAPACITY_PER_MEMBER,
         data_plane: str | None = None, scenarios: str = "all",
         refusal_delay_ms: int | None = None,
-        grpc_upstream_reuse: str | None = None) -> list[dict[str, Any]]:
+        grpc_upstream_reuse: str | None = None,
+        sheddable_at: float | None = None) -> list[dict[str, Any]]:
     """``scenarios``: ``overload`` (noisy, priority, fairness, paced, cost), ``flood``
     (issue 36's, before, with the refusal delay, and with the gateway's queue and the
     delay) or ``all``; ``refusal_delay_ms``: the tarpit and queued gateways' (None: the
-    gateway's default); ``grpc_upstream_reuse``: every gateway's (None: its default)."""
+    gateway's default); ``grpc_upstream_reuse``: every gateway's (None: its default);
+    ``sheddable_at``: every gateway's ``refuse_at.sheddable`` (None: its default)."""
     if shutil.which("h2load") is None:
         raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
     started = time.monotonic()
@@ -427,7 +435,7 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
         def arm(name: str, tenants: Sequence[TenantLoad] | None,
                 delay: int | None = None) -> contextlib.AbstractContextManager[GatewayProcess]:
             return gateway(scratch, name, member, capacity, tenants, data_plane, delay,
-                           grpc_upstream_reuse)
+                           grpc_upstream_reuse, sheddable_at)
 
         repo = scratch / "model_repo"
         repo.mkdir()
@@ -505,13 +513,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="every gateway's --grpc-upstream-reuse (default: decided from "
                         "the member's Triton version; 'shared' measures what members with "
                         "Triton 2.57.0+ get, at the risk of server#8034 on older ones)")
+    parser.add_argument("--sheddable-at", type=float, default=None,
+                        help="every gateway's refuse_at.sheddable, x capacity (default: the "
+                        "gateway's own: 1, or 1 + queue_factor / 4 where the pool queues in "
+                        "the gateway; 1 measures the gateway before that)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (2.0 if args.quick else 1.5)
     models = tuple(args.model or ((TINY_MODEL_NAME,) if args.quick else MODELS))
     rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.capacity,
                args.data_plane, args.scenarios, args.refusal_delay_ms,
-               args.grpc_upstream_reuse)
+               args.grpc_upstream_reuse, args.sheddable_at)
     publish(rows, markdown, plot, args.out, "bench_tenants", say)
 
 

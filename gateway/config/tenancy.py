@@ -63,11 +63,13 @@ class TenantSpec(TenantLimits):
 
 
 class RefuseAt(BaseModel):
-    """Class ceilings as multiples of a pool's capacity (None: from queue_factor)."""
+    """Class ceilings as multiples of a pool's capacity (None: from queue_factor; for
+    sheddable, 1 in a pool that queues in Triton and 1 + queue_factor / 4 in one that
+    queues in the gateway: :meth:`gateway.policy.tenancy.Tenancy.from_spec`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    sheddable: float = Field(1.0, gt=0)
+    sheddable: float | None = Field(None, gt=0)
     standard: float | None = Field(None, gt=0)
     critical: float | None = Field(None, gt=0)
 

@@ -38,7 +38,8 @@ def create_tenants_router(tenancy: LiveTenancy, auth: TokenTable) -> APIRouter:
             return {"enabled": False, **source}
         return {"enabled": True, **source,
                 **describe(rules, {p.name: p.capacity for p in state.pools},
-                           {p.name: state.active_tenants(p.name) for p in state.pools})}
+                           {p.name: state.active_tenants(p.name) for p in state.pools},
+                           {p.name for p in state.pools if p.spec.gateway_queue})}
 
     @router.get("/v1/tenants")
     async def get_tenants() -> dict[str, Any]:

@@ -65,7 +65,8 @@ def bound_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str,
     """The model's bound (:mod:`gateway.policy.admission`), tracked only now, after the
     tenancy rules: a request they refused never holds a place in the model's count. With
     tenants it is per class (``Tenancy.model_bound``): ``st_model`` counts
-    ``model/class``, the bound is scaled by map ``cbound`` (class -> permille), and a
+    ``model/class``, the bound is scaled by map ``cbound`` (class -> permille; a pool
+    whose rules differ, ``pool/class`` -> permille, ``txn.ck``), and a
     request counts the requests of its class and of the classes above it
     (``tenancy.AT_LEAST``, read with ``table_conn_cur``)."""
     overloaded = admission.OVERLOADED.format(model=model_lf, count="%[var(txn.mc)]",
@@ -93,6 +94,8 @@ def bound_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str,
             ]
         rules += [
             ("set-var(txn.pm) var(txn.tc),map_str_int(MAPS/cbound.map,1000)", "has_class"),
+            # a pool with rules of its own (it queues in the gateway): its entry, if any
+            ("set-var(txn.pm) var(txn.ck),map_str_int(MAPS/cbound.map)", "has_class"),
             ("set-var(txn.lim) var(txn.lim),mul(txn.pm),div(1000)", "has_class"),
             ("set-var(txn.lim) int(1)", "{ var(txn.lim) -m int lt 1 }"),
         ]

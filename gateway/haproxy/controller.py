@@ -99,16 +99,20 @@ def _tenancy(state: GatewayState, policy: RoutingPolicy,
     tenancy = state.tenancy
     if tenancy is None:
         return TenancyState(tenants=(), enabled=False) if keep_rules else None
-    caps = [(p.name, p.capacity) for p in state.pools]
+    # each pool's rules (Tenancy.in_pool: one that queues in the gateway has its own)
+    pools = [(p.name, p.capacity, tenancy.in_pool(p.spec.gateway_queue)) for p in state.pools]
     return TenancyState(
         tenants=tuple(TenantState(t.name, t.priority.value, t.max_in_flight, t.rate, t.weight)
                       for t in tenancy.tenants),
         keys=tenancy.keys,
-        ceilings=tuple((pool, p.value, tenancy.ceiling(p, cap))
-                       for pool, cap in caps for p, _ in tenancy.refuse_at),
-        shares=tuple((pool, name, share) for pool, cap in caps
-                     for name, share in tenancy.shares(cap, state.active_tenants(pool)).items()),
+        ceilings=tuple((pool, p.value, rules.ceiling(p, cap))
+                       for pool, cap, rules in pools for p, _ in rules.refuse_at),
+        shares=tuple((pool, name, share) for pool, cap, rules in pools
+                     for name, share in rules.shares(cap, state.active_tenants(pool)).items()),
         bounds=tuple((p.value, tenancy.bound_permille(p)) for p, _ in tenancy.refuse_at),
+        pool_bounds=tuple((pool, p.value, rules.bound_permille(p))
+                          for pool, _, rules in pools for p, _ in rules.refuse_at
+                          if rules is not tenancy),
         refusal_delay_ms=tenancy.refusal_delay_ms,
     )
 

@@ -23,9 +23,9 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
   in-flight limit), ``ceiling`` (``pool/class`` -> the
   load from which that class is refused), ``share`` (``pool/tenant`` -> its share
   beside the tenants active there now), ``cbound`` (class -> the model's bound for it,
-  in thousandths of the critical one), ``qcost`` (tenant -> microseconds of virtual
-  time per request it has in the gateway: the queue's fairness,
-  ``gateway/policy/queueing.py``);
+  in thousandths of the critical one; ``pool/class`` where a pool's rules differ),
+  ``qcost`` (tenant -> microseconds of virtual time per request it has in the gateway:
+  the queue's fairness, ``gateway/policy/queueing.py``);
 - ``queued``: the head of the answer to a request that waited in a pool's queue until
   its bound (``1``) or lost the pool's last member there (``0``);
 - with model residency (``RouteState.holders``): ``resident`` (``pool/model`` -> the
@@ -104,7 +104,8 @@ def tenancy_maps(t: TenancyState, classes: tuple[RateClass, ...]) -> dict[str, d
                  if x.max_in_flight is not None},
         "ceiling": {f"{p}/{k}": str(c) for p, k, c in t.ceilings},
         "share": {f"{p}/{n}": str(c) for p, n, c in t.shares},
-        "cbound": {k: str(c) for k, c in t.bounds},
+        "cbound": {**{k: str(c) for k, c in t.bounds},
+                   **{f"{p}/{k}": str(c) for p, k, c in t.pool_bounds}},
         "qcost": {x.name: str(queueing.cost_us(x.weight)) for x in t.tenants},
     }
 

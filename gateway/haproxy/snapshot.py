@@ -119,14 +119,18 @@ class TenantState:
 class TenancyState:
     """The tenancy rule's inputs for HAProxy (``gateway/policy/tenancy.py``): tenants
     (the default first), key digests, and per pool its capacity, class ceilings, every
-    tenant's share (beside the tenants active there); per class, the model's bound in
-    permille. Capacities and the load queued elsewhere are the pools' own."""
+    tenant's share (beside the tenants active there); per class (and per pool where a
+    pool's rules differ), the model's bound in permille. Capacities and the load queued
+    elsewhere are the pools' own."""
 
     tenants: tuple[TenantState, ...]
     keys: tuple[tuple[str, str], ...] = ()  # (key digest, tenant)
     ceilings: tuple[tuple[str, str, int], ...] = ()  # (pool, priority, load)
     shares: tuple[tuple[str, str, int], ...] = ()  # (pool, tenant, requests)
     bounds: tuple[tuple[str, int], ...] = ()  # (priority, the model's bound in permille)
+    # (pool, priority, permille) where a pool's own rules differ (Tenancy.in_pool: it
+    # queues in the gateway): its requests' model bound
+    pool_bounds: tuple[tuple[str, str, int], ...] = ()
     enabled: bool = True
     # a tenancy refusal's tarpit (gateway.policy.tenancy.refusal_delay_ms); tenancy off
     # keeps the default, so turning it off and on again needs no reload
@@ -327,6 +331,7 @@ def snapshot_from_dict(data: Any) -> Snapshot:
             ceilings=tuple((str(p), str(k), int(c)) for p, k, c in t["ceilings"]),
             shares=tuple((str(p), str(n), int(c)) for p, n, c in t["shares"]),
             bounds=tuple((str(k), int(c)) for k, c in t.get("bounds", ())),
+            pool_bounds=tuple((str(p), str(k), int(c)) for p, k, c in t.get("pool_bounds", ())),
             enabled=bool(t.get("enabled", True)),
             refusal_delay_ms=int(t.get("refusal_delay_ms", DEFAULT_REFUSAL_DELAY_MS)),
         )

@@ -25,7 +25,8 @@ before the model's own admission bound (:mod:`.admission`, applied per class by
 
 1. *t*'s ``max_in_flight`` reached: refused (``tenant_limit``);
 2. load >= the ceiling of class *k* (:meth:`Tenancy.ceiling`: ``refuse_at[k]`` times
-   capacity; by default sheddable 1, standard 1 + queue_factor / 2, critical
+   capacity; by default sheddable 1 (1 + queue_factor / 4 in a pool that queues in the
+   gateway, :meth:`Tenancy.in_pool`), standard 1 + queue_factor / 2, critical
    1 + queue_factor): refused (``saturated``). As the pool fills, sheddable goes first,
    then standard; critical keeps the room between the standard ceiling and its own, and
    is refused only at the hard bound;
@@ -69,7 +70,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.config.tenancy import (
     DEFAULT_REFUSAL_DELAY_MS,
@@ -99,6 +100,10 @@ AT_LEAST = {Priority.CRITICAL: (Priority.CRITICAL,),
             Priority.STANDARD: (Priority.CRITICAL, Priority.STANDARD),
             Priority.SHEDDABLE: (Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE)}
 ACTIVE_WINDOW_S = 2.0  # a tenant with no request in flight is active this long after one
+# a pool that queues in the gateway refuses the sheddable class from 1 + queue_factor x
+# this times its capacity (1.5x with the default queue_factor 2), not 1x: a sheddable
+# flood refused from 1x left the member idle between its refused clients' retries
+QUEUED_SHEDDABLE = 0.25
 
 
 @dataclass(frozen=True)
@@ -226,29 +231,51 @@ class Tenancy:
 
     tenants: tuple[Tenant, ...]  # the default first
     keys: tuple[tuple[str, str], ...]  # (key digest, tenant name), sorted
-    refuse_at: tuple[tuple[Priority, float], ...]
+    refuse_at: tuple[tuple[Priority, float], ...]  # in a pool that queues in Triton
     refusal_delay_ms: int = DEFAULT_REFUSAL_DELAY_MS  # refusal_delay_ms() applies it
+    # in a pool that queues in the gateway (gateway_queue); empty: as refuse_at
+    refuse_at_queued: tuple[tuple[Priority, float], ...] = ()
 
     @classmethod
     def from_spec(cls, spec: TenancySpec, queue_factor: float) -> Tenancy:
+        """Ceilings not given derive from ``queue_factor``: standard 1 + queue_factor / 2,
+        critical 1 + queue_factor, sheddable 1 where the pool queues in Triton, and
+        1 + queue_factor / 4 where it queues in the gateway (:data:`QUEUED_SHEDDABLE`):
+        there the class order puts every waiting critical and standard request ahead of
+        it, so the sheddable class may wait too, and a member whose slot frees takes the
+        next request from the queue at once instead of idling until a refused client
+        tries again."""
         def tenant(name: str, t: TenantLimits) -> Tenant:
             return Tenant(name, t.priority, t.weight, t.max_in_flight,
                           RateClass.of(t.rate) if t.rate else None)
 
         given = spec.refuse_at
+        sheddable = given.sheddable if given.sheddable is not None else 1.0
         standard = given.standard if given.standard is not None else 1 + queue_factor / 2
         critical = given.critical if given.critical is not None else 1 + queue_factor
-        standard = max(standard, given.sheddable)  # a derived one follows given ones
+        standard = max(standard, sheddable)  # a derived one follows given ones
         critical = max(critical, standard)
+        queued = (given.sheddable if given.sheddable is not None
+                  else min(standard, 1 + queue_factor * QUEUED_SHEDDABLE))
         return cls(
             tenants=(tenant(DEFAULT_TENANT, spec.default),
                      *(tenant(t.name, t) for t in spec.tenants)),
             keys=tuple(sorted((configured_digest(k), t.name)
                               for t in spec.tenants for k in t.keys)),
-            refuse_at=((Priority.SHEDDABLE, given.sheddable), (Priority.STANDARD, standard),
+            refuse_at=((Priority.SHEDDABLE, sheddable), (Priority.STANDARD, standard),
                        (Priority.CRITICAL, critical)),
             refusal_delay_ms=spec.refusal_delay_ms,
+            refuse_at_queued=((Priority.SHEDDABLE, max(sheddable, queued)),
+                              (Priority.STANDARD, standard), (Priority.CRITICAL, critical)),
         )
+
+    def in_pool(self, gateway_queue: bool) -> Tenancy:
+        """The rules a pool applies: one that queues in the gateway (``gateway_queue``)
+        its own class ceilings (:attr:`refuse_at_queued`), whose ceilings, shares and
+        model bounds follow them; one that queues in Triton these."""
+        if not gateway_queue or not self.refuse_at_queued:
+            return self
+        return replace(self, refuse_at=self.refuse_at_queued, refuse_at_queued=())
 
     @property
     def default(self) -> Tenant:
@@ -304,13 +331,23 @@ class TenantDirectory:
 
 
 def describe(tenancy: Tenancy, capacities: Mapping[str, int],
-             active: Mapping[str, Collection[str]] | None = None) -> dict[str, object]:
+             active: Mapping[str, Collection[str]] | None = None,
+             queued: Collection[str] = ()) -> dict[str, object]:
     """What ``GET /v1/tenants`` shows: tenants (key digests, never keys) and, per pool,
-    its capacity, class ceilings, the active tenants and every tenant's share now."""
+    its capacity, class ceilings (those of :meth:`Tenancy.in_pool`: the pools named in
+    ``queued`` queue in the gateway), the active tenants and every tenant's share now."""
     active = active or {}
     keys: dict[str, list[str]] = {}
     for digest, name in tenancy.keys:
         keys.setdefault(name, []).append(f"sha256:{digest}")
+
+    def pool(name: str, cap: int) -> dict[str, object]:
+        rules = tenancy.in_pool(name in queued)
+        return {"capacity": cap, "gateway_queue": name in queued,
+                "ceilings": {p.value: rules.ceiling(p, cap) for p, _ in rules.refuse_at},
+                "active": sorted(active.get(name, ())),
+                "shares": rules.shares(cap, active.get(name, ()))}
+
     return {
         "tenants": [{
             "name": t.name, "priority": t.priority.value, "weight": t.weight,
@@ -320,16 +357,12 @@ def describe(tenancy: Tenancy, capacities: Mapping[str, int],
             "keys": keys.get(t.name, []),
         } for t in tenancy.tenants],
         "refuse_at": {p.value: f for p, f in tenancy.refuse_at},
+        "refuse_at_gateway_queue": {p.value: f for p, f in tenancy.in_pool(True).refuse_at},
         "refusal_delay_ms": tenancy.refusal_delay_ms,
-        "pools": {pool: {"capacity": cap,
-                         "ceilings": {p.value: tenancy.ceiling(p, cap)
-                                      for p, _ in tenancy.refuse_at},
-                         "active": sorted(active.get(pool, ())),
-                         "shares": tenancy.shares(cap, active.get(pool, ()))}
-                  for pool, cap in sorted(capacities.items())},
+        "pools": {name: pool(name, cap) for name, cap in sorted(capacities.items())},
     }
 
 
-__all__ = ["ACTIVE_WINDOW_S", "AT_LEAST", "DEFAULT_TENANT", "Priority", "Refusal", "Standing",
-           "Tenancy", "TenantActivity", "TenantDirectory", "decide", "queued_elsewhere",
-           "refusal_delay_ms", "split_shares"]
+__all__ = ["ACTIVE_WINDOW_S", "AT_LEAST", "DEFAULT_TENANT", "QUEUED_SHEDDABLE", "Priority",
+           "Refusal", "Standing", "Tenancy", "TenantActivity", "TenantDirectory", "decide",
+           "queued_elsewhere", "refusal_delay_ms", "split_shares"]

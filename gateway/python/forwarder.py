@@ -393,6 +393,7 @@ class Forwarder:
         tenancy_now = self.tenants.tenancy if self.tenants is not None else None
         if tenant is not None and tenancy_now is not None:
             if pool is not None:
+                tenancy_now = tenancy_now.in_pool(pool.spec.gateway_queue)
                 self.state.note_tenant(pool.name, tenant.name)
                 standing = self.ledger.standing(
                     tenancy_now, tenant, route.model, pool.name, pool.capacity,

@@ -16,6 +16,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -36,7 +37,7 @@ from tests.gateway.conftest import haproxy_share
 from tests.procs import run_gateway, started_triton, wait_until
 
 pytestmark = [pytest.mark.integration]
-SLOW, CAPPED, HOLD_S = "held", "capped", 8.0
+SLOW, CAPPED, QUEUED, HOLD_S = "held", "capped", "queued", 8.0
 BATCH, PAY = "batch-key-0123456789", "pay-key-0123456789"
 HEAVY, LIGHT = "heavy-key-0123456789", "light-key-0123456789"
 QUIET = "quiet-key-0123456789"  # only ever refused (the refusal delay's test)
@@ -57,7 +58,12 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     build_tiny_model(repo)
     build_tiny_model(repo, SLOW, max_queue_delay_us=int(HOLD_S * 1e6))
     build_tiny_model(repo, CAPPED, max_queue_delay_us=int(HOLD_S * 1e6))
-    with started_triton(triton_settings(repo, tmp, TINY_MODEL_NAME, SLOW, CAPPED)) as server:
+    build_tiny_model(repo, QUEUED, max_queue_delay_us=int(HOLD_S * 1e6))
+    # bound to every loopback address: the member of pool p (127.0.0.1) and of pool g
+    # (127.0.0.2), two members to the gateway
+    settings = replace(triton_settings(repo, tmp, TINY_MODEL_NAME, SLOW, CAPPED, QUEUED),
+                       host="0.0.0.0")
+    with started_triton(settings) as server:
         yield server
 
 
@@ -67,12 +73,18 @@ def gateway(request: pytest.FixtureRequest, triton: LocalTriton,
     tmp = tmp_path_factory.mktemp(f"tenancy-{request.param}")
     e = triton.endpoints
     assert e is not None
+    def member(host: str) -> dict[str, object]:
+        return {"host": host, "http_port": e.http_port, "grpc_port": e.grpc_port,
+                "metrics_port": e.metrics_port}
+
     # capacity 2, queue_factor 2: sheddable refused from load 2, standard from 4,
-    # critical from 6 (the model's own bound too)
+    # critical from 6 (the model's own bound too); pool g queues in the gateway, where
+    # sheddable is refused from load 3 (1 + queue_factor / 4)
     config = {"pools": [{"name": "p", "capacity_per_member": 2,
-                         "members": [{"host": e.host, "http_port": e.http_port,
-                                      "grpc_port": e.grpc_port,
-                                      "metrics_port": e.metrics_port}]}],
+                         "models": [TINY_MODEL_NAME, SLOW, CAPPED],
+                         "members": [member("127.0.0.1")]},
+                        {"name": "g", "capacity_per_member": 2, "gateway_queue": True,
+                         "models": [QUEUED], "members": [member("127.0.0.2")]}],
               # the model's own bound 3: critical 3, standard 2, sheddable 1
               "models": {CAPPED: {"max_concurrency": 1, "max_queue": 2}},
               "queue_factor": 2.0}
@@ -195,6 +207,35 @@ async def test_at_overload_sheddable_goes_first_and_critical_keeps_its_room(
                 and _samples(gateway, "infergate_tenant_request_duration_seconds_count",
                              tenant="batch") == 2)
     assert await asyncio.to_thread(wait_until, counted, 20)
+
+
+async def test_in_a_pool_that_queues_in_the_gateway_sheddable_requests_wait_too(
+        gateway: GatewayProcess, triton: LocalTriton) -> None:
+    """Pool g (capacity 2, gateway_queue): two sheddable requests held in Triton, a third
+    waits in the gateway's queue (pool p refuses it: the test above), a fourth is refused
+    at the queued pool's ceiling, 3. The model's bound follows the pool's ceilings: 3 for
+    sheddable (in pool p, 2)."""
+    url = f"http://{gateway.http_url}/v2/models/{QUEUED}/infer"
+    async with httpx.AsyncClient(timeout=60) as client:
+        post = _poster(client, url)
+        held = [post(BATCH), post(BATCH)]  # the member's two slots, held in Triton
+        await _held(triton, QUEUED, held)
+        queued = post(BATCH)
+        assert await asyncio.to_thread(wait_until, lambda: _in_flight(gateway, "batch") == 3, 20)
+        shed = await post(BATCH)
+        assert shed.status_code == 429, shed.text
+        assert shed.json()["error"] == ("pool 'g' is saturated: load 3 for capacity 2; "
+                                        "sheddable requests are refused from load 3")
+        assert not queued.done()
+        await _release(triton, QUEUED, held)
+        await _release(triton, QUEUED, [queued])
+        answers = await asyncio.gather(*held, queued)
+    assert [r.status_code for r in answers] == [200] * 3, [r.text for r in answers]
+    shown = httpx.get(f"http://{gateway.http_url}/v1/tenants").json()
+    assert shown["refuse_at_gateway_queue"] == {"sheddable": 1.5, "standard": 2.0,
+                                                "critical": 3.0}
+    assert shown["pools"]["g"]["ceilings"] == {"sheddable": 3, "standard": 4, "critical": 6}
+    assert shown["pools"]["g"]["gateway_queue"] is True
 
 
 async def test_tenants_change_live_without_dropping_a_request(gateway: GatewayProcess) -> None:

@@ -227,7 +227,8 @@ def test_tenancy_section_names_every_tenant_once_with_its_own_key() -> None:
     assert len(names) == len(set(names)) == 11
     keys = [k for t in section["tenants"] for k in t["keys"]]
     assert len(set(keys)) == 11
-    assert section["refuse_at"] == {"sheddable": 1.0, "standard": 2.0, "critical": 3.0}
+    assert section["refuse_at"] == {}  # the gateway's own ceilings
+    assert bt.tenancy_section(loads, sheddable_at=1.0)["refuse_at"] == {"sheddable": 1.0}
     assert ts.TenantLoad("light", "standard", 1).headers == (
         "x-api-key: light-key-0123456789abcdef",)
 

@@ -113,10 +113,13 @@ def _tenants() -> tuple[Snapshot, dict[str, object]]:
             tenants=tenants,
             keys=((key_digest("app-key-0123456789"), "app"),
                   (key_digest("batch-key-0123456789"), "batch")),
-            ceilings=(("main", "sheddable", 8), ("main", "standard", 16),
+            # the pool queues in the gateway: sheddable waits up to 1.5x (Tenancy.in_pool)
+            ceilings=(("main", "sheddable", 12), ("main", "standard", 16),
                       ("main", "critical", 24)),
-            shares=(("main", "default", 16), ("main", "batch", 8), ("main", "app", 12)),
-            bounds=(("sheddable", 334), ("standard", 667), ("critical", 1000))),
+            shares=(("main", "default", 16), ("main", "batch", 12), ("main", "app", 12)),
+            bounds=(("sheddable", 334), ("standard", 667), ("critical", 1000)),
+            pool_bounds=(("main", "sheddable", 500), ("main", "standard", 667),
+                         ("main", "critical", 1000))),
     ), {}
 
 

@@ -109,6 +109,22 @@ def test_ceilings_default_from_queue_factor_and_follow_given_ones() -> None:
     assert _tenancy(standard=4.0).ceiling(Priority.CRITICAL, C) == 32
 
 
+def test_a_pool_that_queues_in_the_gateway_lets_the_sheddable_class_wait_too() -> None:
+    t = _tenancy()
+    queued = t.in_pool(gateway_queue=True)
+    assert t.in_pool(gateway_queue=False) is t
+    # sheddable from 1 + queue_factor / 4 (1.5x), the other classes as in any pool
+    assert [queued.ceiling(p, C) for p in Priority] == [24, 16, 12]
+    assert [queued.bound_permille(p) for p in Priority] == [1000, 667, 500]
+    assert queued.shares(C)["batch"] == 12
+    assert dict(t.refuse_at)[Priority.SHEDDABLE] == 1.0  # a pool that queues in Triton
+    # a given sheddable ceiling holds in every pool; a lower given standard caps it
+    assert _tenancy(sheddable=0.5).in_pool(True).ceiling(Priority.SHEDDABLE, C) == 4
+    assert _tenancy(standard=1.25).in_pool(True).ceiling(Priority.SHEDDABLE, C) == 10
+    big = Tenancy.from_spec(parse_tenancy({}), queue_factor=8.0).in_pool(True)
+    assert [big.ceiling(p, 2) for p in Priority] == [18, 10, 6]
+
+
 def test_shares_split_a_class_ceiling_by_weight_among_its_active_tenants() -> None:
     t = _tenancy()
     # every one active: standard's default (1), web (3), web2 (1) share 16
