@@ -21,7 +21,8 @@ EfficientNet-Lite0, over gRPC ``ModelInfer`` and HTTP binary tensors:
   (2.4x, above the standard ceiling of 2x, so that the fair shares decide): Jain's
   fairness index of their admitted throughput (goal >= 0.95);
 - **cost**: one client at capacity in flight against a gateway without a ``tenancy:``
-  section and one with a single tenant, interleaved: throughput ratio (no goal: stated);
+  section, one with a single tenant, and one with that tenant whose pool queues in the
+  gateway (``gateway_queue``), interleaved: throughput over the first (goal >= 0.97x);
 - **paced** (``noisy-paced``, ``priority-paced``): the light tenant, and a critical one,
   sending at a steady rate, :data:`PACED_SHARE` of Triton's own throughput (measured
   first per protocol, closed loop straight at the member), open loop (``h2load
@@ -94,6 +95,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +160,8 @@ QUEUE_FACTOR = 2.0
 # than a handful of answers
 PACED_MIN_SECONDS = 5.0
 SCENARIO_SETS = ("overload", "flood", "all")
+ONE_QUEUED = "one-queued"  # the cost's single tenant, its pool queueing in the gateway
+QUEUED_GATEWAYS = (AFTER, ONE_QUEUED)  # gateways whose pool queues in the gateway
 # a little more than one probe round of the gateway (run_gateway: --probe-interval 0.5),
 # so that Triton's queue as the next run's admission sees it is the idle one
 SETTLE_QUIET_S = 0.6
@@ -194,6 +198,7 @@ def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
         TARPIT: flood,
         "none": None,
         "one": [load for phase in cost_phases(capacity) for load in phase.loads],
+        ONE_QUEUED: [load for phase in cost_phases(capacity) for load in phase.loads],
     }
 
 
@@ -336,27 +341,44 @@ def workloads(scratch: Path, models: Sequence[str]) -> list[Workload]:
     return [write_workload(scratch, m, *inputs[m]) for m in models]
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What every gateway of a run is given (None: the gateway's own default)."""
+
+    capacity: int = CAPACITY_PER_MEMBER  # the pool's capacity_per_member (one member)
+    data_plane: str | None = None
+    # the tarpit and queued gateways' tenancy refusal_delay_ms
+    refusal_delay_ms: int | None = None
+    grpc_upstream_reuse: str | None = None  # --grpc-upstream-reuse
+    sheddable_at: float | None = None  # tenancy refuse_at.sheddable
+    haproxy_tune: tuple[str, ...] = ()  # --haproxy-tune NAME=VALUE, each
+
+    def args(self) -> list[str]:
+        """``gateway serve``'s arguments for these settings."""
+        args = [] if self.grpc_upstream_reuse is None else [
+            "--grpc-upstream-reuse", self.grpc_upstream_reuse]
+        for tune in self.haproxy_tune:
+            args += ["--haproxy-tune", tune]
+        return args
+
+
 @contextlib.contextmanager
-def gateway(scratch: Path, name: str, member: TritonEndpoints, capacity: int,
-            tenants: Sequence[TenantLoad] | None, data_plane: str | None,
-            refusal_delay_ms: int | None = None,
-            grpc_upstream_reuse: str | None = None,
-            sheddable_at: float | None = None) -> Iterator[GatewayProcess]:
+def gateway(scratch: Path, name: str, member: TritonEndpoints,
+            tenants: Sequence[TenantLoad] | None, settings: Settings,
+            refusal_delay_ms: int | None = None) -> Iterator[GatewayProcess]:
     """A gateway over ``member`` (its log and HAProxy files under ``scratch``); one that
     does not start (a ``tenancy:`` section it refuses, say) ends the benchmark, saying
-    why in the gateway's last words. ``grpc_upstream_reuse``: its
-    ``--grpc-upstream-reuse`` (None: its default, from the member's Triton version)."""
+    why in the gateway's last words. ``refusal_delay_ms``: its tenancy's (None: the
+    gateway's default)."""
     folder = scratch / f"gateway-{name}"
     folder.mkdir()
-    config = write_config(folder / "gateway.yaml", member, capacity, tenants,
-                          queued=name == AFTER, refusal_delay_ms=refusal_delay_ms,
-                          sheddable_at=sheddable_at)
+    config = write_config(folder / "gateway.yaml", member, settings.capacity, tenants,
+                          queued=name in QUEUED_GATEWAYS, refusal_delay_ms=refusal_delay_ms,
+                          sheddable_at=settings.sheddable_at)
     with contextlib.ExitStack() as stack:
         try:
-            args = () if grpc_upstream_reuse is None else (
-                "--grpc-upstream-reuse", grpc_upstream_reuse)
-            gw = stack.enter_context(harness.gateway(config, folder, *args,
-                                                     data_plane=data_plane))
+            gw = stack.enter_context(harness.gateway(config, folder, *settings.args(),
+                                                     data_plane=settings.data_plane))
         except GatewayFailed as err:
             raise RuntimeError(
                 f"gateway '{name}' ({'no tenancy' if tenants is None else 'with tenancy'}) "
@@ -414,19 +436,15 @@ def warm_up(gateways: Iterable[GatewayProcess], works: Sequence[Workload],
 
 
 def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
-        protocols: Sequence[str] = PROTOCOLS, capacity: int = CAPACITY_PER_MEMBER,
-        data_plane: str | None = None, scenarios: str = "all",
-        refusal_delay_ms: int | None = None,
-        grpc_upstream_reuse: str | None = None,
-        sheddable_at: float | None = None) -> list[dict[str, Any]]:
+        protocols: Sequence[str] = PROTOCOLS, scenarios: str = "all",
+        settings: Settings = Settings()) -> list[dict[str, Any]]:
     """``scenarios``: ``overload`` (noisy, priority, fairness, paced, cost), ``flood``
     (issue 36's, before, with the refusal delay, and with the gateway's queue and the
-    delay) or ``all``; ``refusal_delay_ms``: the tarpit and queued gateways' (None: the
-    gateway's default); ``grpc_upstream_reuse``: every gateway's (None: its default);
-    ``sheddable_at``: every gateway's ``refuse_at.sheddable`` (None: its default)."""
+    delay) or ``all``; ``settings``: every gateway's."""
     if shutil.which("h2load") is None:
         raise RuntimeError("h2load not found: install Debian's nghttp2-client (make system-deps)")
     started = time.monotonic()
+    capacity = settings.capacity
     specs = gateway_specs(capacity)
     samples: Samples = {}
     with tempfile.TemporaryDirectory(prefix="bench_tenants-") as tmp:
@@ -434,8 +452,7 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
 
         def arm(name: str, tenants: Sequence[TenantLoad] | None,
                 delay: int | None = None) -> contextlib.AbstractContextManager[GatewayProcess]:
-            return gateway(scratch, name, member, capacity, tenants, data_plane, delay,
-                           grpc_upstream_reuse, sheddable_at)
+            return gateway(scratch, name, member, tenants, settings, delay)
 
         repo = scratch / "model_repo"
         repo.mkdir()
@@ -463,17 +480,20 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                                 rounds, seconds, scratch, False, samples, direct)
                 if scenarios in ("flood", "all"):
                     with contextlib.ExitStack() as arms:
+                        delays = flood_delays(settings.refusal_delay_ms)
                         floods = {name: arms.enter_context(arm(name, specs[name], delay))
-                                  for name, delay in flood_delays(refusal_delay_ms).items()}
+                                  for name, delay in delays.items()}
                         floods["none"] = arms.enter_context(arm("flood-none", None))
                         warm_up(floods.values(), works, protocols, scratch)
                         measure_all(floods, flood_phases(), works, protocols, rounds, seconds,
                                     scratch, False, samples, direct)
             if scenarios in ("overload", "all"):
-                with arm("none", specs["none"]) as none, arm("one", specs["one"]) as one:
-                    warm_up([none, one], works, protocols, scratch)
-                    measure_all({"none": none, "one": one}, cost_phases(capacity), works,
-                                protocols, rounds, seconds, scratch, True, samples)
+                with arm("none", specs["none"]) as none, arm("one", specs["one"]) as one, \
+                        arm(ONE_QUEUED, specs[ONE_QUEUED]) as queued:
+                    costs = {"none": none, "one": one, ONE_QUEUED: queued}
+                    warm_up(costs.values(), works, protocols, scratch)
+                    measure_all(costs, cost_phases(capacity), works, protocols, rounds,
+                                seconds, scratch, True, samples)
     say(f"measured in {time.monotonic() - started:.0f} s")
     return [{**row, "data_plane": plane} for row in summarise(samples, seconds)]
 
@@ -513,6 +533,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="every gateway's --grpc-upstream-reuse (default: decided from "
                         "the member's Triton version; 'shared' measures what members with "
                         "Triton 2.57.0+ get, at the risk of server#8034 on older ones)")
+    parser.add_argument("--haproxy-tune", action="append", default=[], metavar="NAME=VALUE",
+                        help="every gateway's --haproxy-tune (repeatable), e.g. "
+                        "tune.bufsize=2097152: gRPC messages up to half a buffer wait in "
+                        "the gateway's queue")
     parser.add_argument("--sheddable-at", type=float, default=None,
                         help="every gateway's refuse_at.sheddable, x capacity (default: the "
                         "gateway's own: 1, or 1 + queue_factor / 4 where the pool queues in "
@@ -521,9 +545,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (2.0 if args.quick else 1.5)
     models = tuple(args.model or ((TINY_MODEL_NAME,) if args.quick else MODELS))
-    rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.capacity,
-               args.data_plane, args.scenarios, args.refusal_delay_ms,
-               args.grpc_upstream_reuse, args.sheddable_at)
+    settings = Settings(args.capacity, args.data_plane, args.refusal_delay_ms,
+                        args.grpc_upstream_reuse, args.sheddable_at, tuple(args.haproxy_tune))
+    rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.scenarios,
+               settings)
     publish(rows, markdown, plot, args.out, "bench_tenants", say)
 
 

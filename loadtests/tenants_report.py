@@ -28,6 +28,8 @@ from loadtests.tenants_figures import (
 from loadtests.tenants_flood import flood_markdown, flood_rows
 from loadtests.tenants_scenarios import (
     ALONE_GOALS,
+    COST_GOAL,
+    COST_GOAL_RATIO,
     FLOOD_SHARE,
     GOALS,
     JAIN_GOAL,
@@ -125,20 +127,31 @@ def summarise(samples: Samples, seconds: float) -> list[dict[str, Any]]:
                 rows.append(tenant_row(("fairness", "mixed", model, protocol), tenant,
                                        [run[tenant] for run in fair_runs], None))
             rows.append(fairness_row(model, protocol, fair_runs))
-        none, one = runs_of("cost", "none", "solo"), runs_of("cost", "tenancy", "solo")
-        if none and one:
+        none = runs_of("cost", "none", "solo")
+        if none:
             base = tenant_row(("cost", "none", model, protocol), "solo", none, None)
-            with_tenancy = tenant_row(("cost", "tenancy", model, protocol), "solo", one, None)
-            ratios = [a / b for a, b in zip(with_tenancy["admitted_per_s_each"],
-                                            base["admitted_per_s_each"], strict=False)
-                      if a is not None and b]
-            with_tenancy["throughput_ratio"] = finite_median(ratios)
-            with_tenancy["throughput_ratio_range"] = spread(ratios)
-            rows += [base, with_tenancy]
+            rows.append(base)
+        for phase in ("tenancy", "queued"):  # against the gateway without tenancy
+            runs = runs_of("cost", phase, "solo")
+            if none and runs:
+                rows.append(cost_row(base, tenant_row(("cost", phase, model, protocol),
+                                                      "solo", runs, None)))
         rows += flood_rows(samples, model, protocol)
     for row in rows:
         row["seconds"] = seconds
     return rows
+
+
+def cost_row(base: Mapping[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (tenancy, or tenancy and the gateway's queue) with its throughput over
+    ``base``'s (no tenancy) round by round, and the cost goal."""
+    ratios = [a / b for a, b in zip(row["admitted_per_s_each"], base["admitted_per_s_each"],
+                                    strict=False) if a is not None and b]
+    ratio = finite_median(ratios)
+    row.update(throughput_ratio=ratio, throughput_ratio_range=spread(ratios), goal=COST_GOAL,
+               met="n/a (not measured)" if ratio is None
+               else "yes" if ratio >= COST_GOAL_RATIO else "NO (throughput)")
+    return row
 
 
 # -- output ----------------------------------------------------------------------------
@@ -213,8 +226,9 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         "nothing was refused); '~': over every HTTP-200 answer, refusals included (the "
         "gateway gave no per-tenant counts). Ratio vs alone: that p99 over the same "
         "tenant's p99 alone, in the same round; (lowest..highest) over rounds. Cost: "
-        "the same client at capacity in flight against a gateway without 'tenancy:' and "
-        f"one with a single tenant, interleaved. Paced: open loop (h2load --rps) at "
+        "the same client at capacity in flight against a gateway without 'tenancy:', "
+        "one with a single tenant, and one with that tenant whose pool queues in the "
+        "gateway (queued), interleaved. Paced: open loop (h2load --rps) at "
         f"{PACED_SHARE:.0%} of Triton's own throughput, at most {PACED_STREAMS} at once, "
         f"beside an open-loop flood at {FLOOD_SHARE:g}x it. Gateway's p50/p99: "
         "interpolated in the gateway's own histogram of the tenant's admitted requests "

@@ -18,6 +18,9 @@ LIGHT_IN_FLIGHT, HEAVY_IN_FLIGHT = 1, 10  # the noisy neighbour: 10x the light t
 PACED_SHARE, PACED_STREAMS, FLOOD_SHARE = 0.1, 2, 4.0
 FAIR_TENANTS, FAIR_SHARE_OF_CAPACITY = 3, 0.8
 SUCCESS_GOAL_PCT, P99_GOAL_RATIO, JAIN_GOAL = 99.0, 1.2, 0.95
+# tenancy, and tenancy with the gateway's queue, cost at most 3 % of throughput (issue 36)
+COST_GOAL_RATIO = 0.97
+COST_GOAL = f"throughput >= {COST_GOAL_RATIO:g}x without tenancy"
 ALONE_SUCCESS_GOAL_PCT, PACED_P99_GOAL_RATIO = 99.9, 1.5
 
 
@@ -73,8 +76,12 @@ def scenario_phases(capacity: int) -> list[Phase]:
 
 
 def cost_phases(capacity: int) -> list[Phase]:
+    """One client at capacity in flight, no flood: through a gateway without tenancy, one
+    with a single tenant, and one with that tenant whose pool queues in the gateway
+    (``gateway_queue``): what tenancy and queueing cost (goal: :data:`COST_GOAL_RATIO`)."""
     solo = TenantLoad("solo", "standard", capacity)
-    return [Phase("cost", "none", (solo,), "none"), Phase("cost", "tenancy", (solo,), "one")]
+    return [Phase("cost", "none", (solo,), "none"), Phase("cost", "tenancy", (solo,), "one"),
+            Phase("cost", "queued", (solo,), "one-queued")]
 
 
 Key = tuple[str, str, str, str]  # (scenario, phase, model, protocol)

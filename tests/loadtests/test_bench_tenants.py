@@ -326,6 +326,8 @@ def fake_samples() -> ts.Samples:
         put("cost", "none", run("solo", protocol, {200: 100}, counted=ok, in_flight=5))
         put("cost", "tenancy", run("solo", protocol, {200: 95}, counted=tf.Outcomes(95, 0, 0, {}),
                                    in_flight=5))
+        put("cost", "queued", run("solo", protocol, {200: 98}, counted=tf.Outcomes(98, 0, 0, {}),
+                                  in_flight=5))
         put("noisy-paced", "alone",
             run("paced-light", protocol, {200: 999, 429: 1}, counted=ok if grpc else None,
                 in_flight=2))
@@ -359,7 +361,10 @@ def test_summary_judges_each_goal_against_the_alone_run() -> None:
     fair = rows_by(rows, scenario="fairness", tenant="all", protocol="http")
     assert fair["jain_index"] == pytest.approx(1.0) and fair["met"] == "yes"
     cost = rows_by(rows, scenario="cost", phase="tenancy", protocol="grpc")
-    assert cost["throughput_ratio"] == pytest.approx(0.95)
+    assert cost["throughput_ratio"] == pytest.approx(0.95) and cost["met"] == "NO (throughput)"
+    queued = rows_by(rows, scenario="cost", phase="queued", protocol="grpc")
+    assert queued["throughput_ratio"] == pytest.approx(0.98) and queued["met"] == "yes"
+    assert queued["goal"] == "throughput >= 0.97x without tenancy"
     # paced: 1.4x alone is within the paced goal (1.5x); alone has a goal of its own
     paced = rows_by(rows, scenario="noisy-paced", phase="mixed", tenant="paced-light",
                     protocol="http")
