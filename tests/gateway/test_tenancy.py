@@ -3,7 +3,8 @@ sheddable tenant is refused first, a critical one keeps its room up to its own l
 the default tenant is refused at the standard ceiling, over HTTP and gRPC alike; a
 refusal is answered after the tenancy's refusal delay, or at once for a deadline with no
 room for it; a live change of tenants through ``PUT /v1/tenants`` drops no request; a
-malformed one is refused whole.
+malformed one is refused whole; in a pool that queues in the gateway (pool g) sheddable
+requests wait there up to their own ceiling (1 + queue_factor / 4).
 
 The pool's requests are held in Triton by a model whose dynamic batcher waits
 ``HOLD_S`` for a batch: the load is known while the test asks. Once it has asked, a full
