@@ -39,6 +39,8 @@ from gateway.haproxy.snapshot import (
     TenancyState,
     TenantState,
     server_name,
+    snapshot_from_dict,
+    snapshot_to_dict,
 )
 from gateway.policy.access import key_digest
 from gateway.policy.rate import RateClass
@@ -193,3 +195,12 @@ def test_golden_config_passes_haproxy_check_when_written(case: str, tmp_path: Pa
     assert json.loads((GOLDEN / f"{case}.maps.json").read_text()) == rendered.maps
     checked = haproxy_check(layout.config_path)
     assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_golden_snapshot_survives_the_wire_form(case: str) -> None:
+    """What a data-plane replica follows is what the control plane rendered: every
+    field, the tenancy's per-pool bounds of a pool that queues included."""
+    snapshot = CASES[case]()[0]
+    wire = json.loads(json.dumps(snapshot_to_dict(snapshot)))
+    assert snapshot_from_dict(wire) == snapshot
