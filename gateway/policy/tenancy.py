@@ -257,22 +257,25 @@ class Tenancy:
         critical = max(critical, standard)
         queued = (given.sheddable if given.sheddable is not None
                   else min(standard, 1 + queue_factor * QUEUED_SHEDDABLE))
+        refuse_at = ((Priority.SHEDDABLE, sheddable), (Priority.STANDARD, standard),
+                     (Priority.CRITICAL, critical))
+        refuse_at_queued = ((Priority.SHEDDABLE, max(sheddable, queued)),
+                            (Priority.STANDARD, standard), (Priority.CRITICAL, critical))
         return cls(
             tenants=(tenant(DEFAULT_TENANT, spec.default),
                      *(tenant(t.name, t) for t in spec.tenants)),
             keys=tuple(sorted((configured_digest(k), t.name)
                               for t in spec.tenants for k in t.keys)),
-            refuse_at=((Priority.SHEDDABLE, sheddable), (Priority.STANDARD, standard),
-                       (Priority.CRITICAL, critical)),
+            refuse_at=refuse_at,
             refusal_delay_ms=spec.refusal_delay_ms,
-            refuse_at_queued=((Priority.SHEDDABLE, max(sheddable, queued)),
-                              (Priority.STANDARD, standard), (Priority.CRITICAL, critical)),
+            refuse_at_queued=() if refuse_at_queued == refuse_at else refuse_at_queued,
         )
 
     def in_pool(self, gateway_queue: bool) -> Tenancy:
-        """The rules a pool applies: one that queues in the gateway (``gateway_queue``)
-        its own class ceilings (:attr:`refuse_at_queued`), whose ceilings, shares and
-        model bounds follow them; one that queues in Triton these."""
+        """The rules a pool applies, asked of the gateway's rules: one that queues in
+        the gateway (``gateway_queue``) its own class ceilings (:attr:`refuse_at_queued`,
+        where they differ), whose ceilings, shares and model bounds follow them; one that
+        queues in Triton these. (The rules returned are a pool's: ask them no further.)"""
         if not gateway_queue or not self.refuse_at_queued:
             return self
         return replace(self, refuse_at=self.refuse_at_queued, refuse_at_queued=())

@@ -118,8 +118,10 @@ def test_a_pool_that_queues_in_the_gateway_lets_the_sheddable_class_wait_too() -
     assert [queued.bound_permille(p) for p in Priority] == [1000, 667, 500]
     assert queued.shares(C)["batch"] == 12
     assert dict(t.refuse_at)[Priority.SHEDDABLE] == 1.0  # a pool that queues in Triton
-    # a given sheddable ceiling holds in every pool; a lower given standard caps it
-    assert _tenancy(sheddable=0.5).in_pool(True).ceiling(Priority.SHEDDABLE, C) == 4
+    # a given sheddable ceiling holds in every pool (the same rules); a lower given
+    # standard caps the derived one
+    given = _tenancy(sheddable=0.5)
+    assert given.in_pool(True) is given and given.ceiling(Priority.SHEDDABLE, C) == 4
     assert _tenancy(standard=1.25).in_pool(True).ceiling(Priority.SHEDDABLE, C) == 10
     big = Tenancy.from_spec(parse_tenancy({}), queue_factor=8.0).in_pool(True)
     assert [big.ceiling(p, 2) for p in Priority] == [18, 10, 6]
