@@ -190,6 +190,7 @@ def tenancy_section(loads: Iterable[TenantLoad], refusal_delay_ms: int | None = 
 def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
     """Gateway name -> its tenants (None: no ``tenancy:`` section)."""
     flood = [load for phase in flood_phases() for load in phase.loads]
+    solo = [load for phase in cost_phases(capacity) for load in phase.loads]
     return {
         "tenants": [load for phase in scenario_phases(capacity) for load in phase.loads]
                    + flood,
@@ -197,8 +198,8 @@ def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
         AFTER: flood,
         TARPIT: flood,
         "none": None,
-        "one": [load for phase in cost_phases(capacity) for load in phase.loads],
-        ONE_QUEUED: [load for phase in cost_phases(capacity) for load in phase.loads],
+        "one": solo,
+        ONE_QUEUED: solo,
     }
 
 
