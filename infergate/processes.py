@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.haproxy.snapshot import sockets_fit
 from gateway.netaddr import free_ports
 from infergate.triton.local import TritonEndpoints
 
@@ -121,9 +123,37 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
         args = ("--data-plane", data_plane, *args)
     if not (REPLICA_PROCESS if replica is None else replica):
         args = ("--no-replica-process", *args)
-    # HAProxy's files beside the log, so that a leftover process is traceable to its test
-    args = ("--haproxy-run-dir", str(log_dir / f"haproxy-{http_port}"), *args)
     log = log_dir / f"gateway-{http_port}.log"
+    with haproxy_beside(log_dir, http_port) as run_dir, \
+            _gateway(pools_file, http_port, grpc_port, log, data_plane, until, source,
+                     ("--haproxy-run-dir", str(run_dir), *args)) as gateway:
+        yield gateway
+
+
+@contextlib.contextmanager
+def haproxy_beside(log_dir: Path, http_port: int) -> Iterator[Path]:
+    """HAProxy's run folder for a gateway a test or a benchmark starts: beside its log,
+    ``log_dir/haproxy-PORT``, so that a leftover process is traceable to its run. Where
+    that path is too long for HAProxy's unix sockets (a deep temporary folder; the
+    gateway would use its default folder instead, and a test reading this one would find
+    nothing there), the files go to a short folder of the temporary directory and
+    ``log_dir/haproxy-PORT`` links to it; both removed on exit."""
+    beside = log_dir.resolve() / f"haproxy-{http_port}"
+    if sockets_fit(beside):
+        yield beside
+        return
+    with tempfile.TemporaryDirectory(prefix=f"ig-haproxy-{http_port}-") as short:
+        beside.symlink_to(short, target_is_directory=True)
+        try:
+            yield beside
+        finally:
+            beside.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _gateway(pools_file: Path, http_port: int, grpc_port: int, log: Path,
+             data_plane: str | None, until: str, source: Path | None,
+             args: tuple[str, ...]) -> Iterator[GatewayProcess]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--pools", str(pools_file),

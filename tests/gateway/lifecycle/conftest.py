@@ -32,7 +32,7 @@ from converters.images import EFFICIENTNET_LITE, SAMPLE_PHOTOS, augmented_views,
 from converters.images import sample_photo as photo
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.lifecycle.client import LifecycleClient
-from infergate.processes import ROOT, GatewayProcess, wait_until
+from infergate.processes import ROOT, GatewayProcess, haproxy_beside, wait_until
 from infergate.triton.local import TritonEndpoints, free_ports
 
 TOKENS = {"predict": "predict-token-0123456789", "upload": "upload-token-0123456789",
@@ -213,30 +213,31 @@ def spawn_gateway(config: Path, log_dir: Path, *args: str) -> Iterator[GatewayPr
     the readiness gate. Stopped with SIGTERM on exit."""
     http_port, grpc_port = free_ports(2)
     log = log_dir / f"gateway-{http_port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--pools", str(config),
-             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-             "--probe-interval", "0.5",
-             # HAProxy's files beside the log (as run_gateway): a leftover is traceable
-             "--haproxy-run-dir", str(log_dir.resolve() / f"haproxy-{http_port}"), *args],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    gateway = GatewayProcess(proc, http_port, grpc_port, log)
-    try:
-        def live() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"http://{gateway.http_url}/v2/health/live").status_code == 200
-            return False
+    # HAProxy's files beside the log (as run_gateway): a leftover is traceable
+    with haproxy_beside(log_dir, http_port) as run_dir:
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "serve", "--pools", str(config),
+                 "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                 "--probe-interval", "0.5", "--haproxy-run-dir", str(run_dir), *args],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        gateway = GatewayProcess(proc, http_port, grpc_port, log)
+        try:
+            def live() -> bool:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    return httpx.get(
+                        f"http://{gateway.http_url}/v2/health/live").status_code == 200
+                return False
 
-        if not wait_until(live, 30, 0.02):
-            raise RuntimeError(f"gateway not live: {log.read_text()[-2000:]}")
-        yield gateway
-    finally:
-        gateway.terminate()
+            if not wait_until(live, 30, 0.02):
+                raise RuntimeError(f"gateway not live: {log.read_text()[-2000:]}")
+            yield gateway
+        finally:
+            gateway.terminate()
 
 
 # -- uploads through a running gateway -------------------------------------------------
