@@ -3,8 +3,11 @@ load tests), and wait for it to be ready. Always stopped with SIGTERM on exit.""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +104,36 @@ def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 15.0,
 LOG_LEVEL = os.environ.get("INFERGATE_TEST_LOG_LEVEL", "warning")
 
 
+_SHORT_RUN_DIRS: set[Path] = set()  # made by haproxy_beside, removed as this process exits
+
+
+def haproxy_beside(log_dir: Path, http_port: int) -> Path:
+    """HAProxy's run folder for a gateway a test or a benchmark starts: beside its log,
+    ``log_dir/haproxy-PORT``, so that a leftover process is traceable to its run. Where
+    that path is too long for HAProxy's unix sockets (a deep temporary folder: the
+    gateway would use its default folder instead, and a test reading this one would
+    find nothing there), ``log_dir/haproxy-PORT`` is a link to a short folder of the
+    temporary directory, named after it: a gateway started again on the same ports (a
+    restart that adopts the HAProxy left serving) finds the same one. Those folders are
+    removed as this process exits, once its tests have stopped what they started."""
+    beside = log_dir.resolve() / f"haproxy-{http_port}"
+    if beside.is_symlink() or sockets_fit(beside):
+        return beside
+    digest = hashlib.sha256(str(beside).encode()).hexdigest()[:16]
+    short = Path(tempfile.gettempdir()) / f"ig-haproxy-{digest}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    beside.symlink_to(short, target_is_directory=True)
+    if not _SHORT_RUN_DIRS:
+        atexit.register(_remove_short_run_dirs)
+    _SHORT_RUN_DIRS.add(short)
+    return beside
+
+
+def _remove_short_run_dirs() -> None:
+    for short in _SHORT_RUN_DIRS:
+        shutil.rmtree(short, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def run_gateway(pools_file: Path, log_dir: Path, *args: str,
                 data_plane: str | None = None,
@@ -123,37 +156,9 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
         args = ("--data-plane", data_plane, *args)
     if not (REPLICA_PROCESS if replica is None else replica):
         args = ("--no-replica-process", *args)
+    # HAProxy's files beside the log, so that a leftover process is traceable to its test
+    args = ("--haproxy-run-dir", str(haproxy_beside(log_dir, http_port)), *args)
     log = log_dir / f"gateway-{http_port}.log"
-    with haproxy_beside(log_dir, http_port) as run_dir, \
-            _gateway(pools_file, http_port, grpc_port, log, data_plane, until, source,
-                     ("--haproxy-run-dir", str(run_dir), *args)) as gateway:
-        yield gateway
-
-
-@contextlib.contextmanager
-def haproxy_beside(log_dir: Path, http_port: int) -> Iterator[Path]:
-    """HAProxy's run folder for a gateway a test or a benchmark starts: beside its log,
-    ``log_dir/haproxy-PORT``, so that a leftover process is traceable to its run. Where
-    that path is too long for HAProxy's unix sockets (a deep temporary folder; the
-    gateway would use its default folder instead, and a test reading this one would find
-    nothing there), the files go to a short folder of the temporary directory and
-    ``log_dir/haproxy-PORT`` links to it; both removed on exit."""
-    beside = log_dir.resolve() / f"haproxy-{http_port}"
-    if sockets_fit(beside):
-        yield beside
-        return
-    with tempfile.TemporaryDirectory(prefix=f"ig-haproxy-{http_port}-") as short:
-        beside.symlink_to(short, target_is_directory=True)
-        try:
-            yield beside
-        finally:
-            beside.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _gateway(pools_file: Path, http_port: int, grpc_port: int, log: Path,
-             data_plane: str | None, until: str, source: Path | None,
-             args: tuple[str, ...]) -> Iterator[GatewayProcess]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--pools", str(pools_file),

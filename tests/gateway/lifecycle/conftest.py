@@ -213,31 +213,30 @@ def spawn_gateway(config: Path, log_dir: Path, *args: str) -> Iterator[GatewayPr
     the readiness gate. Stopped with SIGTERM on exit."""
     http_port, grpc_port = free_ports(2)
     log = log_dir / f"gateway-{http_port}.log"
-    # HAProxy's files beside the log (as run_gateway): a leftover is traceable
-    with haproxy_beside(log_dir, http_port) as run_dir:
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "serve", "--pools", str(config),
-                 "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                 "--probe-interval", "0.5", "--haproxy-run-dir", str(run_dir), *args],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        gateway = GatewayProcess(proc, http_port, grpc_port, log)
-        try:
-            def live() -> bool:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    return httpx.get(
-                        f"http://{gateway.http_url}/v2/health/live").status_code == 200
-                return False
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--pools", str(config),
+             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+             "--probe-interval", "0.5",
+             # HAProxy's files beside the log (as run_gateway): a leftover is traceable
+             "--haproxy-run-dir", str(haproxy_beside(log_dir, http_port)), *args],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    gateway = GatewayProcess(proc, http_port, grpc_port, log)
+    try:
+        def live() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"http://{gateway.http_url}/v2/health/live").status_code == 200
+            return False
 
-            if not wait_until(live, 30, 0.02):
-                raise RuntimeError(f"gateway not live: {log.read_text()[-2000:]}")
-            yield gateway
-        finally:
-            gateway.terminate()
+        if not wait_until(live, 30, 0.02):
+            raise RuntimeError(f"gateway not live: {log.read_text()[-2000:]}")
+        yield gateway
+    finally:
+        gateway.terminate()
 
 
 # -- uploads through a running gateway -------------------------------------------------
