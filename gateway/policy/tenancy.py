@@ -68,6 +68,7 @@ the load above counts them either way.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -278,6 +279,12 @@ class Tenancy:
         queues in Triton these. (The rules returned are a pool's: ask them no further.)"""
         if not gateway_queue or not self.refuse_at_queued:
             return self
+        return self._queued
+
+    @functools.cached_property
+    def _queued(self) -> Tenancy:
+        """:meth:`in_pool`'s rules for a pool that queues in the gateway, made once (the
+        Python plane asks per request)."""
         return replace(self, refuse_at=self.refuse_at_queued, refuse_at_queued=())
 
     @property
