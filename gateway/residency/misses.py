@@ -130,7 +130,7 @@ class Misses:
         room it waited for went to others, or waiting never makes room, probation models
         within ``probation_min_s`` go too where they are colder than it (their waiters
         were served; an eviction drains first); where its first request would otherwise
-        give up (:meth:`_urgent`), any probation model, however young. Main models
+        give up (:meth:`urgent`), any probation model, however young. Main models
         hotter than it go only for a model larger than every member's probation share
         (nothing else could ever serve it): evicting the hot for the cold whenever the
         room was taken churned (docs/residency.md, "Admission")."""
@@ -138,7 +138,7 @@ class Misses:
         starving = room_at is None or view.now >= (flight.room_at or room_at)
         if flight.room_at is None:
             flight.room_at = room_at
-        urgent = self._urgent(flight, view.now)
+        urgent = self.urgent(flight, view.now)
         if not (starving or urgent):
             return None
         placed = admission.place_miss(view, flight.model, knobs, young_probation=True)
@@ -148,10 +148,11 @@ class Misses:
             placed = admission.place_miss(view, flight.model, knobs, strict=False)
         return placed
 
-    def _urgent(self, flight: Flight, now: float) -> bool:
+    def urgent(self, flight: Flight, now: float | None = None) -> bool:
         """Whether the first request waiting for ``flight`` fails unless its room is made
         now: it gives up within an eviction, its own load and :data:`URGENT_LOADS` more
         (as measured)."""
+        now = self.residency.state.clock() if now is None else now
         if not flight.give_ups:
             return False
         actuator = self.residency.actuator
