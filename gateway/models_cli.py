@@ -326,8 +326,10 @@ def status(name: Annotated[str | None, typer.Argument(
     """Where models live in pools with residency: each model's state on each member
     holding it (queued, loading, warming, resident, draining, unloading, failed; for how
     long, why, requests waiting for that load), its footprint and where that figure
-    comes from, its demand, last use and requests waiting for it; and each member's
-    memory against its budget, its loads at once and what it holds."""
+    comes from, its demand, last use and requests waiting for it; each member's memory
+    against its budget, its loads at once and what it holds; and the models waiting for
+    room, in the order room goes to them (urgent: its first request fails unless room is
+    made now)."""
     with _client(url, token) as client:
         entry = client.residency(name) if name is not None else None
         if as_json and entry is not None:
@@ -364,6 +366,11 @@ def status(name: Annotated[str | None, typer.Argument(
             continue
         if pool.get("waiting"):
             waiting.append(f"pool {pool['name']}: {pool['waiting']} requests waiting for loads")
+        room = [f"{f['model']} ({f['waiting']} waiting, {for_text(f.get('for_s'))}"
+                + (", [red]urgent[/])" if f.get("urgent") else ")")
+                for f in pool.get("waiting_for_room", [])]
+        if room:
+            waiting.append(f"waiting for room, in the order room goes to them: {', '.join(room)}")
         for member in pool.get("members", []):
             usable = member.get("usable_bytes", member.get("budget_bytes"))
             share = member["used_bytes"] / usable if usable else 0.0

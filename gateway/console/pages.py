@@ -11,7 +11,8 @@ state, behind the API's tokens and scopes.
 | ``/ui/upload`` | upload | the upload form; ``/ui/jobs/{id}`` then follows the job live |
 | ``/ui/pools`` | upload | members with health, queue and saturation; with residency, the |
 | | | models each member holds (state, for how long, why, requests waiting for the load), |
-| | | its memory against its budget and the requests waiting for loads; the MIG plan |
+| | | its memory against its budget, the requests waiting for loads and the models |
+| | | waiting for room, in the order room goes to them; the MIG plan |
 
 Pages read the same objects the API reads (the lifecycle's catalog and job store, the
 gateway's state and telemetry, the traffic history) and act through the same calls
@@ -466,7 +467,8 @@ def residency_rows(report: Mapping[str, Any] | None) -> dict[str, dict[str, Any]
     """pool -> what its members hold (``GET /v1/residency``'s pools): each member's models
     (state, for how long, why, footprint, requests waiting for the load), its loads at
     once and its memory as a bar, used against usable (the budget less the headroom)
-    against the budget; the requests waiting for loads in the pool; and the models the
+    against the budget; the requests waiting for loads in the pool, and the misses no
+    member has room for yet in the order room goes to them; and the models the
     residency knows in it (a pool serving ``*`` names none in its configuration)."""
     if not report:
         return {}
@@ -481,6 +483,8 @@ def residency_rows(report: Mapping[str, Any] | None) -> dict[str, dict[str, Any]
         rows[name] = {"budget": pool.get("budget_bytes"),
                       "headroom": pool.get("headroom_bytes", 0),
                       "waiting": int(waiting), "models": known,
+                      "room": [{**f, "waiting": int(f.get("waiting") or 0)}
+                               for f in pool.get("waiting_for_room", [])],
                       "members": [_member_row(pool, m) for m in pool.get("members", [])]}
     return rows
 

@@ -1,7 +1,8 @@
 """What owners and operators see of the residency (``GET /v1/residency``, the console,
 ``infergate models status``): per pool and member, every holding with its phase, how
-long, why, its footprint and the requests waiting for it; per model, where it is
-resident and its holdings elsewhere."""
+long, why, its footprint and the requests waiting for it; per pool, the misses waiting
+for room, in the order room goes to them; per model, where it is resident and its
+holdings elsewhere."""
 
 from __future__ import annotations
 
@@ -69,7 +70,9 @@ def build(residency: Reported) -> dict[str, Any]:
         pools.append({"name": pool.name, "budget_bytes": spec.memory_budget_bytes,
                       "headroom_bytes": residency.headroom_bytes(pool),
                       "usable_bytes": residency.usable_bytes(pool),
-                      "waiting": residency.room.waiting(pool), "members": members})
+                      "waiting": residency.room.waiting(pool),
+                      "waiting_for_room": _waiting_for_room(residency.room, pool, now),
+                      "members": members})
         views = {v.name: v for v in residency.view(pool, now).models}
         for model in residency.models(pool):
             configured = residency.state.config.models.get(model)
@@ -89,6 +92,15 @@ def build(residency: Reported) -> dict[str, Any]:
                              for k, h in sorted(holdings.items())],
             }
     return {"pools": pools, "models": models}
+
+
+def _waiting_for_room(room: WaitingRoom, pool: Pool, now: float) -> list[dict[str, Any]]:
+    """The misses of ``pool`` no member has room for yet, in the order room goes to
+    them (:meth:`WaitingRoom.unplaced`): the requests waiting, for how long, and whether
+    the first of them fails unless its room is made now (``urgent``)."""
+    return [{"model": f.model, "waiting": f.waiters, "for_s": round(now - f.started, 1),
+             "urgent": room.placer.urgent(f)}
+            for f in room.unplaced() if f.pool is pool]
 
 
 def _holding(residency: Reported, holding: Holding, now: float) -> dict[str, Any]:

@@ -241,6 +241,22 @@ def test_status_shows_each_models_state_per_member_and_its_waiting_when_holdings
 
 
 @pytest.mark.usefixtures("wide")
+def test_status_lists_the_models_waiting_for_room_in_the_order_room_goes_to_them(
+    gateway: Callable[[Handler], list[httpx.Request]],
+) -> None:
+    report = residency_report(room=[
+        {"model": "cold", "waiting": 2, "for_s": 11.4, "urgent": True},
+        {"model": "old", "waiting": 1, "for_s": 0.3, "urgent": False}])
+    gateway(lambda _: httpx.Response(200, json=report))
+    exit_code, output = invoke("status")
+    assert exit_code == 0, output
+    caption = " ".join(_lines(output)[-3:])
+    assert "pool cpu: 11 requests waiting for loads" in caption
+    assert ("waiting for room, in the order room goes to them: cold (2 waiting, 11 s, "
+            "urgent), old (1 waiting, 0 s)") in caption
+
+
+@pytest.mark.usefixtures("wide")
 def test_status_of_one_model_reads_its_entrys_holdings_when_the_report_is_new(
     gateway: Callable[[Handler], list[httpx.Request]],
 ) -> None:

@@ -125,12 +125,14 @@ def holding(model: str, state: str, for_s: float, reason: str, footprint: int,
 
 
 def residency_report(used_a: int = int(0.98 * 4 * GIB),
-                     failure: str = "out of memory: CUDA error") -> dict[str, Any]:
+                     failure: str = "out of memory: CUDA error",
+                     room: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A report of the shape ``GET /v1/residency`` serves with one state machine per
     holding (issue 34): pool ``cpu`` (budget 4 GiB, 512 MiB of it headroom) of two
     members; on A ``hot`` resident, ``warm`` loading (3 waiting), ``next`` queued (5
     waiting); on B ``hot`` warming, ``old`` draining, ``gone`` unloading, ``bad`` failed
-    (``failure``); ``cold`` held nowhere. 8 requests wait for loads in the pool."""
+    (``failure``); ``cold`` held nowhere. 8 requests wait for loads in the pool, and
+    those of ``room`` (the pool's ``waiting_for_room``, none by default) for room."""
     held = {MEMBER_A: [holding("hot", "resident", 185.0, "demand", 2 * GIB),
                        holding("next", "queued", 2.0, "miss: no load slot free", GIB, 5),
                        holding("warm", "loading", 4.0, "miss", GIB, 3)],
@@ -156,5 +158,7 @@ def residency_report(used_a: int = int(0.98 * 4 * GIB),
             "waiting": sum(h["waiting"] for h in mine), "holdings": mine}
     return {"enabled": True, "pools": [{
         "name": "cpu", "budget_bytes": 4 * GIB, "headroom_bytes": GIB // 2,
-        "usable_bytes": 4 * GIB - GIB // 2, "waiting": 8, "members": members}],
+        "usable_bytes": 4 * GIB - GIB // 2,
+        "waiting": 8 + sum(f["waiting"] for f in room or []),
+        "waiting_for_room": room or [], "members": members}],
         "models": models}

@@ -197,6 +197,20 @@ def test_pool_shows_waiting_requests_and_the_models_it_may_hold_when_it_serves_a
     assert "Models: any its members' repository has (it serves <code>*</code>)." in plain
 
 
+def test_pool_lists_the_models_waiting_for_room_in_the_order_room_goes_to_them() -> None:
+    room = [{"model": "cold", "waiting": 2, "for_s": 11.4, "urgent": True},
+            {"model": HOSTILE, "waiting": 1, "for_s": 0.3, "urgent": False}]
+    cpu = _section(_page(residency_report(room=room)), "cpu")
+    assert "11 waiting for a model to load" in cpu
+    listed = cpu[cpu.index('<ol class="room"'):cpu.index("</ol>")]
+    items = re.findall(r"<li>(.*?)</li>", listed, re.S)
+    assert len(items) == 2
+    assert items[0].startswith("cold: 2 requests, for 11 s") and "urgent" in items[0]
+    assert "1 request, for 0 s" in items[1] and "urgent" not in items[1]
+    assert HOSTILE not in cpu and "&lt;script&gt;" in items[1]
+    assert "Waiting for room" not in _section(_page(residency_report()), "cpu")
+
+
 def test_pool_counts_its_models_waiting_when_an_old_report_has_no_pool_waiting() -> None:
     old = _report()
     old["models"] = {"hot": {"pool": "cpu", "waiting": 2, "members": [A]},

@@ -490,3 +490,20 @@ async def test_room_a_miss_evicted_for_is_its_own_while_its_victims_leave() -> N
     assert rig.core.state.holders("big") == {A} and rig.members.loads[A, "big"] == 1
     assert all(used <= 200 * MB for _, used in rig.used_seen)
     small.cancel()
+
+
+async def test_the_report_lists_the_misses_waiting_for_room_and_which_are_urgent() -> None:
+    """An operator sees the misses no member has room for yet (``GET /v1/residency``,
+    the pools page), in the order room goes to them, and which of them fail unless room
+    is made now."""
+    rig = Rig({"a": 100 * MB, "b": 100 * MB}, budget=100 * MB, members=1, instant=True)
+    await rig.core.state.wait_resident("a", 60.0)  # a miss: "a" in probation, young
+    waiting = asyncio.ensure_future(rig.core.state.wait_resident("b", 60.0))
+    await rig.until(lambda: rig.residency.room.waiters("b") == 1)
+    (room,) = rig.residency.report()["pools"][0]["waiting_for_room"]
+    assert room == {"model": "b", "waiting": 1, "for_s": 0.0, "urgent": False}
+    rig.clock.advance(29.8)  # less left of the 30 s it may wait than an eviction takes
+    (room,) = rig.residency.report()["pools"][0]["waiting_for_room"]  # (loads: instant)
+    assert room["urgent"] is True and room["for_s"] == 29.8
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
