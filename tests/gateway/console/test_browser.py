@@ -345,3 +345,26 @@ def test_pools_page_draws_bar_fill_and_usable_mark_exactly_when_a_member_is_98_p
     assert on_a.splitlines()[3].split("\t")[-1] == "5"  # requests waiting for next's load
     assert "held nowhere (loads on its next request)" in cold
     assert f"resident on {MEMBER_A}" in hot and f"warming on {MEMBER_B}" in hot
+
+
+def test_pools_page_lists_the_models_waiting_for_room_in_order_with_the_urgent_marked(
+    browser: Any
+) -> None:
+    report = residency_report(room=[
+        {"model": "cold", "waiting": 2, "for_s": 11.4, "urgent": True},
+        {"model": "next2", "waiting": 1, "for_s": 0.3, "urgent": False}])
+    with residency_console(report) as (url, session):
+        context = browser.new_context(viewport=VIEWPORT)
+        context.add_cookies([{"name": COOKIE, "value": session, "url": f"{url}/ui"}])
+        page = context.new_page()
+        page.goto(f"{url}/ui/pools")
+        room = page.get_by_role("list", name="Waiting for room")
+        items = room.get_by_role("listitem").all_inner_texts()
+        urgent = room.locator(".state-failed").all_inner_texts()
+        room.scroll_into_view_if_needed()
+        shot(page, "pools-room")
+        context.close()
+    assert [i.split(":")[0] for i in items] == ["cold", "next2"]
+    assert "2 requests, for 11 s" in items[0] and "urgent" in items[0]
+    assert "1 request, for 0 s" in items[1] and "urgent" not in items[1]
+    assert urgent == ["urgent"]
