@@ -238,9 +238,8 @@ class WaitingRoom:
         deadline: simulated at a quarter, held failures 283 -> 170 over 16 seeds
         (docs/residency.md, "The order room goes in")."""
         waiting = [f for f in self.unplaced() if f.pool is pool]
-        for other in waiting:
-            if other.member is None and not other.done.done():
-                self.placer.place(other)
+        for other in waiting:  # (placing one leaves the others as they were)
+            self.placer.place(other)
         return any(f.member is None and not f.done.done() and self.placer.urgent(f)
                    for f in waiting)
 
