@@ -82,7 +82,7 @@ scenarios' loads, phases and goals), ``tenants_flood.py`` (issue 36's flood) and
 
     python -m loadtests.bench_tenants [--rounds 3] [--seconds 1.5] [--quick] [--out DIR]
         [--model tiny] [--protocol grpc] [--capacity 5] [--data-plane haproxy]
-        [--scenarios overload|flood|all] [--refusal-delay-ms MS]
+        [--scenarios overload|flood|all] [--refusal-delay-ms MS] [--refusals-per-s N]
 """
 
 from __future__ import annotations
@@ -172,14 +172,17 @@ say = reporter("bench_tenants")
 # -- scenarios ------------------------------------------------------------------------
 
 def tenancy_section(loads: Iterable[TenantLoad], refusal_delay_ms: int | None = None,
-                    sheddable_at: float | None = None) -> dict[str, Any]:
+                    sheddable_at: float | None = None, refusals_per_s: int | None = None
+                    ) -> dict[str, Any]:
     """The gateway's ``tenancy:`` for these tenants: weight 1 each, one key each; the
-    refusal delay and the sheddable class's ceiling when given (else the gateway's
-    defaults)."""
+    refusal delay, the sheddable class's ceiling and the refusals a second when given
+    (else the gateway's defaults)."""
     tenants = {t.tenant: t for t in loads}
     delay = {} if refusal_delay_ms is None else {"refusal_delay_ms": refusal_delay_ms}
+    per_s = {} if refusals_per_s is None else {"refusals_per_s": refusals_per_s}
     return {
         **delay,
+        **per_s,
         "default": {"priority": "standard"},
         "refuse_at": {} if sheddable_at is None else {"sheddable": sheddable_at},
         "tenants": [{"name": t.tenant, "priority": t.priority, "weight": 1, "keys": [t.key]}
@@ -211,13 +214,13 @@ def flood_delays(refusal_delay_ms: int | None) -> dict[str, int | None]:
 
 def write_config(path: Path, member: TritonEndpoints, capacity: int,
                  tenants: Sequence[TenantLoad] | None, queued: bool = False,
-                 refusal_delay_ms: int | None = None, sheddable_at: float | None = None
-                 ) -> Path:
+                 refusal_delay_ms: int | None = None, sheddable_at: float | None = None,
+                 refusals_per_s: int | None = None) -> Path:
     """``queued``: the pool queues in the gateway (``gateway_queue``), its member taking
-    ``capacity`` requests at once; ``refusal_delay_ms``, ``sheddable_at``: the
-    tenancy's (None: default)."""
+    ``capacity`` requests at once; ``refusal_delay_ms``, ``sheddable_at``,
+    ``refusals_per_s``: the tenancy's (None: default)."""
     tenancy: dict[str, Any] = ({} if tenants is None else {"tenancy": tenancy_section(
-        tenants, refusal_delay_ms, sheddable_at)})
+        tenants, refusal_delay_ms, sheddable_at, refusals_per_s)})
     gateway_yaml(path, {POOL: [member]}, capacity_per_member=capacity,
                  queue_factor=QUEUE_FACTOR, **tenancy)
     if queued:
@@ -353,6 +356,7 @@ class Settings:
     grpc_upstream_reuse: str | None = None  # --grpc-upstream-reuse
     sheddable_at: float | None = None  # tenancy refuse_at.sheddable
     haproxy_tune: tuple[str, ...] = ()  # --haproxy-tune NAME=VALUE, each
+    refusals_per_s: int | None = None  # tenancy refusals_per_s
 
     def args(self) -> list[str]:
         """``gateway serve``'s arguments for these settings."""
@@ -375,7 +379,8 @@ def gateway(scratch: Path, name: str, member: TritonEndpoints,
     folder.mkdir()
     config = write_config(folder / "gateway.yaml", member, settings.capacity, tenants,
                           queued=name in QUEUED_GATEWAYS, refusal_delay_ms=refusal_delay_ms,
-                          sheddable_at=settings.sheddable_at)
+                          sheddable_at=settings.sheddable_at,
+                          refusals_per_s=settings.refusals_per_s)
     with contextlib.ExitStack() as stack:
         try:
             gw = stack.enter_context(harness.gateway(config, folder, *settings.args(),
@@ -542,12 +547,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="every gateway's refuse_at.sheddable, x capacity (default: the "
                         "gateway's own: 1, or 1 + queue_factor / 4 where the pool queues in "
                         "the gateway; 1 measures the gateway before that)")
+    parser.add_argument("--refusals-per-s", type=int, default=None,
+                        help="every gateway's tenancy refusals_per_s (default: the gateway's "
+                        "own, 100; 100000 measures the gateway before a tenant's refusal "
+                        "delay grew with its refusals waiting)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (2.0 if args.quick else 1.5)
     models = tuple(args.model or ((TINY_MODEL_NAME,) if args.quick else MODELS))
     settings = Settings(args.capacity, args.data_plane, args.refusal_delay_ms,
-                        args.grpc_upstream_reuse, args.sheddable_at, tuple(args.haproxy_tune))
+                        args.grpc_upstream_reuse, args.sheddable_at, tuple(args.haproxy_tune),
+                        args.refusals_per_s)
     rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.scenarios,
                settings)
     publish(rows, markdown, plot, args.out, "bench_tenants", say)

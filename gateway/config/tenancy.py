@@ -19,6 +19,9 @@ DEFAULT_TENANT = "default"
 # (gateway.policy.tenancy.refusal_delay_ms; 0: at once). At most the Retry-After (1 s):
 # a client that honours it never waits for the delay
 DEFAULT_REFUSAL_DELAY_MS, MAX_REFUSAL_DELAY_MS = 50, 1000
+# a tenant's refusals answered a second, at most, however many it keeps waiting for their
+# answers: each waits at least its share of a second (gateway.policy.tenancy.refusal_delay_ms)
+DEFAULT_REFUSALS_PER_S, MAX_REFUSALS_PER_S = 100, 100_000
 # tenants are HAProxy map keys and stick-table keys ("t:<name>", at most 64 bytes)
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9_-]{0,46}[a-z0-9])?$"
 
@@ -94,6 +97,7 @@ class TenancySpec(BaseModel):
     tenants: tuple[TenantSpec, ...] = ()
     refuse_at: RefuseAt = Field(default_factory=RefuseAt)
     refusal_delay_ms: int = Field(DEFAULT_REFUSAL_DELAY_MS, ge=0, le=MAX_REFUSAL_DELAY_MS)
+    refusals_per_s: int = Field(DEFAULT_REFUSALS_PER_S, ge=1, le=MAX_REFUSALS_PER_S)
 
     @model_validator(mode="after")
     def _consistent(self) -> TenancySpec:

@@ -11,16 +11,21 @@ them in the hot path's order.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from gateway import errors
+from gateway.config.tenancy import MAX_REFUSAL_DELAY_MS
 from gateway.haproxy import queueing
 from gateway.haproxy.backends import PIN
 from gateway.haproxy.maps import NO_RATE
-from gateway.haproxy.snapshot import Snapshot
+from gateway.haproxy.snapshot import Snapshot, TenancyState
 from gateway.policy import admission, deadline, tenancy
 
 Rule = tuple[str, str]  # (action, condition): an http-request rule of a frontend
+REFUSAL_WAIT_ACTION = "infergate_refusal_wait"  # refusal_wait.lua's action
+# set for a gRPC message longer than half of HAProxy's buffer (gateway.haproxy.frontend)
+LONG_MESSAGE = "long"
 
 
 def rate_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
@@ -118,11 +123,13 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
 
     A refusal is answered after the tenancy's refusal delay (``http-request tarpit``, the
     frontend's ``timeout tarpit``; ``tenancy.refusal_delay_ms``) when the request's
-    deadline (``txn.dl``) leaves room for it, else at once. A request waiting there still
-    holds what it tracked before (``sc2``: a limited tenant's own entry), so it also
-    tracks ``st_delay`` under the same key, and the limit counts ``sc2`` less those. It
-    tracks ``st_seen`` (model/pool/tenant) instead of ``st_route``: the arrival makes
-    the tenant active (``gateway.telemetry.read_haproxy``) without counting in flight."""
+    deadline (``txn.dl``) leaves room for it, else at once; a tenant with many refusals
+    waiting waits longer (:func:`_refuse`). Every refusal waiting tracks ``st_delay``
+    under its tenant's key (``t:<tenant>``, ``txn.dk``). A request waiting there still
+    holds what it tracked before (``sc2``: a limited tenant's own entry, the same key), so
+    the limit counts ``sc2`` less its refusals waiting. It tracks ``st_seen``
+    (model/pool/tenant) instead of ``st_route``: the arrival makes the tenant active
+    (``gateway.telemetry.read_haproxy``) without counting in flight."""
     tarpit = snapshot.tenancy is not None and snapshot.tenancy.refusal_delay_ms > 0
     limited = "{ var(txn.tm) -m int gt 0 }"
     rules: list[Rule] = [
@@ -134,8 +141,9 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
         delay = snapshot.tenancy.refusal_delay_ms
         dl = "{ var(txn.dl) -m found }"
         rules += [
+            ("set-var(txn.dk) str(t:),concat(,txn.tn,)", ""),
             # the limited tenant's refusals waiting their delay are not in flight
-            ("set-var(txn.tw) var(txn.rk),table_conn_cur(st_delay)", limited),
+            ("set-var(txn.tw) var(txn.dk),table_conn_cur(st_delay)", limited),
             ("set-var(txn.tf) var(txn.tf),sub(txn.tw)", limited),
             # tenancy.refusal_delay_ms: delayed unless delay x 10 beyond deadline x 9
             ("set-var(txn.tp) int(0)", f"!{dl}"),
@@ -143,7 +151,8 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
              f"sub({delay * deadline.SHARE_DEN})", dl),
         ]
     rules.append(("set-var(txn.to) var(txn.tf),sub(txn.tm)", ""))
-    rules += _refuse(answer, tarpit, "tenant_limit", tenancy.TENANT_LIMIT.format(
+    refuse = functools.partial(_refuse, answer, snapshot.tenancy if tarpit else None)
+    rules += refuse("tenant_limit", tenancy.TENANT_LIMIT.format(
         tenant="%[var(txn.tn)]", count="%[var(txn.tf)]", limit="%[var(txn.tm)]"),
         f"{limited} {{ var(txn.to) -m int gt 0 }}")
     rules += _load_rules(snapshot, "")
@@ -154,7 +163,7 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
     ]
     lf = {"pool": "%[var(txn.pool)]", "load": "%[var(txn.pl)]", "capacity": "%[var(txn.cap)]",
           "tenant": "%[var(txn.tn)]"}
-    rules += _refuse(answer, tarpit, "saturated", tenancy.SATURATED.format(
+    rules += refuse("saturated", tenancy.SATURATED.format(
         **lf, priority="%[var(txn.tc)]", ceiling="%[var(txn.ceil)]"),
         "has_class { var(txn.sat) -m int ge 0 }")
     rules += [
@@ -164,25 +173,49 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
         # the tenant's admitted requests here, this one not tracked yet
         ("set-var(txn.fo) var(txn.mp),table_conn_cur(st_route),sub(txn.sh)", ""),
     ]
-    rules += _refuse(answer, tarpit, "fair_share", tenancy.FAIR_SHARE.format(
+    rules += refuse("fair_share", tenancy.FAIR_SHARE.format(
         **lf, share="%[var(txn.sh)]"),
         "has_class { var(txn.co) -m int ge 0 } { var(txn.fo) -m int ge 0 }")
     return rules
 
 
-def _refuse(answer: Callable[..., str], tarpit: bool, reason: str, message: str,
-            cond: str) -> list[Rule]:
+def _refuse(answer: Callable[..., str], delayed: TenancyState | None, reason: str,
+            message: str, cond: str) -> list[Rule]:
     """Refused under ``cond`` for a tenancy ``reason``: logged as such, the arrival seen
-    (``st_seen``), then the tarpit where the deadline allows (a limited tenant's wait
-    counted in ``st_delay``), else the answer at once."""
+    (``st_seen``), then, with a refusal delay (``delayed``) where the deadline allows,
+    after :func:`gateway.policy.tenancy.refusal_delay_ms`: the refusal counted among its
+    tenant's waiting (``st_delay``), the part of its delay beyond the tarpit's (its
+    tenant's refusals waiting, this one counted, x 1000 / ``refusals_per_s``, less the
+    tarpit's delay, at most ``MAX_REFUSAL_DELAY_MS`` in all and 9/10 of the deadline)
+    waited by the Lua action ``infergate_refusal_wait`` (``refusal_wait.lua``; only where
+    there is such a part), then the tarpit; else the answer at once. A gRPC message
+    longer than half a buffer (``txn.long``) waits the tarpit alone: a stream sleeping in
+    Lua stops reading its message, and once its buffer is full HAProxy 2.6 stops reading
+    the whole connection (16 refusals of 600 KB messages sleeping there on one connection
+    were reset, ``CANCELLED``, one every 50 ms, and a critical request sent after them on
+    it was answered after the last, at 0.81 s; tarpitted, none holds another stream)."""
     action = answer(errors.Overloaded, message, retry_after=tenancy.RETRY_AFTER_S)
     rules = [("set-var(txn.out) str(rejected)", cond),
              (f"set-var(txn.why) str({reason})", cond),
              ("track-sc1 var(txn.mp) table st_seen", cond)]
-    if tarpit:
+    if delayed is not None:
+        delay, per_s = delayed.refusal_delay_ms, delayed.refusals_per_s
+        most = MAX_REFUSAL_DELAY_MS - delay
         late = f"{cond} {{ var(txn.tp) -m int ge 0 }}"
-        rules += [("track-sc0 var(txn.rk) table st_delay", f"{late} {{ var(txn.tm) -m int gt 0 }}"),
-                  (_tarpitted(action), late)]
+        rules += [
+            ("set-var(txn.rx) var(txn.dk),table_conn_cur(st_delay),add(1),mul(1000),"
+             f"div({per_s}),sub({delay})", late),
+            ("track-sc0 var(txn.dk) table st_delay", late),
+            (f"set-var(txn.rx) int({most})", f"{late} {{ var(txn.rx) -m int gt {most} }}"),
+            # txn.tp: (9/10 of the deadline less the delay) x 10 (without one, 0)
+            (f"set-var(txn.ry) var(txn.tp),div({deadline.SHARE_DEN}),sub(txn.rx)",
+             f"{late} {{ var(txn.dl) -m found }}"),
+            (f"set-var(txn.rx) var(txn.tp),div({deadline.SHARE_DEN})",
+             f"{late} {{ var(txn.ry) -m int lt 0 }}"),
+            (f"lua.{REFUSAL_WAIT_ACTION}",
+             f"{late} !{{ var(txn.{LONG_MESSAGE}) -m found }} {{ var(txn.rx) -m int gt 0 }}"),
+            (_tarpitted(action), late),
+        ]
     return [*rules, (action, cond)]
 
 

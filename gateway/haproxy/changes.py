@@ -8,7 +8,8 @@ twins (:func:`gateway.haproxy.backends.pin_backends`). It gives ``None`` when th
 change is structural (:func:`structure`: pools, members, a member's gRPC connection
 mode, rate classes, the default route, predict auth turned on or off, the number of
 split ranks, tenancy turned on or off, its refusal delay (the frontends' ``timeout
-tarpit``), the set of models under residency) and needs a seamless reload.
+tarpit``) and refusals a second (a constant of the rules), the set of models under
+residency) and needs a seamless reload.
 
 Holders move without a gap: a model backend's servers are made ready before the map
 sends requests to them, and the map turns to ``miss`` (the control plane) before the
@@ -44,6 +45,7 @@ def structure(snapshot: Snapshot, layout: Layout) -> tuple[object, ...]:
         snapshot.split_ranks(),
         snapshot.tenancy is not None,
         snapshot.tenancy.refusal_delay_ms if snapshot.tenancy is not None else None,
+        snapshot.tenancy.refusals_per_s if snapshot.tenancy is not None else None,
         tuple((r.pool, r.model) for r in snapshot.residents()),
     )
 

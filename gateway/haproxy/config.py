@@ -95,6 +95,8 @@ def _bufsize(layout: Layout) -> int:
 
 
 PIN_GRPC_LUA = "pin_grpc.lua"  # in the run directory (gateway.haproxy.render)
+REFUSAL_WAIT_LUA = "refusal_wait.lua"
+LUA_FILES = (PIN_GRPC_LUA, REFUSAL_WAIT_LUA)
 
 # A reload's old worker (docs/haproxy.md, "Live changes and reloads"). By default it
 # sends GOAWAY to every HTTP/2 connection the moment it stops, also to one it accepted
@@ -116,8 +118,9 @@ def _global(layout: Layout) -> str:
         "  log ring@telemetry len 2048 format raw local0",
         "  hard-stop-after 30s",
         f"  close-spread-time {CLOSE_SPREAD_S}s",
-        # the filter of the pin backends (loading it costs no request anything)
-        f"  lua-load {layout.run_dir / PIN_GRPC_LUA}",
+        # the filter of the pin backends, the action of a tenancy refusal's longer delay
+        # (loading them costs no request anything)
+        *(f"  lua-load {layout.run_dir / name}" for name in LUA_FILES),
         *(f"  {key} {value}" for key, value in tuning(layout).items()),
         "",
         # a ring buffer streamed to the control plane: bursts wait in the ring instead of

@@ -114,6 +114,7 @@ def _tenancy(state: GatewayState, policy: RoutingPolicy,
                           for pool, _, rules in pools for p, _ in rules.refuse_at
                           if rules is not tenancy),
         refusal_delay_ms=tenancy.refusal_delay_ms,
+        refusals_per_s=tenancy.refusals_per_s,
     )
 
 

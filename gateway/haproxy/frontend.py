@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gateway import errors
 from gateway.haproxy import queueing
+from gateway.haproxy.admission_rules import LONG_MESSAGE
 from gateway.haproxy.answers import grpc_return, http_return
 from gateway.haproxy.backends import PIN
 from gateway.haproxy.deadline_rules import deadline_fetch
@@ -87,6 +88,12 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         first += [("set-var(txn.glen) req.body,bytes(1,4),be2dec(:,4)", ""),
                   ("set-var(txn.out) str(too_large)",
                    f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
+        if snapshot.tenancy is not None and snapshot.tenancy.refusal_delay_ms > 0:
+            # a message longer than half a buffer: its refusal waits the tarpit alone
+            # (admission_rules._refuse; a stream that stops reading its message stops
+            # HAProxy 2.6 reading the whole connection)
+            first.append((f"set-var(txn.{LONG_MESSAGE}) int(1)",
+                          f"{{ var(txn.glen) -m int gt {queueing.bypass_limit(bufsize)} }}"))
     rules = [*first, *request_rules(answer, http), *deadline_fetch(http),
              *model_rules(snapshot, answer, http), *shadow_rules(http),
              *rollout_rules(http), *residency_rules(snapshot),

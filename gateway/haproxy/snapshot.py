@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gateway.config.tenancy import DEFAULT_REFUSAL_DELAY_MS, Priority
+from gateway.config.tenancy import DEFAULT_REFUSAL_DELAY_MS, DEFAULT_REFUSALS_PER_S, Priority
 from gateway.netaddr import split_host_port
 from gateway.policy.rate import RateClass
 from gateway.policy.routing import MAX_POOLS_PER_MODEL, MAX_WEIGHT
@@ -135,6 +135,7 @@ class TenancyState:
     # a tenancy refusal's tarpit (gateway.policy.tenancy.refusal_delay_ms); tenancy off
     # keeps the default, so turning it off and on again needs no reload
     refusal_delay_ms: int = DEFAULT_REFUSAL_DELAY_MS
+    refusals_per_s: int = DEFAULT_REFUSALS_PER_S  # ... longer for a tenant with many
 
     def rate_classes(self) -> tuple[RateClass, ...]:
         return tuple(t.rate for t in self.tenants if t.rate is not None)
@@ -334,6 +335,7 @@ def snapshot_from_dict(data: Any) -> Snapshot:
             pool_bounds=tuple((str(p), str(k), int(c)) for p, k, c in t.get("pool_bounds", ())),
             enabled=bool(t.get("enabled", True)),
             refusal_delay_ms=int(t.get("refusal_delay_ms", DEFAULT_REFUSAL_DELAY_MS)),
+            refusals_per_s=int(t.get("refusals_per_s", DEFAULT_REFUSALS_PER_S)),
         )
 
     try:

@@ -52,18 +52,19 @@ refused from 12 in flight and ``app`` from 4; ``app`` stops for 2 s: ``web``'s s
 
 Refusals are 429 / RESOURCE_EXHAUSTED with ``Retry-After`` and a message naming the
 reason, answered after :func:`refusal_delay_ms` (the tenancy's ``refusal_delay_ms``, a
-tarpit): a client that retries every refusal at once is slowed by its own concurrency
-(at most its requests in flight / the delay refusals a second), instead of taking the
-CPU Triton and the other tenants need to be refused tens of thousands of times a
-second. The request waits on its own (HAProxy's ``http-request tarpit``, an
-``asyncio.sleep`` of its own task on the Python plane), counted nowhere: neither the
-tenant's requests in flight nor the pool's load. A request whose deadline (ms) leaves no
-room for the delay within 9/10 of it is answered at once (a gRPC client must read
-RESOURCE_EXHAUSTED, not its own DEADLINE_EXCEEDED). The other refusals (rates, the
-model's bound, deadlines, readiness) are answered at once. Admitted requests queue in
-Triton, or, in a pool with ``gateway_queue``, in the gateway, in the order of
-:mod:`gateway.policy.queueing` (class, then the tenant's virtual time by its weight);
-the load above counts them either way.
+tarpit, longer for a tenant with many refusals waiting): a client that retries every
+refusal at once is slowed by its own concurrency (about ``refusals_per_s`` refusals a
+second, however many requests it keeps refused), instead of taking the CPU Triton and
+the other tenants need to be refused thousands of times a second. The request waits on
+its own (HAProxy's ``http-request tarpit``, after a Lua sleep where it waits longer; an
+``asyncio.sleep`` of its own task on the Python plane), counted only among its tenant's
+refusals waiting: neither in the tenant's requests in flight nor in the pool's load. A
+request whose deadline (ms) leaves no room for the delay within 9/10 of it is answered
+at once (a gRPC client must read RESOURCE_EXHAUSTED, not its own DEADLINE_EXCEEDED).
+The other refusals (rates, the model's bound, deadlines, readiness) are answered at
+once. Admitted requests queue in Triton, or, in a pool with ``gateway_queue``, in the
+gateway, in the order of :mod:`gateway.policy.queueing` (class, then the tenant's
+virtual time by its weight); the load above counts them either way.
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ from dataclasses import dataclass, replace
 
 from gateway.config.tenancy import (
     DEFAULT_REFUSAL_DELAY_MS,
+    DEFAULT_REFUSALS_PER_S,
     DEFAULT_TENANT,
+    MAX_REFUSAL_DELAY_MS,
     Priority,
     TenancySpec,
     TenantLimits,
@@ -154,18 +157,27 @@ def decide(tenant: Tenant, s: Standing) -> Refusal | None:
     return None
 
 
-def refusal_delay_ms(delay_ms: int, deadline_ms: int | None) -> int:
+def refusal_delay_ms(delay_ms: int, deadline_ms: int | None, waiting: int = 1,
+                     per_s: int = DEFAULT_REFUSALS_PER_S) -> int:
     """Milliseconds a refusal of :func:`decide` waits before it is answered: the
-    tenancy's ``refusal_delay_ms``, unless the request's deadline (``deadline_ms``, None
-    without one) leaves no room for it within 9/10 of it (``deadline.SHARE_NUM`` /
-    ``SHARE_DEN``, the share deadline shedding keeps): then 0, answered at once, before
-    the client's own deadline ends the call. In integers, as HAProxy compares them
-    (a frontend has one tarpit duration: no shorter delay in between)."""
+    tenancy's ``refusal_delay_ms``, or longer where the tenant has many refusals waiting:
+    ``waiting`` (its refusals waiting for their answers, this one counted) x 1000 /
+    ``per_s`` (the tenancy's ``refusals_per_s``), at most ``MAX_REFUSAL_DELAY_MS``, so
+    that a tenant keeping N requests refused is answered about ``per_s`` refusals a
+    second however large N, and a tenant refused now and then only the delay. A
+    request's deadline (``deadline_ms``, None without one) bounds it to 9/10 of the
+    deadline (``deadline.SHARE_NUM`` / ``SHARE_DEN``, the share deadline shedding keeps);
+    where even the tenancy's delay does not fit there: 0, answered at once, before the
+    client's own deadline ends the call. In integers, as HAProxy computes it (its
+    tarpit waits the tenancy's delay, a Lua sleep before it the rest)."""
     if delay_ms <= 0:
         return 0
     if deadline_ms is not None and delay_ms * SHARE_DEN > deadline_ms * SHARE_NUM:
         return 0
-    return delay_ms
+    wait = max(delay_ms, min(MAX_REFUSAL_DELAY_MS, waiting * 1000 // per_s))
+    if deadline_ms is not None:
+        wait = min(wait, deadline_ms * SHARE_NUM // SHARE_DEN)
+    return wait
 
 
 def split_shares(ceilings: Mapping[Priority, int],
@@ -234,6 +246,7 @@ class Tenancy:
     keys: tuple[tuple[str, str], ...]  # (key digest, tenant name), sorted
     refuse_at: tuple[tuple[Priority, float], ...]  # in a pool that queues in Triton
     refusal_delay_ms: int = DEFAULT_REFUSAL_DELAY_MS  # refusal_delay_ms() applies it
+    refusals_per_s: int = DEFAULT_REFUSALS_PER_S  # ... and this
     # in a pool that queues in the gateway (gateway_queue); empty: as refuse_at
     refuse_at_queued: tuple[tuple[Priority, float], ...] = ()
 
@@ -269,6 +282,7 @@ class Tenancy:
                               for t in spec.tenants for k in t.keys)),
             refuse_at=refuse_at,
             refusal_delay_ms=spec.refusal_delay_ms,
+            refusals_per_s=spec.refusals_per_s,
             refuse_at_queued=() if refuse_at_queued == refuse_at else refuse_at_queued,
         )
 
@@ -369,6 +383,7 @@ def describe(tenancy: Tenancy, capacities: Mapping[str, int],
         "refuse_at": {p.value: f for p, f in tenancy.refuse_at},
         "refuse_at_gateway_queue": {p.value: f for p, f in tenancy.in_pool(True).refuse_at},
         "refusal_delay_ms": tenancy.refusal_delay_ms,
+        "refusals_per_s": tenancy.refusals_per_s,
         "pools": {name: pool(name, cap) for name, cap in sorted(capacities.items())},
     }
 

@@ -125,6 +125,8 @@ class Forwarder:
     _tenant_children: dict[tuple[str, ...], Any] = field(init=False, default_factory=dict)
     # the pools that queue in the gateway: their slots and waiting requests
     queues: dict[str, PoolQueue] = field(init=False, default_factory=dict)
+    # tenant -> its refusals waiting for their answers (their delay grows with them)
+    _refusals_waiting: Counter[str] = field(init=False, default_factory=Counter)
     _mirrors: set[asyncio.Task[None]] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
@@ -214,7 +216,7 @@ class Forwarder:
             self._refused(route, protocol, options, err, tenant,
                           err.reason if isinstance(err, Overloaded)
                           else "deadline" if isinstance(err, DeadlineExceeded) else "")
-            await self._tarpit(err, options)
+            await self._tarpit(err, options, tenant)
             raise
         queue, held = self._queue(pool), False
         try:
@@ -413,17 +415,28 @@ class Forwarder:
         self._count_in(route, +1, pool, tenant)
         return pool
 
-    async def _tarpit(self, err: GatewayError, options: RequestOptions) -> None:
+    async def _tarpit(self, err: GatewayError, options: RequestOptions,
+                      tenant: Tenant | None) -> None:
         """A refusal of the tenancy rules waits :func:`tenancy.refusal_delay_ms` before it
-        is answered (HAProxy's tarpit), on the request's own task, counted nowhere: a
-        client retrying every refusal at once is slowed by its own concurrency."""
+        is answered (HAProxy's tarpit), on the request's own task, counted nowhere but in
+        its tenant's refusals waiting: a client retrying every refusal at once is slowed
+        by its own concurrency."""
         if not (isinstance(err, Overloaded) and err.reason in tenancy.REASONS
-                and self.tenants is not None):
+                and self.tenants is not None and tenant is not None):
             return
+        rules = self.tenants.tenancy
         deadline_ms = None if options.deadline_s is None else int(options.deadline_s * 1000)
-        delay = tenancy.refusal_delay_ms(self.tenants.tenancy.refusal_delay_ms, deadline_ms)
+        delay = tenancy.refusal_delay_ms(rules.refusal_delay_ms, deadline_ms,
+                                         self._refusals_waiting[tenant.name] + 1,
+                                         rules.refusals_per_s)
         if delay:
-            await asyncio.sleep(delay / 1000)
+            self._refusals_waiting[tenant.name] += 1
+            try:
+                await asyncio.sleep(delay / 1000)
+            finally:
+                self._refusals_waiting[tenant.name] -= 1
+                if not self._refusals_waiting[tenant.name]:
+                    del self._refusals_waiting[tenant.name]
 
     def _shed_if_hopeless(self, model: str, pool: Pool, deadline_s: float) -> None:
         service = self.state.service_us(model, pool)

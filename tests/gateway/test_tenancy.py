@@ -2,9 +2,10 @@
 sheddable tenant is refused first, a critical one keeps its room up to its own limit,
 the default tenant is refused at the standard ceiling, over HTTP and gRPC alike; a
 refusal is answered after the tenancy's refusal delay, or at once for a deadline with no
-room for it; a live change of tenants through ``PUT /v1/tenants`` drops no request; a
-malformed one is refused whole; in a pool that queues in the gateway (pool g) sheddable
-requests wait there up to their own ceiling (1 + queue_factor / 4).
+room for it, and later for a tenant with many refusals waiting, holding no other stream
+of its connection; a live change of tenants through ``PUT /v1/tenants`` drops no
+request; a malformed one is refused whole; in a pool that queues in the gateway (pool g)
+sheddable requests wait there up to their own ceiling (1 + queue_factor / 4).
 
 The pool's requests are held in Triton by a model whose dynamic batcher waits
 ``HOLD_S`` for a batch: the load is known while the test asks. Once it has asked, a full
@@ -33,6 +34,7 @@ from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.config.tenancy import DEFAULT_REFUSAL_DELAY_MS
 from infergate.processes import GatewayProcess
 from infergate.triton.local import LocalTriton
+from loadtests.h2load import grpc_request_bytes
 from tests.conftest import DATA_PLANES, triton_settings
 from tests.gateway.conftest import haproxy_share
 from tests.procs import run_gateway, started_triton, wait_until
@@ -42,9 +44,13 @@ SLOW, CAPPED, QUEUED, HOLD_S = "held", "capped", "queued", 8.0
 BATCH, PAY = "batch-key-0123456789", "pay-key-0123456789"
 HEAVY, LIGHT = "heavy-key-0123456789", "light-key-0123456789"
 QUIET = "quiet-key-0123456789"  # only ever refused (the refusal delay's test)
+FLOOD = "flood-key-0123456789"  # many refused at once (the longer delay's test)
+REFUSALS_PER_S = 20  # each of a tenant's refusals waiting adds 50 ms to the next one's
 TENANCY = {
     "default": {"priority": "standard"},
+    "refusals_per_s": REFUSALS_PER_S,
     "tenants": [{"name": "batch", "priority": "sheddable", "keys": [BATCH]},
+                {"name": "flood", "priority": "sheddable", "keys": [FLOOD]},
                 {"name": "pay", "priority": "critical", "keys": [PAY], "max_in_flight": 3},
                 {"name": "heavy", "keys": [HEAVY]}, {"name": "light", "keys": [LIGHT]},
                 {"name": "quiet", "keys": [QUIET]}],
@@ -280,13 +286,13 @@ async def test_tenants_change_live_without_dropping_a_request(gateway: GatewayPr
         await asyncio.gather(*workers)
         shown = (await client.get(f"{base}/v1/tenants")).json()
     assert set(statuses) == {200}, (statuses, refused[:3])
-    assert [t["name"] for t in shown["tenants"]] == ["default", "batch", "pay", "heavy", "light",
-                                                     "quiet"]
+    assert [t["name"] for t in shown["tenants"]] == ["default", "batch", "flood", "pay", "heavy",
+                                                     "light", "quiet"]
     assert shown["pools"]["p"]["capacity"] == 2
     assert shown["pools"]["p"]["ceilings"] == {"sheddable": 2, "standard": 4, "critical": 6}
     # once the traffic is over (HAProxy counted it as the default tenant's while tenancy
     # was off), every tenant is alone in its class: its share is the class ceiling
-    idle = {"default": 4, "batch": 2, "pay": 6, "heavy": 4, "light": 4, "quiet": 4}
+    idle = {"default": 4, "batch": 2, "flood": 2, "pay": 6, "heavy": 4, "light": 4, "quiet": 4}
     assert await asyncio.to_thread(wait_until, lambda: _shares(gateway) == idle, 20), \
         _shares(gateway)
     assert all(k.startswith("sha256:") for t in shown["tenants"] for k in t["keys"])
@@ -410,6 +416,83 @@ async def test_the_models_bound_refuses_lower_classes_first_never_critical_for_t
         await _release(triton, CAPPED, held)
         answers = await asyncio.gather(*held)
     assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+
+
+async def test_a_tenant_with_many_refusals_waiting_waits_longer_for_each_alike_on_both_planes(
+        gateway: GatewayProcess, triton: LocalTriton) -> None:
+    """A tenant refused many times at once (a flood retrying every refusal) waits for
+    each refusal its refusals waiting x 1000 / ``refusals_per_s`` (50 ms each here), so
+    it is answered about ``refusals_per_s`` refusals a second however many it keeps
+    refused; another tenant refused meanwhile waits the delay alone, and a deadline
+    bounds the wait to 9/10 of it (RESOURCE_EXHAUSTED, never the client's own
+    DEADLINE_EXCEEDED)."""
+    delay_s = DEFAULT_REFUSAL_DELAY_MS / 1000
+    url = f"http://{gateway.http_url}/v2/models/{SLOW}/infer"
+    async with httpx.AsyncClient(timeout=60) as client:
+        post = _poster(client, url)
+        held = [post(BATCH), post(BATCH)]  # the pool's capacity, held in Triton
+        assert await asyncio.to_thread(wait_until, lambda: _in_flight(gateway, "batch") == 2, 20)
+
+        async def timed(key: str) -> tuple[int, float]:
+            began = time.monotonic()
+            answer = await post(key)
+            return answer.status_code, time.monotonic() - began
+
+        flood = [asyncio.create_task(timed(FLOOD)) for _ in range(16)]
+        other = await timed(BATCH)  # another tenant refused meanwhile: the delay alone
+        short = await asyncio.to_thread(_grpc_refusal, gateway, SLOW, FLOOD, 0.5)
+        answers = await asyncio.gather(*flood)
+        await _release(triton, SLOW, held)
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
+    assert {status for status, _ in answers} == {429}
+    took = sorted(t for _, t in answers)
+    assert took[0] >= 0.9 * delay_s, took
+    # 16 refused together: the later ones counted the earlier ones waiting
+    assert took[-1] >= 6 * delay_s, took
+    assert other[0] == 429 and 0.9 * delay_s <= other[1] < took[-1], (other, took)
+    status, message, waited = short  # beyond 9/10 of its deadline were it not bounded
+    assert status == "StatusCode.RESOURCE_EXHAUSTED", (status, message, waited)
+    assert waited >= 0.9 * delay_s, waited
+
+
+@pytest.mark.parametrize("width", [TINY_WIDTH, 4096, 150_000], ids=["small", "large", "huge"])
+async def test_refusals_waiting_longer_hold_no_other_stream_of_their_connection(
+        gateway: GatewayProcess, triton: LocalTriton, width: int) -> None:
+    """HTTP/2 carries many streams on one connection: a flood's refusals waiting their
+    longer delay on it hold none of the others. A critical request sent on the same
+    connection after 16 refusals is answered before the last of them, whether their
+    messages are small, larger than half of HAProxy's buffer (16 KB) or many buffers
+    long (600 KB: HAProxy waits the tarpit alone for messages over half a buffer; were
+    they to sleep in Lua, the connection would stall behind them: the 16 were reset,
+    ``CANCELLED``, one every 50 ms, and the critical request answered after them)."""
+    url = f"http://{gateway.http_url}/v2/models/{SLOW}/infer"
+    refused = grpc_request_bytes(SLOW, np.ones((1, width), np.float32), "x")
+    critical = grpc_request_bytes(TINY_MODEL_NAME, np.ones((1, TINY_WIDTH), np.float32), "x")
+    ended: list[tuple[str, str]] = []  # (key, status) in the order of their answers
+    async with httpx.AsyncClient(timeout=60) as client:
+        post = _poster(client, url)
+        held = [post(BATCH), post(BATCH)]  # the pool's capacity, held in Triton
+        assert await asyncio.to_thread(wait_until, lambda: _in_flight(gateway, "batch") == 2, 20)
+        async with grpc.aio.insecure_channel(gateway.grpc_url) as channel:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+            async def call(message: bytes, key: str) -> None:
+                try:
+                    await infer(message, metadata=(("x-api-key", key),), timeout=30)
+                    ended.append((key, "OK"))
+                except grpc.aio.AioRpcError as exc:
+                    ended.append((key, exc.code().name))
+
+            await call(critical, PAY)  # the connection up before the flood
+            flood = [asyncio.create_task(call(refused, FLOOD)) for _ in range(16)]
+            await asyncio.sleep(0.02)  # (sent: they wait their delays)
+            await call(critical, PAY)
+            await asyncio.gather(*flood)
+        await _release(triton, SLOW, held)
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
+    assert ended[0] == (PAY, "OK") and sorted(set(ended[1:])) == [
+        (FLOOD, "RESOURCE_EXHAUSTED"), (PAY, "OK")], ended
+    assert ended.index((PAY, "OK"), 1) < len(ended) - 1, ended
 
 
 def _grpc_refusal(gw: GatewayProcess, model: str, key: str,

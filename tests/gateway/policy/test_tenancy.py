@@ -92,12 +92,32 @@ def test_a_refusal_waits_its_delay_unless_the_deadline_has_no_room_for_it(
     assert refusal_delay_ms(delay, deadline_ms) == waits
 
 
+@pytest.mark.parametrize(("waiting", "per_s", "deadline_ms", "waits"), [
+    (1, 100, None, 50),  # a tenant refused now and then: the delay
+    (5, 100, None, 50),  # 5 waiting x 10 ms each: not beyond the delay
+    (6, 100, None, 60),  # beyond it: its share of a second per refusal waiting
+    (64, 100, None, 640),  # a flood of 64 refused: about 100 refusals a second
+    (64, 20, None, 1000),  # at most MAX_REFUSAL_DELAY_MS
+    (64, 100, 500, 450),  # within 9/10 of the deadline
+    (64, 100, 56, 50),  # the deadline leaves room for the delay only
+    (64, 100, 55, 0),  # not even for the delay: at once
+])
+def test_a_tenant_with_many_refusals_waiting_waits_longer(
+        waiting: int, per_s: int, deadline_ms: int | None, waits: int) -> None:
+    assert refusal_delay_ms(50, deadline_ms, waiting, per_s) == waits
+
+
 def test_the_refusal_delay_is_configured_per_tenancy_and_bounded() -> None:
     assert Tenancy.from_spec(parse_tenancy({}), 2.0).refusal_delay_ms == 50
     assert Tenancy.from_spec(parse_tenancy({"refusal_delay_ms": 0}), 2.0).refusal_delay_ms == 0
     for wrong in (-1, 1001, 2.5):
         with pytest.raises(ValueError, match="tenancy: refusal_delay_ms"):
             parse_tenancy({"refusal_delay_ms": wrong})
+    assert Tenancy.from_spec(parse_tenancy({}), 2.0).refusals_per_s == 100
+    assert Tenancy.from_spec(parse_tenancy({"refusals_per_s": 20}), 2.0).refusals_per_s == 20
+    for wrong in (0, -1, 100_001, 2.5):
+        with pytest.raises(ValueError, match="tenancy: refusals_per_s"):
+            parse_tenancy({"refusals_per_s": wrong})
 
 
 def test_ceilings_default_from_queue_factor_and_follow_given_ones() -> None:
