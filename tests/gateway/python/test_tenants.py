@@ -14,19 +14,22 @@ from gateway.errors import Overloaded
 from gateway.policy import tenancy
 from gateway.python.forwarder import Forwarder, RequestOptions
 from tests.gateway.conftest import Held
+from tests.gateway.residency.fakes import run_virtual
 
 CAPACITY = 4  # one member: standard refused from 8, critical from 12, sheddable from 4
 
 
-def _dataplane(clock: Callable[[], float] = lambda: 100.0, delay_ms: int = 0) -> Forwarder:
+def _dataplane(clock: Callable[[], float] = lambda: 100.0, delay_ms: int = 0,
+               refusals_per_s: int = 100) -> Forwarder:
     """``delay_ms``: the tenancy's refusal delay (0 here unless a test looks at it: the
-    rule's tests see each refusal at once)."""
+    rule's tests see each refusal at once), ``refusals_per_s`` its refusals a second."""
     config = GatewayConfig(
         pools=(PoolSpec(name="p", members=(MemberSpec(grpc_port=1),),
                         capacity_per_member=CAPACITY),),
         queue_factor=2.0,
         tenancy=parse_tenancy({
             "refusal_delay_ms": delay_ms,
+            "refusals_per_s": refusals_per_s,
             "default": {"priority": "sheddable"},
             "tenants": [{"name": "heavy", "keys": ["heavy-key"]},
                         {"name": "light", "keys": ["light-key"]},
@@ -200,3 +203,39 @@ async def test_a_tenancy_refusal_waits_its_delay_on_its_own_and_counts_nowhere()
     assert _outcomes(short) == {"saturated": 1}
     held.release.set()
     assert set(await asyncio.gather(*batch, *pay)) == {"ok"}
+
+
+
+def test_a_tenant_with_many_refusals_waiting_waits_longer_for_each() -> None:
+    """The delay grows with the tenant's refusals waiting (``tenancy.refusal_delay_ms``):
+    ten refused at once at 100 a second wait the delay (40 ms) up to the fourth, then
+    10 ms for each refusal waiting, itself counted; another tenant refused meanwhile
+    waits the delay alone; once they are answered the next refusal waits the delay
+    again. In virtual time: exact."""
+    async def run() -> tuple[list[int], ...]:
+        loop = asyncio.get_running_loop()
+        dp, held = _dataplane(delay_ms=40), Held()
+        admitted = await _offer(dp, held, "batch-key", 4)  # sheddable: the pool's capacity
+
+        async def refused(key: str, n: int) -> list[int]:
+            """Milliseconds until each of ``n`` refusals offered at once is answered."""
+            began, ends = loop.time(), []
+            tasks = await _offer(dp, held, key, n)
+            for task in tasks:
+                task.add_done_callback(lambda _: ends.append(round(1000 * (loop.time() - began))))
+            await asyncio.wait(tasks)
+            assert _outcomes(tasks) == {"saturated": n}
+            return ends
+
+        flood = asyncio.create_task(refused("batch-key", 10))
+        await asyncio.sleep(0)  # (offered first)
+        other = await refused("other-key", 1)  # the default tenant, sheddable too
+        answers = (await flood, other, await refused("batch-key", 1))
+        held.release.set()
+        assert set(await asyncio.gather(*admitted)) == {"ok"}
+        return answers
+
+    flood, other, later = run_virtual(run())
+    assert flood == [40, 40, 40, 40, 50, 60, 70, 80, 90, 100]
+    assert other == [40]
+    assert later == [40]
