@@ -236,6 +236,12 @@ class LocalTriton:
         env["VIRTUAL_ENV"] = str(s.runtime_env.resolve())
         env.pop("PYTHONPATH", None)
         env.pop("PYTHONHOME", None)
+        # Each Python-backend stub imports numpy, whose OpenBLAS starts a thread per core
+        # that spins at start-up; the stubs compute in ONNX Runtime's own threads, never in
+        # numpy's BLAS. One thread: a stub's start costs 0.11 CPU-s instead of 0.21, a
+        # load 0.53-0.56 instead of 0.68-0.69 (bench_member_loads, one load at a time, 2
+        # runs each; docs/residency.md). An operator's setting is kept.
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
         _become_subreaper()
         # what Triton prints before its log is open (a bad option, a library that does
         # not load) goes to stderr: kept beside the log for a start-up error to say

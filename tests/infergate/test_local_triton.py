@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from converters.samples import SAMPLE_MODEL_NAME
@@ -43,8 +44,12 @@ def test_local_triton_serves_and_leaves_no_process_when_stopped(own_repo: Path,
     server = LocalTriton(triton_settings(own_repo, tmp_path, SAMPLE_MODEL_NAME))
     with server:
         assert server.running()
-        # the Python-backend stub runs beside the server
+        # the Python-backend stub runs beside the server, its numpy's BLAS on one thread
         assert any("triton_python_backend_stub" in p for p in triton_processes(str(own_repo)))
+        assert server.pid is not None
+        stubs = [c for c in psutil.Process(server.pid).children()
+                 if "triton_python_backend_stub" in " ".join(c.cmdline())]
+        assert stubs and all(s.environ().get("OPENBLAS_NUM_THREADS") == "1" for s in stubs)
     assert not server.running()
     assert triton_processes(str(own_repo)) == []
 
