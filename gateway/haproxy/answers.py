@@ -28,9 +28,12 @@ def http_return(error: type[errors.GatewayError], message_lf: str,
 
 def grpc_return(error: type[errors.GatewayError], message_lf: str,
                 retry_after: int | None = None) -> str:
-    """A trailers-only gRPC answer: HTTP 200, ``grpc-status`` and ``grpc-message``."""
+    """A trailers-only gRPC answer: HTTP 200, ``grpc-status`` and ``grpc-message``. Its
+    ``content-type`` comes from the gRPC frontend's ``http-after-response`` rule
+    (:mod:`gateway.haproxy.frontend`): HAProxy ignores one given to a return without
+    payload, and warns of each at start."""
     hdrs = f" hdr retry-after {retry_after}" if retry_after is not None else ""
-    return (f"http-request return status 200 content-type application/grpc "
+    return (f"http-request return status 200 "
             f"hdr grpc-status {errors.grpc_code_number(error)} "
             f'hdr grpc-message "{message_lf}"{hdrs}')
 

@@ -83,8 +83,9 @@ def _python_backends(name: str, http: str, grpc: str, layout: Layout,
         f"backend {name}_grpc",
         f"  errorfiles {errors_prefix}grpc_errors",
         "  option http-no-delay",
+        # (the client's side is the frontend's `timeout client`: HAProxy ignores one
+        # in a backend, and warned of it at every start)
         f"  timeout server {layout.stream_timeout_s}s",
-        f"  timeout client {layout.stream_timeout_s}s",
         *stream_grace_rules(),
         *extra,
         f"  server {name} {grpc} proto h2",

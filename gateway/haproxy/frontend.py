@@ -64,12 +64,16 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         model_fetch = f"req.body,bytes(5),protobuf({model_name.GRPC_MODEL_FIELD})"
     python = _python_backend(layout, proto)
     lines.append(f"  http-request set-log-level silent unless {guard}")
+    # HAProxy runs every http-request rule before any use_backend: the routes are written
+    # after the rules, in the order they are tried (written before, each later rule
+    # drew a warning at every start)
+    routes: list[str] = []
     if layout.local_http is not None:  # a replica: the control plane's calls go there
         lines += [f"  acl control_call {acl}" for acl in _control_acls(http)]
         # (an inference request has txn.proto set: it never evaluates control_call)
-        lines.append(f"  use_backend control_{proto} if !{{ var(txn.proto) -m found }} "
-                     "control_call")
-    lines.append(f"  use_backend {python} unless {guard}")
+        routes.append(f"  use_backend control_{proto} if !{{ var(txn.proto) -m found }} "
+                      "control_call")
+    routes.append(f"  use_backend {python} unless {guard}")
     first: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
     if not http:
         # only as much of the body as the model name needs (streams must not wait)
@@ -104,9 +108,13 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
     ]
     if not http:
         lines.append("  http-response set-var(txn.gs) res.hdr(grpc-status)")
-        # HAProxy drops content-type from a return without payload: put it back
+        # HAProxy drops content-type from a return without payload: put it back on every
+        # answer of this frontend, those given before the model's name is read too (no
+        # name, a token refused): gRPC clients other than grpc-python refuse an answer
+        # without it ("malformed header: missing HTTP content-type")
         lines.append("  http-after-response set-header content-type application/grpc "
-                     "if { var(txn.model) -m found } !{ res.hdr(content-type) -m found }")
+                     "unless { res.hdr(content-type) -m found }")
+    lines += routes
     if not http:
         lines.append(f"  use_backend {python} if {{ var(txn.out) -m str too_large }}")
         lines.append(f"  use_backend {python} if {{ var(txn.detour) -m found }}")

@@ -216,7 +216,7 @@ class Layout:
     queue_timeout_s: int = 60
     health_interval_ms: int = 1000
     max_body_bytes: int = 256 * 1024 * 1024
-    stream_timeout_s: int = 3600  # gRPC streams to the control plane may idle this long
+    stream_timeout_s: int = 3600  # HAProxy's wait for the Python forwarder's gRPC answers
     # gRPC requests to a member share HTTP/2 connections when its Triton has the fix
     # for server#8034 (auto), always, or never (gateway.upstream.triton_version)
     grpc_upstream_reuse: GrpcReuse = GrpcReuse.AUTO

@@ -203,3 +203,5 @@ def test_cpu_triton_image_serves_the_ports_and_user_the_pool_expects(
     seed = pod_spec(workload)["initContainers"][0]["command"][-1]
     assert "/opt/infergate/model_repo/" in seed
     assert any(rest.endswith("/opt/infergate/model_repo/") for op, rest in steps if op == "COPY")
+    # the stubs' numpy on one BLAS thread, as local members start them
+    assert ("ENV", "OPENBLAS_NUM_THREADS=1") in steps

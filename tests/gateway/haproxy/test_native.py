@@ -6,8 +6,11 @@ leaves no new connection hanging."""
 from __future__ import annotations
 
 import contextlib
+import re
 import select
 import socket
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -218,8 +221,43 @@ def test_haproxy_checks_predict_tokens_by_digest_when_gated(native: Native) -> N
         for protocol in ("http", "grpc"):
             assert _infer(native, protocol, headers={"authorization": f"Bearer {TOKEN}"}) == \
                 ("OK", "")
+        # a refused token's answer is a gRPC one (UNAUTHENTICATED), content-type and all
+        assert _grpc_answer(native, b"\x0a\x04tiny")[:2] == ("application/grpc", "16")
     finally:
         native.move(base)
+
+
+def _grpc_answer(native: Native, message: bytes) -> tuple[str, str, str]:
+    """(content-type, grpc-status, grpc-message) of HAProxy's answer to a ModelInfer call
+    of ``message`` (a serialised ModelInferRequest), as ``nghttp`` receives it: headers
+    and trailers as sent, which grpc-python's leniency would hide (other clients, Go's
+    among them, refuse an answer without the gRPC content-type)."""
+    framed = b"\x00" + len(message).to_bytes(4, "big") + message
+    with tempfile.NamedTemporaryFile(suffix=".grpc") as body:
+        body.write(framed)
+        body.flush()
+        out = subprocess.run(
+            ["nghttp", "-v", "-n", "-t", "10", "-d", body.name,
+             "-H", "content-type: application/grpc", "-H", "te: trailers",
+             f"http://{native.layout.grpc_bind}/inference.GRPCInferenceService/ModelInfer"],
+            capture_output=True, text=True, timeout=30, check=False).stdout
+    received = dict(re.findall(r"^\[[ 0-9.]+\] recv \(stream_id=\d+\) ([a-z-]+): (.*)$",
+                               out, re.MULTILINE))
+    return (received.get("content-type", ""), received.get("grpc-status", ""),
+            received.get("grpc-message", ""))
+
+
+@pytest.mark.parametrize(("message", "status", "needle"), [
+    (b"", "3", "the request names no model"),  # answered before any name is read
+    (b"\x0a\x02\xff\xfe", "3", "not valid UTF-8"),
+    (b"\x0a\x04nope", "5", "Request for unknown model: 'nope' is not found"),
+])
+def test_haproxy_grpc_answers_carry_grpc_content_type_when_haproxy_answers_itself(
+    native: Native, message: bytes, status: str, needle: str
+) -> None:
+    content_type, grpc_status, grpc_message = _grpc_answer(native, message)
+    assert (content_type, grpc_status) == ("application/grpc", status), grpc_message
+    assert needle in grpc_message
 
 
 def test_haproxy_sheds_at_once_when_model_limit_reached(native: Native) -> None:
