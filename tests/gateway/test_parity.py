@@ -36,6 +36,7 @@ from gateway.policy.tenancy import RATE_WHO
 from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES
 from tests.fuzz.test_grpc import MUTATORS
+from tests.grpc_wire import grpc_call
 from tests.procs import GatewayProcess, pools_yaml, run_gateway, wait_until
 
 pytestmark = pytest.mark.integration
@@ -404,3 +405,19 @@ def test_both_planes_answer_mutated_messages_alike(planes: dict[str, GatewayProc
         if len({a.status for a in answers.values()}) > 1:
             differ.append(f"{body[:40]!r}: {answers}")
     assert not differ, "\n".join(differ[:10])
+
+
+def test_both_planes_answer_every_grpc_row_as_grpc(planes: dict[str, GatewayProcess]) -> None:
+    """Each gRPC row once more, as the wire carries it (:mod:`tests.grpc_wire`): every
+    answer of both planes, the data plane's own refusals included, has the gRPC
+    content-type and a ``grpc-status``, which grpc-python's leniency does not check (Go's
+    gRPC refuses an answer without that content-type). Last in this module: the rows'
+    limits have answered the table already."""
+    wrong = []
+    for row in (r for r in ROWS if r.protocol == "grpc"):
+        for plane in DATA_PLANES:
+            got = grpc_call(planes[plane].grpc_url, row.body, row.headers)
+            if got.get("content-type") != "application/grpc" or "grpc-status" not in got:
+                wrong.append(f"{plane}, {row.name}: {got}")
+    assert not wrong, "\n".join(wrong)
+

@@ -6,11 +6,8 @@ leaves no new connection hanging."""
 from __future__ import annotations
 
 import contextlib
-import re
 import select
 import socket
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -45,6 +42,7 @@ from gateway.policy.access import key_digest
 from gateway.policy.rate import RateClass
 from gateway.telemetry import VersionTally
 from tests.conftest import triton_settings
+from tests.grpc_wire import grpc_call
 from tests.procs import started_triton, wait_until
 
 pytestmark = pytest.mark.integration
@@ -229,20 +227,8 @@ def test_haproxy_checks_predict_tokens_by_digest_when_gated(native: Native) -> N
 
 def _grpc_answer(native: Native, message: bytes) -> tuple[str, str, str]:
     """(content-type, grpc-status, grpc-message) of HAProxy's answer to a ModelInfer call
-    of ``message`` (a serialised ModelInferRequest), as ``nghttp`` receives it: headers
-    and trailers as sent, which grpc-python's leniency would hide (other clients, Go's
-    among them, refuse an answer without the gRPC content-type)."""
-    framed = b"\x00" + len(message).to_bytes(4, "big") + message
-    with tempfile.NamedTemporaryFile(suffix=".grpc") as body:
-        body.write(framed)
-        body.flush()
-        out = subprocess.run(
-            ["nghttp", "-v", "-n", "-t", "10", "-d", body.name,
-             "-H", "content-type: application/grpc", "-H", "te: trailers",
-             f"http://{native.layout.grpc_bind}/inference.GRPCInferenceService/ModelInfer"],
-            capture_output=True, text=True, timeout=30, check=False).stdout
-    received = dict(re.findall(r"^\[[ 0-9.]+\] recv \(stream_id=\d+\) ([a-z-]+): (.*)$",
-                               out, re.MULTILINE))
+    of ``message``, as sent (:mod:`tests.grpc_wire`)."""
+    received = grpc_call(native.layout.grpc_bind, message)
     return (received.get("content-type", ""), received.get("grpc-status", ""),
             received.get("grpc-message", ""))
 
