@@ -16,9 +16,10 @@ readiness, holders, rollout split and shadow, the tokens. It probes nothing itse
 
 A miss waits here (:class:`ControlPlaneMisses`): the replica asks the control plane to
 load the model (``POST /v1/dataplane/misses/<model>``: its waiting room loads it once
-however many ask) and follows its snapshot until a member holds it. When the control
-plane cannot be reached, the miss is answered at once (503 / ``UNAVAILABLE``) saying
-so.
+however many ask) and follows its snapshot until a member holds it, answering by 19/20
+of the request's deadline whatever happens (the waiting room's own bound). When the
+control plane cannot be reached, the miss is answered at once (503 / ``UNAVAILABLE``)
+saying so.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from gateway.haproxy.snapshot import Snapshot, server_name
 from gateway.metrics import GatewayMetrics
 from gateway.netaddr import free_ports, split_host_port
 from gateway.policy import readiness
+from gateway.policy.deadline import LAST_DEN, LAST_NUM
 from gateway.policy.rollout import Shadow, Split
 from gateway.python.forwarder import Forwarder
 from gateway.python.grpc_api import create_grpc_server
@@ -158,12 +160,20 @@ class ControlPlaneMisses:
 
     async def __call__(self, model: str, deadline_s: float | None) -> None:
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + (deadline_s if deadline_s is not None else NO_DEADLINE_WAIT_S)
+        began = loop.time()
+        if deadline_s is None:
+            give_up, asked_by = began + NO_DEADLINE_WAIT_S, began + NO_DEADLINE_WAIT_S + 5.0
+        else:
+            # answered within the deadline's last share, as the waiting room answers: the
+            # client's own deadline would otherwise fire first (the control plane answers
+            # within it too; a control plane that does not is given the whole deadline)
+            give_up = began + max(0.0, deadline_s) * LAST_NUM / LAST_DEN
+            asked_by = began + max(0.0, deadline_s)
         params = {} if deadline_s is None else {"wait": f"{max(0.0, deadline_s):.3f}"}
         try:
             answer = await self.client.post(
                 f"{self.url}/{model}", params=params, headers=self.headers,
-                timeout=httpx.Timeout(give_up - loop.time() + 5.0, connect=CONNECT_S))
+                timeout=httpx.Timeout(max(0.001, asked_by - loop.time()), connect=CONNECT_S))
         except httpx.HTTPError as exc:
             raise Unavailable(CONTROL_DOWN.format(model=model, why=type(exc).__name__)) \
                 from exc

@@ -4,6 +4,10 @@ served, which the residency's demand and the rollouts' verdicts count."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.testclient import TestClient
 
@@ -83,3 +87,23 @@ def test_the_replicas_calls_need_an_admin_token_when_auth_is_on() -> None:
     admin = {"Authorization": "Bearer s3cret-admin-token"}
     assert client.post("/v1/dataplane/report", json={}, headers=admin).status_code == 204
     assert client.get("/v1/dataplane/config", headers=admin).status_code == 200
+
+
+async def test_a_miss_is_answered_within_its_wait_when_a_replica_lags_behind() -> None:
+    """The model is served, but a replica never applies the snapshot (its follower never
+    returns): the miss is answered within the last share of what the request may wait
+    (0.95 s of 1), for the replica to answer its client before the client's deadline;
+    without the bound it waited for the replicas alone."""
+    core = Core.for_config(CONFIG)
+    never = asyncio.Event()
+    core.state.follow(never.wait)
+    app = FastAPI()
+    app.include_router(create_dataplane_router(core, TokenTable()))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://control") as client:
+        started = time.monotonic()
+        answer = await asyncio.wait_for(
+            client.post("/v1/dataplane/misses/m", params={"wait": "1.0"}), 10.0)
+        assert time.monotonic() - started < 1.0
+    assert answer.status_code == 200 and answer.json()["model"] == "m"
+
