@@ -45,7 +45,7 @@ from gateway.haproxy.snapshot import Snapshot, server_name
 from gateway.metrics import GatewayMetrics
 from gateway.netaddr import free_ports, split_host_port
 from gateway.policy import readiness
-from gateway.policy.deadline import LAST_DEN, LAST_NUM
+from gateway.policy.deadline import last_share_s
 from gateway.policy.rollout import Shadow, Split
 from gateway.python.forwarder import Forwarder
 from gateway.python.grpc_api import create_grpc_server
@@ -167,7 +167,7 @@ class ControlPlaneMisses:
             # answered within the deadline's last share, as the waiting room answers: the
             # client's own deadline would otherwise fire first (the control plane answers
             # within it too; a control plane that does not is given the whole deadline)
-            give_up = began + max(0.0, deadline_s) * LAST_NUM / LAST_DEN
+            give_up = began + last_share_s(max(0.0, deadline_s))
             asked_by = began + max(0.0, deadline_s)
         params = {} if deadline_s is None else {"wait": f"{max(0.0, deadline_s):.3f}"}
         try:

@@ -10,7 +10,7 @@
   knows); ``wait``: what the request may still wait (absent: the waiting room's
   ``max_wait_s``). It answers once the replicas have applied the snapshot that names
   the holders (``GatewayState.settle``), or at the last share of ``wait``
-  (:data:`~gateway.policy.deadline.LAST_NUM`/``LAST_DEN``) whichever comes first: an
+  (:func:`~gateway.policy.deadline.last_share_s`) whichever comes first: an
   answer after it would reach a client whose own deadline has passed;
 - ``POST /v1/dataplane/report``: what a replica served since its last report, every
   second: user requests per model (the residency's demand and last use:
@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 from gateway.auth import Scope, TokenTable
 from gateway.control.lifecycle_http import requires
 from gateway.core import Core
-from gateway.policy.deadline import LAST_DEN, LAST_NUM
+from gateway.policy.deadline import last_share_s
 
 MAX_REPORTED = 100_000  # answers one report may carry (a replica sends a second's worth)
 
@@ -72,12 +72,9 @@ def create_dataplane_router(core: Core, auth: TokenTable) -> APIRouter:
         # one that asked waits for its own next, which then has them), within the
         # request's last share: two gRPC misses released near it met their clients'
         # own deadlines while this waited (bench_residency, a quarter)
-        if wait is None:
-            await core.state.settle()
-        else:
-            left = wait * LAST_NUM / LAST_DEN - (core.clock() - began)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(core.state.settle(), max(0.0, left))
+        left = None if wait is None else max(0.0, last_share_s(wait) - (core.clock() - began))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(core.state.settle(), left)
         return JSONResponse({"model": model, "holders": sorted(core.state.holders(model)
                                                               or ())})
 

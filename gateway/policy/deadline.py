@@ -81,6 +81,13 @@ SHARE_NUM, SHARE_DEN = 9, 10
 LAST_NUM, LAST_DEN = 19, 20
 
 
+def last_share_s(seconds: float) -> float:
+    """The most of ``seconds`` a request waiting for a load may wait (:data:`LAST_NUM` /
+    :data:`LAST_DEN`): the waiting room's bound, and the replica's and the control
+    plane's on a replica's miss."""
+    return seconds * LAST_NUM / LAST_DEN
+
+
 # a service time measured longer ago than this is not the service now; the throughput
 # of the busiest round within PEAK_WINDOW_S is the pool's when busy
 FRESH_S, PEAK_WINDOW_S = 5.0, 60.0

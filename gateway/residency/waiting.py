@@ -38,7 +38,7 @@ from typing import Protocol
 
 from gateway.config.residency import ResidencySpec
 from gateway.errors import ModelNotFound, ModelNotReady, Unavailable
-from gateway.policy.deadline import LAST_DEN, LAST_NUM, SHARE_DEN, SHARE_NUM
+from gateway.policy.deadline import SHARE_DEN, SHARE_NUM, last_share_s
 from gateway.pools import Pool
 from gateway.residency.holdings import Holding
 
@@ -135,7 +135,7 @@ class WaitingRoom:
         limit = room.max_wait_s if deadline_s is None else min(
             room.max_wait_s, deadline_s * SHARE_NUM / SHARE_DEN)
         last = limit if deadline_s is None else min(
-            room.max_wait_s, deadline_s * LAST_NUM / LAST_DEN)
+            room.max_wait_s, last_share_s(deadline_s))
         give_up = self.clock() + limit
         flight = self._flight(pool, model, give_up)  # (placed knowing when it gives up)
         expected = self.placer.expected_in(flight)
