@@ -162,7 +162,7 @@ async def test_miss_served_once_this_replicas_snapshot_names_a_holder() -> None:
 
 async def test_miss_answered_before_its_deadline_when_this_replicas_snapshot_lags() -> None:
     """The control plane says loaded; this replica's snapshot never names a holder: the
-    request is answered within the deadline's last share (1.9 s of 2), not at its end,
+    request is answered within the deadline's last share (2.85 s of 3), not at its end,
     when the client's own deadline fires and it hears nothing of why (seen: two gRPC
     misses at a quarter budget)."""
     core = _core()
@@ -176,9 +176,9 @@ async def test_miss_answered_before_its_deadline_when_this_replicas_snapshot_lag
     _misses(core, httpx.MockTransport(loaded))
     started = time.monotonic()
     with pytest.raises(Unavailable, match="has not received the snapshot"):
-        await core.state.wait_resident("m", 2.0)
-    assert time.monotonic() - started < 2.0
-    assert timeouts[0] <= 2.0  # the control plane's answer is not awaited past it either
+        await core.state.wait_resident("m", 3.0)
+    assert time.monotonic() - started < 3.0
+    assert timeouts[0] <= 3.0  # the control plane's answer is not awaited past it either
 
 
 @contextlib.contextmanager

@@ -92,7 +92,7 @@ def test_the_replicas_calls_need_an_admin_token_when_auth_is_on() -> None:
 async def test_a_miss_is_answered_within_its_wait_when_a_replica_lags_behind() -> None:
     """The model is served, but a replica never applies the snapshot (its follower never
     returns): the miss is answered within the last share of what the request may wait
-    (0.95 s of 1), for the replica to answer its client before the client's deadline;
+    (2.85 s of 3), for the replica to answer its client before the client's deadline;
     without the bound it waited for the replicas alone."""
     core = Core.for_config(CONFIG)
     never = asyncio.Event()
@@ -103,7 +103,7 @@ async def test_a_miss_is_answered_within_its_wait_when_a_replica_lags_behind() -
                                  base_url="http://control") as client:
         started = time.monotonic()
         answer = await asyncio.wait_for(
-            client.post("/v1/dataplane/misses/m", params={"wait": "1.0"}), 10.0)
-        assert time.monotonic() - started < 1.0
+            client.post("/v1/dataplane/misses/m", params={"wait": "3.0"}), 10.0)
+        assert time.monotonic() - started < 3.0
     assert answer.status_code == 200 and answer.json()["model"] == "m"
 
