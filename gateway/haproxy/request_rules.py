@@ -62,7 +62,10 @@ def request_rules(answer: Callable[..., str], http: bool) -> list[Rule]:
 def model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> list[Rule]:
     """The policy's checks after the request's own: auth, rate, route, readiness,
     admission (``gateway.policy.ORDER``)."""
-    model_lf = "%[var(txn.model),json(utf8s)]" if http else "%[var(txn.model)]"
+    # the model's name as the client wrote it, inside a JSON string (HTTP) or a
+    # grpc-message, which gRPC clients percent-decode: url_enc keeps a '%' in it (and
+    # what is not ASCII) from being decoded into something else ('50%41' into '50A')
+    model_lf = "%[var(txn.model),json(utf8s)]" if http else "%[var(txn.model),url_enc]"
     classes = snapshot.rate_classes()
     if not classes and not snapshot.predict_gated and snapshot.tenancy is None:
         return _pool_rules(snapshot, answer, model_lf)  # no one asks who calls

@@ -214,6 +214,11 @@ ROWS = [
         body=http_body(), headers=AUTH),
     Row("unknown model", "grpc", Answer("NOT_FOUND", "unknown model: 'nope'"),
         body=grpc_body(model="nope"), headers=AUTH),
+    # a name the message quotes as the client wrote it: gRPC's percent-encoding of
+    # grpc-message (a '%' and what is not printable ASCII) read back by the client
+    Row("unknown model, a name with '%' and non-ASCII", "grpc",
+        Answer("NOT_FOUND", re.escape("unknown model: '50%41-\u00fcber' is not found")),
+        body=grpc_body(model="50%41-\u00fcber"), headers=AUTH),
     Row("unknown version", "http", Answer(404, "'tiny' version 9 is not found"),
         body=http_body(), headers=AUTH,
         path=f"/v2/models/{TINY}/versions/9/infer"),
