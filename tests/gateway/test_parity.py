@@ -216,6 +216,9 @@ ROWS = [
         body=grpc_body(model="nope"), headers=AUTH),
     # a name the message quotes as the client wrote it: gRPC's percent-encoding of
     # grpc-message (a '%' and what is not printable ASCII) read back by the client
+    Row("unknown model, a name with '%' and non-ASCII", "http",
+        Answer(404, re.escape("unknown model: '50%41-\u00fcber' is not found")),
+        body=http_body(), headers=AUTH, path="/v2/models/50%2541-%C3%BCber/infer"),
     Row("unknown model, a name with '%' and non-ASCII", "grpc",
         Answer("NOT_FOUND", re.escape("unknown model: '50%41-\u00fcber' is not found")),
         body=grpc_body(model="50%41-\u00fcber"), headers=AUTH),
