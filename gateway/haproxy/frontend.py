@@ -35,6 +35,9 @@ LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
               "%[var(txn.dl)]")
 
 
+COMPRESSED = "gz"  # a gRPC message sent compressed (txn.gz): the Python forwarder's
+
+
 def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> str:
     """The frontend of ``proto``: its bind, ACLs, the request rules in the policy's
     order (:mod:`gateway.haproxy.config` lists it) and the backend each request goes to;
@@ -60,7 +63,12 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         model_fetch = "path,field(4,/),url_dec"
     else:
         lines.append(f"  acl infer_path path {GRPC_INFER}")
-        guard = "infer_path"
+        # a compressed message (grpc-encoding gzip or deflate, as tritonclient's
+        # compression_algorithm sends): HAProxy cannot read its model's name, so none of
+        # its rules runs on it and the Python forwarder takes it (grpcio decompresses
+        # it; Triton accepts either). Read through it, the name was the compressed
+        # bytes: the call was reset (CANCELLED) where Triton itself serves it.
+        guard = f"infer_path !{{ var(txn.{COMPRESSED}) -m found }}"
         model_fetch = f"req.body,bytes(5),protobuf({model_name.GRPC_MODEL_FIELD})"
     python = _python_backend(layout, proto)
     lines.append(f"  http-request set-log-level silent unless {guard}")
@@ -77,7 +85,12 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
     first: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
     if not http:
         # only as much of the body as the model name needs (streams must not wait)
-        first.append(("wait-for-body time 1s at-least 1k", ""))
+        # the message's flag byte (before its length): 1, compressed (the Python
+        # forwarder counts it, as every request it takes)
+        flag = "{ req.body,bytes(0,1),hex -m str 01 }"
+        first += [("wait-for-body time 1s at-least 1k", ""),
+                  ("set-log-level silent", flag),
+                  (f"set-var(txn.{COMPRESSED}) int(1)", flag)]
     first.append((f"set-var(txn.model) {model_fetch}", ""))
     answer = http_return if http else grpc_return
     if http:

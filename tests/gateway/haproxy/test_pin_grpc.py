@@ -244,12 +244,14 @@ def test_haproxy_forwards_the_control_planes_pinned_bytes_when_message_streams(
 def test_haproxy_never_appends_to_compressed_grpc_when_rolled_out(
     pinning: tuple[Native, Counting, list[bytes]]
 ) -> None:
-    """A compressed message is not HAProxy's to pin (nor to read: its model name is in
-    the compressed bytes, so HAProxy refuses it as for any model, INVALID_ARGUMENT):
-    the member never sees it with bytes appended."""
-    native, _, seen = pinning
-    before = len(seen)
+    """A compressed message is not HAProxy's to pin, nor to read (its model name is in
+    the compressed bytes): it goes to the Python forwarder, which decompresses it (here a
+    listener that counts the connection and closes it: UNAVAILABLE), and the member never
+    sees it with bytes appended."""
+    native, control, seen = pinning
+    before, asked = len(seen), control.accepted
     with pytest.raises(grpc.RpcError) as refused:
         _raw(native, _message(CAPTURED, 4096), compressed=True)
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert control.accepted > asked
     assert len(seen) == before
