@@ -166,19 +166,18 @@ def rollout_rules(http: bool) -> list[Rule]:
     through and raises the length prefix (~18 us of HAProxy CPU a pinned request; none
     for the others). Still sent to the control plane's gRPC server, which pins them (and
     counts them: not logged here): a body whose ``content-length`` is not the one
-    message's (5 + its prefix's length), and, defensively, a compressed message (flag
-    byte 1: never appended to; in practice HAProxy cannot read its model name and
-    refuses it before this rule). A message that names a version in its first bytes
-    (``protobuf`` of the buffered start, as the model name) keeps it.
+    message's (5 + its prefix's length). A compressed message never gets here: no rule
+    runs on it (:data:`.frontend.COMPRESSED`), the Python forwarder takes it. A message
+    that names a version in its first bytes (``protobuf`` of the buffered start, as the
+    model name) keeps it.
     """
     under = "{ var(txn.rs) -m found }"
     if not http:
         named = "{ var(txn.mv) -m len 1: }"
         return [
             ("set-var(txn.rs) var(txn.model),map(MAPS/rstable.map)", ""),
-            ("set-var(txn.detour) int(1)", f"{under} {{ req.body,bytes(0,1),hex -m str 01 }}"),
             (f"set-var(txn.mv) req.body,bytes(5),protobuf({model_name.GRPC_VERSION_FIELD})",
-             f"{under} !{{ var(txn.detour) -m found }}"),
+             under),
             ("set-var(txn.cl) req.hdr(content-length),sub(txn.glen)",
              f"{under} !{named} {{ req.hdr(content-length) -m found }}"),
             ("set-var(txn.detour) int(1)", f"{under} {{ var(txn.cl) -m found }} "
