@@ -66,8 +66,9 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         # a compressed message (grpc-encoding gzip or deflate, as tritonclient's
         # compression_algorithm sends): HAProxy cannot read its model's name, so none of
         # its rules runs on it and the Python forwarder takes it (grpcio decompresses
-        # it; Triton accepts either). Read through it, the name was the compressed
-        # bytes: the call was reset (CANCELLED) where Triton itself serves it.
+        # it; Triton accepts either). Read here, its "name" was compressed bytes: the
+        # call failed (INVALID_ARGUMENT, or CANCELLED for a large message) where Triton
+        # itself serves it.
         guard = f"infer_path !{{ var(txn.{COMPRESSED}) -m found }}"
         model_fetch = f"req.body,bytes(5),protobuf({model_name.GRPC_MODEL_FIELD})"
     python = _python_backend(layout, proto)
