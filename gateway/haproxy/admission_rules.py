@@ -130,15 +130,14 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
     the limit counts ``sc2`` less its refusals waiting. It tracks ``st_seen``
     (model/pool/tenant) instead of ``st_route``: the arrival makes the tenant active
     (``gateway.telemetry.read_haproxy``) without counting in flight."""
-    tarpit = snapshot.tenancy is not None and snapshot.tenancy.refusal_delay_ms > 0
+    delayed = snapshot.refusals_delayed()
     limited = "{ var(txn.tm) -m int gt 0 }"
     rules: list[Rule] = [
         ("set-var(txn.tm) var(txn.tn),map_str_int(MAPS/tmax.map,0)", ""),
         ("set-var(txn.tf) sc2_conn_cur", ""),
     ]
-    if tarpit:
-        assert snapshot.tenancy is not None
-        delay = snapshot.tenancy.refusal_delay_ms
+    if delayed is not None:
+        delay = delayed.refusal_delay_ms
         dl = "{ var(txn.dl) -m found }"
         rules += [
             ("set-var(txn.dk) str(t:),concat(,txn.tn,)", ""),
@@ -151,7 +150,7 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
              f"sub({delay * deadline.SHARE_DEN})", dl),
         ]
     rules.append(("set-var(txn.to) var(txn.tf),sub(txn.tm)", ""))
-    refuse = functools.partial(_refuse, answer, snapshot.tenancy if tarpit else None)
+    refuse = functools.partial(_refuse, answer, delayed)
     rules += refuse("tenant_limit", tenancy.TENANT_LIMIT.format(
         tenant="%[var(txn.tn)]", count="%[var(txn.tf)]", limit="%[var(txn.tm)]"),
         f"{limited} {{ var(txn.to) -m int gt 0 }}")

@@ -48,7 +48,7 @@ def tables(snapshot: Snapshot) -> str:
                   "backend st_seen",
                   "  stick-table type string len 192 size 20k expire 10m store "
                   f"http_req_rate({round(tenancy.ACTIVE_WINDOW_S * 1000)})"]
-        if snapshot.tenancy.refusal_delay_ms > 0:  # a limited tenant's refusals in the tarpit
+        if snapshot.refusals_delayed() is not None:  # refusals waiting, per tenant
             lines += ["backend st_delay",
                       "  stick-table type string len 64 size 10k expire 1m store conn_cur"]
     return "\n".join(lines) + "\n"

@@ -51,9 +51,10 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         f'  log-format "{LOG_FORMAT}"',
         "  option http-keep-alive" if http else "  option http-no-delay",
     ]
-    if snapshot.tenancy is not None and snapshot.tenancy.refusal_delay_ms > 0:
+    delayed = snapshot.refusals_delayed()
+    if delayed is not None:
         # a tenancy refusal's delay (admission_rules.tenancy_rules' tarpit)
-        lines.append(f"  timeout tarpit {snapshot.tenancy.refusal_delay_ms}ms")
+        lines.append(f"  timeout tarpit {delayed.refusal_delay_ms}ms")
     if http:
         lines += [
             f"  acl infer_path path_reg {model_name.HTTP_INFER_PATTERN}",
@@ -106,7 +107,7 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         first += [("set-var(txn.glen) req.body,bytes(1,4),be2dec(:,4)", ""),
                   ("set-var(txn.out) str(too_large)",
                    f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
-        if snapshot.tenancy is not None and snapshot.tenancy.refusal_delay_ms > 0:
+        if delayed is not None:
             # a message longer than half a buffer: its refusal waits the tarpit alone
             # (admission_rules._refuse; a stream that stops reading its message stops
             # HAProxy 2.6 reading the whole connection)

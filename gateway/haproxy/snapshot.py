@@ -178,6 +178,13 @@ class Snapshot:
                 classes.append(rate)
         return tuple(classes)
 
+    def refusals_delayed(self) -> TenancyState | None:
+        """The tenancy when its refusals wait before they are answered (a refusal delay:
+        the frontends' tarpit, ``st_delay``, the delay's rules), else None."""
+        if self.tenancy is None or self.tenancy.refusal_delay_ms <= 0:
+            return None
+        return self.tenancy
+
     def split_ranks(self) -> int:
         widest = max((len(r.pools) for r in self.all_routes()), default=1)
         return max(1, min(MAX_POOLS_PER_MODEL, widest))
