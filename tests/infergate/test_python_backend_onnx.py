@@ -2,26 +2,99 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import grpc
 import numpy as np
 import onnxruntime as ort
+import psutil
 import pytest
 import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.grpc import service_pb2
 
+from converters.model_dir import PYTHON_BACKEND_MODEL
 from converters.samples import INPUT_NAME, OUTPUT_NAME, SAMPLE_MODEL_NAME
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from converters.triton_config import parse_model_config
-from infergate.triton.local import LocalTriton
-from tests.conftest import triton_settings
+from infergate.triton.local import LocalTriton, locate_tritonserver
+from tests.conftest import RUNTIME_ENV, triton_settings
 from tests.procs import started_triton, wait_until
 
 pytestmark = pytest.mark.integration
+
+
+def _nice(thread_id: int = 0) -> int:
+    """A thread's nice value (Linux keeps one per thread; 0: the calling thread's)."""
+    return os.getpriority(os.PRIO_PROCESS, thread_id or threading.get_native_id())
+
+
+@pytest.fixture(scope="module")
+def model_py(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The model as the stub imports it, beside Triton's own (pure Python)
+    ``triton_python_backend_utils`` from the runtime's wheel."""
+    monkeypatch_module.syspath_prepend(str(locate_tritonserver(RUNTIME_ENV)[1] / "python"))
+    spec = importlib.util.spec_from_file_location("infergate_model_py", PYTHON_BACKEND_MODEL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("triton_python_backend_utils", None)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_load_is_built_on_a_thread_of_its_own_at_lower_priority(model_py: ModuleType) -> None:
+    mine = _nice()
+    seen = model_py._built_apart(5, lambda: (threading.get_native_id(), _nice()))
+    assert seen[0] != threading.get_native_id()
+    assert seen[1] == min(mine + 5, 19)
+    assert _nice() == mine  # the caller (the stub's main thread, which serves) keeps its own
+    # nothing to lower: built on the caller's thread
+    assert model_py._built_apart(0, threading.get_native_id) == threading.get_native_id()
+    # below the caller's own, where the stub already runs lowered (a thread of this test)
+    seen_there: list[tuple[int, int]] = []
+
+    def lowered_caller() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(mine + 3, 19))
+        seen_there.append((_nice(), model_py._built_apart(5, _nice)))
+
+    caller = threading.Thread(target=lowered_caller)
+    caller.start()
+    caller.join()
+    assert seen_there == [(min(mine + 3, 19), min(mine + 8, 19))]
+
+
+def test_load_error_raised_on_the_callers_thread(model_py: ModuleType) -> None:
+    def fail() -> None:
+        raise ValueError("model.onnx is not a model")
+
+    with pytest.raises(ValueError, match="not a model"):
+        model_py._built_apart(5, fail)
+
+
+def test_stubs_serve_at_their_own_priority_after_a_lowered_load(triton: LocalTriton) -> None:
+    """Every thread of every stub (ONNX Runtime's pool of the sample, which takes the
+    default thread count, too) is at the server's priority once loaded: only the thread
+    that built the session was lowered, and it is gone."""
+    assert triton.pid is not None
+    server = psutil.Process(triton.pid)
+    stubs = [c for c in server.children()
+             if "triton_python_backend_stub" in " ".join(c.cmdline())]
+    assert len(stubs) >= 2
+    threads = [t.id for stub in stubs for t in stub.threads()]
+    assert threads and {_nice(t) for t in threads} == {_nice(triton.pid)}
 
 
 def _stats(client: httpclient.InferenceServerClient) -> tuple[int, int]:
