@@ -3,10 +3,11 @@ limits per API key (a stick table per limit class, keyed by the key's digest; a 
 with limits of its own counted as one key), with tenants the tenancy rule
 (``gateway.policy.tenancy.decide``: the tenant's in-flight limit, the class ceiling on
 the pool's load, the tenant's fair share; 429 / RESOURCE_EXHAUSTED after the tenancy's
-refusal delay, HAProxy's tarpit), the model's bound (stick table ``st_model`` against
-map ``limits``; beyond -> 429 / RESOURCE_EXHAUSTED at once) and the deadline the pool
-cannot meet (504 / DEADLINE_EXCEEDED). :mod:`gateway.haproxy.request_rules` places
-them in the hot path's order.
+refusal delay, HAProxy's tarpit in a backend of :func:`refusal_backends`), the model's
+bound (stick table ``st_model`` against map ``limits``; beyond -> 429 /
+RESOURCE_EXHAUSTED at once) and the deadline the pool cannot meet (504 /
+DEADLINE_EXCEEDED). :mod:`gateway.haproxy.request_rules` places them in the hot path's
+order.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from gateway.haproxy.snapshot import Snapshot, TenancyState
 from gateway.policy import admission, deadline, tenancy
 
 Rule = tuple[str, str]  # (action, condition): an http-request rule of a frontend
-REFUSAL_WAIT_ACTION = "infergate_refusal_wait"  # refusal_wait.lua's action
-# set for a gRPC message longer than half of HAProxy's buffer (gateway.haproxy.frontend)
-LONG_MESSAGE = "long"
+# a tenancy refusal waiting its delay: the milliseconds it waits (txn.rw), in the backend
+# REFUSAL_BACKEND.format(proto=..., ms=...) whose tarpit waits them
+REFUSAL_WAIT = "rw"
+REFUSAL_BACKEND = "refuse_{proto}_{ms}"
 
 
 def rate_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
@@ -121,10 +123,10 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
     requests for this model in this pool in ``st_route``, which only what these rules
     admit tracks: :func:`.request_rules._pool_rules`).
 
-    A refusal is answered after the tenancy's refusal delay (``http-request tarpit``, the
-    frontend's ``timeout tarpit``; ``tenancy.refusal_delay_ms``) when the request's
-    deadline (``txn.dl``) leaves room for it, else at once; a tenant with many refusals
-    waiting waits longer (:func:`_refuse`). Every refusal waiting tracks ``st_delay``
+    A refusal is answered after its wait (:func:`gateway.policy.tenancy.refusal_delay_ms`:
+    the tenancy's ``refusal_delay_ms``, longer for a tenant with many refusals waiting)
+    when the request's deadline (``txn.dl``) leaves room for it, else at once
+    (:func:`_refuse`). Every refusal waiting tracks ``st_delay``
     under its tenant's key (``t:<tenant>``, ``txn.dk``). A request waiting there still
     holds what it tracked before (``sc2``: a limited tenant's own entry, the same key), so
     the limit counts ``sc2`` less its refusals waiting. It tracks ``st_seen``
@@ -150,21 +152,17 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
              f"sub({delay * deadline.SHARE_DEN})", dl),
         ]
     rules.append(("set-var(txn.to) var(txn.tf),sub(txn.tm)", ""))
-    refuse = functools.partial(_refuse, answer, delayed)
-    rules += refuse("tenant_limit", tenancy.TENANT_LIMIT.format(
-        tenant="%[var(txn.tn)]", count="%[var(txn.tf)]", limit="%[var(txn.tm)]"),
-        f"{limited} {{ var(txn.to) -m int gt 0 }}")
+    answers = refusal_answers(answer)
+    refuse = functools.partial(_refuse, delayed)
+    rules += refuse("tenant_limit", answers["tenant_limit"],
+                    f"{limited} {{ var(txn.to) -m int gt 0 }}")
     rules += _load_rules(snapshot, "")
     rules += [
         ("set-var(txn.ck) var(txn.pool),concat(/,txn.tc,)", ""),
         ("set-var(txn.ceil) var(txn.ck),map_str_int(MAPS/ceiling.map,1)", ""),
         ("set-var(txn.sat) var(txn.pl),sub(txn.ceil)", ""),
     ]
-    lf = {"pool": "%[var(txn.pool)]", "load": "%[var(txn.pl)]", "capacity": "%[var(txn.cap)]",
-          "tenant": "%[var(txn.tn)]"}
-    rules += refuse("saturated", tenancy.SATURATED.format(
-        **lf, priority="%[var(txn.tc)]", ceiling="%[var(txn.ceil)]"),
-        "has_class { var(txn.sat) -m int ge 0 }")
+    rules += refuse("saturated", answers["saturated"], "has_class { var(txn.sat) -m int ge 0 }")
     rules += [
         ("set-var(txn.co) var(txn.pl),sub(txn.cap)", ""),
         ("set-var(txn.sk) var(txn.pool),concat(/,txn.tn,)", ""),
@@ -172,59 +170,96 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
         # the tenant's admitted requests here, this one not tracked yet
         ("set-var(txn.fo) var(txn.mp),table_conn_cur(st_route),sub(txn.sh)", ""),
     ]
-    rules += refuse("fair_share", tenancy.FAIR_SHARE.format(
-        **lf, share="%[var(txn.sh)]"),
-        "has_class { var(txn.co) -m int ge 0 } { var(txn.fo) -m int ge 0 }")
+    rules += refuse("fair_share", answers["fair_share"],
+                    "has_class { var(txn.co) -m int ge 0 } { var(txn.fo) -m int ge 0 }")
     return rules
 
 
-def _refuse(answer: Callable[..., str], delayed: TenancyState | None, reason: str,
-            message: str, cond: str) -> list[Rule]:
-    """Refused under ``cond`` for a tenancy ``reason``: logged as such, the arrival seen
-    (``st_seen``), then, with a refusal delay (``delayed``) where the deadline allows,
-    after :func:`gateway.policy.tenancy.refusal_delay_ms`: the refusal counted among its
-    tenant's waiting (``st_delay``), the part of its delay beyond the tarpit's (its
-    tenant's refusals waiting, this one counted, x 1000 / ``refusals_per_s``, less the
-    tarpit's delay, at most ``MAX_REFUSAL_DELAY_MS`` in all and 9/10 of the deadline)
-    waited by the Lua action ``infergate_refusal_wait`` (``refusal_wait.lua``; only where
-    there is such a part), then the tarpit; else the answer at once. A gRPC message
-    longer than half a buffer (``txn.long``) waits the tarpit alone: a stream sleeping in
-    Lua stops reading its message, and once its buffer is full HAProxy 2.6 stops reading
-    the whole connection (16 refusals of 600 KB messages sleeping there on one connection
-    were reset, ``CANCELLED``, one every 50 ms, and a critical request sent after them on
-    it was answered after the last, at 0.81 s; tarpitted, none holds another stream)."""
-    action = answer(errors.Overloaded, message, retry_after=tenancy.RETRY_AFTER_S)
+def refusal_answers(answer: Callable[..., str]) -> dict[str, str]:
+    """Each tenancy refusal's answer (``http-request return``), by reason, its message
+    filled from the request's variables."""
+    lf = {"pool": "%[var(txn.pool)]", "load": "%[var(txn.pl)]", "capacity": "%[var(txn.cap)]",
+          "tenant": "%[var(txn.tn)]"}
+    messages = {
+        "tenant_limit": tenancy.TENANT_LIMIT.format(
+            tenant="%[var(txn.tn)]", count="%[var(txn.tf)]", limit="%[var(txn.tm)]"),
+        "saturated": tenancy.SATURATED.format(
+            **lf, priority="%[var(txn.tc)]", ceiling="%[var(txn.ceil)]"),
+        "fair_share": tenancy.FAIR_SHARE.format(**lf, share="%[var(txn.sh)]"),
+    }
+    assert set(messages) == set(tenancy.REASONS)
+    return {reason: answer(errors.Overloaded, message, retry_after=tenancy.RETRY_AFTER_S)
+            for reason, message in messages.items()}
+
+
+def _refuse(delayed: TenancyState | None, reason: str, action: str, cond: str) -> list[Rule]:
+    """Refused under ``cond`` for a tenancy ``reason`` with ``action`` (its answer):
+    logged as such, the arrival seen (``st_seen``), then, with a refusal delay
+    (``delayed``) where the deadline allows, counted among its tenant's refusals waiting
+    (``st_delay``) and sent to wait in the backend whose tarpit waits
+    :func:`gateway.policy.tenancy.refusal_delay_ms` (``txn.rw``: its tenant's refusals
+    waiting, this one counted, x 1000 / ``refusals_per_s``, at least the delay and at
+    most ``MAX_REFUSAL_DELAY_MS``, beyond the delay rounded up to a step, within 9/10 of
+    the deadline rounded down, in the same integers): ``http-request allow`` ends this
+    frontend's rules, and the route to that backend (:func:`refusal_backends`) is the
+    first the request meets. Else the answer at once.
+
+    A tarpit, in the frontend or in a backend, holds no other stream of an HTTP/2
+    connection, whatever the message's size: 16 refusals of 600 KB gRPC messages sleeping
+    in Lua on one connection (an earlier way to wait longer than the frontend's tarpit)
+    stopped HAProxy 2.6 reading it, and a critical request sent after them was answered
+    after the last, at 0.81 s."""
     rules = [("set-var(txn.out) str(rejected)", cond),
              (f"set-var(txn.why) str({reason})", cond),
              ("track-sc1 var(txn.mp) table st_seen", cond)]
     if delayed is not None:
         delay, per_s = delayed.refusal_delay_ms, delayed.refusals_per_s
-        most = MAX_REFUSAL_DELAY_MS - delay
+        most, step = MAX_REFUSAL_DELAY_MS, tenancy.REFUSAL_WAIT_STEP_MS
         late = f"{cond} {{ var(txn.tp) -m int ge 0 }}"
+        wait = f"txn.{REFUSAL_WAIT}"
+
+        def when(test: str) -> str:
+            return f"{late} {{ var({wait}) -m int {test} }}"
+
         rules += [
-            ("set-var(txn.rx) var(txn.dk),table_conn_cur(st_delay),add(1),mul(1000),"
-             f"div({per_s}),sub({delay})", late),
+            (f"set-var({wait}) var(txn.dk),table_conn_cur(st_delay),add(1),mul(1000),"
+             f"div({per_s})", late),
             ("track-sc0 var(txn.dk) table st_delay", late),
-            (f"set-var(txn.rx) int({most})", f"{late} {{ var(txn.rx) -m int gt {most} }}"),
-            # txn.tp: (9/10 of the deadline less the delay) x 10 (without one, 0)
-            (f"set-var(txn.ry) var(txn.tp),div({deadline.SHARE_DEN}),sub(txn.rx)",
+            (f"set-var({wait}) int({most})", when(f"gt {most}")),
+            (f"set-var({wait}) int({delay})", when(f"lt {delay}")),
+            (f"set-var({wait}) var({wait}),add({step - 1}),div({step}),mul({step})",
+             when(f"gt {delay}")),
+            # within 9/10 of the deadline (txn.wb; txn.tp: 9/10 of it less the delay, x 10)
+            (f"set-var(txn.wb) var(txn.tp),div({deadline.SHARE_DEN}),add({delay})",
              f"{late} {{ var(txn.dl) -m found }}"),
-            (f"set-var(txn.rx) var(txn.tp),div({deadline.SHARE_DEN})",
-             f"{late} {{ var(txn.ry) -m int lt 0 }}"),
-            (f"lua.{REFUSAL_WAIT_ACTION}",
-             f"{late} !{{ var(txn.{LONG_MESSAGE}) -m found }} {{ var(txn.rx) -m int gt 0 }}"),
-            (_tarpitted(action), late),
+            (f"set-var(txn.wy) var(txn.wb),sub({wait})", f"{late} {{ var(txn.dl) -m found }}"),
+            (f"set-var({wait}) var(txn.wb),div({step}),mul({step})",
+             f"{late} {{ var(txn.dl) -m found }} {{ var(txn.wy) -m int lt 0 }}"),
+            (f"set-var({wait}) int({delay})", when(f"lt {delay}")),
+            ("allow", late),
         ]
     return [*rules, (action, cond)]
 
 
-def _tarpitted(action: str) -> str:
-    """The same answer after the frontend's ``timeout tarpit``: HAProxy's ``http-request
-    tarpit`` takes ``http-request return``'s arguments (status, content-type, ``hdr``,
-    ``lf-string``), on HTTP/1.1 and on HTTP/2 streams alike."""
+def refusal_backends(snapshot: Snapshot, proto: str, answer: Callable[..., str]) -> list[str]:
+    """With a refusal delay, one backend per wait a tenancy refusal may wait
+    (:func:`gateway.policy.tenancy.refusal_waits_ms`), its ``timeout tarpit`` that wait:
+    the refusal (``txn.why``) is answered there by ``http-request tarpit``, which takes
+    ``http-request return``'s arguments (status, content-type, ``hdr``, ``lf-string``) on
+    HTTP/1.1 and HTTP/2 streams alike. The frontend's ``http-after-response`` rules
+    apply to its answers as to the frontend's own."""
+    delayed = snapshot.refusals_delayed()
+    if delayed is None:
+        return []
     head = "http-request return "
-    assert action.startswith(head), action
-    return "http-request tarpit " + action[len(head):]
+    tarpits = []
+    for reason, action in refusal_answers(answer).items():
+        assert action.startswith(head), action
+        tarpits.append(f"  http-request tarpit {action[len(head):]} "
+                       f"if {{ var(txn.why) -m str {reason} }}")
+    return ["\n".join([f"backend {REFUSAL_BACKEND.format(proto=proto, ms=ms)}",
+                       f"  timeout tarpit {ms}ms", *tarpits]) + "\n"
+            for ms in tenancy.refusal_waits_ms(delayed.refusal_delay_ms)]
 
 
 def _load_rules(snapshot: Snapshot, cond: str) -> list[Rule]:

@@ -45,7 +45,8 @@ Every answer HAProxy produces itself is built from ``gateway.errors``' one table
 from __future__ import annotations
 
 from gateway.haproxy import queueing
-from gateway.haproxy.answers import CONTROL_ERRORS, LOCAL_ERRORS
+from gateway.haproxy.admission_rules import refusal_backends
+from gateway.haproxy.answers import CONTROL_ERRORS, LOCAL_ERRORS, grpc_return, http_return
 from gateway.haproxy.backends import (
     backend_head,
     control_backends,
@@ -72,6 +73,8 @@ def render_config(snapshot: Snapshot, layout: Layout) -> str:
         *(pool_backend(pool, "grpc", layout) for pool in snapshot.pools),
         *model_backends(snapshot, layout),
         *pin_backends(snapshot, layout),
+        *refusal_backends(snapshot, "http", http_return),
+        *refusal_backends(snapshot, "grpc", grpc_return),
         *queueing.bypass_backends(
             snapshot, lambda name: backend_head(name, "grpc", health=False),
             lambda m: grpc_server(m, layout)),
@@ -95,8 +98,7 @@ def _bufsize(layout: Layout) -> int:
 
 
 PIN_GRPC_LUA = "pin_grpc.lua"  # in the run directory (gateway.haproxy.render)
-REFUSAL_WAIT_LUA = "refusal_wait.lua"
-LUA_FILES = (PIN_GRPC_LUA, REFUSAL_WAIT_LUA)
+LUA_FILES = (PIN_GRPC_LUA,)
 
 # A reload's old worker (docs/haproxy.md, "Live changes and reloads"). By default it
 # sends GOAWAY to every HTTP/2 connection the moment it stops, also to one it accepted

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gateway import errors
 from gateway.haproxy import queueing
-from gateway.haproxy.admission_rules import LONG_MESSAGE
+from gateway.haproxy.admission_rules import REFUSAL_BACKEND, REFUSAL_WAIT
 from gateway.haproxy.answers import grpc_return, http_return
 from gateway.haproxy.backends import PIN
 from gateway.haproxy.deadline_rules import deadline_fetch
@@ -51,10 +51,6 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         f'  log-format "{LOG_FORMAT}"',
         "  option http-keep-alive" if http else "  option http-no-delay",
     ]
-    delayed = snapshot.refusals_delayed()
-    if delayed is not None:
-        # a tenancy refusal's delay (admission_rules.tenancy_rules' tarpit)
-        lines.append(f"  timeout tarpit {delayed.refusal_delay_ms}ms")
     if http:
         lines += [
             f"  acl infer_path path_reg {model_name.HTTP_INFER_PATTERN}",
@@ -84,6 +80,10 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         routes.append(f"  use_backend control_{proto} if !{{ var(txn.proto) -m found }} "
                       "control_call")
     routes.append(f"  use_backend {python} unless {guard}")
+    if snapshot.refusals_delayed() is not None:
+        # a tenancy refusal that waits: the tarpit of its wait (admission_rules._refuse)
+        wait = REFUSAL_BACKEND.format(proto=proto, ms=f"%[var(txn.{REFUSAL_WAIT})]")
+        routes.append(f"  use_backend {wait} if {{ var(txn.{REFUSAL_WAIT}) -m found }}")
     first: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
     if not http:
         # only as much of the body as the model name needs (streams must not wait)
@@ -107,12 +107,6 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         first += [("set-var(txn.glen) req.body,bytes(1,4),be2dec(:,4)", ""),
                   ("set-var(txn.out) str(too_large)",
                    f"{{ var(txn.glen) -m int gt {layout.max_body_bytes} }}")]
-        if delayed is not None:
-            # a message longer than half a buffer: its refusal waits the tarpit alone
-            # (admission_rules._refuse; a stream that stops reading its message stops
-            # HAProxy 2.6 reading the whole connection)
-            first.append((f"set-var(txn.{LONG_MESSAGE}) int(1)",
-                          f"{{ var(txn.glen) -m int gt {queueing.bypass_limit(bufsize)} }}"))
     rules = [*first, *request_rules(answer, http), *deadline_fetch(http),
              *model_rules(snapshot, answer, http), *shadow_rules(http),
              *rollout_rules(http), *residency_rules(snapshot),

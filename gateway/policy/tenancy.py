@@ -56,8 +56,9 @@ tarpit, longer for a tenant with many refusals waiting): a client that retries e
 refusal at once is slowed by its own concurrency (about ``refusals_per_s`` refusals a
 second, however many requests it keeps refused), instead of taking the CPU Triton and
 the other tenants need to be refused thousands of times a second. The request waits on
-its own (HAProxy's ``http-request tarpit``, after a Lua sleep where it waits longer; an
-``asyncio.sleep`` of its own task on the Python plane), counted only among its tenant's
+its own (HAProxy's ``http-request tarpit`` in a backend whose ``timeout tarpit`` is that
+wait, one backend per wait :func:`refusal_waits_ms` lists; an ``asyncio.sleep`` of its
+own task on the Python plane), counted only among its tenant's
 refusals waiting: neither in the tenant's requests in flight nor in the pool's load. A
 request whose deadline (ms) leaves no room for the delay within 9/10 of it is answered
 at once (a gRPC client must read RESOURCE_EXHAUSTED, not its own DEADLINE_EXCEEDED).
@@ -98,6 +99,9 @@ RATE_WHO = "tenant '{tenant}'"
 
 
 REASONS = ("tenant_limit", "saturated", "fair_share")  # refusal reasons of decide()
+# a refusal waiting longer than the tenancy's delay waits a multiple of this
+REFUSAL_WAIT_STEP_MS = 50
+assert MAX_REFUSAL_DELAY_MS % REFUSAL_WAIT_STEP_MS == 0
 # classes at least as important as each: the model's bound counts a request of class k
 # against the requests of these (Tenancy.model_bound)
 AT_LEAST = {Priority.CRITICAL: (Priority.CRITICAL,),
@@ -168,16 +172,31 @@ def refusal_delay_ms(delay_ms: int, deadline_ms: int | None, waiting: int = 1,
     request's deadline (``deadline_ms``, None without one) bounds it to 9/10 of the
     deadline (``deadline.SHARE_NUM`` / ``SHARE_DEN``, the share deadline shedding keeps);
     where even the tenancy's delay does not fit there: 0, answered at once, before the
-    client's own deadline ends the call. In integers, as HAProxy computes it (its
-    tarpit waits the tenancy's delay, a Lua sleep before it the rest)."""
+    client's own deadline ends the call. A wait longer than the delay is a multiple of
+    ``REFUSAL_WAIT_STEP_MS``, rounded up (down where the deadline bounds it, never below
+    the delay): one of :func:`refusal_waits_ms`, each a tarpit of its own on HAProxy's
+    plane. In integers, as HAProxy computes it."""
     if delay_ms <= 0:
         return 0
     if deadline_ms is not None and delay_ms * SHARE_DEN > deadline_ms * SHARE_NUM:
         return 0
     wait = max(delay_ms, min(MAX_REFUSAL_DELAY_MS, waiting * 1000 // per_s))
+    if wait > delay_ms:
+        wait = -(-wait // REFUSAL_WAIT_STEP_MS) * REFUSAL_WAIT_STEP_MS
     if deadline_ms is not None:
-        wait = min(wait, deadline_ms * SHARE_NUM // SHARE_DEN)
+        bound = deadline_ms * SHARE_NUM // SHARE_DEN
+        if wait > bound:
+            wait = max(delay_ms, bound // REFUSAL_WAIT_STEP_MS * REFUSAL_WAIT_STEP_MS)
     return wait
+
+
+def refusal_waits_ms(delay_ms: int) -> tuple[int, ...]:
+    """Every wait :func:`refusal_delay_ms` gives a refusal (0 aside) for the tenancy's
+    ``delay_ms``: the delay, then each step above it up to ``MAX_REFUSAL_DELAY_MS``."""
+    if delay_ms <= 0:
+        return ()
+    steps = range(REFUSAL_WAIT_STEP_MS, MAX_REFUSAL_DELAY_MS + 1, REFUSAL_WAIT_STEP_MS)
+    return (delay_ms, *(step for step in steps if step > delay_ms))
 
 
 def split_shares(ceilings: Mapping[Priority, int],

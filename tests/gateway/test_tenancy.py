@@ -462,13 +462,17 @@ async def test_refusals_waiting_longer_hold_no_other_stream_of_their_connection(
     longer delay on it hold none of the others. A critical request sent on the same
     connection after 16 refusals is answered before the last of them, whether their
     messages are small, larger than half of HAProxy's buffer (16 KB) or many buffers
-    long (600 KB: HAProxy waits the tarpit alone for messages over half a buffer; were
-    they to sleep in Lua, the connection would stall behind them: the 16 were reset,
-    ``CANCELLED``, one every 50 ms, and the critical request answered after them)."""
+    long (600 KB), and the 16 wait longer the more of them wait, whatever their size
+    (HAProxy's plane once slept in Lua for the part of the wait beyond its frontend's
+    tarpit: for 600 KB messages the connection stalled behind them, the 16 were reset,
+    ``CANCELLED``, one every 50 ms, and the critical request answered after them; so
+    such messages waited the frontend's tarpit alone, 50 ms, however many waited)."""
+    delay_s = DEFAULT_REFUSAL_DELAY_MS / 1000
     url = f"http://{gateway.http_url}/v2/models/{SLOW}/infer"
     refused = grpc_request_bytes(SLOW, np.ones((1, width), np.float32), "x")
     critical = grpc_request_bytes(TINY_MODEL_NAME, np.ones((1, TINY_WIDTH), np.float32), "x")
     ended: list[tuple[str, str]] = []  # (key, status) in the order of their answers
+    took: list[float] = []  # seconds until each refusal's answer
     async with httpx.AsyncClient(timeout=60) as client:
         post = _poster(client, url)
         held = [post(BATCH), post(BATCH)]  # the pool's capacity, held in Triton
@@ -477,11 +481,13 @@ async def test_refusals_waiting_longer_hold_no_other_stream_of_their_connection(
             infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
 
             async def call(message: bytes, key: str) -> None:
+                began = time.monotonic()
                 try:
                     await infer(message, metadata=(("x-api-key", key),), timeout=30)
                     ended.append((key, "OK"))
                 except grpc.aio.AioRpcError as exc:
                     ended.append((key, exc.code().name))
+                    took.append(time.monotonic() - began)
 
             await call(critical, PAY)  # the connection up before the flood
             flood = [asyncio.create_task(call(refused, FLOOD)) for _ in range(16)]
@@ -493,6 +499,8 @@ async def test_refusals_waiting_longer_hold_no_other_stream_of_their_connection(
     assert ended[0] == (PAY, "OK") and sorted(set(ended[1:])) == [
         (FLOOD, "RESOURCE_EXHAUSTED"), (PAY, "OK")], ended
     assert ended.index((PAY, "OK"), 1) < len(ended) - 1, ended
+    # 16 refused together: the later ones counted the earlier ones waiting (50 ms each)
+    assert len(took) == 16 and max(took) >= 6 * delay_s, sorted(took)
 
 
 def _grpc_refusal(gw: GatewayProcess, model: str, key: str,

@@ -12,6 +12,7 @@ import pytest
 from gateway.haproxy import config
 from gateway.haproxy.config import TUNING, render_config, tuning
 from gateway.haproxy.snapshot import PoolState, TenancyState, TenantState
+from gateway.policy.tenancy import REASONS, refusal_waits_ms
 from gateway.upstream.triton_version import GrpcReuse
 from tests.gateway.haproxy.conftest import layout_in, member, snapshot
 
@@ -79,19 +80,35 @@ def test_layout_tune_settings_override_the_defaults_key_by_key(
 
 def test_tenancy_refusals_are_tarpitted_for_the_delay_or_answered_at_once_without_one(
         tmp_path: Path) -> None:
-    """``tenancy.refusal_delay_ms``: each frontend's ``timeout tarpit``, a refusal
-    tarpitted when its deadline has room for the delay within 9/10 of it (in integers:
-    deadline x 9 - delay x 10 >= 0), else answered at once; 0: no tarpit at all."""
+    """``tenancy.refusal_delay_ms``: a refusal whose deadline has room for the delay
+    within 9/10 of it (in integers: deadline x 9 - delay x 10 >= 0) ends the frontend's
+    rules (``allow``) and goes to the backend whose ``timeout tarpit`` is its wait, one
+    per wait the rule gives (the delay, then each step of 50 ms up to 1 s), where each
+    reason is tarpitted with its own answer; else it is answered at once; 0: no tarpit
+    at all."""
     rules = TenancyState(tenants=(TenantState("default", "standard", max_in_flight=2),),
                          refusal_delay_ms=80)
     text = render_config(snapshot(tenancy=rules), layout_in(tmp_path))
-    assert text.count("  timeout tarpit 80ms\n") == 2  # the HTTP and gRPC frontends
+    assert "timeout tarpit" not in text.split("\nbackend ", 1)[0]  # no frontend's
     assert "set-var(txn.tp) var(txn.dl),mul(9),sub(800)" in text
-    tarpits = [line for line in text.splitlines() if "http-request tarpit " in line]
-    assert len(tarpits) == 6  # three reasons, two protocols
-    assert all("{ var(txn.tp) -m int ge 0 }" in line and " hdr retry-after 1" in line
-               for line in tarpits)
-    assert any("hdr grpc-status 8 hdr grpc-message" in line for line in tarpits)
+    allows = [line for line in text.splitlines() if "http-request allow " in line]
+    assert len(allows) == 6  # three reasons, two protocols
+    assert all(line.endswith("{ var(txn.tp) -m int ge 0 }") for line in allows)
+    waits = refusal_waits_ms(80)
+    assert waits[:2] == (80, 100) and waits[-1] == 1000
+    for proto in ("http", "grpc"):
+        assert (f"  use_backend refuse_{proto}_%[var(txn.rw)] if {{ var(txn.rw) -m found }}"
+                in text)
+        for ms in waits:
+            section = text.split(f"\nbackend refuse_{proto}_{ms}\n", 1)[1].split("\n\n")[0]
+            assert section.startswith(f"  timeout tarpit {ms}ms\n"), section
+            tarpits = section.splitlines()[1:]
+            assert [line.rsplit(" if ", 1)[1] for line in tarpits] == [
+                f"{{ var(txn.why) -m str {reason} }}" for reason in REASONS]
+            assert all(" hdr retry-after 1" in line for line in tarpits)
+            assert all(("hdr grpc-status 8 hdr grpc-message" in line) == (proto == "grpc")
+                       for line in tarpits)
+    assert f"backend refuse_http_{waits[-1] + 50}" not in text
     off = render_config(snapshot(tenancy=replace(rules, refusal_delay_ms=0)),
                         layout_in(tmp_path))
     assert "tarpit" not in off and "st_delay" not in off

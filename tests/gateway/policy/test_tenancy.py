@@ -18,6 +18,7 @@ from gateway.policy.tenancy import (
     decide,
     queued_elsewhere,
     refusal_delay_ms,
+    refusal_waits_ms,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -95,16 +96,41 @@ def test_a_refusal_waits_its_delay_unless_the_deadline_has_no_room_for_it(
 @pytest.mark.parametrize(("waiting", "per_s", "deadline_ms", "waits"), [
     (1, 100, None, 50),  # a tenant refused now and then: the delay
     (5, 100, None, 50),  # 5 waiting x 10 ms each: not beyond the delay
-    (6, 100, None, 60),  # beyond it: its share of a second per refusal waiting
-    (64, 100, None, 640),  # a flood of 64 refused: about 100 refusals a second
+    (6, 100, None, 100),  # beyond it: its share of a second per refusal waiting (60),
+    (10, 100, None, 100),  # rounded up to a step of 50 ms
+    (11, 100, None, 150),
+    (64, 100, None, 650),  # a flood of 64 refused: about 100 refusals a second
     (64, 20, None, 1000),  # at most MAX_REFUSAL_DELAY_MS
     (64, 100, 500, 450),  # within 9/10 of the deadline
+    (64, 100, 560, 500),  # rounded down to a step within it (504)
+    (64, 100, 110, 50),  # (99): never below the delay
     (64, 100, 56, 50),  # the deadline leaves room for the delay only
     (64, 100, 55, 0),  # not even for the delay: at once
 ])
 def test_a_tenant_with_many_refusals_waiting_waits_longer(
         waiting: int, per_s: int, deadline_ms: int | None, waits: int) -> None:
     assert refusal_delay_ms(50, deadline_ms, waiting, per_s) == waits
+
+
+@pytest.mark.parametrize("delay", [0, 1, 30, 50, 70, 999, 1000])
+def test_every_wait_of_a_refusal_is_one_of_the_listed_waits(delay: int) -> None:
+    """HAProxy's plane has a tarpit for each listed wait: every wait the rule gives, for
+    any count waiting, rate and deadline, is among them."""
+    listed = set(refusal_waits_ms(delay))
+    given = {refusal_delay_ms(delay, deadline_ms, waiting, per_s)
+             for waiting in (1, 2, 5, 6, 11, 64, 500) for per_s in (1, 7, 20, 100, 100_000)
+             for deadline_ms in (None, 1, 55, 56, 99, 110, 503, 560, 1111, 15_000)}
+    assert given - {0} <= listed and (delay > 0 or given == {0})
+    # and each listed wait is given: one more refusal waiting at a time, 1 ms each
+    assert {refusal_delay_ms(delay, None, waiting, 1000) for waiting in range(1, 1200)
+            } - {0} == listed
+    assert len(listed) <= 21 and (not listed or min(listed) == delay)
+
+
+def test_refusal_waits_are_the_delay_then_each_step_above_it() -> None:
+    assert refusal_waits_ms(50)[:3] == (50, 100, 150) and refusal_waits_ms(50)[-1] == 1000
+    assert refusal_waits_ms(70)[:3] == (70, 100, 150)
+    assert refusal_waits_ms(1000) == (1000,) and refusal_waits_ms(0) == ()
 
 
 def test_the_refusal_delay_is_configured_per_tenancy_and_bounded() -> None:

@@ -208,8 +208,9 @@ async def test_a_tenancy_refusal_waits_its_delay_on_its_own_and_counts_nowhere()
 
 def test_a_tenant_with_many_refusals_waiting_waits_longer_for_each() -> None:
     """The delay grows with the tenant's refusals waiting (``tenancy.refusal_delay_ms``):
-    ten refused at once at 100 a second wait the delay (40 ms) up to the fourth, then
-    10 ms for each refusal waiting, itself counted; another tenant refused meanwhile
+    eleven refused at once at 100 a second wait the delay (40 ms) up to the fourth, then
+    10 ms for each refusal waiting, itself counted, rounded up to a step of 50 ms (so
+    that HAProxy has a tarpit for each); another tenant refused meanwhile
     waits the delay alone; once they are answered the next refusal waits the delay
     again. In virtual time: exact."""
     async def run() -> tuple[list[int], ...]:
@@ -227,7 +228,7 @@ def test_a_tenant_with_many_refusals_waiting_waits_longer_for_each() -> None:
             assert _outcomes(tasks) == {"saturated": n}
             return ends
 
-        flood = asyncio.create_task(refused("batch-key", 10))
+        flood = asyncio.create_task(refused("batch-key", 11))
         await asyncio.sleep(0)  # (offered first)
         other = await refused("other-key", 1)  # the default tenant, sheddable too
         answers = (await flood, other, await refused("batch-key", 1))
@@ -236,6 +237,6 @@ def test_a_tenant_with_many_refusals_waiting_waits_longer_for_each() -> None:
         return answers
 
     flood, other, later = run_virtual(run())
-    assert flood == [40, 40, 40, 40, 50, 60, 70, 80, 90, 100]
+    assert flood == [40, 40, 40, 40, 50, 100, 100, 100, 100, 100, 150]
     assert other == [40]
     assert later == [40]
