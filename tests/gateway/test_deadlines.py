@@ -115,10 +115,16 @@ def test_a_deadline_the_pool_cannot_meet_is_refused_before_triton_works(
             is not None
     assert wait_until(shed, 20), _post(gateway, SLOW, deadline_ms=2).text
     answered = _triton_answered(triton, SLOW)
-    answer = _post(gateway, SLOW, deadline_ms=2)
-    assert answer.status_code == 504
-    match = HOPELESS.fullmatch(answer.json()["error"])
-    assert match is not None and match.group(1) == "2" and int(match.group(2)) >= 10
+    # (on a busy host 2 ms may pass before the Python plane's handler runs: its EXPIRED,
+    # which does not reach Triton either; a full run of the suite saw it once)
+    for _ in range(5):
+        answer = _post(gateway, SLOW, deadline_ms=2)
+        assert answer.status_code == 504, answer.text
+        match = HOPELESS.fullmatch(answer.json()["error"])
+        if match is not None:
+            break
+        assert answer.json()["error"] == EXPIRED, answer.text
+    assert match is not None and match.group(1) == "2" and int(match.group(2)) >= 10, answer.text
     # gRPC: a deadline the client's own library does not end first (on a busy host it may
     # pass before the answer: the client's own "Deadline Exceeded", or the Python plane's
     # EXPIRED when its handler runs after it; neither reaches Triton)
