@@ -39,6 +39,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.pools import Pool, PoolMember
 from gateway.residency.memory import (
+    Listeners,
     gpu_memory_used,
     is_loopback,
     measured_footprints,
@@ -62,6 +63,7 @@ class Footprints:
         self._converter: dict[str, tuple[float, int | None]] = {}  # model -> (mtime, bytes)
         self._measured: dict[str, int] = {}
         self._surges: dict[str, int] = {}  # model -> the most a load took beyond its figure
+        self._listeners = Listeners()  # the members' tritonservers on this host
 
     def refresh(self, models: list[str]) -> None:
         """Read the converter's figure of each model whose repository folder changed."""
@@ -135,10 +137,11 @@ class Footprints:
         try:
             if is_loopback(member.spec.host):
                 for name, size in (await measured_footprints(
-                        member, self.admin, [model], started_after)).items():
+                        member, self.admin, [model], started_after,
+                        self._listeners)).items():
                     self.measured(name, size)
                 for name, surge in (await measured_surges(
-                        member, [model], started_after)).items():
+                        member, [model], started_after, self._listeners)).items():
                     self._surges[name] = max(surge, self._surges.get(name, 0))
             elif gpu_before is not None:
                 after = await self._gpu_used(member)
@@ -151,7 +154,7 @@ class Footprints:
         """Whether the memory of ``model``, unloaded from ``member``, is free again (its
         stubs exited; at most ``timeout_s`` waited)."""
         try:
-            return await released(member, model, timeout_s)
+            return await released(member, model, timeout_s, self._listeners)
         except Exception as exc:  # noqa: BLE001 - not watched: taken as freed
             log.info("watching %s leave %s failed: %r", model, member.key, exc)
             return True
@@ -163,7 +166,8 @@ class Footprints:
         if not models or not is_loopback(member.spec.host):
             return
         try:
-            figures = await measured_footprints(member, self.admin, models)
+            figures = await measured_footprints(member, self.admin, models,
+                                                listener=self._listeners)
         except Exception as exc:  # noqa: BLE001 - a round's figures missed, the next reads
             log.info("measuring %d models on %s failed: %r", len(models), member.key, exc)
             return

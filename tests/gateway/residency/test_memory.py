@@ -5,6 +5,7 @@ the GPU memory off a metrics page."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +26,10 @@ from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model, tiny_
 from gateway.config.pools import MemberSpec
 from gateway.pools import PoolMember
 from gateway.residency.memory import (
+    Listeners,
     gpu_memory_used,
     is_loopback,
+    listening_process,
     measured_footprints,
     measured_surges,
     released,
@@ -116,6 +119,57 @@ async def test_a_loads_surge_is_what_its_stubs_held_at_their_peak_beyond_now(
     remote = PoolMember("p", MemberSpec(host="10.0.0.1", http_port=1, grpc_port=2,
                                         metrics_port=3))
     assert await measured_surges(remote, {HEAVY}) == {}
+
+
+async def test_the_members_server_is_found_by_one_scan_for_every_measure(
+        member: PoolMember, admin: MemberAdmin) -> None:
+    """A scan of the host's sockets is the costly part of a measure: the member's
+    tritonserver, once found, is kept for every later one."""
+    scans: list[int] = []
+
+    def scan(port: int) -> psutil.Process | None:
+        scans.append(port)
+        return listening_process(port)
+
+    listeners = Listeners(scan)
+    first = await measured_footprints(member, admin, {TINY_MODEL_NAME, HEAVY},
+                                      listener=listeners)
+    again = await measured_footprints(member, admin, {TINY_MODEL_NAME, HEAVY},
+                                      listener=listeners)
+    surges = await measured_surges(member, {HEAVY}, listener=listeners)
+    assert set(first) == set(again) == {TINY_MODEL_NAME, HEAVY} and HEAVY in surges
+    assert scans == [member.spec.http_port]
+
+
+def test_a_listener_is_kept_while_it_runs_and_found_again_once_it_ends() -> None:
+    """Per port; a process that ended (a member restarted: another process on its port)
+    is looked for again, and so is a port nobody listens on."""
+    first, second = (subprocess.Popen(["sleep", "60"]) for _ in range(2))
+    listening: dict[int, int | None] = {8000: first.pid, 8001: first.pid, 8002: None}
+    scans: list[int] = []
+
+    def scan(port: int) -> psutil.Process | None:
+        scans.append(port)
+        pid = listening[port]
+        return None if pid is None else psutil.Process(pid)
+
+    listeners = Listeners(scan)
+    try:
+        assert [getattr(listeners(port), "pid", None) for port in (8000, 8000, 8001)] == [
+            first.pid, first.pid, first.pid]
+        assert scans == [8000, 8001]
+        assert listeners(8002) is None and listeners(8002) is None
+        assert scans == [8000, 8001, 8002, 8002]
+        first.kill()
+        first.wait()
+        listening[8000] = second.pid
+        found = listeners(8000)
+        assert found is not None and found.pid == second.pid
+        assert scans == [8000, 8001, 8002, 8002, 8000]
+    finally:
+        for proc in (first, second):
+            proc.kill()
+            proc.wait()
 
 
 async def test_measured_footprints_leaves_a_model_out_when_it_is_unloaded(
