@@ -87,6 +87,10 @@ class SnapshotFeed:
     # version -> its number, in the order first seen, for the versions seen last
     _order: OrderedDict[str, int] = field(default_factory=OrderedDict, init=False)
     _seen_versions: int = field(default=0, init=False)
+    # the last snapshot read and its version: a version is a canonical JSON text's hash
+    # (7 % of the control plane's Python time under bench_residency, read at every poll
+    # of every replica), and the snapshot changes far less often than it is read
+    _last: tuple[Snapshot, str] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         lifecycle = self.core.state.config.lifecycle
@@ -96,7 +100,11 @@ class SnapshotFeed:
 
     def current(self) -> tuple[str, Snapshot]:
         snapshot = snapshot_of(self.core.state, self.auth, self.core.clock())
-        version = snapshot_version(snapshot)
+        if self._last is not None and self._last[0] == snapshot:
+            version = self._last[1]
+        else:
+            version = snapshot_version(snapshot)
+            self._last = (snapshot, version)
         self._number(version)
         return version, snapshot
 

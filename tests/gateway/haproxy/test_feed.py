@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig
 from gateway.config.lifecycle import LifecycleSpec
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.core import Core
+from gateway.haproxy import feed as feed_module
 from gateway.haproxy.feed import (
     AGENTS_FILE,
     LIVE_AGENT_S,
@@ -26,7 +27,7 @@ from gateway.haproxy.feed import (
     SnapshotFeed,
     feed_router,
 )
-from gateway.haproxy.snapshot import snapshot_from_dict, snapshot_version
+from gateway.haproxy.snapshot import Snapshot, snapshot_from_dict, snapshot_version
 from gateway.policy.rollout import Split
 
 POOLS = (PoolSpec(name="p", members=(MemberSpec(),), models=("m",)),)
@@ -224,3 +225,28 @@ def test_settle_ends_when_replica_applied_that_snapshot_or_a_later_one_while_it_
 
     waited, still_behind_the_newest = asyncio.run(scenario())
     assert waited and still_behind_the_newest
+
+
+def test_a_version_is_hashed_once_per_snapshot_content_however_often_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every replica's poll reads the current snapshot; its version (a canonical JSON
+    text's hash) is computed again only when the content changed, and an equal content
+    later has its own version again."""
+    hashed: list[str] = []
+
+    def counted(snapshot: Snapshot) -> str:
+        version = snapshot_version(snapshot)
+        hashed.append(version)
+        return version
+
+    monkeypatch.setattr(feed_module, "snapshot_version", counted)
+    core = Core.for_config(GatewayConfig(pools=POOLS))
+    feed = _feed(None, core=core)
+    first = [feed.current()[0] for _ in range(5)]
+    core.state.mark_not_ready("m", "loading")
+    changed = [feed.current()[0] for _ in range(3)]
+    core.state.mark_ready("m")
+    back = feed.current()[0]
+    assert len(set(first)) == 1 and len(set(changed)) == 1 and first[0] != changed[0]
+    assert back == first[0] == snapshot_version(feed.current()[1])
+    assert hashed == [first[0], changed[0], back]
