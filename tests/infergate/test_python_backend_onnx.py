@@ -37,22 +37,18 @@ def _nice(thread_id: int = 0) -> int:
 
 
 @pytest.fixture(scope="module")
-def model_py(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+def model_py() -> Iterator[ModuleType]:
     """The model as the stub imports it, beside Triton's own (pure Python)
     ``triton_python_backend_utils`` from the runtime's wheel."""
-    monkeypatch_module.syspath_prepend(str(locate_tritonserver(RUNTIME_ENV)[1] / "python"))
-    spec = importlib.util.spec_from_file_location("infergate_model_py", PYTHON_BACKEND_MODEL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("triton_python_backend_utils", None)
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
     with pytest.MonkeyPatch.context() as patch:
-        yield patch
+        patch.syspath_prepend(str(locate_tritonserver(RUNTIME_ENV)[1] / "python"))
+        spec = importlib.util.spec_from_file_location("infergate_model_py",
+                                                      PYTHON_BACKEND_MODEL)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+        sys.modules.pop("triton_python_backend_utils", None)
 
 
 def test_load_is_built_on_a_thread_of_its_own_at_lower_priority(model_py: ModuleType) -> None:
