@@ -131,9 +131,11 @@ def test_replicas_follow_control_plane_and_outlive_it_when_split(tmp_path: Path)
             # routable through replica B, which follows the same snapshot
             assert _infers(agent_b.http_url, "owned")
             assert tiny_infers_over_grpc(agent_b.grpc_url, "owned")
-            version = _feed_version(control.http_url)
-            assert wait_until(lambda: agent_a.status()["version"] == version
-                              == agent_b.status()["version"], 10)
+            # both on the control plane's snapshot, read at each try: a probe round may move
+            # it meanwhile (it measures the service time of the requests above), and the
+            # replicas then follow a version a first read would never see again
+            assert wait_until(lambda: agent_a.status()["version"] == agent_b.status()["version"]
+                              == _feed_version(control.http_url), 10)
             # each replica decides the gRPC connections from the versions the control
             # plane read: this machine's Triton lacks the fix for server#8034
             triton_version = httpx.get(f"http://{ea.http_url}/v2").json()["version"]
