@@ -87,8 +87,8 @@ def test_member_restarted_on_another_version_needs_a_reload_when_moved(tmp_path:
 def test_a_new_refusal_delay_needs_a_reload_and_tenancy_off_keeps_the_default(
         tmp_path: Path) -> None:
     """The delay sets the tarpits' backends (their ``timeout tarpit``), no runtime-API
-    setting; tenancy
-    turned off keeps its rules with the default delay, so off and on again is no reload."""
+    setting; tenancy turned off keeps its rules with the default delay, so off and on
+    again is no reload."""
     layout = layout_in(tmp_path)
     rules = TenancyState(tenants=(TenantState("default", "standard"),))
     on = replace(snapshot(), tenancy=rules)
