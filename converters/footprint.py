@@ -1,5 +1,7 @@
-"""The memory a served variant takes, measured: an ONNX Runtime session of it opened in a
-fresh process and run once at its largest served batch.
+"""The memory a served variant takes, measured: an ONNX Runtime session of it, written as
+it is published (:func:`converters.model_dir.write_onnx`: large weights in a file beside
+the graph, which ONNX Runtime maps), opened in a fresh process and run once at its
+largest served batch.
 
 The figure is the process's resident set size (RSS) after the run minus its RSS just
 before the session was opened, with numpy, ONNX Runtime and the inputs already loaded:
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from converters.model_dir import write_onnx
 from converters.runtime import RuntimeSettings
 
 METHOD = ("RSS of a fresh process after opening an ONNX Runtime session ({providers}) and "
@@ -46,14 +49,16 @@ class FootprintError(RuntimeError):
 
 def measure_footprint(model: Path, runtime: RuntimeSettings,
                       feeds: Mapping[str, np.ndarray], timeout_s: float = 120.0) -> Footprint:
-    """Open ``model`` with ``runtime`` in a fresh Python process, run ``feeds`` once."""
+    """Open ``model`` as it is published with ``runtime`` in a fresh Python process, run
+    ``feeds`` once."""
     batch = int(next(iter(feeds.values())).shape[0]) if feeds else 1
     with tempfile.TemporaryDirectory(prefix="footprint.") as tmp:
+        served = write_onnx(model, Path(tmp) / "model.onnx")[0]
         inputs = Path(tmp) / "inputs.npz"
         arrays: dict[str, Any] = dict(feeds)  # Any: np.savez types its keywords as options
         np.savez(inputs, **arrays)
         done = subprocess.run(
-            [sys.executable, "-m", "converters.footprint", str(model), str(inputs),
+            [sys.executable, "-m", "converters.footprint", str(served), str(inputs),
              json.dumps(asdict(runtime))],
             capture_output=True, text=True, timeout=timeout_s, check=False,
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import hashlib
+import io
 import sys
 import time
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from gateway.lifecycle.client import TERMINAL, LifecycleClient, LifecycleError
+from gateway.lifecycle.client import TERMINAL, LifecycleClient, LifecycleError, model_as_one_file
 
 app = typer.Typer(help="Upload, follow, roll back and delete model versions.",
                   no_args_is_help=True)
@@ -91,8 +92,17 @@ def upload(
 ) -> None:
     """Upload a model version; the gateway converts, loads, warms and serves it."""
     parts = {"model": model, "calibration": calibration, "evaluation": evaluation}
-    total = sum(p.stat().st_size for p in parts.values() if p is not None)
-    handles = {k: p.open("rb") for k, p in parts.items() if p is not None}
+    try:
+        inlined = model_as_one_file(model)
+    except ValueError as exc:
+        err_console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    handles: dict[str, IO[bytes]] = {k: p.open("rb") for k, p in parts.items() if p is not None}
+    sizes = {k: p.stat().st_size for k, p in parts.items() if p is not None}
+    if inlined is not None:  # its weights kept beside it: sent as one file
+        handles["model"].close()
+        handles["model"], sizes["model"] = io.BytesIO(inlined), len(inlined)
+    total = sum(sizes.values())
     try:
         with Progress("[progress.description]{task.description}", BarColumn(),
                       DownloadColumn(), TransferSpeedColumn(), console=err_console,

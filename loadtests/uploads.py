@@ -39,7 +39,7 @@ def upload(client: LifecycleClient, model: str, onnx_path: Path, rollout: Mappin
     fields)."""
     spec = {**TINY_SPEC, **(extra or {}), "rollout": dict(rollout)}
     try:
-        job = client.upload(model, onnx_path.read_bytes(), spec, evaluation=evaluation)
+        job = client.upload(model, onnx_path, spec, evaluation=evaluation)
     except LifecycleError as err:
         raise RuntimeError(f"upload of {model} answered {err.status}: "
                            f"{str(err.message)[:500]}") from err

@@ -62,13 +62,37 @@ def answer(resp: httpx.Response) -> Any:
 
 
 def file_part(kind: str, part: Part | Path) -> tuple[str, Content]:
-    """(file name, content) of an upload's part; a path is read, plain content gets the
-    kind's usual name."""
+    """(file name, content) of an upload's part; a path is read (a model's as
+    :func:`model_as_one_file` sends it), plain content gets the kind's usual name."""
     if isinstance(part, Path):
-        return part.name, part.read_bytes()
+        inlined = model_as_one_file(part) if kind == "model" else None
+        return part.name, part.read_bytes() if inlined is None else inlined
     if isinstance(part, tuple):
         return part
     return DEFAULT_NAMES[kind], part
+
+
+def model_as_one_file(path: Path) -> bytes | None:
+    """An ONNX model that keeps its weights in files beside it (as the converter publishes
+    a large one: ``model.onnx`` and ``model.onnx.data``), as one file with its weights
+    inlined: an upload's model is one file. None: ``path`` is one file already (or not an
+    ONNX model). ValueError: its weights are missing, or more than one file takes (2 GB,
+    protobuf's bound)."""
+    if path.suffix != ".onnx":
+        return None
+    import onnx  # (only here: the CLI's other commands start without it)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not an ONNX model: sent as it is, and the
+        return None  # gateway's conversion says what it is
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        return None
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+        return model.SerializeToString()
+    except Exception as exc:  # noqa: BLE001 - onnx's ValidationError, OSError, ValueError
+        raise ValueError(f"{path} keeps its weights in files beside it, and cannot be sent "
+                         f"as one file: {exc}") from None
 
 
 class LifecycleClient:

@@ -14,8 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gateway import models_cli
-from gateway.lifecycle.client import LifecycleClient
+from gateway.lifecycle.client import LifecycleClient, model_as_one_file
 from tests.gateway.console.conftest import residency_report
+from tests.gateway.lifecycle.test_client import published_model
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -81,6 +82,36 @@ def test_upload_sends_each_file_by_name_with_the_token_then_follows_the_job(
         assert part in body
     assert b'name="calibration"' not in body
     assert (followed.method, followed.url.path) == ("GET", "/v1/jobs/j1")
+
+
+def test_upload_sends_a_model_published_with_its_weights_beside_it_as_one_file(
+    gateway: Callable[[Handler], list[httpx.Request]], tmp_path: Path,
+) -> None:
+    job = {"id": "j1", "model": "big", "state": "succeeded", "version": 1, "steps": []}
+    seen = gateway(lambda request: httpx.Response(
+        202 if request.method == "POST" else 200, json=job))
+    model = published_model(tmp_path)
+    (tmp_path / "spec.json").write_text(json.dumps({"inputs": []}))
+    exit_code, output = invoke("upload", "big", "--model", str(model), "--spec",
+                               str(tmp_path / "spec.json"), "--no-follow")
+    assert exit_code == 0, output
+    body = seen[0].read()
+    assert body.count(b'name="model"; filename="model.onnx"') == 1
+    inlined = model_as_one_file(model)
+    assert inlined is not None and inlined in body  # its 4 MiB of weights inlined
+
+
+def test_upload_of_a_model_whose_weights_file_is_missing_says_so_and_sends_nothing(
+    gateway: Callable[[Handler], list[httpx.Request]], tmp_path: Path,
+) -> None:
+    seen = gateway(lambda request: httpx.Response(500))
+    model = published_model(tmp_path)
+    (tmp_path / "1" / "model.onnx.data").unlink()
+    (tmp_path / "spec.json").write_text(json.dumps({"inputs": []}))
+    exit_code, output = invoke("upload", "big", "--model", str(model), "--spec",
+                               str(tmp_path / "spec.json"))
+    assert exit_code == 2 and "cannot be sent as one file" in output
+    assert seen == []
 
 
 def test_rollback_asks_for_the_previous_version_unless_given_one(

@@ -302,7 +302,7 @@ def upload(url: str, name: str, model: Path | bytes, spec: dict[str, Any],
            evaluation: bytes | None, calibration: bytes | None = None) -> dict[str, Any]:
     """``evaluation`` None: no evaluation part (FP32/FP16 are verified on synthetic inputs)."""
     with client(url) as lifecycle:
-        return lifecycle.upload(name, model.read_bytes() if isinstance(model, Path) else model,
+        return lifecycle.upload(name, model,  # a path as the CLI sends it
                                 spec, evaluation=evaluation, calibration=calibration)
 
 
