@@ -45,8 +45,9 @@ Per arm and phase: requests, hit ratio beside the best fixed placement known in 
 (per phase, the models most requested per byte packed into the budgets; the share of that
 phase's requests they would take), failures by cause, hits' p99 per protocol and its
 ratio to the all-resident arm's, loads and evictions per minute. Per arm: accounted
-(the gateway's ``used_bytes``) and real (the member's stubs' USS; its process tree's RSS
-above idle) memory peaks against the budget, sampled every second; recovery (seconds
+(the gateway's ``used_bytes``) and real (the member's stubs' USS, and the anonymous part
+of it, which the kernel cannot drop as it can a mapped weights file's clean pages; its
+process tree's RSS above idle) memory peaks against the budget, sampled every second; recovery (seconds
 after each reshuffle until a 10 s window's hit ratio is back to 90 % of the best fixed
 placement's on the same requests, judged until the next reshuffle). Then the goals of
 issue 34, each met or missed with its figure
@@ -79,7 +80,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -194,18 +195,38 @@ def stub_model(cmdline: Sequence[str]) -> str | None:
 class TreeMemory:
     rss: int  # tritonserver and every descendant
     stubs_uss: dict[str, int]  # model -> its stubs' unique set size
+    # model -> its stubs' anonymous memory: pages with no file behind them, which the
+    # kernel cannot drop (it can drop a mapped file's clean pages, and a model's weights
+    # file, mapped while its session is built, is such: USS counts it, this does not)
+    stubs_anon: dict[str, int] = field(default_factory=dict)
+
+
+def private_and_anonymous(pid: int) -> tuple[int, int]:
+    """A process's unique set size (its private pages, as psutil's ``uss``) and its
+    anonymous memory, bytes, from ``/proc/PID/smaps_rollup``."""
+    kib = {}
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            key, _, rest = line.partition(":")
+            if key in ("Private_Clean", "Private_Dirty", "Private_Hugetlb", "Anonymous"):
+                kib[key] = int(rest.split()[0])
+    private = kib.get("Private_Clean", 0) + kib.get("Private_Dirty", 0) + kib.get(
+        "Private_Hugetlb", 0)
+    return private * 1024, kib.get("Anonymous", 0) * 1024
 
 
 def tree_memory(pid: int) -> TreeMemory:
     root = psutil.Process(pid)
-    rss, stubs = 0, dict[str, int]()
+    rss, stubs, anon = 0, dict[str, int](), dict[str, int]()
     for proc in (root, *root.children(recursive=True)):
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(psutil.Error, OSError):
             rss += proc.memory_info().rss
             model = stub_model(proc.cmdline())
             if model is not None:
-                stubs[model] = stubs.get(model, 0) + proc.memory_full_info().uss
-    return TreeMemory(rss, stubs)
+                private, anonymous = private_and_anonymous(proc.pid)
+                stubs[model] = stubs.get(model, 0) + private
+                anon[model] = anon.get(model, 0) + anonymous
+    return TreeMemory(rss, stubs, anon)
 
 
 @dataclass
@@ -333,6 +354,7 @@ class Sampler:
                         seen = member_view(view, m.endpoints) or {}
                         self.samples.append({
                             "t": t, "member": i, "stubs_uss": sum(mem.stubs_uss.values()),
+                            "stubs_anon": sum(mem.stubs_anon.values()),
                             "rss_above_idle": mem.rss - m.idle_rss,
                             "used_bytes": seen.get("used_bytes"),
                             "models": len(mem.stubs_uss)})

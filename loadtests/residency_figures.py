@@ -269,6 +269,7 @@ def summarise(arm: Arm, run: ArmRun, setup: Setup, budget: int | None,
                        for p in PROTOCOLS},
         "max_used_bytes": peak(run.samples, "used_bytes"),
         "max_stubs_uss": peak(run.samples, "stubs_uss"),
+        "max_stubs_anon": peak(run.samples, "stubs_anon"),
         "max_rss_above_idle": peak(run.samples, "rss_above_idle"),
         "recovery": [{"at_s": s, "span_s": stop - s,
                       "s": recovery_s(out, best, s, stop)} for s, stop in zip(
@@ -357,13 +358,15 @@ def recovery_cell(recovery: Sequence[Mapping[str, Any]]) -> str:
 
 def arm_table(rows: Sequence[Mapping[str, Any]]) -> str:
     header = ("arm", "budget per member", "accounted peak (x budget)",
-              "stubs' USS peak (x budget)", "tree RSS above idle, peak",
+              "stubs' USS peak (x budget)", "of it anonymous, peak (x budget)",
+              "tree RSS above idle, peak",
               "failed: flat / steep", f"held > {HELD_MS / 1e3:g} s, then failed",
               "failed after their load", "back to 90 % of best fixed after each reshuffle")
     return table(header, ((
         r["arm"], _mb(r["budget_bytes"]) if r["budget_bytes"] else "none",
         _against(r["max_used_bytes"], r["budget_bytes"]),
-        _against(r["max_stubs_uss"], r["budget_bytes"]), _mb(r["max_rss_above_idle"]),
+        _against(r["max_stubs_uss"], r["budget_bytes"]),
+        _against(r.get("max_stubs_anon"), r["budget_bytes"]), _mb(r["max_rss_above_idle"]),
         f"{pct(r['failed_share']['flat'])} / {pct(r['failed_share']['steep'])}",
         r["held_then_failed"], r["failed_after_load"], recovery_cell(r["recovery"]))
         for r in rows))
@@ -381,7 +384,8 @@ def _memory_goals(r: Mapping[str, Any]) -> list[Goal]:
          f"peak {_against(used, budget)} of {_mb(budget)}"),
         (f"real memory (stubs' USS) within {GOAL_REAL_X}x the budget at every sample",
          None if real is None else real <= GOAL_REAL_X * budget,
-         f"peak {_against(real, budget)} (tree RSS above idle {_mb(r['max_rss_above_idle'])})"),
+         f"peak {_against(real, budget)} (anonymous {_against(r.get('max_stubs_anon'), budget)}"
+         f"; tree RSS above idle {_mb(r['max_rss_above_idle'])})"),
     ]
 
 
