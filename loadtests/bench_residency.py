@@ -47,10 +47,10 @@ phase's requests they would take), failures by cause, hits' p99 per protocol and
 ratio to the all-resident arm's, loads and evictions per minute. Per arm: accounted
 (the gateway's ``used_bytes``) and real (the member's stubs' USS, and the anonymous part
 of it, which the kernel cannot drop as it can a mapped weights file's clean pages; its
-process tree's RSS above idle) memory peaks against the budget, sampled every second; recovery (seconds
-after each reshuffle until a 10 s window's hit ratio is back to 90 % of the best fixed
-placement's on the same requests, judged until the next reshuffle). Then the goals of
-issue 34, each met or missed with its figure
+process tree's RSS above idle) memory peaks against the budget, sampled every second;
+recovery (seconds after each reshuffle until a 10 s window's hit ratio is back to 90 % of
+the best fixed placement's on the same requests, judged until the next reshuffle). Then
+the goals of issue 34, each met or missed with its figure
 (:func:`~loadtests.residency_figures.arm_goals`).
 
 This module runs the arms (members, gateway, clients, memory sampler); the trace (phases,

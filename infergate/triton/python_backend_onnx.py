@@ -1,7 +1,9 @@
 """Generic ONNX Runtime model for Triton's Python backend.
 
 Copied as ``<model>/<version>/model.py`` next to ``model.onnx`` by the converter, so each
-version carries the exact runtime code it was verified with. Runs inside the Triton
+version carries the exact runtime code it was verified with. A large model's weights are
+in ``model.onnx.data`` beside it (``converters.model_dir.write_onnx``): the session, opened
+by the model's path, maps them. Runs inside the Triton
 Python-backend stub (numpy<2, onnxruntime); it must not import anything from infergate.
 
 - Input/output names and dtypes come from the model config (config.pbtxt).

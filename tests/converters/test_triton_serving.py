@@ -50,6 +50,8 @@ def test_converted_models_answer_like_onnxruntime_when_served_by_triton(
     for conversion in (effnet_conversion, minilm_conversion):
         shutil.copytree(conversion.result.path, repo / conversion.result.name)
     effnet, minilm = effnet_conversion.result, minilm_conversion.result
+    for result in (effnet, minilm):  # their weights beside the graph: the stub maps them
+        assert (repo / result.name / str(result.version) / "model.onnx.data").is_file()
     images = load_samples(photo_sets[1], parse_input_spec("input:float32[batch,3,224,224]"),
                           "evaluation", EFFICIENTNET_LITE)
     tokens = load_samples(token_sets[1], parse_input_spec(
