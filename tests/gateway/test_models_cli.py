@@ -58,17 +58,28 @@ def test_a_refusal_prints_the_gateways_error_and_exits_by_its_class(
     assert exit_code == code and said in output
 
 
-def test_upload_sends_each_file_by_name_with_the_token_then_follows_the_job(
-    gateway: Callable[[Handler], list[httpx.Request]], tmp_path: Path,
-) -> None:
-    job = {"id": "j1", "model": "tiny", "state": "succeeded", "version": 3, "steps": []}
-    seen = gateway(lambda request: httpx.Response(
+def taking_uploads(gateway: Callable[[Handler], list[httpx.Request]], model: str,
+                   version: int) -> list[httpx.Request]:
+    """The gateway takes an upload of ``model`` (202) and says its job made ``version``."""
+    job = {"id": "j1", "model": model, "state": "succeeded", "version": version, "steps": []}
+    return gateway(lambda request: httpx.Response(
         202 if request.method == "POST" else 200, json=job))
-    (tmp_path / "tiny.pt2").write_bytes(b"exported")
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> Path:
     (tmp_path / "spec.json").write_text(json.dumps({"inputs": []}))
+    return tmp_path / "spec.json"
+
+
+def test_upload_sends_each_file_by_name_with_the_token_then_follows_the_job(
+    gateway: Callable[[Handler], list[httpx.Request]], tmp_path: Path, spec: Path,
+) -> None:
+    seen = taking_uploads(gateway, "tiny", 3)
+    (tmp_path / "tiny.pt2").write_bytes(b"exported")
     (tmp_path / "eval.npz").write_bytes(b"samples")
     exit_code, output = invoke("upload", "tiny", "--model", str(tmp_path / "tiny.pt2"),
-                               "--spec", str(tmp_path / "spec.json"),
+                               "--spec", str(spec),
                                "--evaluation", str(tmp_path / "eval.npz"))
     assert exit_code == 0, output
     assert "tiny version 3 is serving" in output
@@ -85,15 +96,12 @@ def test_upload_sends_each_file_by_name_with_the_token_then_follows_the_job(
 
 
 def test_upload_sends_a_model_published_with_its_weights_beside_it_as_one_file(
-    gateway: Callable[[Handler], list[httpx.Request]], tmp_path: Path,
+    gateway: Callable[[Handler], list[httpx.Request]], tmp_path: Path, spec: Path,
 ) -> None:
-    job = {"id": "j1", "model": "big", "state": "succeeded", "version": 1, "steps": []}
-    seen = gateway(lambda request: httpx.Response(
-        202 if request.method == "POST" else 200, json=job))
+    seen = taking_uploads(gateway, "big", 1)
     model = published_model(tmp_path)
-    (tmp_path / "spec.json").write_text(json.dumps({"inputs": []}))
-    exit_code, output = invoke("upload", "big", "--model", str(model), "--spec",
-                               str(tmp_path / "spec.json"), "--no-follow")
+    exit_code, output = invoke("upload", "big", "--model", str(model), "--spec", str(spec),
+                               "--no-follow")
     assert exit_code == 0, output
     body = seen[0].read()
     assert body.count(b'name="model"; filename="model.onnx"') == 1
@@ -102,14 +110,12 @@ def test_upload_sends_a_model_published_with_its_weights_beside_it_as_one_file(
 
 
 def test_upload_of_a_model_whose_weights_file_is_missing_says_so_and_sends_nothing(
-    gateway: Callable[[Handler], list[httpx.Request]], tmp_path: Path,
+    gateway: Callable[[Handler], list[httpx.Request]], tmp_path: Path, spec: Path,
 ) -> None:
-    seen = gateway(lambda request: httpx.Response(500))
+    seen = taking_uploads(gateway, "big", 1)
     model = published_model(tmp_path)
     (tmp_path / "1" / "model.onnx.data").unlink()
-    (tmp_path / "spec.json").write_text(json.dumps({"inputs": []}))
-    exit_code, output = invoke("upload", "big", "--model", str(model), "--spec",
-                               str(tmp_path / "spec.json"))
+    exit_code, output = invoke("upload", "big", "--model", str(model), "--spec", str(spec))
     assert exit_code == 2 and "cannot be sent as one file" in output
     assert seen == []
 
