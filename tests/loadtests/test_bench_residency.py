@@ -81,6 +81,25 @@ def test_stub_model_reads_the_model_from_the_stubs_command_line() -> None:
     assert br.stub_model([]) is None
 
 
+def test_private_and_anonymous_memory_grow_with_an_allocation_and_a_mapped_file_is_private_only(
+        tmp_path: Path) -> None:
+    import mmap
+    import os
+
+    before = br.private_and_anonymous(os.getpid())
+    block = np.ones(64 << 20, np.uint8)  # 64 MiB of anonymous pages, touched
+    grown = br.private_and_anonymous(os.getpid())
+    assert grown[0] - before[0] >= 60 << 20 and grown[1] - before[1] >= 60 << 20
+    (tmp_path / "weights").write_bytes(b"\1" * (32 << 20))
+    with open(tmp_path / "weights", "rb") as handle, \
+            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert sum(mapped[i] for i in range(0, len(mapped), 4096)) == (32 << 20) // 4096
+        read = br.private_and_anonymous(os.getpid())
+    # a file's pages mapped and read: private (this process alone maps them), not anonymous
+    assert read[0] - grown[0] >= 30 << 20 and abs(read[1] - grown[1]) < 8 << 20
+    del block
+
+
 def test_counters_sum_loads_and_evictions_over_their_labels() -> None:
     text = "\n".join([
         "# TYPE infergate_model_loads counter",

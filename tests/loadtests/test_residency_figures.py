@@ -157,8 +157,8 @@ def test_summarise_gives_each_phase_its_figures_and_moves_per_minute() -> None:
     runs[150] = rf.Outcome(150.5, runs[150].model, 1, "grpc", "UNAVAILABLE", 2000.0, None,
                            "no member of pool 'cpu' has room for it now")
     moves = [{"loads": 10 * k, "evictions": 5 * k} for k in range(5)]
-    run = rf.ArmRun(runs, [{"t": 1, "member": 0, "stubs_uss": 9, "rss_above_idle": 20,
-                            "used_bytes": 8, "models": 1}], moves, {})
+    run = rf.ArmRun(runs, [{"t": 1, "member": 0, "stubs_uss": 9, "stubs_anon": 7,
+                            "rss_above_idle": 20, "used_bytes": 8, "models": 1}], moves, {})
     row = rf.summarise(rf.Arm("residency", "quarter"), run, setup, 10, footprints)
     assert [p["phase"] for p in row["phases"]] == [p.label for p in rt.PHASES]
     one = row["phases"][1]
@@ -169,6 +169,7 @@ def test_summarise_gives_each_phase_its_figures_and_moves_per_minute() -> None:
     assert one["evictions_per_min"] == pytest.approx(3.0)
     assert row["failed_share"] == {"flat": 1 / 200, "steep": 0.0}
     assert row["max_used_bytes"] == 8 and row["max_stubs_uss"] == 9
+    assert row["max_stubs_anon"] == 7
     assert [r["at_s"] for r in row["recovery"]] == [100.0, 300.0]
     assert [r["span_s"] for r in row["recovery"]] == [200.0, 100.0]
     assert [r["s"] for r in row["recovery"]] == [10.0, 10.0]
@@ -200,7 +201,7 @@ def row(arm: str, kind: str = "residency", budget: str | None = "half",
         "failed_share": {"flat": 0.0, "steep": 0.0}, "held_then_failed": 0,
         "failed_after_load": 0, "load_waits": {"http": 10, "grpc": 9},
         "max_used_bytes": 400_000_000, "max_stubs_uss": 510_000_000,
-        "max_rss_above_idle": 600_000_000,
+        "max_stubs_anon": 480_000_000, "max_rss_above_idle": 600_000_000,
         "recovery": [{"at_s": 60.0, "span_s": 120.0, "s": 20.0},
                      {"at_s": 180.0, "span_s": 60.0, "s": 30.0}],
         "other_messages": {}, "hit_series": [(2.5, 0.5), (7.5, 1.0)],
@@ -254,6 +255,10 @@ def test_goals_are_missed_by_their_figures() -> None:
         "hit ratio >= best fixed placement - 0.02 in every phase"][1]
     assert verdicts["hits' p99 <= 1.2x all-resident, HTTP and gRPC"][1] == (
         "HTTP 1.25x (12.5 ms), gRPC 1.00x (12.0 ms)")
+    # the anonymous part of the USS said beside it: what the kernel cannot drop
+    assert verdicts["real memory"][1] == (
+        "peak 526 MB (1.05x) (anonymous 480 MB (0.96x); tree RSS above idle 600 MB)")
+    assert "| 526 MB (1.05x) | 480 MB (0.96x) | 600 MB |" in rf.arm_table([bad])
 
 
 def test_recovery_not_seen_within_a_span_shorter_than_the_goal_is_not_judged() -> None:
@@ -275,7 +280,7 @@ def test_markdown_gives_each_arm_and_phase_then_the_goals_judged() -> None:
             " ms (x all) | hits p99 gRPC, ms (x all) | loads / evictions per min |") in text
     assert ("| residency, half | flat | 1000 | 95.0 % / 96.0 % | 3 (0.3 %: room_full 2, "
             "deadline 1) | 10.0 (1.00x) | 12.0 (1.00x) | 6.0 / 4.0 |") in text
-    assert "| all resident | none | 400 MB | 510 MB | 600 MB |" in text
+    assert "| all resident | none | 400 MB | 510 MB | 480 MB | 600 MB |" in text
     assert "| residency, half | 500 MB | 400 MB (0.80x) | 510 MB (1.02x) |" in text
     assert "at 60 s: 20 s, at 180 s: 30 s" in text
     assert "Goals (residency, half):" in text and "Goals (all resident)" not in text
