@@ -65,7 +65,8 @@ def load_onnx(path: Path) -> onnx.ModelProto:
             f"{path.name} keeps its weights in external data files, and "
             f"{', '.join(missing)} is missing beside it (in {path.parent})",
             action="Give the model together with its external weights files, at the "
-                   "relative paths it names")
+                   "relative paths it names, or as one file with its weights inlined (an "
+                   "upload's model is one file: `infergate models upload` sends a model so)")
     try:
         onnx.load_external_data_for_model(model, str(path.parent))
     except Exception as exc:  # noqa: BLE001 - onnx raises ValidationError/OSError here

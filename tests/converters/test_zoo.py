@@ -168,6 +168,7 @@ def _external(tmp_path: Path) -> Path:
 
 
 def test_convert_publishes_one_file_when_weights_are_external_data(tmp_path: Path) -> None:
+    """(A small model's: past model_dir.WEIGHTS_APART_BYTES they go beside the graph.)"""
     source = _external(tmp_path)
     assert (source.parent / "weights" / "model.bin").is_file()
     result = _convert(source, tmp_path, _images())
@@ -184,6 +185,7 @@ def test_convert_names_the_missing_weights_file_when_external_data_is_absent(
         _convert(source, tmp_path, _images())
     assert "model.bin" in str(failed.value)
     assert str(failed.value).splitlines()[0].startswith("Give the model together with")
+    assert "or as one file with its weights inlined" in str(failed.value)
 
 
 # -- dtypes ------------------------------------------------------------------------------------
