@@ -37,10 +37,10 @@ from converters.graph import load_onnx
 from converters.repository import stage_version, write_metadata
 from converters.triton_config import ModelConfigSpec, WarmupSample, render_model_config
 
-# a model's weights go beside its graph (model.onnx.data) once they pass this, each tensor
-# of at least WEIGHT_APART_BYTES (onnx's own threshold): below, one file is as quick
+# a model's weights go beside its graph (model.onnx.data) once they pass this (below, one
+# file loads as quickly): the tensors of at least TENSOR_APART_BYTES (onnx's own threshold)
 WEIGHTS_APART_BYTES = 1 << 20
-WEIGHT_APART_BYTES = 1024
+TENSOR_APART_BYTES = 1024
 WEIGHTS_SUFFIX = ".data"
 
 # Not imported here: it runs inside Triton's stub and imports triton_python_backend_utils.
@@ -126,11 +126,11 @@ def write_model_directory(request: ModelDirectoryRequest) -> WrittenModel:
 def write_onnx(source: Path, target: Path) -> list[Path]:
     """Write the ONNX model at ``source`` (its external data, if any, read from beside it)
     as ``target``, its weights in ``<target>.data`` beside it when they pass
-    :data:`WEIGHTS_APART_BYTES` (the tensors of at least :data:`WEIGHT_APART_BYTES`; the
+    :data:`WEIGHTS_APART_BYTES` (the tensors of at least :data:`TENSOR_APART_BYTES`; the
     file readable as the graph is), else in one file. The files written."""
     model = load_onnx(source)
     weights = [t for t in model.graph.initializer
-               if t.HasField("raw_data") and len(t.raw_data) >= WEIGHT_APART_BYTES]
+               if t.HasField("raw_data") and len(t.raw_data) >= TENSOR_APART_BYTES]
     if sum(len(t.raw_data) for t in weights) < WEIGHTS_APART_BYTES:
         onnx.save(model, str(target))
         return [target]

@@ -29,6 +29,9 @@ Content = bytes | str | IO[bytes]
 Part = Content | tuple[str, Content]
 DEFAULT_NAMES = {"model": "model.onnx", "calibration": "calibration.npz",
                  "evaluation": "evaluation.npz"}
+# an ONNX file larger than this holds its weights (a graph kept apart from them is kilobytes
+# to a few megabytes): not parsed to find out
+GRAPH_ALONE_BYTES = 64 << 20
 
 
 class LifecycleError(RuntimeError):
@@ -76,9 +79,10 @@ def model_as_one_file(path: Path) -> bytes | None:
     """An ONNX model that keeps its weights in files beside it (as the converter publishes
     a large one: ``model.onnx`` and ``model.onnx.data``), as one file with its weights
     inlined: an upload's model is one file. None: ``path`` is one file already (or not an
-    ONNX model). ValueError: its weights are missing, or more than one file takes (2 GB,
-    protobuf's bound)."""
-    if path.suffix != ".onnx":
+    ONNX model; a file over :data:`GRAPH_ALONE_BYTES` is taken as one holding its weights,
+    and sent as it is, streamed, without being read here). ValueError: its weights are
+    missing, or more than one file takes (2 GB, protobuf's bound)."""
+    if path.suffix != ".onnx" or path.stat().st_size > GRAPH_ALONE_BYTES:
         return None
     import onnx  # (only here: the CLI's other commands start without it)
     try:

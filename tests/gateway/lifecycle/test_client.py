@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from converters.model_dir import write_onnx
+from gateway.lifecycle import client
 from gateway.lifecycle.client import file_part, model_as_one_file
 from tests.converters.test_footprint import matmul_model
 
@@ -56,3 +57,13 @@ def test_a_model_whose_weights_file_is_missing_is_refused_before_it_is_sent(
     with pytest.raises(ValueError, match="keeps its weights in files beside it, and cannot be "
                                          "sent as one file"):
         model_as_one_file(published)
+
+
+def test_a_file_too_large_to_be_a_graph_alone_is_sent_as_it_is_unread(
+        published: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(One over the bound holds its weights: not parsed, so not held in memory, to find
+    out.)"""
+    monkeypatch.setattr(client, "GRAPH_ALONE_BYTES", published.stat().st_size - 1)
+    assert model_as_one_file(published) is None
+    monkeypatch.setattr(client, "GRAPH_ALONE_BYTES", published.stat().st_size)
+    assert model_as_one_file(published) is not None
