@@ -90,7 +90,8 @@ class SnapshotFeed:
     # the last snapshot read and its version: a version is a canonical JSON text's hash
     # (7 % of the control plane's Python time under bench_residency, read at every poll
     # of every replica), and the snapshot changes far less often than it is read
-    _last: tuple[Snapshot, str] | None = field(default=None, init=False)
+    # (with its wire form, which every poll's answer carries)
+    _last: tuple[Snapshot, str, dict[str, object]] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         lifecycle = self.core.state.config.lifecycle
@@ -100,13 +101,19 @@ class SnapshotFeed:
 
     def current(self) -> tuple[str, Snapshot]:
         snapshot = snapshot_of(self.core.state, self.auth, self.core.clock())
-        if self._last is not None and self._last[0] == snapshot:
-            version = self._last[1]
-        else:
-            version = snapshot_version(snapshot)
-            self._last = (snapshot, version)
+        if self._last is None or self._last[0] != snapshot:
+            wire = snapshot_to_dict(snapshot)
+            self._last = (snapshot, snapshot_version(snapshot, wire), wire)
+        snapshot, version = self._last[0], self._last[1]
         self._number(version)
         return version, snapshot
+
+    def wire(self, snapshot: Snapshot) -> dict[str, object]:
+        """``snapshot``'s wire form (:func:`snapshot_to_dict`): made once per content for
+        the snapshot :meth:`current` gives, which every replica's poll is answered with."""
+        if self._last is not None and self._last[0] is snapshot:
+            return self._last[2]
+        return snapshot_to_dict(snapshot)
 
     def _number(self, version: str) -> int:
         """The order in which this process first saw ``version`` (a content hash: a
@@ -292,7 +299,7 @@ def feed_router(feed: SnapshotFeed, auth: TokenTable) -> APIRouter:
         if found is None:
             return Response(status_code=304)
         version, current = found
-        return JSONResponse({"version": version, "snapshot": snapshot_to_dict(current),
+        return JSONResponse({"version": version, "snapshot": feed.wire(current),
                              "now": feed.wall_clock()},
                             headers={"ETag": f'"{version}"'})
 

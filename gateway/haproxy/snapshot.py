@@ -364,10 +364,13 @@ def snapshot_from_dict(data: Any) -> Snapshot:
         raise ValueError(f"malformed data-plane snapshot: {exc!r}") from exc
 
 
-def snapshot_version(snapshot: Snapshot) -> str:
+def snapshot_version(snapshot: Snapshot, wire: dict[str, object] | None = None) -> str:
     """Content address of a snapshot: equal snapshots have equal versions, whichever
-    control-plane process published them."""
-    canonical = snapshot_to_dict(snapshot_from_dict(snapshot_to_dict(snapshot)))  # 1 == 1.0
+    control-plane process published them. ``wire``: its :func:`snapshot_to_dict`, when
+    already made."""
+    if wire is None:
+        wire = snapshot_to_dict(snapshot)
+    canonical = snapshot_to_dict(snapshot_from_dict(wire))  # 1 == 1.0
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -40,6 +40,7 @@ from gateway.errors import GatewayError
 from gateway.pools import Pool, PoolMember
 from gateway.residency.memory import (
     Listeners,
+    StubSizes,
     gpu_memory_used,
     is_loopback,
     measured_footprints,
@@ -64,6 +65,7 @@ class Footprints:
         self._measured: dict[str, int] = {}
         self._surges: dict[str, int] = {}  # model -> the most a load took beyond its figure
         self._listeners = Listeners()  # the members' tritonservers on this host
+        self._sizes = StubSizes()  # their stubs' sizes, read again once they may change
 
     def refresh(self, models: list[str]) -> None:
         """Read the converter's figure of each model whose repository folder changed."""
@@ -138,7 +140,7 @@ class Footprints:
             if is_loopback(member.spec.host):
                 for name, size in (await measured_footprints(
                         member, self.admin, [model], started_after,
-                        self._listeners)).items():
+                        self._listeners, self._sizes)).items():
                     self.measured(name, size)
                 for name, surge in (await measured_surges(
                         member, [model], started_after, self._listeners)).items():
@@ -167,7 +169,7 @@ class Footprints:
             return
         try:
             figures = await measured_footprints(member, self.admin, models,
-                                                listener=self._listeners)
+                                                listener=self._listeners, sizes=self._sizes)
         except Exception as exc:  # noqa: BLE001 - a round's figures missed, the next reads
             log.info("measuring %d models on %s failed: %r", len(models), member.key, exc)
             return

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import ipaddress
 import threading
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -61,19 +62,22 @@ def is_loopback(host: str) -> bool:
 async def measured_footprints(member: PoolMember, admin: MemberAdmin,
                               models: Collection[str],
                               started_after: float | None = None,
-                              listener: Listener | None = None) -> dict[str, int]:
+                              listener: Listener | None = None,
+                              sizes: StubSizes | None = None) -> dict[str, int]:
     """Bytes each of ``models`` takes on a member on this host, for those the member
     reports loaded and ready and that run in stubs of their own, read in one scan of
     its processes; ``{}`` for a remote member or one that cannot be asked.
     ``listener``: how the member's tritonserver is found (:class:`Listeners`; default a
-    scan of the host's sockets)."""
+    scan of the host's sockets). ``sizes``: each stub's size as last read, read again
+    only once it may have changed (:class:`StubSizes`; default: read now)."""
     if not models or not is_loopback(member.spec.host):
         return {}
     wanted = set(models) & await _ready_models(member, admin)
     if not wanted:
         return {}
     return await asyncio.to_thread(_stub_memory, member.spec.http_port, wanted,
-                                   started_after, listener or listening_process)
+                                   started_after, listener or listening_process,
+                                   sizes or _process_bytes)
 
 
 async def _ready_models(member: PoolMember, admin: MemberAdmin) -> set[str]:
@@ -86,13 +90,15 @@ async def _ready_models(member: PoolMember, admin: MemberAdmin) -> set[str]:
 
 
 def _stub_memory(http_port: int, models: set[str], started_after: float | None,
-                 listener: Listener) -> dict[str, int]:
-    """Per model, its stubs' memory; ``started_after`` (epoch seconds): only stubs
-    started since (a stub of an earlier load of the model may still be exiting)."""
+                 listener: Listener, size: Callable[[psutil.Process], int]
+                 ) -> dict[str, int]:
+    """Per model, its stubs' memory (``size`` of each); ``started_after`` (epoch
+    seconds): only stubs started since (a stub of an earlier load of the model may still
+    be exiting)."""
     totals: dict[str, int] = {}
     for model, stub in _stubs(http_port, models, started_after, listener):
         with contextlib.suppress(psutil.Error):
-            totals[model] = totals.get(model, 0) + _process_bytes(stub)
+            totals[model] = totals.get(model, 0) + size(stub)
     return totals
 
 
@@ -214,6 +220,48 @@ class Listeners:
             else:
                 self._known[port] = found
             return found
+
+
+# a stub's unique set size is read again once its resident set moved this much since the
+# last read, or that read is this old: its USS is a walk of its page tables
+# (smaps_rollup), its resident set a counter the kernel keeps (statm)
+RSS_MOVED_BYTES = 1 << 20
+SIZE_KEPT_S = 30.0
+SIZES_KEPT = 512  # stubs remembered before those that ended are forgotten
+
+
+class StubSizes:
+    """Each stub's size (:func:`_process_bytes`) as last read, with its resident set then:
+    read again only once its resident set moved :data:`RSS_MOVED_BYTES` or the read is
+    :data:`SIZE_KEPT_S` old. The residency measures every resident model each round;
+    reading the USS of every stub each time was 8 % of the control plane's Python time
+    under ``bench_residency`` at a quarter budget, most of it for stubs that had not
+    changed. A stub's pages that others stop sharing (the last but one stub of a shared
+    library ended) move its USS and not its resident set: the age bound reads those.
+    Called from worker threads; ``clock``: monotonic seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 size: Callable[[psutil.Process], int] | None = None) -> None:
+        self._clock = clock
+        self._size = size or _process_bytes
+        self._lock = threading.Lock()
+        # (pid, start time) -> (resident set, size, when read)
+        self._read: dict[tuple[int, float], tuple[int, int, float]] = {}
+
+    def __call__(self, process: psutil.Process) -> int:
+        key, rss, now = (process.pid, process.create_time()), process.memory_info().rss, \
+            self._clock()
+        with self._lock:
+            last = self._read.get(key)
+        if last is not None and abs(rss - last[0]) < RSS_MOVED_BYTES and \
+                now - last[2] < SIZE_KEPT_S:
+            return last[1]
+        size = self._size(process)
+        with self._lock:
+            self._read[key] = (rss, size, now)
+            if len(self._read) > SIZES_KEPT:
+                self._read = {k: v for k, v in self._read.items() if psutil.pid_exists(k[0])}
+        return size
 
 
 def listening_process(port: int) -> psutil.Process | None:

@@ -27,7 +27,12 @@ from gateway.haproxy.feed import (
     SnapshotFeed,
     feed_router,
 )
-from gateway.haproxy.snapshot import Snapshot, snapshot_from_dict, snapshot_version
+from gateway.haproxy.snapshot import (
+    Snapshot,
+    snapshot_from_dict,
+    snapshot_to_dict,
+    snapshot_version,
+)
 from gateway.policy.rollout import Split
 
 POOLS = (PoolSpec(name="p", members=(MemberSpec(),), models=("m",)),)
@@ -234,8 +239,9 @@ def test_a_version_is_hashed_once_per_snapshot_content_however_often_read(
     later has its own version again."""
     hashed: list[str] = []
 
-    def counted(snapshot: Snapshot) -> str:
-        version = snapshot_version(snapshot)
+    def counted(snapshot: Snapshot, wire: dict[str, object] | None = None) -> str:
+        version = snapshot_version(snapshot, wire)
+        assert version == snapshot_version(snapshot)  # the wire form given changes nothing
         hashed.append(version)
         return version
 
@@ -250,3 +256,7 @@ def test_a_version_is_hashed_once_per_snapshot_content_however_often_read(
     assert len(set(first)) == 1 and len(set(changed)) == 1 and first[0] != changed[0]
     assert back == first[0] == snapshot_version(feed.current()[1])
     assert hashed == [first[0], changed[0], back]
+    # each poll's answer carries the wire form made once for that content
+    reads = [feed.current()[1] for _ in range(3)]
+    assert feed.wire(reads[0]) is feed.wire(reads[2]) == snapshot_to_dict(reads[1])
+    assert feed.wire(snapshot_from_dict(snapshot_to_dict(reads[0]))) == feed.wire(reads[0])

@@ -9,6 +9,8 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -26,7 +28,10 @@ from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model, tiny_
 from gateway.config.pools import MemberSpec
 from gateway.pools import PoolMember
 from gateway.residency.memory import (
+    RSS_MOVED_BYTES,
+    SIZE_KEPT_S,
     Listeners,
+    StubSizes,
     gpu_memory_used,
     is_loopback,
     listening_process,
@@ -141,6 +146,27 @@ async def test_the_members_server_is_found_by_one_scan_for_every_measure(
     assert scans == [member.spec.http_port]
 
 
+async def test_each_stubs_size_is_read_once_while_its_resident_set_holds_still(
+        member: PoolMember, admin: MemberAdmin) -> None:
+    """Each round measures every resident model again: a stub that has not moved is not
+    read again (its USS walks its page tables), and its figure is what a fresh read
+    says."""
+    reads: list[int] = []
+
+    def uss(process: psutil.Process) -> int:
+        reads.append(process.pid)
+        return int(process.memory_full_info().uss)
+
+    sizes = StubSizes(size=uss)
+    first = await measured_footprints(member, admin, {TINY_MODEL_NAME, HEAVY}, sizes=sizes)
+    again = await measured_footprints(member, admin, {TINY_MODEL_NAME, HEAVY}, sizes=sizes)
+    fresh = await measured_footprints(member, admin, {TINY_MODEL_NAME, HEAVY})
+    assert first == again and set(first) == {TINY_MODEL_NAME, HEAVY}
+    assert len(reads) == len(set(reads)) == 3  # tiny's two stubs and heavy's, once each
+    for model, size in fresh.items():
+        assert abs(size - first[model]) < RSS_MOVED_BYTES
+
+
 def test_a_listener_is_kept_while_it_runs_and_found_again_once_it_ends() -> None:
     """Per port; a process that ended (a member restarted: another process on its port)
     is looked for again, and so is a port nobody listens on."""
@@ -245,3 +271,44 @@ async def test_gpu_memory_used_is_none_when_the_page_has_no_gpu(
     assert "nv_inference_count" in page or "nv_cpu" in page
     assert gpu_memory_used(page) is None
     assert gpu_memory_used("") is None
+
+
+class FakeStub:
+    """A stub as :class:`StubSizes` reads it: its identity and its resident set."""
+
+    def __init__(self, pid: int, rss: int, started: float = 1.0) -> None:
+        self.pid, self.rss, self.started = pid, rss, started
+
+    def create_time(self) -> float:
+        return self.started
+
+    def memory_info(self) -> Any:
+        return SimpleNamespace(rss=self.rss)
+
+
+def test_a_stubs_size_is_read_again_once_its_resident_set_moves_or_the_read_ages() -> None:
+    now = [0.0]
+    reads: list[int] = []
+    truth = {7: 100 << 20, 8: 40 << 20}
+
+    def size(process: Any) -> int:
+        reads.append(process.pid)
+        return truth[process.pid]
+
+    sizes = StubSizes(clock=lambda: now[0], size=size)
+    stub, other = FakeStub(7, 120 << 20), FakeStub(8, 50 << 20)
+    assert sizes(cast(psutil.Process, stub)) == 100 << 20
+    assert sizes(cast(psutil.Process, other)) == 40 << 20
+    truth[7] = 101 << 20  # grew by less than the bound, its resident set unmoved: kept
+    stub.rss += RSS_MOVED_BYTES - 1
+    now[0] = SIZE_KEPT_S - 0.1
+    assert sizes(cast(psutil.Process, stub)) == 100 << 20
+    assert reads == [7, 8]
+    stub.rss += 1  # moved by the bound since the read: read again
+    assert sizes(cast(psutil.Process, stub)) == 101 << 20
+    truth[8] = 45 << 20  # unmoved, but its read is SIZE_KEPT_S old: read again
+    now[0] = SIZE_KEPT_S
+    assert sizes(cast(psutil.Process, other)) == 45 << 20
+    # another process with the same pid (restarted): its own read
+    assert sizes(cast(psutil.Process, FakeStub(7, 120 << 20, started=2.0))) == 101 << 20
+    assert reads == [7, 8, 7, 8, 7]
