@@ -81,6 +81,7 @@ from gateway.upstream.triton_version import GrpcReuse, VersionWatch
 log = logging.getLogger(__name__)
 LEASE_CHECK_S = 1.0  # how often the rollouts' leases are looked at
 REPORT_S = 1.0  # how often what the replica served is reported to the control plane
+VERSIONS_KEPT = 4  # snapshots whose versions are remembered (the received, the routed)
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,8 @@ class Agent:
         # over the versions the control plane read)
         self.versions = VersionWatch(self.metrics.member_info, settings.grpc_upstream_reuse)
         self._applying = asyncio.Lock()  # one snapshot applied at a time (:meth:`_apply`)
+        # the versions of the last snapshots seen, by identity (:meth:`_version`)
+        self._versions: list[tuple[Snapshot, str]] = []
         # past its waits for the control plane (first configuration, first snapshot): a
         # stop drains; before, there is nothing to drain and it ends at once
         self.serving = False
@@ -162,6 +165,18 @@ class Agent:
     def _proxy(self) -> SnapshotProxy:
         return SnapshotProxy(
             self.layout, HAProxyProcess(self.layout, external=self.settings.haproxy_external))
+
+    def _version(self, snapshot: Snapshot, wire: dict[str, object] | None = None) -> str:
+        """:func:`snapshot_version`, once per snapshot object (the last few kept): a version
+        is a canonical JSON text's hash, asked of each snapshot several times as it is
+        received and applied, and every second by the leases' watch. ``wire``: its
+        :func:`snapshot_to_dict`, when at hand."""
+        for kept, version in self._versions:
+            if kept is snapshot:
+                return version
+        version = snapshot_version(snapshot, wire)
+        self._versions = [(snapshot, version), *self._versions[:VERSIONS_KEPT - 1]]
+        return version
 
     def _note_versions(self, snapshot: Snapshot) -> None:
         members = [(p.name, join_host_port(m.host, m.grpc_port), m.triton_version)
@@ -192,7 +207,7 @@ class Agent:
         if "now" in body:  # the control plane's clock, which its rollouts' leases are on
             self._control_clock = (float(body["now"]), time.monotonic())
         snapshot = snapshot_from_dict(body["snapshot"])
-        if snapshot_version(snapshot) != body["version"]:
+        if self._version(snapshot, body["snapshot"]) != body["version"]:
             raise ValueError("snapshot does not match its version")
         return snapshot
 
@@ -239,7 +254,7 @@ class Agent:
         """The one saved last time, else the control plane's (waiting for it)."""
         saved = self._saved()
         if saved is not None:
-            log.warning("agent: starting on the saved snapshot %s", snapshot_version(saved))
+            log.warning("agent: starting on the saved snapshot %s", self._version(saved))
             return saved
         while True:
             try:
@@ -377,7 +392,7 @@ class Agent:
     async def _apply_now(self, snapshot: Snapshot) -> None:
         watch_rollouts(self.tally, snapshot)
         routed = self._routed(snapshot)
-        if routed is not snapshot and self.routed_version != snapshot_version(routed):
+        if routed is not snapshot and self.routed_version != self._version(routed):
             stale = [r.model for r in snapshot.routes if r not in routed.routes]
             log.warning("agent: no verdict from the control plane for %.0f s: %s served by "
                         "stable alone", self.settings.canary_lease_s,
@@ -389,13 +404,13 @@ class Agent:
             try:
                 how = await self.proxy.amove(self._localized(routed))
             except Exception:  # noqa: BLE001 - keep routing on the last good snapshot
-                log.exception("agent: HAProxy refused snapshot %s", snapshot_version(snapshot))
+                log.exception("agent: HAProxy refused snapshot %s", self._version(snapshot))
                 await asyncio.sleep(self.settings.retry_s)
                 return
         self.left.applied(routed)
         await asyncio.to_thread(self._save, snapshot)
-        self.version = snapshot_version(snapshot)  # what the feed sent: what we report
-        self.routed_version = snapshot_version(routed)
+        self.version = self._version(snapshot)  # what the feed sent: what we report
+        self.routed_version = self._version(routed)
         self._note_versions(snapshot)
         log.info("agent: routing on snapshot %s (%s)", self.version, how)
 
@@ -450,7 +465,7 @@ class Agent:
         while True:
             await asyncio.sleep(LEASE_CHECK_S)
             received = self.received
-            if received is not None and snapshot_version(self._routed(received)) != \
+            if received is not None and self._version(self._routed(received)) != \
                     self.routed_version:
                 await self._apply(received)
 
@@ -518,8 +533,8 @@ class Agent:
                 self._receiver.start()
                 await asyncio.to_thread(self.proxy.start, self._localized(routed))
             await asyncio.to_thread(self._save, snapshot)
-            self.version = snapshot_version(snapshot)
-            self.routed_version = snapshot_version(routed)
+            self.version = self._version(snapshot)
+            self.routed_version = self._version(routed)
             self._note_versions(snapshot)
             status = EmbeddedServer(uvicorn.Config(
                 self.status_app(), host=self.settings.host, port=self.settings.status_port,

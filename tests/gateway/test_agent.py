@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway import agent as agent_module
 from gateway.agent import Agent, AgentSettings, run_until_stopped
 from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
@@ -130,6 +131,35 @@ def test_a_snapshot_applied_while_an_older_ones_apply_waits_is_the_one_routed(
     assert agent.version == snapshot_version(gone)
     assert agent.replica.core.state.holders("m") == frozenset()  # routed by the newer one
     assert agent._saved() == gone
+
+
+def test_a_snapshots_version_is_hashed_once_however_often_it_is_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Receiving, applying and the leases' watch each ask a snapshot's version (a
+    canonical JSON text's hash); it is computed once per snapshot received, and an equal
+    snapshot received again (another object) is hashed again, to the same version."""
+    agent, held = _agent_with_replica(tmp_path)
+    hashed: list[Snapshot] = []
+
+    def counted(snapshot: Snapshot, wire: dict[str, object] | None = None) -> str:
+        hashed.append(snapshot)
+        return snapshot_version(snapshot, wire)
+
+    monkeypatch.setattr(agent_module, "snapshot_version", counted)
+    gone = replace(held, routes=(replace(held.routes[0], holders=(("p", ()),)),))
+
+    async def scenario() -> None:
+        for snapshot in (held, gone):
+            await agent._apply(snapshot)
+            await agent._apply(snapshot)  # (as the leases' watch does, nothing changed)
+        assert agent.replica is not None
+        await agent.replica.client.aclose()
+
+    asyncio.run(scenario())
+    assert hashed == [held, gone] and agent.version == snapshot_version(gone)
+    again = replace(held)
+    assert again is not held and agent._version(again) == snapshot_version(held)
+    assert hashed == [held, gone, again]
 
 
 def test_a_loop_of_the_agent_that_fails_is_logged_and_started_again(
