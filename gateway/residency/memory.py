@@ -224,9 +224,10 @@ class Listeners:
 
 # a stub's unique set size is read again once its resident set moved this much since the
 # last read, or that read is this old: its USS is a walk of its page tables
-# (smaps_rollup), its resident set a counter the kernel keeps (statm)
-RSS_MOVED_BYTES = 1 << 20
-SIZE_KEPT_S = 30.0
+# (smaps_rollup), its resident set a counter the kernel keeps (statm). A round every 0.5 s
+# read each stub ten times as often
+RSS_MOVED_BYTES = 256 << 10
+SIZE_KEPT_S = 5.0
 SIZES_KEPT = 512  # stubs remembered before those that ended are forgotten
 
 
