@@ -62,12 +62,12 @@ from gateway.haproxy.snapshot import (
     LEASE_S,
     Layout,
     Snapshot,
+    Versions,
     fail_safe,
     residency_suffix,
     server_name,
     snapshot_from_dict,
     snapshot_to_dict,
-    snapshot_version,
     sockets_fit,
 )
 from gateway.haproxy.telemetry import LogReceiver, RequestLog
@@ -81,7 +81,6 @@ from gateway.upstream.triton_version import GrpcReuse, VersionWatch
 log = logging.getLogger(__name__)
 LEASE_CHECK_S = 1.0  # how often the rollouts' leases are looked at
 REPORT_S = 1.0  # how often what the replica served is reported to the control plane
-VERSIONS_KEPT = 4  # snapshots whose versions are remembered (the received, the routed)
 
 
 @dataclass(frozen=True)
@@ -156,8 +155,7 @@ class Agent:
         # over the versions the control plane read)
         self.versions = VersionWatch(self.metrics.member_info, settings.grpc_upstream_reuse)
         self._applying = asyncio.Lock()  # one snapshot applied at a time (:meth:`_apply`)
-        # the versions of the last snapshots seen, by identity (:meth:`_version`)
-        self._versions: list[tuple[Snapshot, str]] = []
+        self._version = Versions()  # each snapshot's version, hashed once
         # past its waits for the control plane (first configuration, first snapshot): a
         # stop drains; before, there is nothing to drain and it ends at once
         self.serving = False
@@ -165,18 +163,6 @@ class Agent:
     def _proxy(self) -> SnapshotProxy:
         return SnapshotProxy(
             self.layout, HAProxyProcess(self.layout, external=self.settings.haproxy_external))
-
-    def _version(self, snapshot: Snapshot, wire: dict[str, object] | None = None) -> str:
-        """:func:`snapshot_version`, once per snapshot object (the last few kept): a version
-        is a canonical JSON text's hash, asked of each snapshot several times as it is
-        received and applied, and every second by the leases' watch. ``wire``: its
-        :func:`snapshot_to_dict`, when at hand."""
-        for kept, version in self._versions:
-            if kept is snapshot:
-                return version
-        version = snapshot_version(snapshot, wire)
-        self._versions = [(snapshot, version), *self._versions[:VERSIONS_KEPT - 1]]
-        return version
 
     def _note_versions(self, snapshot: Snapshot) -> None:
         members = [(p.name, join_host_port(m.host, m.grpc_port), m.triton_version)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway import agent as agent_module
 from gateway.agent import Agent, AgentSettings, run_until_stopped
 from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.config.residency import ResidencySpec
+from gateway.haproxy import snapshot as snapshot_module
 from gateway.haproxy.snapshot import (
     MAX_SOCKET_PATH,
     RouteState,
@@ -145,7 +145,7 @@ def test_a_snapshots_version_is_hashed_once_however_often_it_is_asked(
         hashed.append(snapshot)
         return snapshot_version(snapshot, wire)
 
-    monkeypatch.setattr(agent_module, "snapshot_version", counted)
+    monkeypatch.setattr(snapshot_module, "snapshot_version", counted)
     gone = replace(held, routes=(replace(held.routes[0], holders=(("p", ()),)),))
 
     async def scenario() -> None:

@@ -9,10 +9,13 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from gateway.auth import TokenTable
 from gateway.config import GatewayConfig
 from gateway.config.pools import MemberSpec, PoolSpec
 from gateway.core import Core
+from gateway.haproxy import snapshot as snapshot_module
 from gateway.haproxy.changes import runtime_commands
 from gateway.haproxy.controller import snapshot_of
 from gateway.haproxy.snapshot import (
@@ -20,6 +23,7 @@ from gateway.haproxy.snapshot import (
     LEASE_STEP_S,
     RouteState,
     Snapshot,
+    Versions,
     fail_safe,
     published_lease,
     snapshot_from_dict,
@@ -149,3 +153,21 @@ def test_snapshot_version_changes_once_per_lease_step_when_verdicts_come_every_t
         versions.append(snapshot_version(snapshot_of(core.state, TokenTable(), 0.0)))
     changes = sum(a != b for a, b in zip(versions, versions[1:], strict=False))
     assert changes == 60 / LEASE_STEP_S  # 12 over 60 s, not one per verdict (239)
+
+
+def test_versions_hash_each_snapshot_object_once_and_remember_the_last_few(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    hashed: list[int] = []
+
+    def counted(shot: Snapshot, wire: dict[str, object] | None = None) -> str:
+        hashed.append(shot.routes[0].split[2] if shot.routes[0].split else -1)
+        return snapshot_version(shot, wire)
+
+    monkeypatch.setattr(snapshot_module, "snapshot_version", counted)
+    versions = Versions(kept=2)
+    one, two, three = _rolled(10), _rolled(20), _rolled(30)
+    assert versions(one) == versions(one) == snapshot_version(one)
+    assert versions(two, snapshot_to_dict(two)) == snapshot_version(two)  # its wire form
+    assert versions(one) == snapshot_version(one) and hashed == [10, 20]
+    versions(three)  # the third: the first seen of the two kept goes
+    assert versions(one) == snapshot_version(one) and hashed == [10, 20, 30, 10]
