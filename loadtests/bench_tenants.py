@@ -140,7 +140,7 @@ from loadtests.tenants_figures import (
     outcomes,
     tenant_counts,
 )
-from loadtests.tenants_flood import AFTER, BEFORE, TARPIT, flood_phases
+from loadtests.tenants_flood import AFTER, BEFORE, NO_LANE, TARPIT, flood_phases
 from loadtests.tenants_report import markdown, plot, summarise
 from loadtests.tenants_scenarios import (
     Key,
@@ -161,7 +161,7 @@ QUEUE_FACTOR = 2.0
 PACED_MIN_SECONDS = 5.0
 SCENARIO_SETS = ("overload", "flood", "all")
 ONE_QUEUED = "one-queued"  # the cost's single tenant, its pool queueing in the gateway
-QUEUED_GATEWAYS = (AFTER, ONE_QUEUED)  # gateways whose pool queues in the gateway
+QUEUED_GATEWAYS = (AFTER, NO_LANE, ONE_QUEUED)  # gateways whose pool queues in the gateway
 # a little more than one probe round of the gateway (run_gateway: --probe-interval 0.5),
 # so that Triton's queue as the next run's admission sees it is the idle one
 SETTLE_QUIET_S = 0.6
@@ -199,6 +199,7 @@ def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
                    + flood,
         BEFORE: flood,
         AFTER: flood,
+        NO_LANE: flood,
         TARPIT: flood,
         "none": None,
         "one": solo,
@@ -208,16 +209,19 @@ def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
 
 def flood_delays(refusal_delay_ms: int | None) -> dict[str, int | None]:
     """Each flood gateway's tenancy ``refusal_delay_ms`` (None: the gateway's default):
-    before refuses at once; the tarpit and the queued (after) gateways after the delay."""
-    return {BEFORE: 0, AFTER: refusal_delay_ms, TARPIT: refusal_delay_ms}
+    before refuses at once; the tarpit and the queued (after, nolane) gateways after the
+    delay."""
+    return {BEFORE: 0, AFTER: refusal_delay_ms, NO_LANE: refusal_delay_ms,
+            TARPIT: refusal_delay_ms}
 
 
 def write_config(path: Path, member: TritonEndpoints, capacity: int,
                  tenants: Sequence[TenantLoad] | None, queued: bool = False,
                  refusal_delay_ms: int | None = None, sheddable_at: float | None = None,
-                 refusals_per_s: int | None = None) -> Path:
+                 refusals_per_s: int | None = None, lane: int | None = None) -> Path:
     """``queued``: the pool queues in the gateway (``gateway_queue``), its member taking
-    ``capacity`` requests at once; ``refusal_delay_ms``, ``sheddable_at``,
+    ``capacity`` requests at once, and ``lane`` more for a light tenant
+    (``lane_per_member``, None: default); ``refusal_delay_ms``, ``sheddable_at``,
     ``refusals_per_s``: the tenancy's (None: default)."""
     tenancy: dict[str, Any] = ({} if tenants is None else {"tenancy": tenancy_section(
         tenants, refusal_delay_ms, sheddable_at, refusals_per_s)})
@@ -227,6 +231,8 @@ def write_config(path: Path, member: TritonEndpoints, capacity: int,
         data = yaml.safe_load(path.read_text())
         for pool in data["pools"]:
             pool["gateway_queue"] = True
+            if lane is not None:
+                pool["lane_per_member"] = lane
         path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -357,6 +363,7 @@ class Settings:
     sheddable_at: float | None = None  # tenancy refuse_at.sheddable
     haproxy_tune: tuple[str, ...] = ()  # --haproxy-tune NAME=VALUE, each
     refusals_per_s: int | None = None  # tenancy refusals_per_s
+    lane: int | None = None  # the queued gateways' lane_per_member (nolane's: 0)
 
     def args(self) -> list[str]:
         """``gateway serve``'s arguments for these settings."""
@@ -380,7 +387,8 @@ def gateway(scratch: Path, name: str, member: TritonEndpoints,
     config = write_config(folder / "gateway.yaml", member, settings.capacity, tenants,
                           queued=name in QUEUED_GATEWAYS, refusal_delay_ms=refusal_delay_ms,
                           sheddable_at=settings.sheddable_at,
-                          refusals_per_s=settings.refusals_per_s)
+                          refusals_per_s=settings.refusals_per_s,
+                          lane=0 if name == NO_LANE else settings.lane)
     with contextlib.ExitStack() as stack:
         try:
             gw = stack.enter_context(harness.gateway(config, folder, *settings.args(),
@@ -551,13 +559,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="every gateway's tenancy refusals_per_s (default: the gateway's "
                         "own, 100; 100000 measures the gateway before a tenant's refusal "
                         "delay grew with its refusals waiting)")
+    parser.add_argument("--lane", type=int, default=None,
+                        help="the queued gateways' lane_per_member: slots a member for a "
+                        "light tenant's request beyond capacity (default: the gateway's "
+                        "own; the nolane arm has none)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (2.0 if args.quick else 1.5)
     models = tuple(args.model or ((TINY_MODEL_NAME,) if args.quick else MODELS))
     settings = Settings(args.capacity, args.data_plane, args.refusal_delay_ms,
                         args.grpc_upstream_reuse, args.sheddable_at, tuple(args.haproxy_tune),
-                        args.refusals_per_s)
+                        args.refusals_per_s, args.lane)
     rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.scenarios,
                settings)
     publish(rows, markdown, plot, args.out, "bench_tenants", say)

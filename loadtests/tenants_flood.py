@@ -3,10 +3,11 @@ a closed-loop flood of :data:`FLOOD_IN_FLIGHT` requests in flight that retries e
 refusal at once, beside a light tenant paced open loop (critical beside a sheddable
 flood, standard beside a standard one), three standard tenants sharing the flood
 (Jain's index of their goodput) and the flood alone without tenancy (the pool's goodput
-the others compare with); each on three gateways (:data:`ARMS`): before (refusals
+the others compare with); each on four gateways (:data:`ARMS`): before (refusals
 answered at once, its pool queueing in Triton), tarpit (refusals answered after the
-tenancy's ``refusal_delay_ms``) and after (both: queued in the gateway,
-``gateway_queue``, and the tarpit). Their phases, goals, rows and table."""
+tenancy's ``refusal_delay_ms``), after (both: queued in the gateway, ``gateway_queue``,
+and the tarpit) and nolane (after without the light tenant's lane, ``lane_per_member``
+0). Their phases, goals, rows and table."""
 
 from __future__ import annotations
 
@@ -39,9 +40,11 @@ FLOOD_IN_FLIGHT = 64  # issue 36's noisy neighbour: closed loop, every refusal r
 FLOOD_SUCCESS_GOAL_PCT, FLOOD_P99_GOALS = 99.5, {"critical": 1.2, "standard": 1.5}
 FLOOD_GOODPUT_GOAL_RATIO = 0.95
 # the gateways: refusals at once, queueing in Triton; queueing in the gateway and refusals
-# after the tenancy's delay (a tarpit); the tarpit alone, queueing in Triton
-BEFORE, AFTER, TARPIT = "flood-before", "queued", "flood-tarpit"
-ARMS = ((BEFORE, "before"), (AFTER, "after"), (TARPIT, "tarpit"))  # gateway, phase tag
+# after the tenancy's delay (a tarpit); the same without the light tenant's lane
+# (lane_per_member 0); the tarpit alone, queueing in Triton
+BEFORE, AFTER, NO_LANE, TARPIT = "flood-before", "queued", "queued-nolane", "flood-tarpit"
+ARMS = ((BEFORE, "before"), (AFTER, "after"), (NO_LANE, "nolane"),
+        (TARPIT, "tarpit"))  # gateway, phase tag
 
 
 def flood_phases() -> list[Phase]:
@@ -168,8 +171,8 @@ def flood_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         "Issue 36: a closed-loop flood (64 in flight, every refusal retried at once) beside a "
         f"light tenant paced at {PACED_SHARE:.0%} of Triton's throughput. before: the pool "
         "queues in Triton, refusals at once; after: in the gateway (gateway_queue), tenancy "
-        "refusals answered after the tenancy's refusal_delay_ms; tarpit: that delay, "
-        "queued in Triton.",
+        "refusals answered after the tenancy's refusal_delay_ms; nolane: after without "
+        "the light tenant's lane (lane_per_member 0); tarpit: that delay, queued in Triton.",
         table(("scenario", "gateway", "model", "protocol", "light tenant", "success alone %",
                "success with flood %", "p50 vs alone", "p99 vs alone", "queue wait p50/p99 ms",
                "flood goodput/s", "pool goodput vs no tenancy", "Jain", "met?"), cells)])

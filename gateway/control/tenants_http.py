@@ -39,7 +39,8 @@ def create_tenants_router(tenancy: LiveTenancy, auth: TokenTable) -> APIRouter:
         return {"enabled": True, **source,
                 **describe(rules, {p.name: p.capacity for p in state.pools},
                            {p.name: state.active_tenants(p.name) for p in state.pools},
-                           {p.name for p in state.pools if p.spec.gateway_queue})}
+                           {p.name for p in state.pools if p.spec.gateway_queue},
+                           {p.name: p.spec.lane_per_member for p in state.pools})}
 
     @router.get("/v1/tenants")
     async def get_tenants() -> dict[str, Any]:

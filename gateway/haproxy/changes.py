@@ -35,7 +35,7 @@ def structure(snapshot: Snapshot, layout: Layout) -> tuple[object, ...]:
     return (
         tuple((p.name,
                tuple((m.name, m.host, m.http_port, m.grpc_port, grpc_shared(m, layout))
-                     for m in p.members), p.member_slots, p.max_wait_ms)
+                     for m in p.members), p.member_slots, p.max_wait_ms, p.lane_slots)
               for p in snapshot.pools),
         snapshot.default_route.pools if snapshot.default_route else None,
         snapshot.default_route.max_in_system if snapshot.default_route else None,
@@ -87,9 +87,9 @@ def runtime_commands(old: Snapshot, new: Snapshot, layout: Layout) -> list[str] 
                     commands += [f"set server grpc_{b}{PIN}/{m.name} weight {m.weight}"
                                  for b in (pool.name, *backends.get(pool.name, ()))
                                  if proto == "grpc"]
-                    # and a queueing pool's twin for large gRPC messages
+                    # and a queueing pool's twins (large gRPC messages, the lane)
                     commands += [f"set server {b}/{m.name} weight {m.weight}"
-                                 for b in queueing.load_backends(pool) if proto == "grpc"]
+                                 for b, _ in queueing.twins(pool, proto)]
                 if was.routable != m.routable:  # the model backends' servers track it
                     commands.append(f"set server {server} state "
                                     f"{'ready' if m.routable else 'maint'}")

@@ -75,9 +75,9 @@ def render_config(snapshot: Snapshot, layout: Layout) -> str:
         *pin_backends(snapshot, layout),
         *refusal_backends(snapshot, "http", http_return),
         *refusal_backends(snapshot, "grpc", grpc_return),
-        *queueing.bypass_backends(
-            snapshot, lambda name: backend_head(name, "grpc", health=False),
-            lambda m: grpc_server(m, layout)),
+        *queueing.twin_backends(
+            snapshot, lambda name, proto: backend_head(name, proto, health=False),
+            lambda m, proto: grpc_server(m, layout) if proto == "grpc" else ""),
     ]
     return with_map_paths("\n".join(parts), layout)
 

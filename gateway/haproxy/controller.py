@@ -68,6 +68,7 @@ def snapshot_of(state: GatewayState, auth: TokenTable, now: float,
             elsewhere=state.queued_elsewhere(pool),
             member_slots=pool.spec.capacity_per_member if pool.spec.gateway_queue else 0,
             max_wait_ms=pool.spec.max_queue_wait_ms if pool.spec.gateway_queue else 0,
+            lane_slots=pool.spec.lane_per_member if pool.spec.gateway_queue else 0,
         )
         for pool in state.pools
     )

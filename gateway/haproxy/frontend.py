@@ -140,6 +140,7 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
                   f"  use_backend {proto}_%[var(txn.rb)] if {{ var(txn.rb) -m found }}"]
     lines += [f"  use_backend {proto}_%[var(txn.pool)]{PIN} if {cond}" for cond in pinned[1:]]
     lines += queueing.bypass_backend_rule(snapshot, http)
+    lines += queueing.lane_backend_rules(snapshot, http)
     lines.append(f"  use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}")
     return "\n".join(lines) + "\n"
 

@@ -40,6 +40,7 @@ from gateway.policy import queueing
 
 Rule = tuple[str, str]  # (action, condition), as gateway.haproxy.admission_rules'
 BYPASS = ".nq"  # a queueing pool's gRPC twin for messages too large to wait
+LANE = ".lane"  # a queueing pool's twin for a light tenant's request (its lane's slots)
 DEFAULT_BUFSIZE = 16384  # HAProxy's tune.bufsize when the layout does not set one
 
 
@@ -75,25 +76,61 @@ def bypass_backend_rule(snapshot: Snapshot, http: bool) -> list[str]:
     return [f"  use_backend grpc_%[var(txn.pool)]{BYPASS} if {{ var(txn.nq) -m found }}"]
 
 
-def bypass_backends(snapshot: Snapshot, head: Callable[[str], list[str]],
-                    server: Callable[[MemberState], str]) -> list[str]:
-    """The ``.nq`` twins: ``head`` gives a backend's settings before its servers,
-    ``server`` a member's gRPC server options."""
+def lane_backend_rules(snapshot: Snapshot, http: bool) -> list[str]:
+    """The frontend's ``use_backend`` for a request that may take the lane
+    (``queueing.takes_lane``: ``txn.ql``, its tenant's requests here with itself, from
+    :func:`priority_rules`, at most the lane's slots): to the pool's lane twin while the
+    pool's own slots are full and the lane has one free (``be_conn_free`` counts the
+    usable servers' free slots). Two such requests at once may both see the lane's last
+    slot: the second waits in the lane's queue for it, bounded as the pool's."""
+    if snapshot.tenancy is None:
+        return []
+    proto = "http" if http else "grpc"
+    return [f"  use_backend {own}{LANE} if {{ var(txn.ql) -m int le {pool.lane_slots} }} "
+            f"{{ var(txn.pool) -m str {pool.name} }} {{ be_conn_free({own}) eq 0 }} "
+            f"{{ be_conn_free({own}{LANE}) gt 0 }}"
+            for pool in snapshot.pools if pool.member_slots > 0 and pool.lane_slots > 0
+            for own in (f"{proto}_{pool.name}",)]
+
+
+def twins(pool: PoolState, proto: str) -> list[tuple[str, int]]:
+    """A queueing pool's backends beside its own for ``proto``, the same members: (name,
+    each server's ``maxconn``, 0 for none): the ``.nq`` twin for large gRPC messages
+    (:func:`bypass_rules`) and the lane (:func:`lane_backend_rules`)."""
+    if pool.member_slots <= 0:
+        return []
+    out = [(f"grpc_{pool.name}{BYPASS}", 0)] if proto == "grpc" else []
+    if pool.lane_slots > 0:
+        out.append((f"{proto}_{pool.name}{LANE}", pool.lane_slots))
+    return out
+
+
+def twin_backends(snapshot: Snapshot, head: Callable[[str, str], list[str]],
+                  server: Callable[[MemberState, str], str]) -> list[str]:
+    """The :func:`twins`: ``head(name, proto)`` gives a backend's settings before its
+    servers, ``server(member, proto)`` a member's protocol options. Their servers track
+    the pool's (health, maintenance); a capped twin's queue is bounded and answered as
+    the pool's (:func:`backend_lines`)."""
     out = []
     for pool in snapshot.pools:
-        if pool.member_slots <= 0:
-            continue
-        lines = head(f"grpc_{pool.name}{BYPASS}")
-        lines += [f"  server {m.name} {join_host_port(m.host, m.grpc_port)} "
-                  f"track grpc_{pool.name}/{m.name} "
-                  f"weight {m.weight}{server(m)}" for m in pool.members]
-        out.append("\n".join(lines) + "\n")
+        for proto in ("http", "grpc"):
+            for name, cap in twins(pool, proto):
+                lines = head(name, proto) + (backend_lines(pool, proto) if cap else [])
+                lines += [f"  server {m.name} {join_host_port(m.host, _port(m, proto))} "
+                          f"track {proto}_{pool.name}/{m.name} weight {m.weight}"
+                          f"{f' maxconn {cap}' if cap else ''}{server(m, proto)}"
+                          for m in pool.members]
+                out.append("\n".join(lines) + "\n")
     return out
+
+
+def _port(member: MemberState, proto: str) -> int:
+    return member.http_port if proto == "http" else member.grpc_port
 
 
 def load_backends(pool: PoolState) -> list[str]:
     """Backends beyond the pool's own whose requests are its load."""
-    return [f"grpc_{pool.name}{BYPASS}"] if pool.member_slots > 0 else []
+    return [name for proto in ("http", "grpc") for name, _ in twins(pool, proto)]
 
 
 def priority_rules(snapshot: Snapshot) -> list[Rule]:
@@ -115,6 +152,11 @@ def priority_rules(snapshot: Snapshot) -> list[Rule]:
          f"has_class {{ var(txn.qo) -m int gt {queueing.MAX_OFFSET_MS} }}"),
         ("set-priority-offset var(txn.qo)", "has_class"),
     ]
+    if any(p.member_slots > 0 and p.lane_slots > 0 for p in snapshot.pools):
+        # queueing.takes_lane's class; its backlog, the request counted, for the lane's rule
+        classes = " ".join(k.value for k in queueing.LANE_CLASSES)
+        rules.append(("set-var(txn.ql) sc1_conn_cur",
+                      f"has_class {{ var(txn.tc) -m str {classes} }}"))
     return rules
 
 

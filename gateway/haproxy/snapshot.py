@@ -52,6 +52,8 @@ class PoolState:
     # takes this many at once (its servers' maxconn), 0: no cap, nothing waits here
     member_slots: int = 0
     max_wait_ms: int = 0  # the longest a request waits in the queue (timeout queue)
+    # a light tenant's extra slots per member (its lane's servers' maxconn), 0: none
+    lane_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -349,7 +351,8 @@ def snapshot_from_dict(data: Any) -> Snapshot:
         return Snapshot(
             pools=tuple(PoolState(str(p["name"]), tuple(MemberState(**m) for m in p["members"]),
                                   int(p.get("capacity", 1)), int(p.get("elsewhere", 0)),
-                                  int(p.get("member_slots", 0)), int(p.get("max_wait_ms", 0)))
+                                  int(p.get("member_slots", 0)), int(p.get("max_wait_ms", 0)),
+                                  int(p.get("lane_slots", 0)))
                         for p in data["pools"]),
             routes=tuple(r for r in (route(x) for x in data["routes"]) if r is not None),
             default_route=route(data.get("default_route")),

@@ -21,6 +21,17 @@ is not stuck behind everything admitted before it.
    approximates weighted fair queueing's virtual time, with the backlog standing for
    the tenant's finish tag.
 
+**The lane** (the pool's ``lane_per_member``, with tenants): a request that finds the
+pool's slots full, of a tenant with fewer requests in the gateway for this model and
+pool than the lane has slots a member (a backlog below them: a light tenant), critical
+or standard (:func:`takes_lane`), takes one of the lane's slots when one is free, and
+goes to its member at once. Waiting for a
+slot, it would wait for a batch of the flood's to end and then for the next one, which
+its slot's owner was already in line for in Triton; in the lane it joins the batch
+Triton forms next. Each member's own queue grows by at most the lane's slots. A full
+lane sends the request to the queue, in the order above. Sheddable requests never take
+it: they wait.
+
 **The bound**: a request waits at most the pool's ``max_queue_wait_ms``; then it is
 answered 504 / DEADLINE_EXCEEDED, :data:`QUEUE_EXPIRED` (or 503 / UNAVAILABLE,
 :data:`NO_MEMBER`, when the pool has no member left to wait for). A request with a
@@ -72,6 +83,18 @@ def offset_ms(backlog: int, cost: int) -> int:
     return min(MAX_OFFSET_MS, max(0, backlog) * cost // 1000)
 
 
+# the classes whose light tenants take the lane (the module docstring)
+LANE_CLASSES: tuple[Priority, ...] = (Priority.CRITICAL, Priority.STANDARD)
+
+
+def takes_lane(priority: Priority | None, backlog: int, lane_slots: int) -> bool:
+    """Whether a request of a tenant of class ``priority`` (None: no tenants) with
+    ``backlog`` other requests in the gateway for this model and pool may take a free
+    slot of the pool's lane (``lane_slots`` a member) once the pool's own slots are full:
+    a tenant light enough to fit in the lane whole."""
+    return priority in LANE_CLASSES and backlog < lane_slots
+
+
 def rank(priority: Priority | None) -> int:
     return NO_CLASS_RANK if priority is None else CLASS_RANK[priority]
 
@@ -105,5 +128,6 @@ def triton_priority(priority: Priority | None, levels: int) -> int | None:
     return TRITON_LEVEL[priority]
 
 
-__all__ = ["CLASS_RANK", "FAIR_UNIT_MS", "MAX_OFFSET_MS", "MAX_WAIT_MS",
-           "cost_us", "expired_message", "offset_ms", "order_key", "rank", "triton_priority"]
+__all__ = ["CLASS_RANK", "FAIR_UNIT_MS", "LANE_CLASSES", "MAX_OFFSET_MS", "MAX_WAIT_MS",
+           "cost_us", "expired_message", "offset_ms", "order_key", "rank", "takes_lane",
+           "triton_priority"]

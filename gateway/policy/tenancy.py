@@ -375,10 +375,12 @@ class TenantDirectory:
 
 def describe(tenancy: Tenancy, capacities: Mapping[str, int],
              active: Mapping[str, Collection[str]] | None = None,
-             queued: Collection[str] = ()) -> dict[str, object]:
+             queued: Collection[str] = (),
+             lanes: Mapping[str, int] | None = None) -> dict[str, object]:
     """What ``GET /v1/tenants`` shows: tenants (key digests, never keys) and, per pool,
     its capacity, class ceilings (those of :meth:`Tenancy.in_pool`: the pools named in
-    ``queued`` queue in the gateway), the active tenants and every tenant's share now."""
+    ``queued`` queue in the gateway, with ``lanes``' lane_per_member), the active tenants
+    and every tenant's share now."""
     active = active or {}
     keys: dict[str, list[str]] = {}
     for digest, name in tenancy.keys:
@@ -387,6 +389,7 @@ def describe(tenancy: Tenancy, capacities: Mapping[str, int],
     def pool(name: str, cap: int) -> dict[str, object]:
         rules = tenancy.in_pool(name in queued)
         return {"capacity": cap, "gateway_queue": name in queued,
+                "lane_per_member": (lanes or {}).get(name, 0) if name in queued else 0,
                 "ceilings": {p.value: rules.ceiling(p, cap) for p, _ in rules.refuse_at},
                 "active": sorted(active.get(name, ())),
                 "shares": rules.shares(cap, active.get(name, ()))}

@@ -218,12 +218,12 @@ class Forwarder:
                           else "deadline" if isinstance(err, DeadlineExceeded) else "")
             await self._tarpit(err, options, tenant)
             raise
-        queue, held = self._queue(pool), False
+        queue, release = self._queue(pool), None
         try:
             if queue is not None:
                 assert pool is not None
-                options = await self._wait_turn(queue, route, pool, protocol, options, tenant)
-                held = True
+                options, release = await self._wait_turn(queue, route, pool, protocol,
+                                                         options, tenant)
             elif tenant is not None:
                 self._tenant_child("queue_wait", tenant).observe(0.0)
             result, served_by = await self._attempts(route, call, protocol, options, pool)
@@ -244,8 +244,8 @@ class Forwarder:
             raise
         finally:
             self._count_in(route, -1, pool, tenant)
-            if queue is not None and held:
-                queue.release()
+            if release is not None:
+                release()
         outcome_label = outcome(result) if outcome else "success"
         self._count(route, served_by, protocol, outcome_label, options.traffic)
         elapsed = self.clock() - started
@@ -281,10 +281,12 @@ class Forwarder:
             return None
         queue = self.queues.get(pool.name)
         if queue is None:
-            def slots(pool: Pool = pool) -> int:
-                return pool.spec.capacity_per_member * sum(
-                    1 for m in pool.members if m.healthy and not m.restoring)
-            queue = self.queues[pool.name] = PoolQueue(slots, self.clock)
+            def routable(pool: Pool = pool) -> int:
+                return sum(1 for m in pool.members if m.healthy and not m.restoring)
+            spec = pool.spec
+            queue = self.queues[pool.name] = PoolQueue(
+                lambda: spec.capacity_per_member * routable(), self.clock,
+                lambda: spec.lane_per_member * routable())
         return queue
 
     def _grant_slots(self) -> None:
@@ -293,14 +295,22 @@ class Forwarder:
             queue.grant()
 
     async def _wait_turn(self, queue: PoolQueue, route: ModelRoute, pool: Pool, protocol: str,
-                         options: RequestOptions, tenant: Tenant | None) -> RequestOptions:
-        """A slot of ``pool``, waiting in the policy's order (class, then the tenant's
-        virtual time) at most the pool's bound or the request's deadline; the options
-        with the deadline that is left, holding the slot."""
+                         options: RequestOptions, tenant: Tenant | None
+                         ) -> tuple[RequestOptions, Callable[[], None]]:
+        """A slot of ``pool``: the lane's, at once, for a light tenant's request that
+        finds the pool's full (``queueing.takes_lane``), else one waited for in the
+        policy's order (class, then the tenant's virtual time) at most the pool's bound
+        or the request's deadline; the options with the deadline that is left, and what
+        gives the slot back."""
         backlog, cost = 0, queueing.cost_us(1.0)
         if tenant is not None:  # counted in already: the others are its backlog
             backlog = self.ledger.here[route.model, pool.name, tenant.name] - 1
             cost = queueing.cost_us(tenant.weight)
+            # a managed model's requests have no lane (HAProxy: its backends have none)
+            lane = pool.spec.lane_per_member if route.holders is None else 0
+            if queueing.takes_lane(tenant.priority, backlog, lane) and queue.take_lane():
+                self._tenant_child("queue_wait", tenant).observe(0.0)
+                return options, queue.release_lane
         key = queueing.order_key(tenant.priority if tenant else None,
                                  int(self.clock() * 1000), queueing.offset_ms(backlog, cost))
         bound_ms = pool.spec.max_queue_wait_ms
@@ -321,7 +331,7 @@ class Forwarder:
         if tenant is not None:
             self._tenant_child("queue_wait", tenant).observe(waited)
         left = None if options.deadline_s is None else options.deadline_s - waited
-        return replace(options, deadline_s=left)
+        return replace(options, deadline_s=left), queue.release
 
     def pin(self, model: str) -> int | None:
         """The version an unversioned request of ``model`` goes to while it is rolled

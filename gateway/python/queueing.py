@@ -3,7 +3,10 @@
 A pool that queues in the gateway has slots: ``capacity_per_member`` per routable member
 (HAProxy: ``maxconn`` on each server). A request takes a slot before it is sent to a
 member and gives it back when its answer is in; while none is free it waits here, in
-the policy's order (:func:`gateway.policy.queueing.order_key`), at most its bound.
+the policy's order (:func:`gateway.policy.queueing.order_key`), at most its bound. A
+light tenant's request that finds them full takes a slot of the pool's lane instead
+when one is free (:meth:`PoolQueue.take_lane`; HAProxy: the pool's ``.lane`` twin), and
+never waits for one.
 
 One record per waiting request (:class:`Waiter`), in one of three states: ``waiting``
 (in the heap), ``granted`` (holds a slot, its owner not yet resumed) and ``gone``
@@ -44,12 +47,15 @@ class Waiter:
 class PoolQueue:
     """Slots of one pool and the requests waiting for them. ``slots``: how many the pool
     has now (its routable members' capacity); read at every grant, so members that
-    leave or come back change it at once."""
+    leave or come back change it at once. ``lane``: the lane's slots now (the pool's
+    ``lane_per_member`` times its routable members)."""
 
     slots: Callable[[], int]
     clock: Callable[[], float]
+    lane: Callable[[], int] = lambda: 0
     busy: int = 0  # slots held
     waiting: int = 0  # waiters in state "waiting"
+    lane_busy: int = 0  # lane slots held
     _heap: list[Waiter] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -83,6 +89,18 @@ class PoolQueue:
                 raise
             raise QueueTimeout(self.clock() - began, self.slots() > 0) from None
         return self.clock() - began
+
+    def take_lane(self) -> bool:
+        """A lane slot, taken when the pool's own slots are full (or have waiters) and
+        the lane has one free; False: none taken, the request waits its turn
+        (:meth:`acquire`). Given back with :meth:`release_lane`."""
+        if (self.waiting or self.busy >= self.slots()) and self.lane_busy < self.lane():
+            self.lane_busy += 1
+            return True
+        return False
+
+    def release_lane(self) -> None:
+        self.lane_busy -= 1
 
     def release(self) -> None:
         """A slot handed back (its request answered, failed or gone)."""

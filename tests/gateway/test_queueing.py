@@ -3,12 +3,13 @@
 held in Triton; requests queued behind it are served critical first, then standard by
 virtual time (a tenant with a backlog behind one without), then sheddable, whatever
 their arrival order; a request that waits past the pool's bound is answered "Deadline
-Exceeded", over HTTP and gRPC alike.
+Exceeded", over HTTP and gRPC alike; a light tenant's request goes to Triton through the
+pool's lane while the pool's slot is held, and waits once the lane is full too.
 
 The held request is a model whose dynamic batcher waits ``HOLD_S`` for a batch; a full
 batch sent to Triton itself ends the hold (tests/gateway/test_tenancy.py's
-``_release``). One Triton, bound to every loopback address, is the member of two pools
-(``127.0.0.1`` and ``127.0.0.2``: two members to the gateway)."""
+``_release``). One Triton, bound to every loopback address, is the member of three pools
+(``127.0.0.1``, ``127.0.0.2`` and ``127.0.0.3``: three members to the gateway)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from infergate.processes import GatewayProcess
 from infergate.triton.local import LocalTriton
 from tests.conftest import DATA_PLANES, triton_settings
-from tests.gateway.test_tenancy import _held, _in_flight, _release
+from tests.gateway.test_tenancy import _held, _in_flight, _pending, _release
 from tests.procs import run_gateway, started_triton, wait_until
 
 pytestmark = [pytest.mark.integration]
-HELD, LATE, HOLD_S, BOUND_MS = "held", "late", 8.0, 400
+HELD, LATE, LANE, HOLD_S, BOUND_MS = "held", "late", "lane", 8.0, 400
 BATCH, PAY = "batch-key-0123456789", "pay-key-0123456789"
 HEAVY, LIGHT = "heavy-key-0123456789", "light-key-0123456789"
 KEYS = {BATCH: "batch", PAY: "pay", HEAVY: "heavy", LIGHT: "light"}
@@ -55,9 +56,10 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     tmp = tmp_path_factory.mktemp("queueing-triton")
     repo = tmp / "model_repo"
     build_tiny_model(repo)
-    for name in (HELD, LATE):
+    for name in (HELD, LATE, LANE):
         build_tiny_model(repo, name, max_queue_delay_us=int(HOLD_S * 1e6))
-    settings = replace(triton_settings(repo, tmp, TINY_MODEL_NAME, HELD, LATE), host="0.0.0.0")
+    settings = replace(triton_settings(repo, tmp, TINY_MODEL_NAME, HELD, LATE, LANE),
+                       host="0.0.0.0")
     with started_triton(settings) as server:
         yield server
 
@@ -69,14 +71,16 @@ def gateway(request: pytest.FixtureRequest, triton: LocalTriton,
     e = triton.endpoints
     assert e is not None
 
-    def pool(name: str, host: str, models: list[str], wait_ms: int) -> dict[str, object]:
+    def pool(name: str, host: str, models: list[str], wait_ms: int,
+             lane: int = 0) -> dict[str, object]:
         return {"name": name, "models": models, "capacity_per_member": 1,
-                "gateway_queue": True, "max_queue_wait_ms": wait_ms,
+                "gateway_queue": True, "max_queue_wait_ms": wait_ms, "lane_per_member": lane,
                 "members": [{"host": host, "http_port": e.http_port, "grpc_port": e.grpc_port,
                              "metrics_port": e.metrics_port}]}
 
     config = {"pools": [pool("q", "127.0.0.1", [TINY_MODEL_NAME, HELD], 30_000),
-                        pool("t", "127.0.0.2", [LATE], BOUND_MS)],
+                        pool("t", "127.0.0.2", [LATE], BOUND_MS),
+                        pool("l", "127.0.0.3", [LANE], 30_000, lane=1)],
               "queue_factor": 20.0}
     (tmp / "gw.yaml").write_text(yaml.safe_dump(config))
     (tmp / "tenants.yaml").write_text(yaml.safe_dump(TENANCY))
@@ -120,6 +124,34 @@ async def test_queued_requests_are_served_by_class_then_by_virtual_time(
         answers = await asyncio.gather(blocker, *queued)
     assert [r.status_code for r in answers] == [200] * 7, [r.text for r in answers]
     assert served == ["batch", "pay", "heavy", "light", "heavy", "heavy", "batch"]
+
+
+async def test_a_light_tenant_goes_through_the_lane_while_the_pools_slot_is_held(
+        gateway: GatewayProcess, triton: LocalTriton) -> None:
+    """Pool ``l``: one slot and a lane of one. The slot held, a critical tenant's first
+    request reaches Triton at once (the lane); a standard tenant's first then finds the
+    lane full too and waits in the gateway; a sheddable tenant's second would wait
+    anyway. Released, all are answered."""
+    url = f"http://{gateway.http_url}/v2/models/{LANE}/infer"
+    async with httpx.AsyncClient(timeout=60) as client:
+        def post(key: str) -> asyncio.Task[httpx.Response]:
+            return asyncio.create_task(client.post(url, content=_body(),
+                                                   headers={"x-api-key": key}))
+
+        blocker = post(BATCH)  # the pool's one slot
+        await _held(triton, LANE, [blocker])
+        pay = post(PAY)
+        await _held(triton, LANE, [blocker, pay])
+        assert await asyncio.to_thread(_pending, triton, LANE) == 2  # in Triton, not queued
+        light = post(LIGHT)
+        await _counted(gateway, "light", 1)
+        assert await asyncio.to_thread(_pending, triton, LANE) == 2  # the lane is full
+        assert not light.done()
+        await _release(triton, LANE, [blocker, pay])
+        answers = await asyncio.gather(blocker, pay)
+        await _release(triton, LANE, [light])  # it had the slot next, and waits in Triton
+        answers.append(await light)
+    assert [r.status_code for r in answers] == [200] * 3, [r.text for r in answers]
 
 
 def _grpc_infer(gw: GatewayProcess, key: str) -> tuple[str, str]:

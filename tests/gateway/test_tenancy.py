@@ -243,6 +243,7 @@ async def test_in_a_pool_that_queues_in_the_gateway_sheddable_requests_wait_too(
                                                 "critical": 3.0}
     assert shown["pools"]["g"]["ceilings"] == {"sheddable": 3, "standard": 4, "critical": 6}
     assert shown["pools"]["g"]["gateway_queue"] is True
+    assert shown["pools"]["g"]["lane_per_member"] == 2  # the default
 
 
 async def test_tenants_change_live_without_dropping_a_request(gateway: GatewayProcess) -> None:

@@ -492,24 +492,32 @@ def test_flood_rows_compare_the_light_tenant_alone_and_beside_the_flood() -> Non
     assert "| 0.5/1.9 |" in table and "| 0.349x |" in table
 
 
-def test_flood_phases_run_before_after_and_tarpit_on_their_own_gateways(tmp_path: Path) -> None:
+def test_flood_phases_run_before_after_nolane_and_tarpit_on_their_own_gateways(
+        tmp_path: Path) -> None:
     phases = fl.flood_phases()
-    assert {p.gateway for p in phases} == {fl.BEFORE, fl.AFTER, fl.TARPIT, "none"}
+    assert {p.gateway for p in phases} == {fl.BEFORE, fl.AFTER, fl.NO_LANE, fl.TARPIT, "none"}
     floods = [t for p in phases for t in p.loads if not t.paced and "fair" not in t.tenant]
     assert floods and all(t.in_flight == fl.FLOOD_IN_FLIGHT for t in floods)
     fair = [t.in_flight for p in phases if p.scenario == "flood-fairness" for t in p.loads]
-    assert sum(fair) == 3 * fl.FLOOD_IN_FLIGHT  # before, after and tarpit
+    assert sum(fair) == 4 * fl.FLOOD_IN_FLIGHT  # before, after, nolane and tarpit
     member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
     path = bt.write_config(tmp_path / "q.yaml", member, 5, bt.gateway_specs(5)[fl.AFTER],
                            queued=True)
     [pool] = yaml.safe_load(path.read_text())["pools"]
     assert pool["gateway_queue"] is True and pool["capacity_per_member"] == 5
+    assert "lane_per_member" not in pool  # the gateway's default
+    path = bt.write_config(tmp_path / "n.yaml", member, 5, bt.gateway_specs(5)[fl.NO_LANE],
+                           queued=True, lane=0)
+    [pool] = yaml.safe_load(path.read_text())["pools"]
+    assert pool["lane_per_member"] == 0
 
 
 def test_the_flood_gateways_refuse_at_once_before_and_after_the_delay_otherwise(
         tmp_path: Path) -> None:
-    assert bt.flood_delays(250) == {fl.BEFORE: 0, fl.AFTER: 250, fl.TARPIT: 250}
-    assert bt.flood_delays(None) == {fl.BEFORE: 0, fl.AFTER: None, fl.TARPIT: None}
+    assert bt.flood_delays(250) == {fl.BEFORE: 0, fl.AFTER: 250, fl.NO_LANE: 250,
+                                    fl.TARPIT: 250}
+    assert bt.flood_delays(None) == {fl.BEFORE: 0, fl.AFTER: None, fl.NO_LANE: None,
+                                     fl.TARPIT: None}
     member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
     loads = bt.gateway_specs(5)[fl.TARPIT]
     at_once = bt.write_config(tmp_path / "b.yaml", member, 5, loads, refusal_delay_ms=0)

@@ -102,13 +102,13 @@ def _tenants() -> tuple[Snapshot, dict[str, object]]:
     critical one with an in-flight limit only and weight 2, the default; a per-key rate
     class; the model's measured service time (the deadline rule); the pool queues in the
     gateway (gateway/policy/queueing.py: maxconn, priority class and offset, the queue's
-    bound and its answers)."""
+    bound and its answers, a light tenant's lane of one slot a member)."""
     tenants = (TenantState("default", "standard"),
                TenantState("batch", "sheddable", None, RateClass(50, 100)),
                TenantState("app", "critical", 64, weight=2.0))
     return Snapshot(
         pools=(PoolState("main", (_member("10.0.0.11"),), capacity=8, elsewhere=2,
-                         member_slots=8, max_wait_ms=5000),),
+                         member_slots=8, max_wait_ms=5000, lane_slots=1),),
         routes=(RouteState("resnet50", (("main", 1.0),), 24, service=(("main", 4200, 900),)),),
         rate_keys=((key_digest("batch-jobs-key"), RateClass(20, 20)),),
         tenancy=TenancyState(

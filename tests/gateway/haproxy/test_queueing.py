@@ -34,9 +34,9 @@ TENANCY = TenancyState(tenants=(TenantState("default", "standard"),
                                 TenantState("app", "critical", weight=4.0)))
 
 
-def _snapshot(slots: int, tenancy: TenancyState | None = TENANCY) -> Snapshot:
+def _snapshot(slots: int, tenancy: TenancyState | None = TENANCY, lane: int = 0) -> Snapshot:
     return Snapshot(pools=(PoolState("p", (MEMBER,), capacity=4, member_slots=slots,
-                                     max_wait_ms=700 if slots else 0),),
+                                     max_wait_ms=700 if slots else 0, lane_slots=lane),),
                     routes=(RouteState("m", (("p", 1.0),), 12),), tenancy=tenancy)
 
 
@@ -83,6 +83,33 @@ def test_large_grpc_messages_and_pinned_ones_never_wait_in_the_queue() -> None:
     assert ".nq" not in render_config(_snapshot(0), LAYOUT)
 
 
+def test_the_lane_is_a_capped_twin_taken_by_light_tenants_while_the_pool_is_full() -> None:
+    config = render_config(_snapshot(4, lane=2), LAYOUT)
+    lines = config.splitlines()
+    for proto, port in (("http", 8000), ("grpc", 8001)):
+        body = _backend(config, f"{proto}_p.lane")
+        assert f"  server m1 10.0.0.1:{port} track {proto}_p/m1 weight 256 maxconn 2" in \
+            [line.split(" proto h2")[0] for line in body], body
+        assert "  timeout queue 700ms" in body  # a race into its queue is bounded alike
+        rule = (f"  use_backend {proto}_p.lane if {{ var(txn.ql) -m int le 2 }} "
+                f"{{ var(txn.pool) -m str p }} {{ be_conn_free({proto}_p) eq 0 }} "
+                f"{{ be_conn_free({proto}_p.lane) gt 0 }}")
+        at = lines.index(rule)  # after the large messages' twin, before the pool
+        assert lines[at + 1] == (f"  use_backend {proto}_%[var(txn.pool)] if "
+                                 "{ var(txn.pool) -m found }")
+        assert f"be_conn({proto}_p.lane),add(txn.pl)" in config  # the pool's load
+    assert lines.index("  use_backend grpc_%[var(txn.pool)].nq if { var(txn.nq) -m found }") \
+        < lines.index(rule)
+    # the tenant's requests here, itself counted, for critical and standard only
+    assert ("set-var(txn.ql) sc1_conn_cur",
+            "has_class { var(txn.tc) -m str critical standard }") in \
+        rendered.priority_rules(_snapshot(4, lane=2))
+    for without in (_snapshot(4), _snapshot(0, lane=2)):
+        assert ".lane" not in render_config(without, LAYOUT)
+    # without tenants nobody takes it (its twins stay: tenants may come live)
+    assert "txn.ql" not in render_config(_snapshot(4, tenancy=None, lane=2), LAYOUT)
+
+
 def test_priority_rules_follow_the_policys_ranks_only_with_tenants() -> None:
     rules = rendered.priority_rules(_snapshot(4))
     classes = {cond.split()[-2]: action for action, cond in rules if "priority-class" in action}
@@ -111,13 +138,20 @@ def test_log_lines_queue_wait_is_the_tenants_histogram() -> None:
     assert samples["infergate_tenant_queue_wait_seconds_sum"] == 0.018
 
 
-def test_a_weight_change_reaches_the_large_message_twin_live() -> None:
+def test_a_weight_change_reaches_the_twins_live() -> None:
     before = _snapshot(4)
     member = dataclasses.replace(MEMBER, weight=37)
     after = dataclasses.replace(before, pools=(dataclasses.replace(before.pools[0],
                                                                    members=(member,)),))
     commands = runtime_commands(before, after, LAYOUT)
     assert commands is not None and "set server grpc_p.nq/m1 weight 37" in commands
+    laned = _snapshot(4, lane=1)
+    commands = runtime_commands(laned, dataclasses.replace(
+        laned, pools=(dataclasses.replace(laned.pools[0], members=(member,)),)), LAYOUT)
+    assert commands is not None
+    assert {"set server http_p.lane/m1 weight 37", "set server grpc_p.lane/m1 weight 37"} \
+        <= set(commands)
+    assert runtime_commands(before, laned, LAYOUT) is None  # a lane added: a reload
     slower = dataclasses.replace(before, pools=(dataclasses.replace(before.pools[0],
                                                                     max_wait_ms=900),))
     assert runtime_commands(before, slower, LAYOUT) is None  # the queue's bound: a reload

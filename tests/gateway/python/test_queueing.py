@@ -175,15 +175,18 @@ def test_triton_priority_only_for_models_with_enough_levels() -> None:
 
 # -- through the forwarder: a fake member, the queue's slots and its answers -----------
 
-def _forwarder(slots: int = 1, wait_ms: int = 5_000) -> Forwarder:
+def _forwarder(slots: int = 1, wait_ms: int = 5_000, lane: int = 0) -> Forwarder:
+    """``lane``: the pool's lane_per_member (0 here unless a test is about the lane)."""
     config = GatewayConfig(
         pools=(PoolSpec(name="p", members=(MemberSpec(grpc_port=1),), capacity_per_member=slots,
-                        gateway_queue=True, max_queue_wait_ms=wait_ms),),
+                        gateway_queue=True, max_queue_wait_ms=wait_ms,
+                        lane_per_member=lane),),
         queue_factor=20.0,
         tenancy=parse_tenancy({
             "refuse_at": {"sheddable": 8, "standard": 9, "critical": 10},
             "tenants": [{"name": "batch", "priority": "sheddable", "keys": ["batch-key"]},
-                        {"name": "pay", "priority": "critical", "keys": ["pay-key"]}]}))
+                        {"name": "pay", "priority": "critical", "keys": ["pay-key"]},
+                        {"name": "app", "keys": ["app-key"]}]}))
     return Forwarder.for_config(config, clock=FakeClock())
 
 
@@ -248,3 +251,64 @@ async def test_waiters_gone_while_nothing_is_granted_do_not_pile_up() -> None:
         with pytest.raises(QueueTimeout):
             await queue.acquire((1, i), 0.0)
     assert queue.waiting == 0 and len(queue._heap) <= 64
+
+
+# -- the lane: a light tenant's request does not wait for a slot ------------------------
+
+def test_takes_lane_is_for_light_critical_and_standard_tenants_only() -> None:
+    assert queueing.takes_lane(Priority.CRITICAL, 0, 1)
+    assert queueing.takes_lane(Priority.STANDARD, 1, 2)
+    assert not queueing.takes_lane(Priority.STANDARD, 1, 1)  # does not fit in it whole
+    assert not queueing.takes_lane(Priority.SHEDDABLE, 0, 4)  # sheddable waits
+    assert not queueing.takes_lane(None, 0, 4)  # no tenants: first come, first served
+    assert not queueing.takes_lane(Priority.CRITICAL, 0, 0)  # no lane
+
+
+async def test_lane_slot_only_once_the_pools_slots_are_full_and_per_member() -> None:
+    box, lane, clock = [1], [1], FakeClock()
+    queue = PoolQueue(lambda: box[0], clock, lambda: lane[0])
+    assert not queue.take_lane()  # a slot is free: the request takes it, not the lane
+    await queue.acquire((1, 0), 1.0)
+    assert queue.take_lane() and not queue.take_lane()  # the lane's one slot
+    lane[0] = 2  # a member back: its lane slot too
+    assert queue.take_lane()
+    queue.release_lane()
+    queue.release_lane()
+    assert queue.lane_busy == 0 and queue.busy == 1
+
+
+async def test_forwarder_sends_a_light_tenant_through_the_lane_while_the_slots_are_full(
+        ) -> None:
+    dp, held = _forwarder(slots=1, lane=1), Held()
+    first = _send(dp, held, "batch-key")  # the pool's one slot
+    await _settle()
+    member, queue = dp.state.pools[0].members[0], dp.queues["p"]
+    pay = _send(dp, held, "pay-key")  # light: at its member at once, in the lane
+    await _settle()
+    assert member.in_flight == 2 and queue.lane_busy == 1 and queue.waiting == 0
+    waiting = [_send(dp, held, "pay-key"),  # its second: a backlog the lane cannot hold
+               _send(dp, held, "app-key"),  # light too, but the lane is full
+               _send(dp, held, "batch-key")]  # sheddable: never the lane
+    await _settle()
+    assert member.in_flight == 2 and queue.waiting == 3
+    held.release.set()
+    assert await asyncio.gather(first, pay, *waiting) == ["ok"] * 5
+    assert queue.busy == 0 and queue.lane_busy == 0 and dp.ledger.pools["p"] == 0
+
+
+async def test_a_lane_request_cancelled_at_its_member_gives_the_lane_back() -> None:
+    dp, held = _forwarder(slots=1, lane=1), Held()
+    first = _send(dp, held, "batch-key")
+    await _settle()
+    pay = _send(dp, held, "pay-key")
+    await _settle()
+    assert dp.queues["p"].lane_busy == 1
+    pay.cancel()  # its client gave up
+    with pytest.raises(asyncio.CancelledError):
+        await pay
+    assert dp.queues["p"].lane_busy == 0
+    again = _send(dp, held, "app-key")  # the lane is free for the next light request
+    await _settle()
+    assert dp.queues["p"].lane_busy == 1 and dp.queues["p"].waiting == 0
+    held.release.set()
+    assert await asyncio.gather(first, again) == ["ok", "ok"]
