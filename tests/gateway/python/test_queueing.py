@@ -196,6 +196,17 @@ def _send(dp: Forwarder, call: Held, key: str,
         api_key=key, deadline_s=deadline_s)))
 
 
+async def _behind_one(dp: Forwarder, held: Held,
+                      key: str) -> tuple[asyncio.Task[str], asyncio.Task[str]]:
+    """The pool's one slot taken by a sheddable request held at its member, then a
+    request of ``key``'s, each settled."""
+    first = _send(dp, held, "batch-key")
+    await _settle()
+    second = _send(dp, held, key)
+    await _settle()
+    return first, second
+
+
 async def test_forwarder_sends_a_member_only_its_slots_and_serves_critical_first() -> None:
     dp, held = _forwarder(slots=1), Held()
     order: list[str] = []
@@ -233,10 +244,7 @@ async def test_forwarder_answers_deadline_exceeded_when_the_deadline_passes_queu
 
 async def test_forwarder_answers_unavailable_when_the_member_leaves_while_queued() -> None:
     dp, held = _forwarder(slots=1, wait_ms=50), Held()
-    first = _send(dp, held, "batch-key")
-    await _settle()
-    queued = _send(dp, held, "pay-key")
-    await _settle()
+    first, queued = await _behind_one(dp, held, "pay-key")
     dp.state.pools[0].members[0].healthy = False  # the probe finds it down meanwhile
     with pytest.raises(Unavailable) as raised:
         await queued
@@ -280,11 +288,8 @@ async def test_lane_slot_only_once_the_pools_slots_are_full_and_per_member() -> 
 async def test_forwarder_sends_a_light_tenant_through_the_lane_while_the_slots_are_full(
         ) -> None:
     dp, held = _forwarder(slots=1, lane=1), Held()
-    first = _send(dp, held, "batch-key")  # the pool's one slot
-    await _settle()
+    first, pay = await _behind_one(dp, held, "pay-key")  # light: at its member, in the lane
     member, queue = dp.state.pools[0].members[0], dp.queues["p"]
-    pay = _send(dp, held, "pay-key")  # light: at its member at once, in the lane
-    await _settle()
     assert member.in_flight == 2 and queue.lane_busy == 1 and queue.waiting == 0
     waiting = [_send(dp, held, "pay-key"),  # its second: a backlog the lane cannot hold
                _send(dp, held, "app-key"),  # light too, but the lane is full
@@ -298,10 +303,7 @@ async def test_forwarder_sends_a_light_tenant_through_the_lane_while_the_slots_a
 
 async def test_a_lane_request_cancelled_at_its_member_gives_the_lane_back() -> None:
     dp, held = _forwarder(slots=1, lane=1), Held()
-    first = _send(dp, held, "batch-key")
-    await _settle()
-    pay = _send(dp, held, "pay-key")
-    await _settle()
+    first, pay = await _behind_one(dp, held, "pay-key")
     assert dp.queues["p"].lane_busy == 1
     pay.cancel()  # its client gave up
     with pytest.raises(asyncio.CancelledError):
