@@ -25,12 +25,11 @@ is not stuck behind everything admitted before it.
 pool's slots full, of a tenant with fewer requests in the gateway for this model and
 pool than the lane has slots a member (a backlog below them: a light tenant), critical
 or standard (:func:`takes_lane`), takes one of the lane's slots when one is free, and
-goes to its member at once. Waiting for a
-slot, it would wait for a batch of the flood's to end and then for the next one, which
-its slot's owner was already in line for in Triton; in the lane it joins the batch
-Triton forms next. Each member's own queue grows by at most the lane's slots. A full
-lane sends the request to the queue, in the order above. Sheddable requests never take
-it: they wait.
+goes to its member at once. Queued, it would be first in line and still wait for one of
+the requests at its member to end, then, at the member, for the batch that began
+meanwhile; in the lane it joins the batch Triton forms next. Each member's own queue
+grows by at most the lane's slots. A full lane sends the request to the queue, in the
+order above. Sheddable requests never take it: they wait.
 
 **The bound**: a request waits at most the pool's ``max_queue_wait_ms``; then it is
 answered 504 / DEADLINE_EXCEEDED, :data:`QUEUE_EXPIRED` (or 503 / UNAVAILABLE,

@@ -109,6 +109,11 @@ class ModelRoute:
         self.holders = state.holders(self.model)
 
 
+def _routable(pool: Pool) -> int:
+    """Members of ``pool`` a request may go to now (their slots are the queue's)."""
+    return sum(1 for m in pool.members if m.healthy and not m.restoring)
+
+
 @dataclass
 class Forwarder:
     """The Python forwarder: reads what the gateway knows (``state``), owns only what it
@@ -281,12 +286,12 @@ class Forwarder:
             return None
         queue = self.queues.get(pool.name)
         if queue is None:
-            def routable(pool: Pool = pool) -> int:
-                return sum(1 for m in pool.members if m.healthy and not m.restoring)
-            spec = pool.spec
-            queue = self.queues[pool.name] = PoolQueue(
-                lambda: spec.capacity_per_member * routable(), self.clock,
-                lambda: spec.lane_per_member * routable())
+            def slots(pool: Pool = pool) -> int:
+                return pool.spec.capacity_per_member * _routable(pool)
+
+            def lane(pool: Pool = pool) -> int:
+                return pool.spec.lane_per_member * _routable(pool)
+            queue = self.queues[pool.name] = PoolQueue(slots, self.clock, lane)
         return queue
 
     def _grant_slots(self) -> None:
