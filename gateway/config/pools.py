@@ -64,9 +64,9 @@ class PoolSpec(BaseModel):
     gateway_queue: bool = False
     max_queue_wait_ms: int = Field(10_000, ge=1, le=240_000)
     # with gateway_queue and tenants: slots per member beyond capacity_per_member for a
-    # request of a light tenant (fewer than this many others of its own in the gateway
-    # for this model and pool; critical or standard) that finds the others full: it joins
-    # the batch Triton forms next instead of waiting for a slot (gateway/policy/queueing.py)
+    # standard request of a light tenant (fewer than this many others of its own in the
+    # gateway for this model and pool) that finds the others full: it joins the batch
+    # Triton forms next instead of waiting for a slot (gateway/policy/queueing.py)
     lane_per_member: int = Field(2, ge=0, le=64)
     # each member holds only some of the models, within a memory budget
     # (gateway.config.residency); absent: every model on every member

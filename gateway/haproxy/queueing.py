@@ -153,7 +153,7 @@ def priority_rules(snapshot: Snapshot) -> list[Rule]:
         ("set-priority-offset var(txn.qo)", "has_class"),
     ]
     if any(p.member_slots > 0 and p.lane_slots > 0 for p in snapshot.pools):
-        # queueing.takes_lane's class; its backlog, the request counted, for the lane's rule
+        # queueing.takes_lane's classes; its backlog, the request counted, for the lane's rule
         classes = " ".join(k.value for k in queueing.LANE_CLASSES)
         rules.append(("set-var(txn.ql) sc1_conn_cur",
                       f"has_class {{ var(txn.tc) -m str {classes} }}"))

@@ -23,13 +23,17 @@ is not stuck behind everything admitted before it.
 
 **The lane** (the pool's ``lane_per_member``, with tenants): a request that finds the
 pool's slots full, of a tenant with fewer requests in the gateway for this model and
-pool than the lane has slots a member (a backlog below them: a light tenant), critical
-or standard (:func:`takes_lane`), takes one of the lane's slots when one is free, and
+pool than the lane has slots a member (a backlog below them: a light tenant), of the
+standard class (:func:`takes_lane`), takes one of the lane's slots when one is free, and
 goes to its member at once. Queued, it would be first in line and still wait for one of
 the requests at its member to end, then, at the member, for the batch that began
 meanwhile; in the lane it joins the batch Triton forms next. Each member's own queue
 grows by at most the lane's slots. A full lane sends the request to the queue, in the
-order above. Sheddable requests never take it: they wait.
+order above. Sheddable requests never take it: they wait. Nor do critical ones: they go
+before every waiting request of the other classes, and through the lane one would add
+to its member's batch instead of taking the slot a lower class's request would have had
+(measured: its p99 beside a sheddable flood was never lower with the lane, in four runs;
+docs/request-policy.md, "The lane, measured").
 
 **The bound**: a request waits at most the pool's ``max_queue_wait_ms``; then it is
 answered 504 / DEADLINE_EXCEEDED, :data:`QUEUE_EXPIRED` (or 503 / UNAVAILABLE,
@@ -83,7 +87,7 @@ def offset_ms(backlog: int, cost: int) -> int:
 
 
 # the classes whose light tenants take the lane (the module docstring)
-LANE_CLASSES: tuple[Priority, ...] = (Priority.CRITICAL, Priority.STANDARD)
+LANE_CLASSES: tuple[Priority, ...] = (Priority.STANDARD,)
 
 
 def takes_lane(priority: Priority | None, backlog: int, lane_slots: int) -> bool:

@@ -128,10 +128,10 @@ async def test_queued_requests_are_served_by_class_then_by_virtual_time(
 
 async def test_a_light_tenant_goes_through_the_lane_while_the_pools_slot_is_held(
         gateway: GatewayProcess, triton: LocalTriton) -> None:
-    """Pool ``l``: one slot and a lane of one. The slot held, a critical tenant's first
-    request reaches Triton at once (the lane); a standard tenant's first then finds the
-    lane full too and waits in the gateway; a sheddable tenant's second would wait
-    anyway. Released, all are answered."""
+    """Pool ``l``: one slot and a lane of one. The slot held, a standard tenant's first
+    request reaches Triton at once (the lane); a critical tenant's waits in the gateway
+    (first in line, never the lane), and so does another standard tenant's first, the
+    lane full. Released, all are answered, the critical one first."""
     url = f"http://{gateway.http_url}/v2/models/{LANE}/infer"
     async with httpx.AsyncClient(timeout=60) as client:
         def post(key: str) -> asyncio.Task[httpx.Response]:
@@ -140,18 +140,22 @@ async def test_a_light_tenant_goes_through_the_lane_while_the_pools_slot_is_held
 
         blocker = post(BATCH)  # the pool's one slot
         await _held(triton, LANE, [blocker])
-        pay = post(PAY)
-        await _held(triton, LANE, [blocker, pay])
-        assert await asyncio.to_thread(_pending, triton, LANE) == 2  # in Triton, not queued
         light = post(LIGHT)
-        await _counted(gateway, "light", 1)
-        assert await asyncio.to_thread(_pending, triton, LANE) == 2  # the lane is full
-        assert not light.done()
-        await _release(triton, LANE, [blocker, pay])
-        answers = await asyncio.gather(blocker, pay)
-        await _release(triton, LANE, [light])  # it had the slot next, and waits in Triton
-        answers.append(await light)
-    assert [r.status_code for r in answers] == [200] * 3, [r.text for r in answers]
+        await _held(triton, LANE, [blocker, light])
+        assert await asyncio.to_thread(_pending, triton, LANE) == 2  # in Triton, not queued
+        pay, heavy = post(PAY), post(HEAVY)
+        await _counted(gateway, "pay", 1)
+        await _counted(gateway, "heavy", 1)
+        assert await asyncio.to_thread(_pending, triton, LANE) == 2  # both wait here
+        assert not pay.done() and not heavy.done()
+        await _release(triton, LANE, [blocker, light])
+        answers = await asyncio.gather(blocker, light)
+        await _release(triton, LANE, [pay])  # the slot's next: critical, in Triton now
+        answers.append(await pay)
+        assert not heavy.done()
+        await _release(triton, LANE, [heavy])
+        answers.append(await heavy)
+    assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
 
 
 def _grpc_infer(gw: GatewayProcess, key: str) -> tuple[str, str]:

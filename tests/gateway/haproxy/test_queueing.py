@@ -100,9 +100,9 @@ def test_the_lane_is_a_capped_twin_taken_by_light_tenants_while_the_pool_is_full
         assert f"be_conn({proto}_p.lane),add(txn.pl)" in config  # the pool's load
     assert lines.index("  use_backend grpc_%[var(txn.pool)].nq if { var(txn.nq) -m found }") \
         < lines.index(rule)
-    # the tenant's requests here, itself counted, for critical and standard only
+    # the tenant's requests here, itself counted, for standard requests only
     assert ("set-var(txn.ql) sc1_conn_cur",
-            "has_class { var(txn.tc) -m str critical standard }") in \
+            "has_class { var(txn.tc) -m str standard }") in \
         rendered.priority_rules(_snapshot(4, lane=2))
     for without in (_snapshot(4), _snapshot(0, lane=2)):
         assert ".lane" not in render_config(without, LAYOUT)

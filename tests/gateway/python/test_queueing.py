@@ -186,7 +186,8 @@ def _forwarder(slots: int = 1, wait_ms: int = 5_000, lane: int = 0) -> Forwarder
             "refuse_at": {"sheddable": 8, "standard": 9, "critical": 10},
             "tenants": [{"name": "batch", "priority": "sheddable", "keys": ["batch-key"]},
                         {"name": "pay", "priority": "critical", "keys": ["pay-key"]},
-                        {"name": "app", "keys": ["app-key"]}]}))
+                        {"name": "app", "keys": ["app-key"]},
+                        {"name": "ops", "keys": ["ops-key"]}]}))
     return Forwarder.for_config(config, clock=FakeClock())
 
 
@@ -263,13 +264,14 @@ async def test_waiters_gone_while_nothing_is_granted_do_not_pile_up() -> None:
 
 # -- the lane: a light tenant's request does not wait for a slot ------------------------
 
-def test_takes_lane_is_for_light_critical_and_standard_tenants_only() -> None:
-    assert queueing.takes_lane(Priority.CRITICAL, 0, 1)
+def test_takes_lane_is_for_light_standard_tenants_only() -> None:
+    assert queueing.takes_lane(Priority.STANDARD, 0, 1)
     assert queueing.takes_lane(Priority.STANDARD, 1, 2)
     assert not queueing.takes_lane(Priority.STANDARD, 1, 1)  # does not fit in it whole
+    assert not queueing.takes_lane(Priority.CRITICAL, 0, 4)  # first in line already
     assert not queueing.takes_lane(Priority.SHEDDABLE, 0, 4)  # sheddable waits
     assert not queueing.takes_lane(None, 0, 4)  # no tenants: first come, first served
-    assert not queueing.takes_lane(Priority.CRITICAL, 0, 0)  # no lane
+    assert not queueing.takes_lane(Priority.STANDARD, 0, 0)  # no lane
 
 
 async def test_lane_slot_only_once_the_pools_slots_are_full_and_per_member() -> None:
@@ -288,28 +290,29 @@ async def test_lane_slot_only_once_the_pools_slots_are_full_and_per_member() -> 
 async def test_forwarder_sends_a_light_tenant_through_the_lane_while_the_slots_are_full(
         ) -> None:
     dp, held = _forwarder(slots=1, lane=1), Held()
-    first, pay = await _behind_one(dp, held, "pay-key")  # light: at its member, in the lane
+    first, app = await _behind_one(dp, held, "app-key")  # light: at its member, in the lane
     member, queue = dp.state.pools[0].members[0], dp.queues["p"]
     assert member.in_flight == 2 and queue.lane_busy == 1 and queue.waiting == 0
-    waiting = [_send(dp, held, "pay-key"),  # its second: a backlog the lane cannot hold
-               _send(dp, held, "app-key"),  # light too, but the lane is full
+    waiting = [_send(dp, held, "app-key"),  # its second: a backlog the lane cannot hold
+               _send(dp, held, "ops-key"),  # light too, but the lane is full
+               _send(dp, held, "pay-key"),  # critical: first in line, never the lane
                _send(dp, held, "batch-key")]  # sheddable: never the lane
     await _settle()
-    assert member.in_flight == 2 and queue.waiting == 3
+    assert member.in_flight == 2 and queue.waiting == 4
     held.release.set()
-    assert await asyncio.gather(first, pay, *waiting) == ["ok"] * 5
+    assert await asyncio.gather(first, app, *waiting) == ["ok"] * 6
     assert queue.busy == 0 and queue.lane_busy == 0 and dp.ledger.pools["p"] == 0
 
 
 async def test_a_lane_request_cancelled_at_its_member_gives_the_lane_back() -> None:
     dp, held = _forwarder(slots=1, lane=1), Held()
-    first, pay = await _behind_one(dp, held, "pay-key")
+    first, app = await _behind_one(dp, held, "app-key")
     assert dp.queues["p"].lane_busy == 1
-    pay.cancel()  # its client gave up
+    app.cancel()  # its client gave up
     with pytest.raises(asyncio.CancelledError):
-        await pay
+        await app
     assert dp.queues["p"].lane_busy == 0
-    again = _send(dp, held, "app-key")  # the lane is free for the next light request
+    again = _send(dp, held, "ops-key")  # the lane is free for the next light request
     await _settle()
     assert dp.queues["p"].lane_busy == 1 and dp.queues["p"].waiting == 0
     held.release.set()
