@@ -85,12 +85,15 @@ def lane_backend_rules(snapshot: Snapshot, http: bool) -> list[str]:
     slot: the second waits in the lane's queue for it, bounded as the pool's."""
     if snapshot.tenancy is None:
         return []
-    proto = "http" if http else "grpc"
-    return [f"  use_backend {own}{LANE} if {{ var(txn.ql) -m int le {pool.lane_slots} }} "
-            f"{{ var(txn.pool) -m str {pool.name} }} {{ be_conn_free({own}) eq 0 }} "
-            f"{{ be_conn_free({own}{LANE}) gt 0 }}"
-            for pool in snapshot.pools if pool.member_slots > 0 and pool.lane_slots > 0
-            for own in (f"{proto}_{pool.name}",)]
+    rules = []
+    for pool in snapshot.pools:
+        if pool.member_slots > 0 and pool.lane_slots > 0:
+            own = f"{'http' if http else 'grpc'}_{pool.name}"
+            rules.append(f"  use_backend {own}{LANE} if "
+                         f"{{ var(txn.ql) -m int le {pool.lane_slots} }} "
+                         f"{{ var(txn.pool) -m str {pool.name} }} "
+                         f"{{ be_conn_free({own}) eq 0 }} {{ be_conn_free({own}{LANE}) gt 0 }}")
+    return rules
 
 
 def twins(pool: PoolState, proto: str) -> list[tuple[str, int]]:
