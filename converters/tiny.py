@@ -55,9 +55,11 @@ def tiny_onnx(path: Path, work: int = 0) -> Path:
 
 
 def tiny_config(name: str = TINY_MODEL_NAME, max_queue_delay_us: int = 0,
-                instance_count: int = 1, queue_timeout_us: int = 0) -> ModelConfigSpec:
+                instance_count: int = 1, queue_timeout_us: int = 0,
+                priority_levels: int = 0) -> ModelConfigSpec:
     """``queue_timeout_us`` > 0: Triton's queue drops what waited that long (and a
-    request's own shorter ``timeout``)."""
+    request's own shorter ``timeout``); ``priority_levels`` > 0: Triton's own levels (the
+    last one the default)."""
     return ModelConfigSpec(
         name=name,
         target="cpu",
@@ -65,7 +67,8 @@ def tiny_config(name: str = TINY_MODEL_NAME, max_queue_delay_us: int = 0,
         inputs=(TensorSpec("x", "FP32", (TINY_WIDTH,)),),
         outputs=(TensorSpec("y", "FP32", (TINY_WIDTH,)),),
         dynamic_batching=DynamicBatching(max_queue_delay_us=max_queue_delay_us,
-                                         default_timeout_us=queue_timeout_us),
+                                         default_timeout_us=queue_timeout_us,
+                                         priority_levels=priority_levels),
         instance_count=instance_count,
         parameters={"intra_op_threads": "1"},
     )

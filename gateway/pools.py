@@ -57,6 +57,9 @@ class PoolMember:
     answer_rates: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
     service_counters: dict[str, tuple[int, int]] = field(default_factory=dict)
     counters_read_at: float | None = None
+    # model -> (when its config was read, its dynamic batcher's priority levels, 0: none)
+    # (gateway.policy.triton_priority)
+    priority_levels: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -120,6 +123,16 @@ class PoolMember:
         none): what the member serves when busy."""
         return max((rate for when, rate in self.answer_rates.get(model, ())
                     if now - when <= window_s), default=0.0)
+
+    def levels_due(self, model: str, now: float, ttl_s: float) -> bool:
+        """Whether the model's config is to be read (again) for its priority levels."""
+        read = self.priority_levels.get(model)
+        return read is None or now - read[0] >= ttl_s
+
+    def read_levels(self, model: str, levels: int, now: float) -> None:
+        """The model's priority levels as its config here said (or, on a data-plane
+        replica, as the control plane's snapshot says)."""
+        self.priority_levels[model] = (now, levels)
 
     def routed(self, routable: bool, version: str | None) -> None:
         """What the control plane's snapshot says of it: a data-plane replica probes

@@ -98,6 +98,9 @@ def apply_snapshot(state: GatewayState, snapshot: Snapshot,
         if route.holders is not None:
             state.set_holders(model, {keys[n] for _, names in route.holders for n in names
                                       if n in keys})
+        for pool in state.pools_for(model):  # the levels its members read (no probes here)
+            for member in pool.members:
+                member.read_levels(model, route.levels, state.clock())
     for route in previous.routes if previous is not None else ():
         if route.model not in routes:  # gone: nothing of it stays
             state.mark_ready(route.model)

@@ -118,6 +118,14 @@ class GatewayState:
             raise ModelNotFound(UNKNOWN_MODEL.format(model=model))
         return pools
 
+    def priority_levels(self, model: str) -> int:
+        """The priority levels of ``model``'s dynamic batcher: the fewest any member of
+        its pools read (a level is then in range on each), 0 when none did
+        (gateway.policy.triton_priority)."""
+        read = [m.priority_levels[model][1] for p in self.pools_for(model)
+                for m in p.members if model in m.priority_levels]
+        return min(read, default=0)
+
     def serves(self, model: str, member: PoolMember) -> bool:
         return any(member in pool.members for pool in self.pools_for(model))
 

@@ -3,7 +3,7 @@ model in a real Triton (issue 36: "measure before making it a default").
 
 Two copies of EfficientNet-Lite0 are loaded side by side in one Triton: ``*_plain`` (the
 sample's config, its dynamic batcher) and ``*_levels`` (the same with three priority
-levels, default 2: the levels ``gateway.policy.queueing.triton_priority`` maps the
+levels, default 2: the levels ``gateway.policy.triton_priority.level`` maps the
 classes to; Triton turns the batcher's prefetching off for a model with levels).
 
 - **Cost**: the same closed-loop gRPC load at 1, 4 and 16 clients, no request asking a
@@ -34,22 +34,23 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from converters.samples import cat_input
 from gateway.config.tenancy import Priority
-from gateway.policy.queueing import TRITON_LEVEL, triton_priority
+from gateway.policy.triton_priority import LEVELS as CLASS_LEVELS
+from gateway.policy.triton_priority import level
 from loadtests.benchkit import LoadResult, closed_loop, rounds_main, write_variant
 from loadtests.harness import median, table, triton
 
 PLAIN, LEVELS = "effnet_plain", "effnet_levels"
 COST_CLIENTS = (1, 4, 16)
 FLOOD_CLIENTS = 16
-CRITICAL = triton_priority(Priority.CRITICAL, len(TRITON_LEVEL))
-SHEDDABLE = triton_priority(Priority.SHEDDABLE, len(TRITON_LEVEL))
+CRITICAL = level(Priority.CRITICAL, len(CLASS_LEVELS))
+SHEDDABLE = level(Priority.SHEDDABLE, len(CLASS_LEVELS))
 
 
 def with_levels(config: mc.ModelConfig) -> None:
     """Three levels, the default the middle one (a request that asks none is standard)."""
-    config.dynamic_batching.priority_levels = len(TRITON_LEVEL)
-    config.dynamic_batching.default_priority_level = triton_priority(
-        Priority.STANDARD, len(TRITON_LEVEL)) or 0
+    config.dynamic_batching.priority_levels = len(CLASS_LEVELS)
+    config.dynamic_batching.default_priority_level = level(
+        Priority.STANDARD, len(CLASS_LEVELS)) or 0
 
 
 def beside(url: str, model: str, x: np.ndarray, seconds: float, light: int,

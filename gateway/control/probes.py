@@ -11,6 +11,10 @@ Triton version is read from its server metadata (``GET /v2``) every healthy roun
 member restarted on another release is seen within a round
 (``gateway.upstream.triton_version`` decides what that means for its gRPC
 connections). The router treats a scrape older than its staleness bound as absent.
+The config of each model the page lists is read every
+:data:`~gateway.policy.triton_priority.LEVELS_TTL_S` (a few models a round): its dynamic
+batcher's priority levels, which say the level a request's class gets there
+(``gateway/policy/triton_priority.py``).
 """
 
 from __future__ import annotations
@@ -19,17 +23,21 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Iterable
+from urllib.parse import quote
 
 import httpx
 
 from gateway.config.pools import MemberSpec
 from gateway.core import Core
+from gateway.policy.triton_priority import LEVELS_TTL_S
 from gateway.pools import Pool, PoolMember
 from gateway.state import GatewayState
 from gateway.upstream.triton_version import version_from_metadata
 
 log = logging.getLogger(__name__)
 PENDING = "nv_inference_pending_request_count"
+LEVELS_PER_ROUND = 4  # model configs a probe round reads on one member, at most
 
 
 def pending_requests(metrics_text: str) -> int:
@@ -117,9 +125,33 @@ async def probe_member(client: httpx.AsyncClient, core: Core, member: PoolMember
     queue = None if scraped is None else pending_requests(scraped)
     member.observed(queue, version, core.clock())
     if scraped is not None:
-        member.served(service_counters(scraped), core.clock())
+        counters = service_counters(scraped)
+        member.served(counters, core.clock())
+        await read_levels(client, member, counters, core.clock())
     if queue is not None:
         metrics.member_queue.labels(member.pool, member.key).set(member.upstream_queue)
+
+
+async def read_levels(client: httpx.AsyncClient, member: PoolMember, models: Iterable[str],
+                      now: float) -> None:
+    """The priority levels of the member's models whose reading is due (the first
+    :data:`LEVELS_PER_ROUND` of them): ``dynamic_batching.priority_levels`` of each
+    one's config, 0 without. A config that cannot be read now is tried again next
+    round; one Triton refuses (a model unloaded since the scrape) reads as 0."""
+    due = [m for m in models if member.levels_due(m, now, LEVELS_TTL_S)][:LEVELS_PER_ROUND]
+
+    async def read(model: str) -> None:
+        try:
+            resp = await client.get(f"http://{member.spec.http_address}/v2/models/"
+                                    f"{quote(model, safe='')}/config")
+            config = resp.json() if resp.status_code == 200 else {}
+            levels = int((config.get("dynamic_batching") or {}).get("priority_levels", 0))
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
+            log.debug("member %s: config of %s unreadable: %r", member.key, model, exc)
+            return
+        member.read_levels(model, levels, now)
+
+    await asyncio.gather(*(read(m) for m in due))
 
 
 async def _scrape(client: httpx.AsyncClient, spec: MemberSpec) -> str | None:

@@ -10,7 +10,8 @@ recorded before it is applied and outlives a restart or a failover: the leader a
 the last one over the configuration file's at start
 (:class:`~gateway.lifecycle.records.tenancy.LiveTenancy`); without one it lasts until the
 process ends. ``GET`` says where the rules in force came from: ``source`` ``config`` or
-``api``, with ``changed_at`` (epoch seconds).
+``api``, with ``changed_at`` (epoch seconds), and ``triton_levels``: per model whose
+dynamic batcher has priority levels, the level each class gets there.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from gateway.auth import Scope, TokenTable
 from gateway.control.lifecycle_http import requires
 from gateway.errors import InvalidInput
 from gateway.lifecycle.records.tenancy import LiveTenancy
-from gateway.policy.tenancy import describe
+from gateway.policy import triton_priority
+from gateway.policy.tenancy import Priority, describe
 
 
 def create_tenants_router(tenancy: LiveTenancy, auth: TokenTable) -> APIRouter:
@@ -40,7 +42,19 @@ def create_tenants_router(tenancy: LiveTenancy, auth: TokenTable) -> APIRouter:
                 **describe(rules, {p.name: p.capacity for p in state.pools},
                            {p.name: state.active_tenants(p.name) for p in state.pools},
                            {p.name for p in state.pools if p.spec.gateway_queue},
-                           {p.name: p.spec.lane_per_member for p in state.pools})}
+                           {p.name: p.spec.lane_per_member for p in state.pools}),
+                "triton_levels": triton_levels()}
+
+    def triton_levels() -> dict[str, dict[str, int]]:
+        """Per model whose dynamic batcher has priority levels, the level each class
+        gets there (gateway/policy/triton_priority.py)."""
+        out = {}
+        for model in sorted(state.known_models()):
+            levels = state.priority_levels(model)
+            if levels >= 2:
+                out[model] = {p.value: level for p in Priority
+                              if (level := triton_priority.level(p, levels)) is not None}
+        return out
 
     @router.get("/v1/tenants")
     async def get_tenants() -> dict[str, Any]:

@@ -10,7 +10,7 @@ version).
 from __future__ import annotations
 
 from gateway import errors
-from gateway.haproxy import queueing
+from gateway.haproxy import priority_rules, queueing
 from gateway.haproxy.deadline_rules import stream_grace_rules
 from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Resident, Snapshot
 from gateway.netaddr import join_host_port
@@ -112,11 +112,12 @@ def grpc_shared(member: MemberState, layout: Layout) -> bool:
     return grpc_mode(member.triton_version, layout.grpc_upstream_reuse).shared
 
 
-def pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
+def pool_backend(snapshot: Snapshot, pool: PoolState, proto: str, layout: Layout) -> str:
     http = proto == "http"
     check = (f"check inter {layout.health_interval_ms}ms fall {HEALTH_FALL} rise 1 "
              f"observe layer4 error-limit {EJECT_AFTER_FAILURES} on-error mark-down")
-    lines = backend_head(f"{proto}_{pool.name}", proto, health=True)
+    lines = priority_rules.backend_lines(
+        snapshot, proto, backend_head(f"{proto}_{pool.name}", proto, health=True))
     lines += queueing.backend_lines(pool, proto)
     cap = queueing.server_cap(pool)
     for m in pool.members:
@@ -131,17 +132,19 @@ def pool_backend(pool: PoolState, proto: str, layout: Layout) -> str:
 
 def model_backends(snapshot: Snapshot, layout: Layout) -> list[str]:
     pools = {p.name: p for p in snapshot.pools}
-    return [_model_backend(pools[r.pool], r, proto, layout)
+    return [_model_backend(snapshot, pools[r.pool], r, proto, layout)
             for proto in ("http", "grpc") for r in snapshot.residents()]
 
 
-def _model_backend(pool: PoolState, resident: Resident, proto: str, layout: Layout) -> str:
+def _model_backend(snapshot: Snapshot, pool: PoolState, resident: Resident, proto: str,
+                   layout: Layout) -> str:
     """A managed model's backend in a pool: the pool backend's settings, its servers
     tracking the pool's (health and maintenance follow the member; no checks of their
     own), ready only on the model's holders (``disabled``, maintenance, elsewhere;
     ``gateway.haproxy.changes`` moves them live)."""
     http = proto == "http"
-    lines = backend_head(f"{proto}_{resident.backend}", proto, health=False)
+    lines = priority_rules.backend_lines(
+        snapshot, proto, backend_head(f"{proto}_{resident.backend}", proto, health=False))
     # HTTP only: a queued gRPC stream can stall its client connection (haproxy/queueing.py)
     cap = queueing.server_cap(pool) if http else ""
     if http:
@@ -185,6 +188,8 @@ def pin_backends(snapshot: Snapshot, layout: Layout) -> list[str]:
                   "  http-request set-var(txn.vl) var(txn.ver),length,add(2)",
                   "  http-request set-header content-length "
                   "%[req.hdr(content-length),add(txn.vl)] if { req.hdr(content-length) -m found }"]
+        # after the pin's filter: the priority's reads the prefix the pin's wrote
+        lines = priority_rules.backend_lines(snapshot, "grpc", lines)
         for m in pool.members:
             held = resident is None or m.name in resident.holders
             lines.append(f"  server {m.name} {join_host_port(m.host, m.grpc_port)} "

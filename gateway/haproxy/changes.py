@@ -9,7 +9,7 @@ change is structural (:func:`structure`: pools, members, a member's gRPC connect
 mode, rate classes, the default route, predict auth turned on or off, the number of
 split ranks, tenancy turned on or off, its refusal delay (the frontends' ``timeout
 tarpit``) and refusals a second (a constant of the rules), the set of models under
-residency) and needs a seamless reload.
+residency, Triton's priority levels turned on or off) and needs a seamless reload.
 
 Holders move without a gap: a model backend's servers are made ready before the map
 sends requests to them, and the map turns to ``miss`` (the control plane) before the
@@ -18,7 +18,7 @@ servers it leaves go to maintenance (requests already at them finish there).
 
 from __future__ import annotations
 
-from gateway.haproxy import queueing
+from gateway.haproxy import priority_rules, queueing
 from gateway.haproxy.backends import PIN, grpc_shared
 from gateway.haproxy.maps import route_maps
 from gateway.haproxy.snapshot import Layout, Resident, Snapshot
@@ -47,6 +47,7 @@ def structure(snapshot: Snapshot, layout: Layout) -> tuple[object, ...]:
         snapshot.tenancy.refusal_delay_ms if snapshot.tenancy is not None else None,
         snapshot.tenancy.refusals_per_s if snapshot.tenancy is not None else None,
         tuple((r.pool, r.model) for r in snapshot.residents()),
+        priority_rules.levels_on(snapshot),
     )
 
 

@@ -44,7 +44,7 @@ Every answer HAProxy produces itself is built from ``gateway.errors``' one table
 
 from __future__ import annotations
 
-from gateway.haproxy import queueing
+from gateway.haproxy import priority_rules, queueing
 from gateway.haproxy.admission_rules import refusal_backends
 from gateway.haproxy.answers import CONTROL_ERRORS, LOCAL_ERRORS, grpc_return, http_return
 from gateway.haproxy.backends import (
@@ -69,14 +69,15 @@ def render_config(snapshot: Snapshot, layout: Layout) -> str:
         frontend(snapshot, layout, "grpc", _bufsize(layout)),
         tables(snapshot),
         control_backends(layout),
-        *(pool_backend(pool, "http", layout) for pool in snapshot.pools),
-        *(pool_backend(pool, "grpc", layout) for pool in snapshot.pools),
+        *(pool_backend(snapshot, pool, "http", layout) for pool in snapshot.pools),
+        *(pool_backend(snapshot, pool, "grpc", layout) for pool in snapshot.pools),
         *model_backends(snapshot, layout),
         *pin_backends(snapshot, layout),
         *refusal_backends(snapshot, "http", http_return),
         *refusal_backends(snapshot, "grpc", grpc_return),
         *queueing.twin_backends(
-            snapshot, lambda name, proto: backend_head(name, proto, health=False),
+            snapshot, lambda name, proto: priority_rules.backend_lines(
+                snapshot, proto, backend_head(name, proto, health=False)),
             lambda m, proto: grpc_server(m, layout) if proto == "grpc" else ""),
     ]
     return with_map_paths("\n".join(parts), layout)
@@ -98,7 +99,7 @@ def _bufsize(layout: Layout) -> int:
 
 
 PIN_GRPC_LUA = "pin_grpc.lua"  # in the run directory (gateway.haproxy.render)
-LUA_FILES = (PIN_GRPC_LUA,)
+LUA_FILES = (PIN_GRPC_LUA, priority_rules.PRIORITY_LUA)
 
 # A reload's old worker (docs/haproxy.md, "Live changes and reloads"). By default it
 # sends GOAWAY to every HTTP/2 connection the moment it stops, also to one it accepted
@@ -120,8 +121,8 @@ def _global(layout: Layout) -> str:
         "  log ring@telemetry len 2048 format raw local0",
         "  hard-stop-after 30s",
         f"  close-spread-time {CLOSE_SPREAD_S}s",
-        # the filter of the pin backends, the action of a tenancy refusal's longer delay
-        # (loading them costs no request anything)
+        # the filters of the pin backends and of Triton's priority levels, the action of
+        # a tenancy refusal's longer delay (loading them costs no request anything)
         *(f"  lua-load {layout.run_dir / name}" for name in LUA_FILES),
         *(f"  {key} {value}" for key, value in tuning(layout).items()),
         "",

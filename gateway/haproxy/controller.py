@@ -148,7 +148,8 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
                                                    and not m.restoring)))
                           for pool in pools),
                       shadow=None if shadow is None else shadow.percent,
-                      verdict_at=_lease(state, model))
+                      verdict_at=_lease(state, model),
+                      levels=state.priority_levels(model))
 
 
 def _lease(state: GatewayState, model: str) -> float | None:

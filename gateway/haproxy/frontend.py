@@ -8,7 +8,7 @@ a managed model's, or their gRPC pin twins (:mod:`gateway.haproxy.backends`).
 from __future__ import annotations
 
 from gateway import errors
-from gateway.haproxy import queueing
+from gateway.haproxy import priority_rules, queueing
 from gateway.haproxy.admission_rules import REFUSAL_BACKEND, REFUSAL_WAIT
 from gateway.haproxy.answers import grpc_return, http_return
 from gateway.haproxy.backends import PIN
@@ -110,7 +110,8 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
     rules = [*first, *request_rules(answer, http), *deadline_fetch(http),
              *model_rules(snapshot, answer, http), *shadow_rules(http),
              *rollout_rules(http), *residency_rules(snapshot),
-             *queueing.bypass_rules(snapshot, http, bufsize)]
+             *queueing.bypass_rules(snapshot, http, bufsize),
+             *priority_rules.frontend_rules(snapshot, http)]
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
         *(_guarded(action, cond, guard) for action, cond in rules),

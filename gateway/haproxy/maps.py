@@ -26,6 +26,9 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
   in thousandths of the critical one; ``pool/class`` where a pool's rules differ),
   ``qcost`` (tenant -> microseconds of virtual time per request it has in the gateway:
   the queue's fairness, ``gateway/policy/queueing.py``);
+- ``tprio``: ``model/class`` -> the Triton priority level a request of that class gets
+  at a model with levels (``gateway/policy/triton_priority.py``,
+  :mod:`gateway.haproxy.priority_rules`);
 - ``queued``: the head of the answer to a request that waited in a pool's queue until
   its bound (``1``) or lost the pool's last member there (``0``);
 - with model residency (``RouteState.holders``): ``resident`` (``pool/model`` -> the
@@ -36,8 +39,9 @@ control plane changes them live through the admin socket (:mod:`gateway.haproxy.
 
 from __future__ import annotations
 
+from gateway.config.tenancy import Priority
 from gateway.haproxy.snapshot import Resident, RouteState, Snapshot, TenancyState
-from gateway.policy import queueing
+from gateway.policy import queueing, triton_priority
 from gateway.policy.rate import RateClass
 
 
@@ -51,6 +55,9 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
     maps["rstable"], maps["rcand"], maps["rollout"] = {}, {}, {}
     maps["shadow"] = {}
     maps["queued"] = queued_map()
+    maps["tprio"] = {f"{route.model}/{p.value}": str(level)
+                     for route in snapshot.routes for p in Priority
+                     if (level := triton_priority.level(p, route.levels)) is not None}
     for route in snapshot.routes:
         pools, cuts = split(route, ranks)
         for k in range(ranks):

@@ -8,7 +8,9 @@ Pure functions, no I/O. :func:`render` composes three of them:
 - :mod:`gateway.haproxy.answers`: what HAProxy answers itself (its error files and the
   ``http-request return`` lines the configuration's rules use);
 - the Lua it loads, shipped beside this module (``pin_grpc.lua``: the filter that pins
-  a gRPC request to a rollout's version, in the gRPC backends' pin twins).
+  a gRPC request to a rollout's version, in the gRPC backends' pin twins;
+  ``priority.lua``: the filters that give Triton a request's priority level,
+  :mod:`gateway.haproxy.priority_rules`).
 :mod:`gateway.haproxy.changes` gives the admin-socket commands that move a running
 process from one snapshot to the next, or ``None`` when the change is structural
 (pools, members, rate classes, default routes: :func:`gateway.haproxy.changes.structure`)
@@ -48,7 +50,8 @@ class Rendered:
 @functools.cache
 def lua_files() -> dict[str, str]:
     """The Lua HAProxy loads (``lua-load``), shipped in this package: the filter that
-    pins gRPC requests during a rollout (``pin_grpc.lua``)."""
+    pins gRPC requests during a rollout (``pin_grpc.lua``), and those that give Triton a
+    request's priority level (``priority.lua``)."""
     package = resources.files(__package__)
     return {name: package.joinpath(name).read_text() for name in LUA_FILES}
 

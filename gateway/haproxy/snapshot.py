@@ -84,6 +84,9 @@ class RouteState:
     # otherwise. A replica that sees it grow older than LEASE_S moves the model's
     # traffic to stable (:func:`fail_safe`)
     verdict_at: float | None = None
+    # the priority levels of its dynamic batcher, the fewest of its members' (0: none): a
+    # request with a class gets its level (gateway/policy/triton_priority.py)
+    levels: int = 0
 
     @property
     def candidate_share(self) -> bool:
@@ -323,7 +326,8 @@ def snapshot_from_dict(data: Any) -> Snapshot:
                           None if holders is None else tuple(
                               (str(p), tuple(str(n) for n in names)) for p, names in holders),
                           None if r.get("shadow") is None else int(r["shadow"]),
-                          None if r.get("verdict_at") is None else float(r["verdict_at"]))
+                          None if r.get("verdict_at") is None else float(r["verdict_at"]),
+                          int(r.get("levels", 0)))
 
     def rate(r: Any) -> RateClass | None:
         return None if r is None else RateClass(float(r["rate_per_s"]), float(r["burst"]))

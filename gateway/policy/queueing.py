@@ -115,22 +115,5 @@ def expired_message(pool: str, waited_ms: int, bound_ms: int, members: bool = Tr
     return head + QUEUE_TAIL.format(waited=waited_ms, pool=pool, bound=bound_ms)
 
 
-# Triton's own priority levels (model config ``dynamic_batching.priority_levels``):
-# 1 is served first; 0 or a level out of range is the model's default level. A model
-# with at least this many levels gets the class's level per request (the HTTP
-# ``parameters.priority``, gRPC ``parameters["priority"]``).
-TRITON_LEVEL: dict[Priority, int] = {Priority.CRITICAL: 1, Priority.STANDARD: 2,
-                                     Priority.SHEDDABLE: 3}
-
-
-def triton_priority(priority: Priority | None, levels: int) -> int | None:
-    """The per-request ``priority`` for a model with ``levels`` priority levels, or None
-    (send nothing: the model's default level) when it has too few or no class is known."""
-    if priority is None or levels < len(TRITON_LEVEL):
-        return None
-    return TRITON_LEVEL[priority]
-
-
 __all__ = ["CLASS_RANK", "FAIR_UNIT_MS", "LANE_CLASSES", "MAX_OFFSET_MS", "MAX_WAIT_MS",
-           "cost_us", "expired_message", "offset_ms", "order_key", "rank", "takes_lane",
-           "triton_priority"]
+           "cost_us", "expired_message", "offset_ms", "order_key", "rank", "takes_lane"]

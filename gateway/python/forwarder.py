@@ -42,7 +42,7 @@ from gateway.errors import (
     outcome_name,
 )
 from gateway.metrics import GatewayMetrics
-from gateway.policy import admission, deadline, queueing, readiness, tenancy
+from gateway.policy import admission, deadline, queueing, readiness, tenancy, triton_priority
 from gateway.policy.model_name import grpc_names_version
 from gateway.policy.rate import RateLimiter, configured_classes
 from gateway.policy.rollout import Shadow, pin_grpc_version
@@ -337,6 +337,14 @@ class Forwarder:
             self._tenant_child("queue_wait", tenant).observe(waited)
         left = None if options.deadline_s is None else options.deadline_s - waited
         return replace(options, deadline_s=left), queue.release
+
+    def triton_level(self, model: str, options: RequestOptions) -> int | None:
+        """The Triton priority level the request's class gets at ``model``, None: none
+        (no tenancy, or a model without levels; gateway/policy/triton_priority.py)."""
+        if self.tenants is None:
+            return None
+        return triton_priority.level(self.tenants.tenant_of(options.api_key).priority,
+                                     self.state.priority_levels(model))
 
     def pin(self, model: str) -> int | None:
         """The version an unversioned request of ``model`` goes to while it is rolled

@@ -38,7 +38,7 @@ from gateway.control.grpc_app import (
 )
 from gateway.control.model_control import ModelControl
 from gateway.errors import GatewayError, outcome_of_answer
-from gateway.policy import deadline
+from gateway.policy import deadline, triton_priority
 from gateway.policy.deadline import triton_timeout_us
 from gateway.policy.model_name import (
     GRPC_VERSION_FIELD,
@@ -123,6 +123,9 @@ class GatewayServicer(ControlServicer):
             if grpc_message_whole(request):
                 if options.deadline_s is not None:
                     request = with_timeout_parameter(request, options.deadline_s)
+                level = self.forwarder.triton_level(model, options)
+                if level is not None:  # the class's level (a later map entry wins)
+                    request += triton_priority.grpc_entry(level)
                 unpinned = request
                 request, version = self.forwarder.pin_grpc(model, request)  # in a rollout
                 if self.forwarder.state.shadows:  # a shadow step: mirrored to the candidate?

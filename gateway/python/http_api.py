@@ -26,7 +26,7 @@ from gateway.errors import (
     error_answer,
     outcome_of_answer,
 )
-from gateway.policy import parse_errors
+from gateway.policy import parse_errors, triton_priority
 from gateway.policy.deadline import triton_timeout_us
 from gateway.policy.model_name import HTTP_INFER_PATTERN
 from gateway.policy.rollout import SHADOW_HEADER, http_pinned_path
@@ -63,17 +63,23 @@ def client_mistakes_as_400(resp: UpstreamResponse) -> UpstreamResponse:
 HEADER_LENGTH = "inference-header-content-length"
 
 
-def with_timeout_parameter(body: bytes, headers: dict[str, str],
-                           deadline_s: float) -> bytes:
-    """The client's deadline as Triton's ``timeout`` request parameter (µs,
-    :func:`~gateway.policy.deadline.triton_timeout_us`) in the JSON header of an infer
-    body (``headers``' header length follows it): Triton's queue drops the request when
-    its wait exceeds it (the model's queue policy allowing, ``converters/triton_config.py``).
-    A ``timeout`` of the client's own is kept when shorter. A compressed body, or a
-    header that is not a JSON object, goes as it is: Triton answers it as it would have
-    (its parse errors name offsets in the client's bytes, so nothing is inserted into
-    bytes that do not parse)."""
-    if "content-encoding" in headers:
+def with_parameters(body: bytes, headers: dict[str, str], deadline_s: float | None,
+                    level: int | None) -> bytes:
+    """The parameters the gateway gives Triton, set in the JSON header of an infer body
+    (``headers``' header length follows it):
+
+    - ``deadline_s``: the client's deadline as Triton's ``timeout`` (µs,
+      :func:`~gateway.policy.deadline.triton_timeout_us`): Triton's queue drops the
+      request when its wait exceeds it (the model's queue policy allowing,
+      ``converters/triton_config.py``); a ``timeout`` of the client's own is kept when
+      shorter;
+    - ``level``: the class's ``priority`` (``gateway/policy/triton_priority.py``), in
+      place of the client's.
+
+    A compressed body, or a header that is not a JSON object, goes as it is: Triton
+    answers it as it would have (its parse errors name offsets in the client's bytes,
+    so nothing is inserted into bytes that do not parse)."""
+    if (deadline_s is None and level is None) or "content-encoding" in headers:
         return body
     length = headers.get(HEADER_LENGTH)
     if length is not None and not length.isdigit():
@@ -86,9 +92,12 @@ def with_timeout_parameter(body: bytes, headers: dict[str, str],
     params = parsed.setdefault("parameters", {}) if isinstance(parsed, dict) else None
     if not isinstance(params, dict):
         return body
-    timeout, own = triton_timeout_us(deadline_s), params.get("timeout")
-    if not (isinstance(own, int) and 0 < own < timeout):
-        params["timeout"] = timeout
+    if deadline_s is not None:
+        timeout, own = triton_timeout_us(deadline_s), params.get("timeout")
+        if not (isinstance(own, int) and 0 < own < timeout):
+            params["timeout"] = timeout
+    if level is not None:
+        params[triton_priority.PARAMETER] = level
     head = json.dumps(parsed, separators=(",", ":")).encode()
     if length is not None:
         headers[HEADER_LENGTH] = str(len(head))
@@ -143,8 +152,8 @@ class InferFastPath(FastPath):
         forwarded = {k: v for k, v in raw_headers.items() if k in FORWARDED_REQUEST_HEADERS}
         forwarded["accept-encoding"] = "identity"
         options = options_from_headers(raw_headers)
-        if options.deadline_s is not None:
-            body = with_timeout_parameter(body, forwarded, options.deadline_s)
+        body = with_parameters(body, forwarded, options.deadline_s,
+                               self.forwarder.triton_level(model, options))
         if self.auth.predict_gated:
             self.auth.require(options.api_key, Scope.PREDICT)
         path = unpinned = scope["path"]

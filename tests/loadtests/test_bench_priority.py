@@ -1,5 +1,5 @@
 """bench_priority's parts that need no Triton: the levels' config edit (what
-``triton_priority`` maps the classes to) and the rows and tables it reports."""
+``triton_priority.level`` maps the classes to) and the rows and tables it reports."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from gateway.config.tenancy import Priority
-from gateway.policy.queueing import triton_priority
+from gateway.policy.triton_priority import level
 from loadtests.bench_priority import (
     CRITICAL,
     LEVELS,
@@ -31,7 +31,7 @@ def test_the_levels_copy_has_a_level_per_class_and_standard_by_default() -> None
     with_levels(config)
     assert config.dynamic_batching.priority_levels == 3
     levels = config.dynamic_batching.priority_levels
-    assert config.dynamic_batching.default_priority_level == triton_priority(
+    assert config.dynamic_batching.default_priority_level == level(
         Priority.STANDARD, levels) == 2
     assert (CRITICAL, SHEDDABLE) == (1, 3)
     assert config.dynamic_batching.max_queue_delay_microseconds == 2000  # the rest kept

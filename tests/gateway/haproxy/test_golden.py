@@ -2,7 +2,8 @@
 snapshots, compared byte for byte, and each configuration accepted by ``haproxy -c``.
 
 The cases: ``open`` (no auth, no rate limits, one pool, one member), ``tenants``
-(tenants and priority classes, one with a rate and one with an in-flight limit), ``gated`` (predict
+(tenants and priority classes, one with a rate and one with an in-flight limit, a model
+with Triton priority levels), ``gated`` (predict
 auth with two token digests, a default rate class and a per-key one, a canary split of
 one model over two pools, a model not ready, a default route, a pool without members)
 and ``versions`` (members on Triton 2.51.0 and 2.57.0 under ``GrpcReuse.AUTO``, the
@@ -102,14 +103,17 @@ def _tenants() -> tuple[Snapshot, dict[str, object]]:
     critical one with an in-flight limit only and weight 2, the default; a per-key rate
     class; the model's measured service time (the deadline rule); the pool queues in the
     gateway (gateway/policy/queueing.py: maxconn, priority class and offset, the queue's
-    bound and its answers, a light tenant's lane of one slot a member)."""
+    bound and its answers, a light tenant's lane of one slot a member); the model's
+    dynamic batcher has three priority levels (gateway/haproxy/priority_rules.py: the
+    class's level, the filters of priority.lua)."""
     tenants = (TenantState("default", "standard"),
                TenantState("batch", "sheddable", None, RateClass(50, 100)),
                TenantState("app", "critical", 64, weight=2.0))
     return Snapshot(
         pools=(PoolState("main", (_member("10.0.0.11"),), capacity=8, elsewhere=2,
                          member_slots=8, max_wait_ms=5000, lane_slots=1),),
-        routes=(RouteState("resnet50", (("main", 1.0),), 24, service=(("main", 4200, 900),)),),
+        routes=(RouteState("resnet50", (("main", 1.0),), 24, service=(("main", 4200, 900),),
+                           levels=3),),
         rate_keys=((key_digest("batch-jobs-key"), RateClass(20, 20)),),
         tenancy=TenancyState(
             tenants=tenants,

@@ -166,13 +166,6 @@ def test_expired_message_reads_like_tritons_deadline() -> None:
         "Deadline Exceeded: the request's deadline passed while it waited (20 ms")
 
 
-def test_triton_priority_only_for_models_with_enough_levels() -> None:
-    assert queueing.triton_priority(Priority.CRITICAL, 3) == 1
-    assert queueing.triton_priority(Priority.SHEDDABLE, 4) == 3
-    assert queueing.triton_priority(Priority.CRITICAL, 0) is None
-    assert queueing.triton_priority(None, 3) is None
-
-
 # -- through the forwarder: a fake member, the queue's slots and its answers -----------
 
 def _forwarder(slots: int = 1, wait_ms: int = 5_000, lane: int = 0) -> Forwarder:
