@@ -45,11 +45,12 @@ EfficientNet-Lite0, over gRPC ``ModelInfer`` and HTTP binary tensors:
   ``flood-standard`` (both standard, equal weight); ``flood-fairness``: three standard
   tenants of equal weight sharing the 64 in flight (Jain's index of their goodput);
   ``flood-goodput``: the flood alone through a gateway without tenancy (the pool's
-  goodput the others compare with). Three gateways in one run (``tenants_flood.ARMS``):
+  goodput the others compare with). Four gateways in one run (``tenants_flood.ARMS``):
   before (refusals answered at once, requests queued in Triton), tarpit (tenancy
   refusals answered after the tenancy's ``refusal_delay_ms``, ``--refusal-delay-ms``, by
-  default the gateway's own) and after (both: ``gateway_queue`` on its pool, queued in
-  the gateway by class and weight, and the tarpit): docs/request-policy.md. Its
+  default the gateway's own), after (both: ``gateway_queue`` on its pool, queued in
+  the gateway by class and weight, and the tarpit) and nolane (after without the light
+  tenant's lane); with ``--levels`` a fifth, nolevels (below): docs/request-policy.md. Its
   own table: the light
   tenant's success alone and beside the flood, its p50 and p99 as ratios to alone, its
   wait in the gateway's queue (the gateway's ``infergate_tenant_queue_wait_seconds``),
@@ -83,6 +84,12 @@ scenarios' loads, phases and goals), ``tenants_flood.py`` (issue 36's flood) and
     python -m loadtests.bench_tenants [--rounds 3] [--seconds 1.5] [--quick] [--out DIR]
         [--model tiny] [--protocol grpc] [--capacity 5] [--data-plane haproxy]
         [--scenarios overload|flood|all] [--refusal-delay-ms MS] [--refusals-per-s N]
+        [--lane N] [--levels 3]
+
+``--levels N`` gives the tiny model N Triton priority levels (``dynamic_batching``; the
+last one its default) and adds a gateway to the flood: nolevels, the tarpit with the
+tenancy's ``triton_levels`` off, beside the tarpit that gives each class its level
+(``gateway/policy/triton_priority.py``).
 """
 
 from __future__ import annotations
@@ -140,7 +147,7 @@ from loadtests.tenants_figures import (
     outcomes,
     tenant_counts,
 )
-from loadtests.tenants_flood import AFTER, BEFORE, NO_LANE, TARPIT, flood_phases
+from loadtests.tenants_flood import AFTER, BEFORE, NO_LANE, NO_LEVELS, TARPIT, flood_phases
 from loadtests.tenants_report import markdown, plot, summarise
 from loadtests.tenants_scenarios import (
     Key,
@@ -172,17 +179,19 @@ say = reporter("bench_tenants")
 # -- scenarios ------------------------------------------------------------------------
 
 def tenancy_section(loads: Iterable[TenantLoad], refusal_delay_ms: int | None = None,
-                    sheddable_at: float | None = None, refusals_per_s: int | None = None
-                    ) -> dict[str, Any]:
+                    sheddable_at: float | None = None, refusals_per_s: int | None = None,
+                    triton_levels: bool = True) -> dict[str, Any]:
     """The gateway's ``tenancy:`` for these tenants: weight 1 each, one key each; the
     refusal delay, the sheddable class's ceiling and the refusals a second when given
-    (else the gateway's defaults)."""
+    (else the gateway's defaults); ``triton_levels`` false: the classes not given to
+    Triton as levels."""
     tenants = {t.tenant: t for t in loads}
     delay = {} if refusal_delay_ms is None else {"refusal_delay_ms": refusal_delay_ms}
     per_s = {} if refusals_per_s is None else {"refusals_per_s": refusals_per_s}
     return {
         **delay,
         **per_s,
+        **({} if triton_levels else {"triton_levels": False}),
         "default": {"priority": "standard"},
         "refuse_at": {} if sheddable_at is None else {"sheddable": sheddable_at},
         "tenants": [{"name": t.tenant, "priority": t.priority, "weight": 1, "keys": [t.key]}
@@ -201,30 +210,34 @@ def gateway_specs(capacity: int) -> dict[str, list[TenantLoad] | None]:
         AFTER: flood,
         NO_LANE: flood,
         TARPIT: flood,
+        NO_LEVELS: flood,
         "none": None,
         "one": solo,
         ONE_QUEUED: solo,
     }
 
 
-def flood_delays(refusal_delay_ms: int | None) -> dict[str, int | None]:
+def flood_delays(refusal_delay_ms: int | None, levels: bool = False
+                 ) -> dict[str, int | None]:
     """Each flood gateway's tenancy ``refusal_delay_ms`` (None: the gateway's default):
     before refuses at once; the tarpit and the queued (after, nolane) gateways after the
-    delay."""
-    return {BEFORE: 0, AFTER: refusal_delay_ms, NO_LANE: refusal_delay_ms,
-            TARPIT: refusal_delay_ms}
+    delay, and nolevels (``levels``: a model with Triton priority levels) too."""
+    delays = {BEFORE: 0, AFTER: refusal_delay_ms, NO_LANE: refusal_delay_ms,
+              TARPIT: refusal_delay_ms}
+    return {**delays, NO_LEVELS: refusal_delay_ms} if levels else delays
 
 
 def write_config(path: Path, member: TritonEndpoints, capacity: int,
                  tenants: Sequence[TenantLoad] | None, queued: bool = False,
                  refusal_delay_ms: int | None = None, sheddable_at: float | None = None,
-                 refusals_per_s: int | None = None, lane: int | None = None) -> Path:
+                 refusals_per_s: int | None = None, lane: int | None = None,
+                 triton_levels: bool = True) -> Path:
     """``queued``: the pool queues in the gateway (``gateway_queue``), its member taking
     ``capacity`` requests at once, and ``lane`` more for a light tenant
     (``lane_per_member``, None: default); ``refusal_delay_ms``, ``sheddable_at``,
-    ``refusals_per_s``: the tenancy's (None: default)."""
+    ``refusals_per_s``, ``triton_levels``: the tenancy's (None: default)."""
     tenancy: dict[str, Any] = ({} if tenants is None else {"tenancy": tenancy_section(
-        tenants, refusal_delay_ms, sheddable_at, refusals_per_s)})
+        tenants, refusal_delay_ms, sheddable_at, refusals_per_s, triton_levels)})
     gateway_yaml(path, {POOL: [member]}, capacity_per_member=capacity,
                  queue_factor=QUEUE_FACTOR, **tenancy)
     if queued:
@@ -323,12 +336,13 @@ def effnet_unavailable() -> str:
     return ""
 
 
-def prepare_models(repo: Path, wanted: Sequence[str]) -> list[str]:
-    """The tiny model (built here) and EfficientNet-Lite0 (copied from ./model_repo,
-    exported there once as ``make run`` does) where wanted and possible."""
+def prepare_models(repo: Path, wanted: Sequence[str], levels: int = 0) -> list[str]:
+    """The tiny model (built here, with ``levels`` Triton priority levels) and
+    EfficientNet-Lite0 (copied from ./model_repo, exported there once as ``make run``
+    does) where wanted and possible."""
     ready = []
     if TINY_MODEL_NAME in wanted:
-        build_tiny_model(repo)
+        build_tiny_model(repo, priority_levels=levels)
         ready.append(TINY_MODEL_NAME)
     if SAMPLE_MODEL_NAME in wanted:
         why = effnet_unavailable()
@@ -364,6 +378,7 @@ class Settings:
     haproxy_tune: tuple[str, ...] = ()  # --haproxy-tune NAME=VALUE, each
     refusals_per_s: int | None = None  # tenancy refusals_per_s
     lane: int | None = None  # the queued gateways' lane_per_member (nolane's: 0)
+    levels: int = 0  # the tiny model's Triton priority levels (0: none; --levels)
 
     def args(self) -> list[str]:
         """``gateway serve``'s arguments for these settings."""
@@ -388,7 +403,8 @@ def gateway(scratch: Path, name: str, member: TritonEndpoints,
                           queued=name in QUEUED_GATEWAYS, refusal_delay_ms=refusal_delay_ms,
                           sheddable_at=settings.sheddable_at,
                           refusals_per_s=settings.refusals_per_s,
-                          lane=0 if name == NO_LANE else settings.lane)
+                          lane=0 if name == NO_LANE else settings.lane,
+                          triton_levels=name != NO_LEVELS)
     with contextlib.ExitStack() as stack:
         try:
             gw = stack.enter_context(harness.gateway(config, folder, *settings.args(),
@@ -470,7 +486,7 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
 
         repo = scratch / "model_repo"
         repo.mkdir()
-        ready = prepare_models(repo, models)
+        ready = prepare_models(repo, models, settings.levels)
         if not ready:
             say("no model to measure")
             return []
@@ -494,13 +510,14 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                                 rounds, seconds, scratch, False, samples, direct)
                 if scenarios in ("flood", "all"):
                     with contextlib.ExitStack() as arms:
-                        delays = flood_delays(settings.refusal_delay_ms)
+                        delays = flood_delays(settings.refusal_delay_ms, settings.levels > 0)
                         floods = {name: arms.enter_context(arm(name, specs[name], delay))
                                   for name, delay in delays.items()}
                         floods["none"] = arms.enter_context(arm("flood-none", None))
                         warm_up(floods.values(), works, protocols, scratch)
-                        measure_all(floods, flood_phases(), works, protocols, rounds, seconds,
-                                    scratch, False, samples, direct)
+                        measure_all(floods, flood_phases(settings.levels > 0), works,
+                                    protocols, rounds, seconds, scratch, False, samples,
+                                    direct)
             if scenarios in ("overload", "all"):
                 with arm("none", specs["none"]) as none, arm("one", specs["one"]) as one, \
                         arm(ONE_QUEUED, specs[ONE_QUEUED]) as queued:
@@ -563,13 +580,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="the queued gateways' lane_per_member: slots a member for a "
                         "light tenant's request beyond capacity (default: the gateway's "
                         "own; the nolane arm has none)")
+    parser.add_argument("--levels", type=int, default=0,
+                        help="Triton priority levels of the tiny model (0: none; 3: one a "
+                        "class), and a nolevels gateway in the flood: the tarpit without "
+                        "the classes as Triton's levels")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     seconds = args.seconds or (2.0 if args.quick else 1.5)
     models = tuple(args.model or ((TINY_MODEL_NAME,) if args.quick else MODELS))
     settings = Settings(args.capacity, args.data_plane, args.refusal_delay_ms,
                         args.grpc_upstream_reuse, args.sheddable_at, tuple(args.haproxy_tune),
-                        args.refusals_per_s, args.lane)
+                        args.refusals_per_s, args.lane, args.levels)
     rows = run(rounds, seconds, models, tuple(args.protocol or PROTOCOLS), args.scenarios,
                settings)
     publish(rows, markdown, plot, args.out, "bench_tenants", say)

@@ -7,7 +7,9 @@ the others compare with); each on four gateways (:data:`ARMS`): before (refusals
 answered at once, its pool queueing in Triton), tarpit (refusals answered after the
 tenancy's ``refusal_delay_ms``), after (both: queued in the gateway, ``gateway_queue``,
 and the tarpit) and nolane (after without the light tenant's lane, ``lane_per_member``
-0). Their phases, goals, rows and table."""
+0); with ``bench_tenants --levels`` (a model with Triton priority levels) a fifth,
+nolevels (the tarpit with the tenancy's ``triton_levels`` off: the classes not given to
+Triton as levels). Their phases, goals, rows and table."""
 
 from __future__ import annotations
 
@@ -45,10 +47,18 @@ FLOOD_GOODPUT_GOAL_RATIO = 0.95
 BEFORE, AFTER, NO_LANE, TARPIT = "flood-before", "queued", "queued-nolane", "flood-tarpit"
 ARMS = ((BEFORE, "before"), (AFTER, "after"), (NO_LANE, "nolane"),
         (TARPIT, "tarpit"))  # gateway, phase tag
+# with a model that has Triton priority levels: the tarpit without the classes as levels
+NO_LEVELS = "flood-tarpit-nolevels"
+LEVELS_ARMS = (*ARMS, (NO_LEVELS, "nolevels"))
 
 
-def flood_phases() -> list[Phase]:
-    """Issue 36's flood (the module docstring), on each gateway of :data:`ARMS`; each
+def arms(levels: bool = False) -> tuple[tuple[str, str], ...]:
+    """The gateways of a run: :data:`LEVELS_ARMS` for a model with levels."""
+    return LEVELS_ARMS if levels else ARMS
+
+
+def flood_phases(levels: bool = False) -> list[Phase]:
+    """Issue 36's flood (the module docstring), on each gateway of :func:`arms`; each
     alone run right before its mixed one. ``flood-goodput``: the flood alone without
     tenancy."""
     light_critical = TenantLoad("light-critical", "critical", PACED_STREAMS, PACED_SHARE)
@@ -59,7 +69,7 @@ def flood_phases() -> list[Phase]:
     fair = tuple(TenantLoad(f"flood-fair-{chr(ord('a') + i)}", "standard", n)
                  for i, n in enumerate(thirds))
     phases = [Phase("flood-goodput", "alone-none", (std_flood,), "none")]
-    for side, tag in ARMS:
+    for side, tag in arms(levels):
         phases += [
             Phase("flood-priority", f"alone-{tag}", (light_critical,), side),
             Phase("flood-priority", f"mixed-{tag}", (light_critical, shed_flood), side),
@@ -81,7 +91,7 @@ def flood_rows(samples: Samples, model: str, protocol: str) -> list[dict[str, An
             for t in run]
     base_goodput = finite_median(base)
     rows: list[dict[str, Any]] = []
-    for _, tag in ARMS:
+    for _, tag in LEVELS_ARMS:  # those measured
         for scenario, light, flood in (("flood-priority", "light-critical", "flood-sheddable"),
                                        ("flood-standard", "light-standard",
                                         "flood-standard64")):
@@ -172,7 +182,9 @@ def flood_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         f"light tenant paced at {PACED_SHARE:.0%} of Triton's throughput. before: the pool "
         "queues in Triton, refusals at once; after: in the gateway (gateway_queue), tenancy "
         "refusals answered after the tenancy's refusal_delay_ms; nolane: after without "
-        "the light tenant's lane (lane_per_member 0); tarpit: that delay, queued in Triton.",
+        "the light tenant's lane (lane_per_member 0); tarpit: that delay, queued in Triton; "
+        "nolevels (a model with Triton priority levels): tarpit without the classes as "
+        "Triton's levels (tenancy triton_levels: false).",
         table(("scenario", "gateway", "model", "protocol", "light tenant", "success alone %",
                "success with flood %", "p50 vs alone", "p99 vs alone", "queue wait p50/p99 ms",
                "flood goodput/s", "pool goodput vs no tenancy", "Jain", "met?"), cells)])

@@ -98,6 +98,9 @@ class TenancySpec(BaseModel):
     refuse_at: RefuseAt = Field(default_factory=RefuseAt)
     refusal_delay_ms: int = Field(DEFAULT_REFUSAL_DELAY_MS, ge=0, le=MAX_REFUSAL_DELAY_MS)
     refusals_per_s: int = Field(DEFAULT_REFUSALS_PER_S, ge=1, le=MAX_REFUSALS_PER_S)
+    # a request's class as its Triton priority level at a model with levels, in place of
+    # the client's own (gateway/policy/triton_priority.py); false: the client's, if any
+    triton_levels: bool = True
 
     @model_validator(mode="after")
     def _consistent(self) -> TenancySpec:

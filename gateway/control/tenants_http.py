@@ -10,7 +10,7 @@ recorded before it is applied and outlives a restart or a failover: the leader a
 the last one over the configuration file's at start
 (:class:`~gateway.lifecycle.records.tenancy.LiveTenancy`); without one it lasts until the
 process ends. ``GET`` says where the rules in force came from: ``source`` ``config`` or
-``api``, with ``changed_at`` (epoch seconds), and ``triton_levels``: per model whose
+``api``, with ``changed_at`` (epoch seconds), and ``model_levels``: per model whose
 dynamic batcher has priority levels, the level each class gets there.
 """
 
@@ -43,9 +43,9 @@ def create_tenants_router(tenancy: LiveTenancy, auth: TokenTable) -> APIRouter:
                            {p.name: state.active_tenants(p.name) for p in state.pools},
                            {p.name for p in state.pools if p.spec.gateway_queue},
                            {p.name: p.spec.lane_per_member for p in state.pools}),
-                "triton_levels": triton_levels()}
+                "model_levels": model_levels() if rules.triton_levels else {}}
 
-    def triton_levels() -> dict[str, dict[str, int]]:
+    def model_levels() -> dict[str, dict[str, int]]:
         """Per model whose dynamic batcher has priority levels, the level each class
         gets there (gateway/policy/triton_priority.py)."""
         out = {}

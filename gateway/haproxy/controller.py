@@ -116,6 +116,7 @@ def _tenancy(state: GatewayState, policy: RoutingPolicy,
                           if rules is not tenancy),
         refusal_delay_ms=tenancy.refusal_delay_ms,
         refusals_per_s=tenancy.refusals_per_s,
+        triton_levels=tenancy.triton_levels,
     )
 
 

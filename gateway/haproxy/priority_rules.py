@@ -33,8 +33,10 @@ Rule = tuple[str, str]
 
 
 def levels_on(snapshot: Snapshot) -> bool:
-    """Whether some request may get a level: tenants with classes, a model with levels."""
-    return snapshot.tenancy is not None and snapshot.tenancy.enabled and any(
+    """Whether some request may get a level: tenants with classes given as levels
+    (``tenancy.triton_levels``), a model with levels."""
+    t = snapshot.tenancy
+    return t is not None and t.enabled and t.triton_levels and any(
         r.levels >= 2 for r in snapshot.routes)
 
 

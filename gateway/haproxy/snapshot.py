@@ -141,6 +141,7 @@ class TenancyState:
     # keeps the default, so turning it off and on again needs no reload
     refusal_delay_ms: int = DEFAULT_REFUSAL_DELAY_MS
     refusals_per_s: int = DEFAULT_REFUSALS_PER_S  # ... longer for a tenant with many
+    triton_levels: bool = True  # classes as Triton's levels (gateway.policy.triton_priority)
 
     def rate_classes(self) -> tuple[RateClass, ...]:
         return tuple(t.rate for t in self.tenants if t.rate is not None)
@@ -349,6 +350,7 @@ def snapshot_from_dict(data: Any) -> Snapshot:
             enabled=bool(t.get("enabled", True)),
             refusal_delay_ms=int(t.get("refusal_delay_ms", DEFAULT_REFUSAL_DELAY_MS)),
             refusals_per_s=int(t.get("refusals_per_s", DEFAULT_REFUSALS_PER_S)),
+            triton_levels=bool(t.get("triton_levels", True)),
         )
 
     try:

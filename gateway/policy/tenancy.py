@@ -268,6 +268,7 @@ class Tenancy:
     refusals_per_s: int = DEFAULT_REFUSALS_PER_S  # ... and this
     # in a pool that queues in the gateway (gateway_queue); empty: as refuse_at
     refuse_at_queued: tuple[tuple[Priority, float], ...] = ()
+    triton_levels: bool = True  # the class as Triton's level (gateway.policy.triton_priority)
 
     @classmethod
     def from_spec(cls, spec: TenancySpec, queue_factor: float) -> Tenancy:
@@ -303,6 +304,7 @@ class Tenancy:
             refusal_delay_ms=spec.refusal_delay_ms,
             refusals_per_s=spec.refusals_per_s,
             refuse_at_queued=() if refuse_at_queued == refuse_at else refuse_at_queued,
+            triton_levels=spec.triton_levels,
         )
 
     def in_pool(self, gateway_queue: bool) -> Tenancy:
@@ -406,6 +408,7 @@ def describe(tenancy: Tenancy, capacities: Mapping[str, int],
         "refuse_at_gateway_queue": {p.value: f for p, f in tenancy.in_pool(True).refuse_at},
         "refusal_delay_ms": tenancy.refusal_delay_ms,
         "refusals_per_s": tenancy.refusals_per_s,
+        "triton_levels": tenancy.triton_levels,
         "pools": {name: pool(name, cap) for name, cap in sorted(capacities.items())},
     }
 

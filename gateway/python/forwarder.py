@@ -341,7 +341,7 @@ class Forwarder:
     def triton_level(self, model: str, options: RequestOptions) -> int | None:
         """The Triton priority level the request's class gets at ``model``, None: none
         (no tenancy, or a model without levels; gateway/policy/triton_priority.py)."""
-        if self.tenants is None:
+        if self.tenants is None or not self.tenants.tenancy.triton_levels:
             return None
         return triton_priority.level(self.tenants.tenant_of(options.api_key).priority,
                                      self.state.priority_levels(model))

@@ -55,7 +55,8 @@ def test_apply_snapshot_routes_as_the_control_plane_decided() -> None:
     core = _core()
     state = core.state
     first = _snapshot(
-        RouteState("m", (("p", 1.0),), 24, holders=(("p", (A_NAME,)),), split=(1, 2, 30)),
+        RouteState("m", (("p", 1.0),), 24, holders=(("p", (A_NAME,)),), split=(1, 2, 30),
+                   levels=3),
         RouteState("n", (("p", 1.0),), 24, not_ready="version 2 is loading", holders=()),
         b=False)
     apply_snapshot(state, first)
@@ -66,12 +67,15 @@ def test_apply_snapshot_routes_as_the_control_plane_decided() -> None:
     assert state.split_of("m") == Split(1, 2, 30)
     assert state.not_ready_reason("n") == "version 2 is loading"
     assert state.ready()  # a snapshot applied, a member of every pool available
+    # Triton's priority levels as the control plane read them (the Python plane's level)
+    assert (state.priority_levels("m"), state.priority_levels("n")) == (3, 0)
 
     second = _snapshot(RouteState("m", (("p", 1.0),), 24, holders=(("p", (A_NAME, B_NAME)),),
                                   split=(1, 2, 0), shadow=20))
     apply_snapshot(state, second, first)
     assert all(m.available(core.clock()) for m in state.members())
     assert state.holders("m") == {A, B}
+    assert state.priority_levels("m") == 0  # levels taken off its config
     shadow = state.shadow_of("m")
     assert shadow is not None and (shadow.stable, shadow.candidate, shadow.percent) == (1, 2, 20)
     assert state.not_ready_reason("n") is None  # its route is gone: nothing of it stays

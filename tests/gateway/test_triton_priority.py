@@ -68,7 +68,7 @@ def gateway(request: pytest.FixtureRequest, triton: LocalTriton,
                      data_plane=request.param) as gw:
         def levels_known() -> bool:
             answer = httpx.get(f"http://{gw.http_url}/v1/tenants", timeout=5)
-            return answer.json().get("triton_levels", {}).get(MODEL) == {
+            return answer.json().get("model_levels", {}).get(MODEL) == {
                 "critical": 1, "standard": 2, "sheddable": 3}
         # the probes read the model's config; every data plane has it once the gateway says
         assert wait_until(levels_known, 30), httpx.get(f"http://{gw.http_url}/v1/tenants").text

@@ -518,6 +518,23 @@ def test_the_flood_gateways_refuse_at_once_before_and_after_the_delay_otherwise(
                                     fl.TARPIT: 250}
     assert bt.flood_delays(None) == {fl.BEFORE: 0, fl.AFTER: None, fl.NO_LANE: None,
                                      fl.TARPIT: None}
+
+
+def test_a_model_with_levels_adds_the_tarpit_without_them(tmp_path: Path) -> None:
+    """--levels: nolevels, the tarpit whose tenancy gives Triton no levels."""
+    phases = fl.flood_phases(levels=True)
+    assert {p.gateway for p in phases} == {fl.BEFORE, fl.AFTER, fl.NO_LANE, fl.TARPIT,
+                                           fl.NO_LEVELS, "none"}
+    assert {p.name for p in phases if p.gateway == fl.NO_LEVELS} == {
+        "alone-nolevels", "mixed-nolevels"}
+    assert bt.flood_delays(250, levels=True)[fl.NO_LEVELS] == 250
+    member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
+    loads = bt.gateway_specs(5)[fl.NO_LEVELS]
+    off = yaml.safe_load(bt.write_config(tmp_path / "off.yaml", member, 5, loads,
+                                         triton_levels=False).read_text())
+    on = yaml.safe_load(bt.write_config(tmp_path / "on.yaml", member, 5, loads).read_text())
+    assert off["tenancy"]["triton_levels"] is False
+    assert "triton_levels" not in on["tenancy"]  # the gateway's default: on
     member = bt.TritonEndpoints("127.0.0.1", 1, 2, 3)
     loads = bt.gateway_specs(5)[fl.TARPIT]
     at_once = bt.write_config(tmp_path / "b.yaml", member, 5, loads, refusal_delay_ms=0)

@@ -43,6 +43,8 @@ class Answers:
     metadata: bytes | None = b'{"name": "triton", "version": "2.51.0"}'  # None: HTTP 500
     live: int = 200
     asked: list[str] = field(default_factory=list)  # the paths asked, in order
+    metrics: bytes = b'nv_inference_pending_request_count{model="m",version="1"} 3\n'
+    configs: dict[str, bytes] = field(default_factory=dict)  # model -> its config JSON
 
 
 class FakeTritonHTTP(BaseHTTPRequestHandler):
@@ -56,7 +58,9 @@ class FakeTritonHTTP(BaseHTTPRequestHandler):
             body = self.answers.metadata
             self._send(500, b'{"error": "boom"}') if body is None else self._send(200, body)
         elif self.path == "/metrics":
-            self._send(200, b'nv_inference_pending_request_count{model="m",version="1"} 3\n')
+            self._send(200, self.answers.metrics)
+        elif self.path.endswith("/config") and self.path.split("/")[3] in self.answers.configs:
+            self._send(200, self.answers.configs[self.path.split("/")[3]])
         else:
             self._send(404, b"")
 
@@ -128,6 +132,34 @@ def test_probe_reads_the_version_and_the_render_follows_when_members_report(
     snapshot = snapshot_of(dataplane.state, TokenTable(), dataplane.clock())
     line = _grpc_server_line(render(snapshot, layout).config)
     assert ("max-reuse 0" not in line) is shared
+
+
+def test_probe_reads_each_listed_models_priority_levels_once_a_minute(
+        member_server: tuple[int, Answers], tmp_path: Path) -> None:
+    port, answers = member_server
+    answers.metrics = b"".join(
+        f'nv_inference_request_success{{model="{m}",version="1"}} 5\n'.encode()
+        for m in ("leveled", "plain", "gone"))
+    answers.configs = {
+        "leveled": b'{"name": "leveled", "dynamic_batching": {"priority_levels": "3"}}',
+        "plain": b'{"name": "plain", "dynamic_batching": {}}'}  # "gone": 404
+    spec = MemberSpec(host="127.0.0.1", http_port=port, grpc_port=port, metrics_port=port)
+    dataplane = Core.for_config(GatewayConfig(pools=(
+        PoolSpec(name="p", members=(spec,), models=("leveled", "plain")),)))
+    member = dataplane.state.members()[0]
+
+    _probe(dataplane, member)
+    assert {m: n for m, (_, n) in member.priority_levels.items()} == {
+        "leveled": 3, "plain": 0, "gone": 0}
+    assert dataplane.state.priority_levels("leveled") == 3
+    assert dataplane.state.priority_levels("unknown") == 0
+    route = next(r for r in snapshot_of(dataplane.state, TokenTable(), dataplane.clock()).routes
+                 if r.model == "leveled")
+    assert route.levels == 3
+    configs = [p for p in answers.asked if p.endswith("/config")]
+    _probe(dataplane, member)  # within LEVELS_TTL_S: not asked again
+    assert [p for p in answers.asked if p.endswith("/config")] == configs
+    assert sorted(configs) == [f"/v2/models/{m}/config" for m in ("gone", "leveled", "plain")]
 
 
 def test_member_that_fails_live_is_not_scraped_so_the_next_probe_comes_a_timeout_sooner(

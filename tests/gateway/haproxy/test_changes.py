@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gateway.haproxy.changes import runtime_commands
+from gateway.haproxy.render import render
 from gateway.haproxy.snapshot import (
     PoolState,
     RouteState,
@@ -97,3 +98,29 @@ def test_a_new_refusal_delay_needs_a_reload_and_tenancy_off_keeps_the_default(
     off = replace(on, tenancy=TenancyState(tenants=(), enabled=False))
     assert runtime_commands(on, off, layout) is not None
     assert runtime_commands(off, on, layout) is not None
+
+
+def test_the_first_model_with_triton_levels_reloads_and_its_levels_then_move_by_map(
+        tmp_path: Path) -> None:
+    """The filters that put a level in (gateway/haproxy/priority_rules.py) exist only while
+    some model has levels and tenants have classes: their coming and going is a reload;
+    a model's levels changing after that is map ``tprio``."""
+    layout = layout_in(tmp_path)
+    rules = TenancyState(tenants=(TenantState("default", "standard"),))
+    base = replace(snapshot(), tenancy=rules)
+    route = base.routes[0]
+
+    def leveled(levels: int) -> Snapshot:
+        return replace(base, routes=(replace(route, levels=levels), *base.routes[1:]))
+
+    assert runtime_commands(base, leveled(3), layout) is None
+    assert runtime_commands(leveled(3), base, layout) is None
+    commands = runtime_commands(leveled(3), leveled(2), layout)
+    assert commands is not None
+    assert any("tprio.map" in c and f"{route.model}/sheddable 2" in c for c in commands), \
+        commands
+    # the tenancy's triton_levels off: no level is given, the filters go
+    off = replace(leveled(3), tenancy=replace(rules, triton_levels=False))
+    assert runtime_commands(leveled(3), off, layout) is None
+    assert "priority_http" not in render(off, layout).config
+    assert "priority_http" in render(leveled(3), layout).config
