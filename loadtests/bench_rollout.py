@@ -42,7 +42,7 @@ candidate's share of answers per 1 s bin, the step schedule (from the verdicts' 
 a step began at its first verdict's ``at - seconds``), the end, and failures per second.
 
 **Throughput during a rollout.** HAProxy pins unversioned requests itself: HTTP by the
-path, gRPC by the Lua filter of the pool's pin backend (``gateway/haproxy/pin_grpc.lua``;
+path, gRPC by the Lua filter of the pool's pin backend (``gateway/haproxy/grpc_fields.lua``;
 before, every such gRPC request went through the control plane's Python gRPC server,
 measured at 0.60x). h2load (closed loop, ``--in-flight`` requests)
 measures throughput and median latency of a model with no rollout and of one held at

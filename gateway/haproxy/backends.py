@@ -12,6 +12,7 @@ from __future__ import annotations
 from gateway import errors
 from gateway.haproxy import priority_rules, queueing
 from gateway.haproxy.deadline_rules import stream_grace_rules
+from gateway.haproxy.lua_filters import GRPC_FIELDS_FILTER
 from gateway.haproxy.snapshot import Layout, MemberState, PoolState, Resident, Snapshot
 from gateway.netaddr import join_host_port
 from gateway.policy import parse_errors, rate, tenancy
@@ -20,7 +21,6 @@ from gateway.upstream.triton_version import grpc_mode
 
 # a replica waits this long to reach the control plane before answering that it cannot
 CONTROL_CONNECT_S = 1
-PIN_GRPC_FILTER = "pin_grpc"  # the core.register_filter name in config.PIN_GRPC_LUA
 
 
 def tables(snapshot: Snapshot) -> str:
@@ -166,7 +166,8 @@ def pin_backends(snapshot: Snapshot, layout: Layout) -> list[str]:
     """One twin per gRPC backend (a pool's, a managed model's), for the requests
     :func:`.request_rules.rollout_rules` pinned: the same servers (each tracking the
     pool's: health and maintenance; a model's twin ready on its holders alone), the same
-    settings, and the Lua filter that pins the message (``pin_grpc.lua``). A filter
+    settings, and the Lua filter that appends the version to the message
+    (``grpc_fields.lua``, :mod:`gateway.haproxy.lua_filters`). A filter
     declared in a backend is attached to the streams that enter it only: every other
     request pays nothing for it (one declared in the frontend costs every gRPC request its
     Lua contexts, ~11 us). Rendered whatever the rollouts, so that one starting or ending
@@ -183,12 +184,12 @@ def pin_backends(snapshot: Snapshot, layout: Layout) -> list[str]:
         # the filter already changed): a connection failure is still retried
         lines = [line for line in backend_head(f"grpc_{name}{PIN}", "grpc", health=False)
                  if "retry-on" not in line]
-        lines += [f"  filter lua.{PIN_GRPC_FILTER}",
+        lines += [f"  filter lua.{GRPC_FIELDS_FILTER}",
                   # field 2's bytes: tag, length, the digits
                   "  http-request set-var(txn.vl) var(txn.ver),length,add(2)",
                   "  http-request set-header content-length "
                   "%[req.hdr(content-length),add(txn.vl)] if { req.hdr(content-length) -m found }"]
-        # after the pin's filter: the priority's reads the prefix the pin's wrote
+        # the filter appends a class's level too (priority_rules: its length rule)
         lines = priority_rules.backend_lines(snapshot, "grpc", lines)
         for m in pool.members:
             held = resident is None or m.name in resident.holders

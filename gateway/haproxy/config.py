@@ -57,6 +57,7 @@ from gateway.haproxy.backends import (
     tables,
 )
 from gateway.haproxy.frontend import frontend
+from gateway.haproxy.lua_filters import LUA_FILES
 from gateway.haproxy.snapshot import Layout, Snapshot
 
 
@@ -98,8 +99,6 @@ def _bufsize(layout: Layout) -> int:
     return int(tuning(layout).get("tune.bufsize", queueing.DEFAULT_BUFSIZE))
 
 
-PIN_GRPC_LUA = "pin_grpc.lua"  # in the run directory (gateway.haproxy.render)
-LUA_FILES = (PIN_GRPC_LUA, priority_rules.PRIORITY_LUA)
 
 # A reload's old worker (docs/haproxy.md, "Live changes and reloads"). By default it
 # sends GOAWAY to every HTTP/2 connection the moment it stops, also to one it accepted

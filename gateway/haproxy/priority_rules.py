@@ -1,20 +1,21 @@
 """Triton's priority levels on HAProxy's plane (pure, no I/O): a request of a tenant's
 class to a model whose dynamic batcher has levels carries its class's level to Triton
-(:mod:`gateway.policy.triton_priority`), put into the body by the Lua filters of
-``priority.lua`` as it streams through.
+(:mod:`gateway.policy.triton_priority`), put into the body as it streams through by the
+Lua filters :mod:`gateway.haproxy.lua_filters` names (``grpc_fields``,
+``priority_http``).
 
 - The frontend (:func:`frontend_rules`): ``txn.tp``, the level of the request's
   ``model/class`` (``txn.mk``, the model's bound's key) in map ``tprio``
   (:func:`gateway.haproxy.maps.route_maps`); not for a compressed HTTP body (a
   compressed gRPC message goes to the Python plane, which reads it whole).
 - The backends a model's requests reach (a pool's, its queue's twins, a managed model's,
-  the gRPC pin twins): :func:`backend_lines` declares the filter and raises the lengths
-  the filter changes (``content-length``; over HTTP the JSON header's
-  ``Inference-Header-Content-Length``) by what it adds. A backend with the filter does
-  not retry on an empty response (a retry would send the request the filter already
-  changed, as the pin twins'); a connection failure is still retried.
+  the gRPC pin twins, whose filter is already there): :func:`backend_lines` declares the
+  filter and raises the lengths it changes (``content-length``; over HTTP the JSON
+  header's ``Inference-Header-Content-Length``) by what it adds. A backend with the
+  filter does not retry on an empty response (a retry would send the request the filter
+  already changed, as the pin twins'); a connection failure is still retried.
 
-Rendered only while some model has levels and tenants have classes
+Rendered only while some model has levels and tenants give their classes as levels
 (:func:`levels_on`): turning that on or off reloads HAProxy
 (:func:`gateway.haproxy.changes.structure`); a model's levels changing after that is a
 map change.
@@ -22,11 +23,10 @@ map change.
 
 from __future__ import annotations
 
+from gateway.haproxy.lua_filters import GRPC_FIELDS_FILTER, PRIORITY_HTTP_FILTER
 from gateway.haproxy.snapshot import Snapshot
 from gateway.policy.triton_priority import HTTP_ADDED, grpc_entry
 
-PRIORITY_LUA = "priority.lua"  # in the run directory (gateway.haproxy.render)
-HTTP_FILTER, GRPC_FILTER = "priority_http", "priority_grpc"  # its core.register_filter names
 GRPC_ADDED = len(grpc_entry(1))
 HEADER_LENGTH = "inference-header-content-length"
 Rule = tuple[str, str]
@@ -48,18 +48,19 @@ def frontend_rules(snapshot: Snapshot, http: bool) -> list[Rule]:
 
 
 def backend_lines(snapshot: Snapshot, proto: str, head: list[str]) -> list[str]:
-    """A model backend's ``head`` (its settings before its servers, and any filter that
-    must see the body first, a pin twin's), with the level's filter and length rules."""
+    """A model backend's ``head`` (its settings before its servers; a pin twin's with
+    its filter), with the level's filter and length rules."""
     if not levels_on(snapshot):
         return head
     lines = [line for line in head if "retry-on" not in line]
     leveled = "{ var(txn.tp) -m found }"
     if proto == "grpc":
-        return [*lines, f"  filter lua.{GRPC_FILTER}",
+        fields = f"  filter lua.{GRPC_FIELDS_FILTER}"
+        return [*lines, *([] if fields in lines else [fields]),
                 "  http-request set-header content-length "
                 f"%[req.hdr(content-length),add({GRPC_ADDED})] if {leveled} "
                 "{ req.hdr(content-length) -m found }"]
-    return [*lines, f"  filter lua.{HTTP_FILTER}",
+    return [*lines, f"  filter lua.{PRIORITY_HTTP_FILTER}",
             *(f"  http-request set-header {name} %[req.hdr({name}),add({HTTP_ADDED})] "
               f"if {leveled} {{ req.hdr({name}) -m found }}"
               for name in (HEADER_LENGTH, "content-length"))]

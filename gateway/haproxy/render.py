@@ -7,10 +7,10 @@ Pure functions, no I/O. :func:`render` composes three of them:
   readiness, token and rate-key digests);
 - :mod:`gateway.haproxy.answers`: what HAProxy answers itself (its error files and the
   ``http-request return`` lines the configuration's rules use);
-- the Lua it loads, shipped beside this module (``pin_grpc.lua``: the filter that pins
-  a gRPC request to a rollout's version, in the gRPC backends' pin twins;
-  ``priority.lua``: the filters that give Triton a request's priority level,
-  :mod:`gateway.haproxy.priority_rules`).
+- the Lua it loads, shipped beside this module (:mod:`gateway.haproxy.lua_filters`:
+  ``grpc_fields.lua``, the filter that appends a rollout's pinned version and a class's
+  Triton priority level to a gRPC message; ``priority_http.lua``, the filter that puts
+  that level into an HTTP request's JSON header).
 :mod:`gateway.haproxy.changes` gives the admin-socket commands that move a running
 process from one snapshot to the next, or ``None`` when the change is structural
 (pools, members, rate classes, default routes: :func:`gateway.haproxy.changes.structure`)
@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from gateway.haproxy.answers import error_files
-from gateway.haproxy.config import LUA_FILES, render_config
+from gateway.haproxy.config import render_config
+from gateway.haproxy.lua_filters import LUA_FILES
 from gateway.haproxy.maps import route_maps
 from gateway.haproxy.snapshot import Layout, Snapshot
 
@@ -49,9 +50,8 @@ class Rendered:
 
 @functools.cache
 def lua_files() -> dict[str, str]:
-    """The Lua HAProxy loads (``lua-load``), shipped in this package: the filter that
-    pins gRPC requests during a rollout (``pin_grpc.lua``), and those that give Triton a
-    request's priority level (``priority.lua``)."""
+    """The Lua HAProxy loads (``lua-load``), shipped in this package
+    (:mod:`gateway.haproxy.lua_filters`)."""
     package = resources.files(__package__)
     return {name: package.joinpath(name).read_text() for name in LUA_FILES}
 

@@ -162,7 +162,7 @@ def rollout_rules(http: bool) -> list[Rule]:
     says which: the log line tallies it for the verdict, on both protocols.
     HTTP: the path gets the version.
     gRPC: the request goes to its backend's pin twin (:func:`.backends.pin_backends`), whose Lua
-    filter (``pin_grpc.lua``) appends ``model_version`` to the message as it streams
+    filter (``grpc_fields.lua``) appends ``model_version`` to the message as it streams
     through and raises the length prefix (~18 us of HAProxy CPU a pinned request; none
     for the others). Still sent to the control plane's gRPC server, which pins them (and
     counts them: not logged here): a body whose ``content-length`` is not the one

@@ -14,7 +14,7 @@ same percent, maps ``rollout``/``rstable``/``rcand``). Pinning means:
   request of a ``ModelStreamInfer`` stream is pinned on its own. HAProxy does the
   same bytes itself: its rules draw the version (this module's rule) and a Lua filter
   in the pool backend's pin twin appends the field and raises the length prefix as the
-  body streams (``gateway/haproxy/pin_grpc.lua``; ~18 us of HAProxy CPU a pinned
+  body streams (``gateway/haproxy/grpc_fields.lua``; ~18 us of HAProxy CPU a pinned
   request, nothing for the others). The control plane's gRPC server still pins what
   HAProxy leaves to it: a body whose ``content-length`` is not its one message's, a
   model under residency no member holds yet (docs/lifecycle.md, docs/haproxy.md;

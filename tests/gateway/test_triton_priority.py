@@ -79,39 +79,44 @@ def _rows(rows: int) -> np.ndarray:
     return np.ones((rows, TINY_WIDTH), np.float32)
 
 
-def _json(gw: GatewayProcess, key: str, rows: int) -> int:
-    body = {"parameters": {"priority": OWN[key], "binary_data_output": False},
-            "inputs": [{"name": "x", "shape": [rows, TINY_WIDTH], "datatype": "FP32",
-                        "data": _rows(rows).ravel().tolist()}]}
+def _post(gw: GatewayProcess, key: str, body: dict[str, object]) -> dict[str, object]:
     answer = httpx.post(f"http://{gw.http_url}/v2/models/{MODEL}/infer",
                         content=json.dumps(body), headers={"x-api-key": key}, timeout=60)
     assert answer.status_code == 200, answer.text
-    return len(answer.json()["outputs"][0]["data"]) // TINY_WIDTH
+    out: dict[str, object] = answer.json()
+    return out
+
+
+def _inputs(rows: int) -> list[dict[str, object]]:
+    return [{"name": "x", "shape": [rows, TINY_WIDTH], "datatype": "FP32",
+             "data": _rows(rows).ravel().tolist()}]
+
+
+def _rows_of(answer: dict[str, object]) -> int:
+    outputs = answer["outputs"]
+    assert isinstance(outputs, list)
+    return len(outputs[0]["data"]) // TINY_WIDTH
+
+
+def _json(gw: GatewayProcess, key: str, rows: int) -> int:
+    """The client's own ``parameters`` first, its ``priority`` among them."""
+    return _rows_of(_post(gw, key, {
+        "parameters": {"priority": OWN[key], "binary_data_output": False},
+        "inputs": _inputs(rows)}))
 
 
 def _json_bare(gw: GatewayProcess, key: str, rows: int) -> int:
     """No ``parameters`` at all: the filter adds the object."""
-    body = {"inputs": [{"name": "x", "shape": [rows, TINY_WIDTH], "datatype": "FP32",
-                        "data": _rows(rows).ravel().tolist()}]}
-    answer = httpx.post(f"http://{gw.http_url}/v2/models/{MODEL}/infer",
-                        content=json.dumps(body), headers={"x-api-key": key}, timeout=60)
-    assert answer.status_code == 200, answer.text
-    return len(answer.json()["outputs"][0]["data"]) // TINY_WIDTH
+    return _rows_of(_post(gw, key, {"inputs": _inputs(rows)}))
 
 
 def _json_late(gw: GatewayProcess, key: str, rows: int) -> int:
     """An empty ``parameters`` object last, after a 40 KB ``id`` (HAProxy reads the body in
     several chunks) whose text has quotes, backslashes and braces that look like keys."""
     tricky = '\\"}, {\\"parameters\\": {\\"priority\\": 9}' + "x" * 40_000
-    body = json.dumps({"id": tricky,
-                       "inputs": [{"name": "x", "shape": [rows, TINY_WIDTH], "datatype": "FP32",
-                                   "data": _rows(rows).ravel().tolist()}],
-                       "parameters": {}})
-    answer = httpx.post(f"http://{gw.http_url}/v2/models/{MODEL}/infer", content=body,
-                        headers={"x-api-key": key}, timeout=60)
-    assert answer.status_code == 200, answer.text
-    assert answer.json()["id"] == tricky
-    return len(answer.json()["outputs"][0]["data"]) // TINY_WIDTH
+    answer = _post(gw, key, {"id": tricky, "inputs": _inputs(rows), "parameters": {}})
+    assert answer["id"] == tricky
+    return _rows_of(answer)
 
 
 def _binary(gw: GatewayProcess, key: str, rows: int) -> int:

@@ -122,5 +122,5 @@ def test_the_first_model_with_triton_levels_reloads_and_its_levels_then_move_by_
     # the tenancy's triton_levels off: no level is given, the filters go
     off = replace(leveled(3), tenancy=replace(rules, triton_levels=False))
     assert runtime_commands(leveled(3), off, layout) is None
-    assert "priority_http" not in render(off, layout).config
-    assert "priority_http" in render(leveled(3), layout).config
+    assert "filter lua.priority_http" not in render(off, layout).config
+    assert "filter lua.priority_http" in render(leveled(3), layout).config

@@ -105,7 +105,7 @@ def _tenants() -> tuple[Snapshot, dict[str, object]]:
     gateway (gateway/policy/queueing.py: maxconn, priority class and offset, the queue's
     bound and its answers, a light tenant's lane of one slot a member); the model's
     dynamic batcher has three priority levels (gateway/haproxy/priority_rules.py: the
-    class's level, the filters of priority.lua)."""
+    class's level, the Lua filters that put it in)."""
     tenants = (TenantState("default", "standard"),
                TenantState("batch", "sheddable", None, RateClass(50, 100)),
                TenantState("app", "critical", 64, weight=2.0))

@@ -1,5 +1,5 @@
 """A real HAProxy pins unversioned gRPC requests of a model under rollout itself, in its
-Lua filter (``gateway/haproxy/pin_grpc.lua``), with no detour through the control plane:
+Lua filter (``gateway/haproxy/grpc_fields.lua``), with no detour through the control plane:
 
 - in front of a real Triton serving the tiny model's two versions (y = 2x + 1 and
   y = 3x + 1), each answer comes from the version the split picked, and is right for it;
@@ -7,6 +7,9 @@ Lua filter (``gateway/haproxy/pin_grpc.lua``), with no detour through the contro
 - in front of a member that records the bytes it receives, the message HAProxy forwards
   is byte for byte the control plane's pin (``gateway.policy.rollout.pin_grpc_version``),
   for a small message and for a large one that arrives in many HTTP/2 DATA frames;
+- with tenants and a model with Triton priority levels, the class's level is appended
+  before the pinned version, byte for byte as the control plane's Python plane appends
+  them (``gateway/policy/triton_priority.py``);
 - the control plane's gRPC port (a listener that counts connections) sees none of them;
 - a compressed message is never appended to."""
 
@@ -28,16 +31,20 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
+from gateway.auth import key_digest
 from gateway.haproxy.snapshot import (
     Layout,
     MemberState,
     PoolState,
     RouteState,
     Snapshot,
+    TenancyState,
+    TenantState,
     server_name,
 )
 from gateway.netaddr import free_port
 from gateway.policy.rollout import pin_grpc_version
+from gateway.policy.triton_priority import grpc_entry
 from loadtests.rollout_models import affine_onnx
 from tests.conftest import triton_settings
 from tests.gateway.haproxy.test_native import Native
@@ -46,6 +53,7 @@ from tests.procs import started_triton, wait_until
 pytestmark = pytest.mark.integration
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 CAPTURED = "captured"  # the model routed to the recording member
+PAY = "pay-key-0123456789"  # a critical tenant's key
 
 
 class Counting:
@@ -161,14 +169,14 @@ def _split(native: Native, model: str, split: tuple[int, int, int]) -> None:
     assert native.move(replace(base, routes=routes)) == "runtime"
 
 
-def _raw(native: Native, message: bytes, compressed: bool = False) -> None:
+def _raw(native: Native, message: bytes, compressed: bool = False, key: str = "") -> None:
     with grpc.insecure_channel(
             native.layout.grpc_bind,
             options=[("grpc.max_send_message_length", 16 << 20)],
             compression=grpc.Compression.Gzip if compressed else None) as channel:
         call = channel.unary_unary(INFER, request_serializer=None,
                                    response_deserializer=None)
-        call(message, timeout=10)
+        call(message, timeout=10, metadata=[("x-api-key", key)] if key else None)
 
 
 def _message(model: str, padding: int = 0) -> bytes:
@@ -238,6 +246,34 @@ def test_haproxy_forwards_the_control_planes_pinned_bytes_when_message_streams(
         assert seen[-1] == pin_grpc_version(message, 1)
     finally:
         _split(native, CAPTURED, (1, 7, 100))
+    assert control.accepted == 0
+
+
+@pytest.mark.parametrize("padding", [0, 300_000], ids=["small", "large"])
+def test_haproxy_appends_the_classs_level_then_the_pin_as_the_python_plane_does(
+    pinning: tuple[Native, Counting, list[bytes]], padding: int
+) -> None:
+    """Tenants, and the recorded model with three levels: a critical tenant's message
+    reaches the member as ``pin_grpc_version(message + grpc_entry(1), 7)``, the default
+    (standard) tenant's with level 2: what ``gateway/python/grpc_api.py`` sends."""
+    native, control, seen = pinning
+    base = native.snapshot
+    leveled = replace(base, tenancy=TenancyState(
+        tenants=(TenantState("default", "standard"), TenantState("pay", "critical")),
+        keys=((key_digest(PAY), "pay"),)), routes=tuple(
+            replace(r, levels=3) if r.model == CAPTURED else r for r in base.routes))
+    assert native.move(leveled) == "reload"  # the filters in every backend now
+    try:
+        message = _message(CAPTURED, padding)
+        _raw(native, message, key=PAY)
+        assert seen[-1] == pin_grpc_version(message + grpc_entry(1), 7)
+        _raw(native, message)
+        assert seen[-1] == pin_grpc_version(message + grpc_entry(2), 7)
+        _split(native, CAPTURED, (1, 7, 0))  # stable: the same filter, another version
+        _raw(native, message, key=PAY)
+        assert seen[-1] == pin_grpc_version(message + grpc_entry(1), 1)
+    finally:
+        native.move(base)
     assert control.accepted == 0
 
 

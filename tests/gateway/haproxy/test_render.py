@@ -68,7 +68,7 @@ def test_write_files_writes_only_what_changed_when_given_the_last_set(tmp_path: 
     first = render(snapshot(), layout)
     assert write_files(first, layout) == (len(first.error_files) + len(first.maps)
                                           + len(first.lua) + 1)
-    assert (tmp_path / "pin_grpc.lua").read_text() == first.lua["pin_grpc.lua"]
+    assert (tmp_path / "grpc_fields.lua").read_text() == first.lua["grpc_fields.lua"]
     assert write_files(first, layout, first) == 0
     heavier = snapshot(pools=(PoolState("main", (member(9000, weight=3), member(9010))),
                               PoolState("canary", (member(9020),))))

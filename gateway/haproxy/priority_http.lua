@@ -1,17 +1,11 @@
--- infergate: gives Triton an inference request's priority level inside HAProxy
--- (gateway/policy/triton_priority.py), over gRPC (priority_grpc) and HTTP
--- (priority_http). The Python plane does the same (gateway/python/grpc_api.py,
--- gateway/python/http_api.py's with_parameters). Both filters are declared in the
--- backends of the pools and models only while a model has levels and tenants have
--- classes (gateway/haproxy/backends.py); a request without a level passes untouched.
+-- infergate: gives Triton an HTTP inference request's priority level inside HAProxy
+-- (gateway/policy/triton_priority.py; gRPC's is grpc_fields.lua). The Python plane
+-- sets the same key in the parsed header (gateway/python/http_api.py's
+-- with_parameters). Declared in the HTTP backends of the pools and models only while a
+-- model has levels and tenants have classes (gateway/haproxy/priority_rules.py); a
+-- request without a level passes untouched.
 --
--- priority_grpc appends parameters["priority"] (a map entry of protobuf field 4; the
--- last entry of a key wins) at the end of the message, and adds its size to the
--- message's 5-byte prefix, read from the stream itself: in a pin twin it comes after
--- pin_grpc (declared first), whose field is then already in. The frontend's rules send
--- only whole, uncompressed single messages here (others go to the Python plane).
---
--- priority_http: the frontend's rules leave the level in txn.tp (map "tprio": model/class -> level);
+-- The frontend's rules leave the level in txn.tp (map "tprio": model/class -> level);
 -- a backend's rules raise content-length and Inference-Header-Content-Length (the
 -- length of a binary request's JSON header) by ADDED, this filter's fixed addition.
 -- Triton reads the first "parameters" object and the first "priority" in it, so the
@@ -198,74 +192,3 @@ core.register_filter("priority_http", PriorityHttp, function(flt, args)
   return flt
 end)
 
-local PriorityGrpc = {}
-PriorityGrpc.id = "infergate priority_grpc"
-PriorityGrpc.flags = filter.FLT_CFG_FL_HTX
-PriorityGrpc.__index = PriorityGrpc
-
-function PriorityGrpc:new()
-  return setmetatable({}, PriorityGrpc)
-end
-
-local function be32(n)
-  return string.char((n >> 24) & 255, (n >> 16) & 255, (n >> 8) & 255, n & 255)
-end
-
-function PriorityGrpc:http_headers(txn, msg)
-  if msg:is_resp() then
-    return filter.CONTINUE
-  end
-  local level = txn:get_var("txn.tp")
-  if level == nil then
-    return filter.CONTINUE
-  end
-  -- gateway.policy.triton_priority.grpc_entry: tag 0x22, length 14, key "priority",
-  -- value InferParameter{uint64_param (field 5): level}
-  self.field = "\x22\x0e\x0a\x08priority\x12\x02\x28" .. string.char(tonumber(level))
-  self.ends = nil  -- the message's end, in body bytes, once its prefix is read
-  self.seen = 0    -- body bytes forwarded so far
-  self.done = false
-  filter.register_data_filter(self, msg.channel)
-  return filter.CONTINUE
-end
-
--- Returns the bytes to forward (no value: all the input there is), 0 to wait for more,
--- -1 to fail the request.
-function PriorityGrpc:http_payload(txn, msg)
-  if self.done then
-    return
-  end
-  local input = msg:input()
-  if self.ends == nil then
-    if input < 5 then
-      return 0
-    end
-    local prefix = msg:body(0, 5)
-    local length = (prefix:byte(2) << 24) | (prefix:byte(3) << 16) | (prefix:byte(4) << 8)
-      | prefix:byte(5)
-    self.ends = 5 + length
-    msg:set(be32(length + #self.field), 1, 4)
-  end
-  local at = self.ends - self.seen  -- where the message ends in this input
-  if at > input then
-    self.seen = self.seen + input
-    return input
-  end
-  local added
-  if at == input then
-    added = msg:append(self.field)
-  else
-    msg:forward(at)
-    added = msg:prepend(self.field)
-  end
-  if added ~= #self.field then
-    core.Alert("infergate priority_grpc: no room to append the priority")
-    return -1
-  end
-  self.done = true
-  return
-end
-
-core.register_filter("priority_grpc", PriorityGrpc, function(flt, args)
-  return flt
-end)
