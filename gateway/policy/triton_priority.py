@@ -13,9 +13,10 @@ ahead of them. Pure; both data planes read it.
   a level is never out of range on a member (Triton would take it as the default).
 - **The parameter**: HTTP ``parameters.priority``, gRPC ``parameters["priority"]``
   (``uint64_param``, as ``tritonclient`` sends it). The gateway's level replaces one
-  the client gave: the class is the tenancy's decision.
+  the client gave: the class is the tenancy's decision (``tenancy.triton_levels:
+  false`` leaves the client's).
   - gRPC: :func:`grpc_entry`, appended to the message (a later map entry wins);
-    HAProxy's Lua filter appends the same bytes (``gateway/haproxy/fields.lua``).
+    HAProxy's Lua filter appends the same bytes (``gateway/haproxy/grpc_fields.lua``).
   - HTTP: the JSON header of the body (the whole body, or the first
     ``Inference-Header-Content-Length`` bytes). Triton reads the *first* ``parameters``
     object, and the first ``priority`` in it, so the Python plane sets the key in the
@@ -29,7 +30,9 @@ ahead of them. Pure; both data planes read it.
 
 Measured on this host (docs/request-policy.md, "Triton's priority levels"): a model
 with levels loses a fifth to a half of its throughput to them, whatever the requests
-ask, so no model gets levels from the gateway; it honours those an operator gave.
+ask, and its tail does not shorten for the classes given as levels; so the converter
+gives models none, and the classes map onto the levels an operator gave (the batching
+tuner's two, ``POST /v1/models/{m}/batching``, among them).
 """
 
 from __future__ import annotations

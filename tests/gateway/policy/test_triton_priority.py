@@ -34,7 +34,7 @@ def test_the_grpc_entry_appended_replaces_the_clients_priority() -> None:
 
 
 def test_the_grpc_entry_is_the_sixteen_bytes_the_lua_filter_appends() -> None:
-    # gateway/haproxy/fields.lua builds these bytes itself: tag 0x22, length 14, key,
+    # gateway/haproxy/grpc_fields.lua builds these bytes itself: tag 0x22, length 14, key,
     # value (InferParameter field 5, uint64)
     assert grpc_entry(2) == b'\x22\x0e\x0a\x08priority\x12\x02\x28\x02'
 
