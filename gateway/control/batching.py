@@ -14,7 +14,9 @@ Reasoning, for a model with execution latency ``L(b)`` at batch size ``b`` and a
   ``S * b* / L(b*)``; more queued requests would only time out.
 - ``default_timeout`` = the SLO with action REJECT: a request that cannot make its SLO is
   rejected early instead of using capacity. Clients may override per request (Triton's
-  ``timeout`` parameter), and may ask for priority 1 of 2 levels.
+  ``timeout`` parameter), and may ask for priority 1 of 2 levels; with tenants the
+  gateway gives critical requests level 1 and the others 2 in place of theirs
+  (``gateway/policy/triton_priority.py``).
 """
 
 from __future__ import annotations
