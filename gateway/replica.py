@@ -98,15 +98,16 @@ def apply_snapshot(state: GatewayState, snapshot: Snapshot,
         if route.holders is not None:
             state.set_holders(model, {keys[n] for _, names in route.holders for n in names
                                       if n in keys})
-        for pool in state.pools_for(model):  # the levels its members read (no probes here)
-            for member in pool.members:
-                member.read_levels(model, route.levels, state.clock())
     for route in previous.routes if previous is not None else ():
         if route.model not in routes:  # gone: nothing of it stays
             state.mark_ready(route.model)
             if state.split_of(route.model) is not None:
                 state.set_split(route.model, None)
             _apply_shadow(state, route.model, None, None)
+    levels = dict(snapshot.levels)  # as the control plane's members read them (no probes here)
+    for member in state.members():
+        for model in levels.keys() | member.priority_levels.keys():
+            member.read_levels(model, levels.get(model, 0), state.clock())
     watch_rollouts(state.tally, snapshot)
     # ready as the control plane is: once no model is still preloading at its start-up
     state.set_preloaded(not any(r.not_ready == readiness.PRELOADING for r in snapshot.routes))

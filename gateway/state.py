@@ -126,6 +126,12 @@ class GatewayState:
                 for m in p.members if model in m.priority_levels]
         return min(read, default=0)
 
+    def leveled_models(self) -> dict[str, int]:
+        """Every model with two or more priority levels (:meth:`priority_levels`) that a
+        member of its pools read."""
+        read = {model for p in self.pools for m in p.members for model in m.priority_levels}
+        return {model: n for model in read if (n := self.priority_levels(model)) >= 2}
+
     def serves(self, model: str, member: PoolMember) -> bool:
         return any(member in pool.members for pool in self.pools_for(model))
 

@@ -104,6 +104,8 @@ class ModelControl:
 
         async def load(m: PoolMember) -> None:  # over gRPC: HTTP inference never waits on it
             await self.admin.load(m, model, config)
+            # its priority levels now, not at the probes' next reading of its config
+            m.read_levels(model, decision.priority_levels, self.core.clock())
 
         await self.broadcast(model, load)
         return decision

@@ -48,13 +48,9 @@ def create_tenants_router(tenancy: LiveTenancy, auth: TokenTable) -> APIRouter:
     def model_levels() -> dict[str, dict[str, int]]:
         """Per model whose dynamic batcher has priority levels, the level each class
         gets there (gateway/policy/triton_priority.py)."""
-        out = {}
-        for model in sorted(state.known_models()):
-            levels = state.priority_levels(model)
-            if levels >= 2:
-                out[model] = {p.value: level for p in Priority
-                              if (level := triton_priority.level(p, levels)) is not None}
-        return out
+        return {model: {p.value: level for p in Priority
+                        if (level := triton_priority.level(p, levels)) is not None}
+                for model, levels in sorted(state.leveled_models().items())}
 
     @router.get("/v1/tenants")
     async def get_tenants() -> dict[str, Any]:

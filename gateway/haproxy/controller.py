@@ -92,6 +92,7 @@ def snapshot_of(state: GatewayState, auth: TokenTable, now: float,
         )),
         predict_gated=auth.predict_gated,
         tenancy=_tenancy(state, policy, tenancy_rules),
+        levels=tuple(sorted(state.leveled_models().items())),
     )
 
 
@@ -149,8 +150,7 @@ def _route(state: GatewayState, model: str, pools: list[Pool], routable: set[str
                                                    and not m.restoring)))
                           for pool in pools),
                       shadow=None if shadow is None else shadow.percent,
-                      verdict_at=_lease(state, model),
-                      levels=state.priority_levels(model))
+                      verdict_at=_lease(state, model))
 
 
 def _lease(state: GatewayState, model: str) -> float | None:

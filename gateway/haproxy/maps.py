@@ -55,9 +55,9 @@ def route_maps(snapshot: Snapshot) -> dict[str, dict[str, str]]:
     maps["rstable"], maps["rcand"], maps["rollout"] = {}, {}, {}
     maps["shadow"] = {}
     maps["queued"] = queued_map()
-    maps["tprio"] = {f"{route.model}/{p.value}": str(level)
-                     for route in snapshot.routes for p in Priority
-                     if (level := triton_priority.level(p, route.levels)) is not None}
+    maps["tprio"] = {f"{model}/{p.value}": str(level)
+                     for model, levels in snapshot.levels for p in Priority
+                     if (level := triton_priority.level(p, levels)) is not None}
     for route in snapshot.routes:
         pools, cuts = split(route, ranks)
         for k in range(ranks):

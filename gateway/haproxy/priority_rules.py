@@ -36,8 +36,7 @@ def levels_on(snapshot: Snapshot) -> bool:
     """Whether some request may get a level: tenants with classes given as levels
     (``tenancy.triton_levels``), a model with levels."""
     t = snapshot.tenancy
-    return t is not None and t.enabled and t.triton_levels and any(
-        r.levels >= 2 for r in snapshot.routes)
+    return t is not None and t.enabled and t.triton_levels and bool(snapshot.levels)
 
 
 def frontend_rules(snapshot: Snapshot, http: bool) -> list[Rule]:

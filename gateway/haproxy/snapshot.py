@@ -84,9 +84,6 @@ class RouteState:
     # otherwise. A replica that sees it grow older than LEASE_S moves the model's
     # traffic to stable (:func:`fail_safe`)
     verdict_at: float | None = None
-    # the priority levels of its dynamic batcher, the fewest of its members' (0: none): a
-    # request with a class gets its level (gateway/policy/triton_priority.py)
-    levels: int = 0
 
     @property
     def candidate_share(self) -> bool:
@@ -173,6 +170,10 @@ class Snapshot:
     tokens: tuple[tuple[str, str], ...] = ()  # (sha256 hex, comma-separated scopes)
     predict_gated: bool = False
     tenancy: TenancyState | None = None
+    # (model, the priority levels of its dynamic batcher, the fewest its pools' members
+    # read) for the models with two or more, whatever routes them (a wildcard pool's
+    # too): a request with a class gets its level (gateway/policy/triton_priority.py)
+    levels: tuple[tuple[str, int], ...] = ()
 
     def rate_classes(self) -> tuple[RateClass, ...]:
         """Distinct limits, default first, then per key, then tenants': one stick table
@@ -327,8 +328,7 @@ def snapshot_from_dict(data: Any) -> Snapshot:
                           None if holders is None else tuple(
                               (str(p), tuple(str(n) for n in names)) for p, names in holders),
                           None if r.get("shadow") is None else int(r["shadow"]),
-                          None if r.get("verdict_at") is None else float(r["verdict_at"]),
-                          int(r.get("levels", 0)))
+                          None if r.get("verdict_at") is None else float(r["verdict_at"]))
 
     def rate(r: Any) -> RateClass | None:
         return None if r is None else RateClass(float(r["rate_per_s"]), float(r["burst"]))
@@ -368,6 +368,7 @@ def snapshot_from_dict(data: Any) -> Snapshot:
             tokens=tuple((str(d), str(scopes)) for d, scopes in data["tokens"]),
             predict_gated=bool(data["predict_gated"]),
             tenancy=tenancy(data.get("tenancy")),
+            levels=tuple((str(m), int(n)) for m, n in data.get("levels", ())),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"malformed data-plane snapshot: {exc!r}") from exc

@@ -47,18 +47,18 @@ def _members(a: bool = True, b: bool = True) -> tuple[PoolState, ...]:
                             MemberState(B_NAME, "127.0.0.1", 9010, 9011, b))),)
 
 
-def _snapshot(*routes: RouteState, a: bool = True, b: bool = True) -> Snapshot:
-    return Snapshot(pools=_members(a, b), routes=routes)
+def _snapshot(*routes: RouteState, a: bool = True, b: bool = True,
+              levels: tuple[tuple[str, int], ...] = ()) -> Snapshot:
+    return Snapshot(pools=_members(a, b), routes=routes, levels=levels)
 
 
 def test_apply_snapshot_routes_as_the_control_plane_decided() -> None:
     core = _core()
     state = core.state
     first = _snapshot(
-        RouteState("m", (("p", 1.0),), 24, holders=(("p", (A_NAME,)),), split=(1, 2, 30),
-                   levels=3),
+        RouteState("m", (("p", 1.0),), 24, holders=(("p", (A_NAME,)),), split=(1, 2, 30)),
         RouteState("n", (("p", 1.0),), 24, not_ready="version 2 is loading", holders=()),
-        b=False)
+        b=False, levels=(("m", 3),))
     apply_snapshot(state, first)
     now = core.clock()
     assert [m.available(now) for m in state.members()] == [True, False]

@@ -58,7 +58,8 @@ def gateway(request: pytest.FixtureRequest, triton: LocalTriton,
     tmp = tmp_path_factory.mktemp(f"priority-{request.param}")
     e = triton.endpoints
     assert e is not None
-    config = {"pools": [{"name": "p", "models": [MODEL], "capacity_per_member": 8,
+    # a pool serving "*": the model has no route of its own, its levels reach HAProxy still
+    config = {"pools": [{"name": "p", "models": ["*"], "capacity_per_member": 8,
                          "members": [{"host": "127.0.0.1", "http_port": e.http_port,
                                       "grpc_port": e.grpc_port,
                                       "metrics_port": e.metrics_port}]}]}

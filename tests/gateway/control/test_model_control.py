@@ -44,6 +44,9 @@ def test_gateway_applies_batching_policy_when_slo_given(tiny_repo: Path, tmp_pat
                 decision["max_queue_delay_us"]) or batching["max_queue_delay_microseconds"] == \
                 decision["max_queue_delay_us"]
             assert batching["priority_levels"] in (2, "2")
+            # the gateway knows the levels it gave at once (its data planes' snapshot)
+            wire = httpx.get(f"http://{gw.http_url}/v1/dataplane/snapshot", timeout=10).json()
+            assert [TINY_MODEL_NAME, 2] in wire["snapshot"]["levels"]
             policy = batching["default_queue_policy"]
             assert int(policy["default_timeout_microseconds"]) == 40_000
             # priority and timeout pass through to Triton as request parameters

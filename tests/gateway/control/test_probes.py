@@ -153,9 +153,8 @@ def test_probe_reads_each_listed_models_priority_levels_once_a_minute(
         "leveled": 3, "plain": 0, "gone": 0}
     assert dataplane.state.priority_levels("leveled") == 3
     assert dataplane.state.priority_levels("unknown") == 0
-    route = next(r for r in snapshot_of(dataplane.state, TokenTable(), dataplane.clock()).routes
-                 if r.model == "leveled")
-    assert route.levels == 3
+    assert snapshot_of(dataplane.state, TokenTable(), dataplane.clock()).levels == (
+        ("leveled", 3),)
     configs = [p for p in answers.asked if p.endswith("/config")]
     _probe(dataplane, member)  # within LEVELS_TTL_S: not asked again
     assert [p for p in answers.asked if p.endswith("/config")] == configs

@@ -112,8 +112,8 @@ def _tenants() -> tuple[Snapshot, dict[str, object]]:
     return Snapshot(
         pools=(PoolState("main", (_member("10.0.0.11"),), capacity=8, elsewhere=2,
                          member_slots=8, max_wait_ms=5000, lane_slots=1),),
-        routes=(RouteState("resnet50", (("main", 1.0),), 24, service=(("main", 4200, 900),),
-                           levels=3),),
+        routes=(RouteState("resnet50", (("main", 1.0),), 24, service=(("main", 4200, 900),)),),
+        levels=(("resnet50", 3),),
         rate_keys=((key_digest("batch-jobs-key"), RateClass(20, 20)),),
         tenancy=TenancyState(
             tenants=tenants,

@@ -260,8 +260,7 @@ def test_haproxy_appends_the_classs_level_then_the_pin_as_the_python_plane_does(
     base = native.snapshot
     leveled = replace(base, tenancy=TenancyState(
         tenants=(TenantState("default", "standard"), TenantState("pay", "critical")),
-        keys=((key_digest(PAY), "pay"),)), routes=tuple(
-            replace(r, levels=3) if r.model == CAPTURED else r for r in base.routes))
+        keys=((key_digest(PAY), "pay"),)), levels=((CAPTURED, 3),))
     assert native.move(leveled) == "reload"  # the filters in every backend now
     try:
         message = _message(CAPTURED, padding)
