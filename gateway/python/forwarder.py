@@ -343,8 +343,10 @@ class Forwarder:
         (no tenancy, or a model without levels; gateway/policy/triton_priority.py)."""
         if self.tenants is None or not self.tenants.tenancy.triton_levels:
             return None
-        return triton_priority.level(self.tenants.tenant_of(options.api_key).priority,
-                                     self.state.priority_levels(model))
+        levels = self.state.priority_levels(model)  # most models none: no key looked up
+        if levels < 2:
+            return None
+        return triton_priority.level(self.tenants.tenant_of(options.api_key).priority, levels)
 
     def pin(self, model: str) -> int | None:
         """The version an unversioned request of ``model`` goes to while it is rolled
