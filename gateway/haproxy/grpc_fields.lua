@@ -1,6 +1,6 @@
 -- infergate: appends the fields the frontend decided to a gRPC
 -- ModelInfer message inside HAProxy, as it streams through (gateway/haproxy/config.py):
---   - parameters["priority"] (txn.tp): the class's Triton priority level at a model whose
+--   - parameters["priority"] (txn.lvl): the class's Triton priority level at a model whose
 --     dynamic batcher has levels (gateway/policy/triton_priority.py; the backends of
 --     pools and models declare this filter while some model has levels,
 --     gateway/haproxy/priority_rules.py): a map entry of field 4 (tag 0x22, length 14,
@@ -38,7 +38,7 @@ function GrpcFields:http_headers(txn, msg)
   if msg:is_resp() then
     return filter.CONTINUE
   end
-  local level, version = txn:get_var("txn.tp"), txn:get_var("txn.ver")
+  local level, version = txn:get_var("txn.lvl"), txn:get_var("txn.ver")
   local length = txn:get_var("txn.glen")
   if (level == nil and version == nil) or length == nil then
     return filter.CONTINUE  -- nothing to append: the body passes untouched

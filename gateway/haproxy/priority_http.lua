@@ -5,7 +5,7 @@
 -- model has levels and tenants have classes (gateway/haproxy/priority_rules.py); a
 -- request without a level passes untouched.
 --
--- The frontend's rules leave the level in txn.tp (map "tprio": model/class -> level);
+-- The frontend's rules leave the level in txn.lvl (map "tprio": model/class -> level);
 -- a backend's rules raise content-length and Inference-Header-Content-Length (the
 -- length of a binary request's JSON header) by ADDED, this filter's fixed addition.
 -- Triton reads the first "parameters" object and the first "priority" in it, so the
@@ -39,7 +39,7 @@ function PriorityHttp:http_headers(txn, msg)
   if msg:is_resp() then
     return filter.CONTINUE
   end
-  local level = txn:get_var("txn.tp")
+  local level = txn:get_var("txn.lvl")
   if level == nil then
     return filter.CONTINUE  -- no level: the body passes untouched
   end

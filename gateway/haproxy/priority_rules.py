@@ -4,10 +4,10 @@ class to a model whose dynamic batcher has levels carries its class's level to T
 Lua filters :mod:`gateway.haproxy.lua_filters` names (``grpc_fields``,
 ``priority_http``).
 
-- The frontend (:func:`frontend_rules`): ``txn.tp``, the level of the request's
+- The frontend (:func:`frontend_rules`): ``txn.lvl``, the level of the request's
   ``model/class`` (``txn.mk``, the model's bound's key) in map ``tprio``
-  (:func:`gateway.haproxy.maps.route_maps`); not for a compressed HTTP body (a
-  compressed gRPC message goes to the Python plane, which reads it whole).
+  (:func:`gateway.haproxy.maps.route_maps`); not for a compressed or an empty HTTP body
+  (a compressed gRPC message goes to the Python plane, which reads it whole).
 - The backends a model's requests reach (a pool's, its queue's twins, a managed model's,
   the gRPC pin twins, whose filter is already there): :func:`backend_lines` declares the
   filter and raises the lengths it changes (``content-length``; over HTTP the JSON
@@ -42,8 +42,10 @@ def levels_on(snapshot: Snapshot) -> bool:
 def frontend_rules(snapshot: Snapshot, http: bool) -> list[Rule]:
     if not levels_on(snapshot):
         return []
-    plain = " !{ req.hdr(content-encoding) -m found }" if http else ""
-    return [("set-var(txn.tp) var(txn.mk),map(MAPS/tprio.map)", f"has_class{plain}")]
+    # (HTTP: not a compressed body, nor an empty one: nothing to put a level in)
+    plain = (" !{ req.hdr(content-encoding) -m found } !{ req.hdr_val(content-length) eq 0 }"
+             if http else "")
+    return [("set-var(txn.lvl) var(txn.mk),map(MAPS/tprio.map)", f"has_class{plain}")]
 
 
 def backend_lines(snapshot: Snapshot, proto: str, head: list[str]) -> list[str]:
@@ -52,7 +54,7 @@ def backend_lines(snapshot: Snapshot, proto: str, head: list[str]) -> list[str]:
     if not levels_on(snapshot):
         return head
     lines = [line for line in head if "retry-on" not in line]
-    leveled = "{ var(txn.tp) -m found }"
+    leveled = "{ var(txn.lvl) -m found }"
     if proto == "grpc":
         fields = f"  filter lua.{GRPC_FIELDS_FILTER}"
         return [*lines, *([] if fields in lines else [fields]),

@@ -146,6 +146,22 @@ def _grpc(gw: GatewayProcess, key: str, rows: int) -> int:
 Send = Callable[[GatewayProcess, str, int], int]
 
 
+@pytest.mark.parametrize(("body", "status", "error"), [
+    (b"", 400, "input byte size mismatch"),  # nothing to put a level in: no length raised
+    (b'{"inputs": [', 400, "failed to parse the request JSON"),
+    (b"[1, 2]", 400, "Unable to parse 'inputs'"),
+], ids=["empty", "cut", "array"])
+def test_bodies_without_a_place_for_the_level_are_answered_as_triton_answers_them(
+        gateway: GatewayProcess, body: bytes, status: int, error: str) -> None:
+    """A critical request whose body has no JSON object for the level: Triton's own
+    answer (400: its parse error), quickly, never a request waiting for bytes that
+    the lengths promised."""
+    answer = httpx.post(f"http://{gateway.http_url}/v2/models/{MODEL}/infer", content=body,
+                        headers={"x-api-key": PAY}, timeout=10)
+    assert answer.status_code == status, answer.text
+    assert error in answer.json()["error"], answer.text
+
+
 @pytest.mark.parametrize("send", [_json, _json_bare, _json_late, _binary, _grpc],
                          ids=["json", "json-bare", "json-late", "binary", "grpc"])
 async def test_the_critical_request_joins_the_batch_before_the_sheddable_one_queued_first(

@@ -53,6 +53,7 @@ from tests.procs import started_triton, wait_until
 pytestmark = pytest.mark.integration
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 CAPTURED = "captured"  # the model routed to the recording member
+PLAIN = "plain"  # another model routed there, never rolled out nor given levels
 PAY = "pay-key-0123456789"  # a critical tenant's key
 
 
@@ -136,7 +137,8 @@ def pinning(tmp_path_factory: pytest.TempPathFactory
         snapshot = Snapshot(
             pools=(PoolState("main", (live,)), PoolState("rec", (recorder,))),
             routes=(RouteState(TINY_MODEL_NAME, (("main", 1.0),), 64),
-                    RouteState(CAPTURED, (("rec", 1.0),), 64, split=(1, 7, 100))),
+                    RouteState(CAPTURED, (("rec", 1.0),), 64, split=(1, 7, 100)),
+                    RouteState(PLAIN, (("rec", 1.0),), 64)),
         )
         layout = Layout(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}",
                         f"127.0.0.1:{free_port()}", f"127.0.0.1:{control.port}",
@@ -271,6 +273,10 @@ def test_haproxy_appends_the_classs_level_then_the_pin_as_the_python_plane_does(
         _split(native, CAPTURED, (1, 7, 0))  # stable: the same filter, another version
         _raw(native, message, key=PAY)
         assert seen[-1] == pin_grpc_version(message + grpc_entry(1), 1)
+        # a model without levels, through the same backend and filter: as sent
+        plain = _message(PLAIN, padding)
+        _raw(native, plain, key=PAY)
+        assert seen[-1] == plain
     finally:
         native.move(base)
     assert control.accepted == 0
