@@ -3,9 +3,12 @@ Triton's own protobufs read them."""
 
 from __future__ import annotations
 
+from importlib import resources
+
 from tritonclient.grpc import service_pb2
 
 from gateway.config.tenancy import Priority
+from gateway.haproxy.lua_filters import GRPC_FIELDS_LUA, PRIORITY_HTTP_LUA
 from gateway.policy.triton_priority import HTTP_ADDED, grpc_entry, level
 
 
@@ -41,3 +44,13 @@ def test_the_grpc_entry_is_the_sixteen_bytes_the_lua_filter_appends() -> None:
 
 def test_the_http_insertion_is_as_long_as_a_whole_parameters_object() -> None:
     assert HTTP_ADDED == len(b',"parameters":{"priority":3}') == 28
+
+
+def test_the_lua_filters_add_what_the_policy_says() -> None:
+    """HAProxy's filters build the same bytes in Lua: the HTTP insertion's length the
+    backends raise the lengths by, and the gRPC entry before its level's byte."""
+    lua = resources.files("gateway.haproxy")
+    assert f"local ADDED = {HTTP_ADDED}" in lua.joinpath(PRIORITY_HTTP_LUA).read_text()
+    escaped = "".join(chr(b) if chr(b).islower() else f"\\x{b:02x}"
+                      for b in grpc_entry(1)[:-1])
+    assert f'"{escaped}" .. string.char(' in lua.joinpath(GRPC_FIELDS_LUA).read_text()
