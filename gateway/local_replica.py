@@ -127,6 +127,7 @@ class LocalReplica:
         self.adopted = False
         self.backoff = RestartBackoff()
         self._restart_at: float | None = None  # while the one that exited waits
+        self._stop_sent: float | None = None  # when begin_stop sent SIGTERM (monotonic)
 
     def command(self) -> list[str]:
         layout, options = self.layout, self.options
@@ -213,15 +214,21 @@ class LocalReplica:
         """SIGTERM: the replica drains (readiness false, in-flight finishing for
         ``drain_timeout_s``), then closes its servers."""
         if self.pid is not None and self.alive():
+            self._stop_sent = time.monotonic()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
 
     def wait_http_closed(self) -> None:
         """Blocking: until the replica, stopping, has ended its HTTP server's streams
         (its status says ``http_closed``), bounded: HAProxy in front stops next, before
-        the replica's gRPC streams end (``ReplicaForwarder.stop``)."""
+        the replica's gRPC streams end (``ReplicaForwarder.stop``). The bound runs from
+        the end of the replica's own drain, which began at :meth:`begin_stop`: it closes
+        its HTTP server then, not when this one closed its own (with no poll of the
+        snapshot feed left open, the control plane's closes at once)."""
         url = f"http://127.0.0.1:{self.layout.replica_status}/status"
-        deadline = time.monotonic() + CLOSE_S + 1.0
+        drained = (self._stop_sent + self.options.drain_timeout_s
+                   if self._stop_sent is not None else -math.inf)
+        deadline = max(time.monotonic(), drained) + CLOSE_S + 1.0
         while self.alive() and time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 if httpx.get(url, timeout=0.5).json().get("phase") == "http_closed":

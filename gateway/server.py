@@ -286,7 +286,7 @@ async def serve(
             settings.drain_timeout_s, settings.max_request_bytes, settings.log_level,
             auth.enabled))
         await asyncio.to_thread(replica.start)
-    haproxy = None
+    haproxy, programming = None, None
     if native:
         haproxy = _haproxy(settings, core, auth, f"{own_host}:{own_http}",
                            f"{own_host}:{own_grpc}", local)
@@ -299,9 +299,10 @@ async def serve(
                 replica.begin_stop()
                 await asyncio.to_thread(replica.wait_stopped)
             raise
-        tasks.append(asyncio.create_task(haproxy.run_forever(settings.probe_interval_s),
-                                         name="haproxy"))
-        tasks[-1].add_done_callback(report_failure)
+        programming = asyncio.create_task(haproxy.run_forever(settings.probe_interval_s),
+                                          name="haproxy")
+        programming.add_done_callback(report_failure)
+        tasks.append(programming)
     keeper = None
     if replica is not None:
         keeper = asyncio.create_task(_keep(replica, feed, settings.probe_interval_s),
@@ -322,12 +323,18 @@ async def serve(
         if replica is not None:
             replica.begin_stop()  # it drains its own in-flight meanwhile
         await _drain(core, settings.drain_timeout_s, haproxy)
-        # HTTP first: its event streams end with an error event that HAProxy relays
+        # HTTP first: its event streams end with an error event that HAProxy relays; the
+        # replicas' snapshot polls still open are answered (uvicorn would cancel them)
+        feed.close()
         http_server.should_exit = True
         await _closed(tasks[0])
         if replica is not None:  # its event streams end first, with an error event
             await asyncio.to_thread(replica.wait_http_closed)
         if haproxy is not None:
+            # its programming ends first (the admin socket goes with the process)
+            if programming is not None:
+                programming.cancel()
+                await _closed(programming)
             # then HAProxy, before the gRPC streams end: it closes its clients'
             # connections (GOAWAY), which a gRPC client reads as UNAVAILABLE; HAProxy
             # 2.6 turns a server's end of a stream the client keeps open into
@@ -411,7 +418,8 @@ def _replica_metrics(client: httpx.AsyncClient, local: LocalLayout
 
 
 async def _closed(server: asyncio.Task[Any]) -> None:
-    """The HTTP server's task, once its shutdown is over (bounded by ``CLOSE_S``)."""
+    """A task (the HTTP server's, HAProxy's programming), once it ended (the server's
+    shutdown is bounded by ``CLOSE_S``; one cancelled ends at once)."""
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await server
 

@@ -34,11 +34,11 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from gateway.auth import Scope, TokenTable
@@ -92,6 +92,9 @@ class SnapshotFeed:
     # of every replica), and the snapshot changes far less often than it is read
     # (with its wire form, which every poll's answer carries)
     _last: tuple[Snapshot, str, dict[str, object]] | None = field(default=None, init=False)
+    # the server is closing: a long poll answers at once (uvicorn cancels one still open
+    # when it closes, and logs that as the application's exception)
+    _closed: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         lifecycle = self.core.state.config.lifecycle
@@ -170,17 +173,27 @@ class SnapshotFeed:
             if agent in self.agents:
                 self.saw(agent, self.agents[agent][0])
 
-    async def next_after(self, have: str, wait_s: float) -> tuple[str, Snapshot] | None:
-        """The snapshot once it differs from ``have``; None after ``wait_s``."""
+    async def next_after(self, have: str, wait_s: float,
+                         gone: Callable[[], Awaitable[bool]] | None = None
+                         ) -> tuple[str, Snapshot] | None:
+        """The snapshot once it differs from ``have``; None after ``wait_s``, once the
+        poller is ``gone`` (its connection closed: a replica stopping lets its poll go)
+        or once the feed is closed."""
         deadline = self.clock() + wait_s
         while True:
             version, snapshot = self.current()
             if version != have:
                 self._served(version, snapshot)
                 return version, snapshot
-            if self.clock() >= deadline:
+            if self._closed or self.clock() >= deadline or (
+                    gone is not None and await gone()):
                 return None
             await asyncio.sleep(POLL_S)
+
+    def close(self) -> None:
+        """The server closes: the long polls still open are answered now (304), and
+        any later one at once."""
+        self._closed = True
 
     async def settle(self) -> None:
         """Until every live replica has applied the current snapshot or a later one
@@ -282,7 +295,7 @@ def feed_router(feed: SnapshotFeed, auth: TokenTable) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/dataplane/snapshot", dependencies=[Depends(requires(auth, Scope.ADMIN))])
-    async def snapshot(have: str = "", agent: str = "",
+    async def snapshot(request: Request, have: str = "", agent: str = "",
                        wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S),
                        busy: str = Query("", max_length=64 * 1024)) -> Response:
         """The data-plane snapshot (versioned by content); long-polls up to ``wait``
@@ -295,7 +308,7 @@ def feed_router(feed: SnapshotFeed, auth: TokenTable) -> APIRouter:
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         with feed.polling(agent[:128], have, said) if agent else contextlib.nullcontext():
-            found = await feed.next_after(have, wait)
+            found = await feed.next_after(have, wait, request.is_disconnected)
         if found is None:
             return Response(status_code=304)
         version, current = found

@@ -128,3 +128,32 @@ def test_serve_exits_within_drain_timeout_and_ends_streams_retryably_when_sigter
     assert stream.end == "UNAVAILABLE", stream.details
     if data_plane == "python":  # through HAProxy: its connection closing (GOAWAY) says why
         assert "shutting down" in stream.details
+
+
+def test_serve_with_a_replica_polling_its_snapshots_stops_without_an_error_in_its_log(
+    stream_triton: LocalTriton, tmp_path: Path,
+) -> None:
+    """The data-plane replica long-polls the control plane's snapshot feed (up to 30 s
+    a poll). It stops first and lets its poll go; the control plane's poll ends with it,
+    and one still parked when the control plane closes (a replica elsewhere) is answered
+    at once: uvicorn never has to cancel it, which it logged as an exception."""
+    assert stream_triton.endpoints is not None
+    pools = pools_yaml(tmp_path / "pools.yaml", {"local": [stream_triton.endpoints]})
+    with (run_gateway(pools, tmp_path, "--drain-timeout", "1", data_plane="haproxy",
+                      replica=True) as gw,
+          httpx.Client(base_url=f"http://{gw.http_url}", timeout=10) as client):
+        # a second poller, as a replica on another host would be: parked until the end
+        parked = threading.Thread(target=lambda: client.get(
+            "/v1/dataplane/snapshot", params={"have": _version(client), "wait": 30}))
+        parked.start()
+        gw.proc.send_signal(signal.SIGTERM)
+        code = gw.proc.wait(30)
+        parked.join(10)
+    log = gw.log.read_text(errors="replace")
+    assert code == 0, log[-3000:]
+    assert "Exception in ASGI application" not in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+
+
+def _version(client: httpx.Client) -> str:
+    return str(client.get("/v1/dataplane/snapshot").json()["version"])

@@ -260,3 +260,32 @@ def test_a_version_is_hashed_once_per_snapshot_content_however_often_read(
     reads = [feed.current()[1] for _ in range(3)]
     assert feed.wire(reads[0]) is feed.wire(reads[2]) == snapshot_to_dict(reads[1])
     assert feed.wire(snapshot_from_dict(snapshot_to_dict(reads[0]))) == feed.wire(reads[0])
+
+
+def test_long_poll_ends_when_its_poller_left_or_the_feed_closes_not_at_its_wait() -> None:
+    """A replica that stops lets its poll go, and the control plane's poll ends with it;
+    one still open when the server closes is answered at once (uvicorn would cancel it,
+    and log that as the application's exception)."""
+    feed = _feed(None, mono=Clock(100.0))  # (the clock stands still: no wait ever ends)
+    have, _ = feed.current()
+
+    async def scenario() -> tuple[object, object, object]:
+        asked = 0
+
+        async def gone() -> bool:
+            nonlocal asked
+            asked += 1
+            return asked >= 3  # the poller's connection closed after two looks
+
+        left = await asyncio.wait_for(feed.next_after(have, MAX_WAIT_S, gone), 5)
+        parked = asyncio.ensure_future(feed.next_after(have, MAX_WAIT_S))
+        await asyncio.sleep(3 * feed_module.POLL_S)
+        assert not parked.done()  # nothing ends it but the close
+        feed.close()
+        closed = await asyncio.wait_for(parked, 5)
+        later = await asyncio.wait_for(feed.next_after(have, MAX_WAIT_S), 5)
+        return left, closed, later
+
+    assert asyncio.run(scenario()) == (None, None, None)
+    # a changed snapshot is still given to a poll that finds one, closed or not
+    assert asyncio.run(feed.next_after("another", MAX_WAIT_S)) is not None
