@@ -5,6 +5,9 @@ does the full-size measurement."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pickle
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,32 +65,53 @@ def _run(request: ConversionRequest) -> Conversion:
     return Conversion(request, result, tuple(events))
 
 
+def _once_per_run(name: str, tmp_path_factory: pytest.TempPathFactory,
+                  make: Callable[[], Conversion]) -> Conversion:
+    """``make()`` once per test run, whichever pytest-xdist worker asks first: under
+    ``--dist loadfile`` the files that need a conversion may run on both workers, and
+    each converted it again (EfficientNet's 30-45 s of a core, MiniLM's 30 s). The
+    others wait for it (a lock in the run's shared temporary folder) and read what it
+    made; every test of theirs only reads the published folders, which stay in the
+    first worker's temporary folder until the run's end. Without xdist: ``make()``."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return make()
+    shared = tmp_path_factory.getbasetemp().parent  # popen-gw0, popen-gw1... live here
+    made = shared / f"{name}.pickle"
+    with (shared / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        if made.is_file():
+            return pickle.loads(made.read_bytes())  # noqa: S301 - this run's own file
+        conversion = make()
+        made.write_bytes(pickle.dumps(conversion))
+        return conversion
+
+
 @pytest.fixture(scope="session")
 def effnet_conversion(effnet_onnx: Path, photo_sets: tuple[Path, Path],
                       tmp_path_factory: pytest.TempPathFactory) -> Conversion:
     calibration, evaluation = photo_sets
-    repo = tmp_path_factory.mktemp("effnet") / "model_repo"
-    return _run(ConversionRequest(
-        source=str(effnet_onnx), name="effnet", repo=repo,
+    return _once_per_run("effnet", tmp_path_factory, lambda: _run(ConversionRequest(
+        source=str(effnet_onnx), name="effnet",
+        repo=tmp_path_factory.mktemp("effnet") / "model_repo",
         precisions=("fp32", "fp16", "int8"), calibration=calibration, evaluation=evaluation,
         preprocessing=EFFICIENTNET_LITE, budget=AccuracyBudget(max_top1_drop=0.01,
                                                                min_cosine=0.99),
         max_batch_size=2, profile_iterations=3, profile_warmup=1, sensitivity_samples=6,
         max_float_fraction=0.5,
-    ))
+    )))
 
 
 @pytest.fixture(scope="session")
 def minilm_conversion(token_sets: tuple[Path, Path],
                       tmp_path_factory: pytest.TempPathFactory) -> Conversion:
     calibration, evaluation = token_sets
-    repo = tmp_path_factory.mktemp("minilm") / "model_repo"
-    return _run(ConversionRequest(
-        source="converters.minilm:sentence_encoder", name="minilm", repo=repo,
+    return _once_per_run("minilm", tmp_path_factory, lambda: _run(ConversionRequest(
+        source="converters.minilm:sentence_encoder", name="minilm",
+        repo=tmp_path_factory.mktemp("minilm") / "model_repo",
         precisions=("fp32", "int8"), calibration=calibration, evaluation=evaluation,
         budget=AccuracyBudget(max_top1_drop=None, min_cosine=0.99),
         max_batch_size=2, profile_iterations=3, profile_warmup=1, sensitivity_samples=6,
-    ))
+    )))
 
 
 def tree(root: Path) -> list[tuple[str, int, int]]:
