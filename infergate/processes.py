@@ -33,6 +33,27 @@ STARTED_LINE = "infergate gateway ("  # what gateway.server logs once it serves
 REPLICA_PROCESS = True
 
 
+# a start that failed because another process took a port between free_ports() and the
+# bind (uvicorn's, HAProxy's or gRPC's words, lower case): started again on other ports
+PORT_TAKEN = ("address already in use", "failed to bind", "cannot bind socket")
+START_TRIES = 3
+
+
+class GatewayNotStarted(RuntimeError):
+    """A gateway process that exited, or did not answer, before it served (the message
+    is its last words; ``log``: the whole of them)."""
+
+    def __init__(self, message: str, log: Path) -> None:
+        super().__init__(message)
+        self.log = log
+
+
+def port_taken(log_text: str) -> bool:
+    """Whether a gateway's log says a port it was given was taken before it bound it."""
+    text = log_text.lower()
+    return any(words in text for words in PORT_TAKEN)
+
+
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -149,13 +170,47 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
     (``--no-replica-process``); None: :data:`REPLICA_PROCESS`; ``source``:
     the checkout whose gateway runs (another commit's, for a benchmark of before and
     after in one run; default this one)."""
-    http_port, grpc_port = ports or free_ports(2)
     # (absolute: another checkout's gateway runs in that checkout)
     pools_file, log_dir = pools_file.resolve(), log_dir.resolve()
     if data_plane is not None:
         args = ("--data-plane", data_plane, *args)
     if not (REPLICA_PROCESS if replica is None else replica):
         args = ("--no-replica-process", *args)
+    with started_on_free_ports(lambda picked: _start_gateway(
+            pools_file, log_dir, ports or picked, args, until, source, data_plane),
+            retry=ports is None) as gateway:
+        yield gateway
+
+
+@contextlib.contextmanager
+def started_on_free_ports(start: Callable[[tuple[int, int]], GatewayProcess],
+                          retry: bool = True) -> Iterator[GatewayProcess]:
+    """``start(free (HTTP, gRPC) ports)``, again on other ones (``retry``, up to
+    :data:`START_TRIES` in all) when another process took one of them before the gateway
+    bound it; stopped with SIGTERM on exit."""
+    for attempt in range(1, START_TRIES + 1):
+        try:
+            http_port, grpc_port = free_ports(2)
+            gateway = start((http_port, grpc_port))
+        except GatewayNotStarted as err:
+            if not retry or attempt == START_TRIES or \
+                    not port_taken(err.log.read_text(errors="replace")):
+                raise
+            continue
+        try:
+            yield gateway
+        finally:
+            gateway.terminate()
+        return
+
+
+def _start_gateway(pools_file: Path, log_dir: Path, ports: tuple[int, int],
+                   args: tuple[str, ...], until: str, source: Path | None,
+                   data_plane: str | None) -> GatewayProcess:
+    """:func:`run_gateway`'s process, once ``until`` answers 200;
+    :class:`GatewayNotStarted` when it exits first or does not answer in time (then it
+    is stopped)."""
+    http_port, grpc_port = ports
     # HAProxy's files beside the log, so that a leftover process is traceable to its test
     args = ("--haproxy-run-dir", str(haproxy_beside(log_dir, http_port)), *args)
     log = log_dir / f"gateway-{http_port}.log"
@@ -171,7 +226,7 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
     try:
         def ready() -> bool:
             if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
+                raise GatewayNotStarted(f"gateway exited: {log.read_text()[-2000:]}", log)
             # (its own start, not the data plane a previous one left serving the ports)
             if until == "ready" and LOG_LEVEL.lower() in ("debug", "info", "warning") and \
                     STARTED_LINE not in log.read_text(errors="replace"):
@@ -183,11 +238,12 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
         # a deadline, not a timing: readiness waits for preloading, which on a loaded
         # 2-core machine can take Triton tens of seconds
         if not wait_until(ready, READY_TIMEOUT_S):
-            raise RuntimeError(f"gateway not {until} after {READY_TIMEOUT_S:g} s: "
-                               f"{log.read_text()[-2000:]}")
-        yield gateway
-    finally:
+            raise GatewayNotStarted(f"gateway not {until} after {READY_TIMEOUT_S:g} s: "
+                                    f"{log.read_text()[-2000:]}", log)
+    except BaseException:
         gateway.terminate()
+        raise
+    return gateway
 
 
 @dataclass

@@ -32,8 +32,15 @@ from converters.images import EFFICIENTNET_LITE, SAMPLE_PHOTOS, augmented_views,
 from converters.images import sample_photo as photo
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH, build_tiny_model
 from gateway.lifecycle.client import LifecycleClient
-from infergate.processes import ROOT, GatewayProcess, haproxy_beside, wait_until
-from infergate.triton.local import TritonEndpoints, free_ports
+from infergate.processes import (
+    ROOT,
+    GatewayNotStarted,
+    GatewayProcess,
+    haproxy_beside,
+    started_on_free_ports,
+    wait_until,
+)
+from infergate.triton.local import TritonEndpoints
 
 TOKENS = {"predict": "predict-token-0123456789", "upload": "upload-token-0123456789",
           "admin": "admin-token-0123456789ab"}
@@ -210,8 +217,15 @@ async def eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> 
 @contextlib.contextmanager
 def spawn_gateway(config: Path, log_dir: Path, *args: str) -> Iterator[GatewayProcess]:
     """A gateway subprocess, returned as soon as it is *live* (not ready): for tests of
-    the readiness gate. Stopped with SIGTERM on exit."""
-    http_port, grpc_port = free_ports(2)
+    the readiness gate. Stopped with SIGTERM on exit. Started again on other ports when
+    another process took one of its free ports before it bound it."""
+    with started_on_free_ports(lambda ports: _spawned(config, log_dir, ports, args)) as gw:
+        yield gw
+
+
+def _spawned(config: Path, log_dir: Path, ports: tuple[int, int],
+             args: tuple[str, ...]) -> GatewayProcess:
+    http_port, grpc_port = ports
     log = log_dir / f"gateway-{http_port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -227,16 +241,17 @@ def spawn_gateway(config: Path, log_dir: Path, *args: str) -> Iterator[GatewayPr
     try:
         def live() -> bool:
             if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
+                raise GatewayNotStarted(f"gateway exited: {log.read_text()[-2000:]}", log)
             with contextlib.suppress(httpx.HTTPError):
                 return httpx.get(f"http://{gateway.http_url}/v2/health/live").status_code == 200
             return False
 
         if not wait_until(live, 30, 0.02):
-            raise RuntimeError(f"gateway not live: {log.read_text()[-2000:]}")
-        yield gateway
-    finally:
+            raise GatewayNotStarted(f"gateway not live: {log.read_text()[-2000:]}", log)
+    except BaseException:
         gateway.terminate()
+        raise
+    return gateway
 
 
 # -- uploads through a running gateway -------------------------------------------------
