@@ -265,8 +265,10 @@ class Board:
         self.used = {k: _used(m, footprints) for k, m in self.members.items()}
         self.probation = {k: set(m.probation) for k, m in self.members.items()}
         self.count: Counter[str] = Counter(n for names in self.holds.values() for n in names)
-        self.wanted = {name: wanted_replicas(m, len(self.members), knobs, view.now)
-                       for name, m in sorted(self.models.items())}
+        # replicas wanted per model, worked out as asked (a miss's placement asks of a few
+        # models, and makes a board for each moment it tries: a fifth of the simulator's
+        # time went to working out every model's for each board)
+        self._wanted: dict[str, int] = {}
         # (model, member) loaded by this plan, or kept where it took an eviction back: not
         # evicted by it
         self.planned: set[tuple[str, str]] = set()
@@ -292,8 +294,23 @@ class Board:
     def main_free(self, key: str) -> int:
         return self.main_limit(key) - self.main_used(key)
 
+    def wanted(self, name: str) -> int:
+        """Replicas wanted of ``name`` (:func:`wanted_replicas`; 0 for a model the view
+        does not describe)."""
+        wanted = self._wanted.get(name)
+        if wanted is None:
+            model = self.models.get(name)
+            wanted = 0 if model is None else wanted_replicas(
+                model, len(self.members), self.knobs, self.now)
+            self._wanted[name] = wanted
+        return wanted
+
+    def every_wanted(self) -> dict[str, int]:
+        """Replicas wanted of every model the view describes, by name."""
+        return {name: self.wanted(name) for name in sorted(self.models)}
+
     def beyond_wanted(self, name: str) -> bool:
-        return self.count[name] > self.wanted.get(name, 0)
+        return self.count[name] > self.wanted(name)
 
     def coldness(self, name: str) -> tuple[int, float, float, str]:
         model = self.models.get(name)
@@ -401,7 +418,7 @@ class Board:
             model = self.models.get(name)
             if model is not None and model.frozen:
                 continue
-            while self.count[name] > max(1, self.wanted.get(name, 0)) or (
+            while self.count[name] > max(1, self.wanted(name)) or (
                     model is None and self.count[name] > 0):
                 left = self.count[name] - 1
                 if model is not None and model.demand_rps >= (
@@ -451,7 +468,7 @@ def _wants(board: Board) -> Iterable[tuple[str, int, str]]:
     first replicas by demand, further replicas by the demand left unserved."""
     rps = board.knobs.rps_per_replica
     order = []
-    for name, wanted in board.wanted.items():
+    for name, wanted in board.every_wanted().items():
         model = board.models[name]
         if model.frozen:
             continue  # under rollout: it keeps the members it has
@@ -492,7 +509,7 @@ def plan(view: ResidencyView, knobs: ResidencyKnobs) -> Plan:
     # "room"); what room the surplus frees, replicas still missing may take
     if board.evict_surplus():
         _place_all(board, wants, starting)
-    return Plan(tuple(board.loads), tuple(board.evictions), dict(board.wanted),
+    return Plan(tuple(board.loads), tuple(board.evictions), board.every_wanted(),
                 _segments(board))
 
 
