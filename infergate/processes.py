@@ -177,23 +177,26 @@ def run_gateway(pools_file: Path, log_dir: Path, *args: str,
     if not (REPLICA_PROCESS if replica is None else replica):
         args = ("--no-replica-process", *args)
     with started_on_free_ports(lambda picked: _start_gateway(
-            pools_file, log_dir, ports or picked, args, until, source, data_plane),
-            retry=ports is None) as gateway:
+            pools_file, log_dir, picked, args, until, source, data_plane),
+            ports) as gateway:
         yield gateway
 
 
 @contextlib.contextmanager
 def started_on_free_ports(start: Callable[[tuple[int, int]], GatewayProcess],
-                          retry: bool = True) -> Iterator[GatewayProcess]:
-    """``start(free (HTTP, gRPC) ports)``, again on other ones (``retry``, up to
-    :data:`START_TRIES` in all) when another process took one of them before the gateway
-    bound it; stopped with SIGTERM on exit."""
+                          ports: tuple[int, int] | None = None) -> Iterator[GatewayProcess]:
+    """``start((HTTP, gRPC) ports)`` on free ports, again on other ones (up to
+    :data:`START_TRIES` starts in all) when another process took one of them before the
+    gateway bound it; ``ports`` given: on those, once. Stopped with SIGTERM on exit."""
     for attempt in range(1, START_TRIES + 1):
-        try:
+        picked = ports
+        if picked is None:
             http_port, grpc_port = free_ports(2)
-            gateway = start((http_port, grpc_port))
+            picked = (http_port, grpc_port)
+        try:
+            gateway = start(picked)
         except GatewayNotStarted as err:
-            if not retry or attempt == START_TRIES or \
+            if ports is not None or attempt == START_TRIES or \
                     not port_taken(err.log.read_text(errors="replace")):
                 raise
             continue

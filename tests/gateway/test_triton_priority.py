@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -48,7 +47,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     tmp = tmp_path_factory.mktemp("priority-triton")
     repo = tmp / "model_repo"
     build_tiny_model(repo, MODEL, max_queue_delay_us=int(HOLD_S * 1e6), priority_levels=3)
-    with started_triton(replace(triton_settings(repo, tmp, MODEL))) as server:
+    with started_triton(triton_settings(repo, tmp, MODEL)) as server:
         yield server
 
 
