@@ -77,6 +77,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -108,6 +109,7 @@ from loadtests.harness import (
     reporter,
     totals,
 )
+from loadtests.proc_cpu import component_ticks, read_proc_stats
 from loadtests.residency_figures import (
     CAUSES,
     OK_CODES,
@@ -513,12 +515,24 @@ def run_arm(arm: Arm, setup: Setup, folder: Path, budget: int | None, loaded: Se
                 f"{len(PHASES) * setup.phase_s:g} s")
             t0 = time.monotonic() + 1.0
             marks = [t0 + k * setup.phase_s for k in range(len(PHASES))]
+            pids = (gw.proc.pid, [m.server.pid or 0 for m in group], os.getpid())
+            before, started = component_ticks(read_proc_stats(), *pids), time.monotonic()
             with Sampler(url, group, t0, marks) as sampler:
                 outcomes = drive(url, gw.grpc_url, arrivals, setup.deadline_ms, t0, expected)
+            after, seconds = component_ticks(read_proc_stats(), *pids), \
+                time.monotonic() - started
             moves = [*sampler.moves, counters(page(f"{url}/metrics"))]
             keep_record(folder, url, outcomes)
             stubs = group[0].memory().stubs_uss
-        return ArmRun(outcomes, sampler.samples, moves, stubs)
+        return ArmRun(outcomes, sampler.samples, moves, stubs, cores(before, after, seconds))
+
+
+def cores(before: Mapping[str, int], after: Mapping[str, int], seconds: float
+          ) -> dict[str, float]:
+    """What each part spent between two readings of :func:`component_ticks`, in cores
+    (CPU seconds per second of the arm)."""
+    per_s = os.sysconf("SC_CLK_TCK") * max(seconds, 1e-9)
+    return {k: round((after[k] - before.get(k, 0)) / per_s, 3) for k in after}
 
 
 def keep_record(folder: Path, url: str, outcomes: Sequence[Outcome]) -> None:

@@ -64,3 +64,21 @@ def read_proc_stats() -> list[ProcStat]:
 
 def cpu_us_per_request(ticks: int, requests: int, clock_ticks_per_s: int) -> float:
     return ticks * 1e6 / clock_ticks_per_s / requests if requests else float("nan")
+
+
+def component_ticks(stats: Sequence[ProcStat], gateway: int, members: Sequence[int],
+                    own: int) -> dict[str, int]:
+    """CPU ticks of a gateway's parts and its members, from one reading: the control
+    plane (the gateway's own process), its data-plane replica (its Python children),
+    HAProxy (every ``haproxy`` process in its tree), the members (each Triton's tree:
+    its Python-backend stubs, reaped ones included) and ``own`` (the load generator's
+    process). A difference of two readings is what each spent between them."""
+    tree = process_tree(gateway, stats)
+    return {
+        "members": sum(tree_ticks(pid, stats) for pid in members),
+        "control_plane": sum(s.ticks for s in tree if s.pid == gateway),
+        "replica": sum(s.ticks for s in tree if s.pid != gateway and s.name.startswith("python")),
+        "haproxy": sum(s.ticks for s in tree if s.name == "haproxy"),
+        "load_generator": sum(s.ticks for s in stats if s.pid == own),
+    }
+

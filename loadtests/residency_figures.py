@@ -216,6 +216,9 @@ class ArmRun:
     samples: list[dict[str, Any]]
     moves: list[dict[str, float]]  # loads and evictions at each phase's start, then the end
     stubs_uss: dict[str, int]  # the first member's stubs at the end
+    # CPU over the traffic, in cores: members, control_plane, replica, haproxy,
+    # load_generator (loadtests.proc_cpu.component_ticks)
+    cpu_cores: dict[str, float] = field(default_factory=dict)
 
 
 # -- the figures ----------------------------------------------------------------------
@@ -276,6 +279,7 @@ def summarise(arm: Arm, run: ArmRun, setup: Setup, budget: int | None,
                           starts, stops, strict=True)],
         "other_messages": messages(out, "other"),
         "hit_series": hit_series(out), "memory": list(run.samples),
+        "cpu_cores": dict(run.cpu_cores),
     }
 
 
@@ -361,15 +365,28 @@ def arm_table(rows: Sequence[Mapping[str, Any]]) -> str:
               "stubs' USS peak (x budget)", "of it anonymous, peak (x budget)",
               "tree RSS above idle, peak",
               "failed: flat / steep", f"held > {HELD_MS / 1e3:g} s, then failed",
-              "failed after their load", "back to 90 % of best fixed after each reshuffle")
+              "failed after their load", "back to 90 % of best fixed after each reshuffle",
+              "CPU, cores: " + " / ".join(CPU_PARTS.values()))
     return table(header, ((
         r["arm"], _mb(r["budget_bytes"]) if r["budget_bytes"] else "none",
         _against(r["max_used_bytes"], r["budget_bytes"]),
         _against(r["max_stubs_uss"], r["budget_bytes"]),
         _against(r.get("max_stubs_anon"), r["budget_bytes"]), _mb(r["max_rss_above_idle"]),
         f"{pct(r['failed_share']['flat'])} / {pct(r['failed_share']['steep'])}",
-        r["held_then_failed"], r["failed_after_load"], recovery_cell(r["recovery"]))
+        r["held_then_failed"], r["failed_after_load"], recovery_cell(r["recovery"]),
+        cpu_cell(r.get("cpu_cores", {})))
         for r in rows))
+
+
+# the parts whose CPU the arm table gives, in its order (ArmRun.cpu_cores' keys)
+CPU_PARTS = {"members": "members", "control_plane": "control plane", "replica": "replica",
+             "haproxy": "HAProxy", "load_generator": "load generator"}
+
+
+def cpu_cell(cpu: Mapping[str, float]) -> str:
+    """The parts' cores, in :data:`CPU_PARTS`' order ("n/a" where not measured)."""
+    return " / ".join(f"{cpu[k]:.2f}" if k in cpu else "n/a" for k in CPU_PARTS) \
+        if cpu else "n/a"
 
 
 Goal = tuple[str, bool | None, str]
@@ -445,6 +462,9 @@ def notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "the load-wait mark (a client's view of loads evicted before their waiters went on).",
         "Figures from one run on a shared 2-core host: latencies and recovery are noisy; "
         "compare arms of the same run only.",
+        "CPU: what each part spent while the traffic ran, in cores (CPU seconds per "
+        "second): the members' Tritons with their stubs, loads included; the gateway's "
+        "own process; its data-plane replica; HAProxy; this benchmark's clients.",
     ]
     for r in rows:
         if r["kind"] == "residency" and r["load_waits"]["http"] and not r["load_waits"]["grpc"]:

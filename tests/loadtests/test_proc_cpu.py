@@ -68,3 +68,18 @@ def test_tree_ticks_sees_a_live_child_burning_cpu_when_read_from_proc() -> None:
 def test_cpu_us_per_request_divides_ticks_by_requests_when_clock_is_100hz() -> None:
     assert pc.cpu_us_per_request(150, 30_000, 100) == pytest.approx(50.0)
     assert pc.cpu_us_per_request(1, 0, 100) != pc.cpu_us_per_request(1, 0, 100)  # nan
+
+
+def test_component_ticks_splits_a_gateway_its_members_and_the_load_generator() -> None:
+    stats = [pc.ProcStat(10, 1, "python", 100),     # the gateway (control plane)
+             pc.ProcStat(11, 10, "python", 40),     # its data-plane replica
+             pc.ProcStat(12, 10, "haproxy", 5),     # HAProxy's master
+             pc.ProcStat(13, 12, "haproxy", 300),   # its worker
+             pc.ProcStat(20, 1, "tritonserver", 70),  # a member (its reaped stubs in here)
+             pc.ProcStat(21, 20, "triton_python_b", 500),  # a stub
+             pc.ProcStat(30, 1, "tritonserver", 9),   # another member
+             pc.ProcStat(40, 1, "python", 60),      # the benchmark
+             pc.ProcStat(50, 1, "python", 1000)]    # nothing of theirs
+    assert pc.component_ticks(stats, 10, [20, 30], 40) == {
+        "members": 579, "control_plane": 100, "replica": 40, "haproxy": 305,
+        "load_generator": 60}

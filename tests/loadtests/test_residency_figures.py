@@ -299,3 +299,16 @@ def test_plot_writes_one_png(tmp_path: Path) -> None:
     paths = rf.plot([all_resident(), row("residency, half")], tmp_path)
     assert [p.name for p in paths] == ["bench_residency.png"]
     assert paths[0].stat().st_size > 10_000
+
+
+def test_arm_table_gives_each_parts_cpu_in_cores_or_says_it_was_not_measured() -> None:
+    measured = row("residency, quarter", cpu_cores={
+        "members": 0.82, "control_plane": 0.41, "replica": 0.13, "haproxy": 0.03,
+        "load_generator": 0.131})
+    table = rf.arm_table([all_resident(), measured])
+    assert ("CPU, cores: members / control plane / replica / HAProxy / load generator |"
+            in table)
+    assert "| 0.82 / 0.41 / 0.13 / 0.03 / 0.13 |" in table
+    assert table.splitlines()[2].endswith("| n/a |")  # the all-resident row: none given
+    assert rf.cpu_cell({"members": 1.0}) == "1.00 / n/a / n/a / n/a / n/a"
+
