@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 Follower = Callable[[], Awaitable[None]]
 RecoveryHook = Callable[[PoolMember], Awaitable[None]]
 # (model, the client's seconds left or None): returns once the model has a member that
-# holds it, or raises (the residency's waiting room, gateway.residency)
-MissHandler = Callable[[str, float | None], Awaitable[None]]
+# holds it, or raises (the residency's waiting room, gateway.residency); returns the keys
+# of the members known to hold it where this process's state does not name them yet (a
+# data-plane replica told by the control plane), else None
+MissHandler = Callable[[str, float | None], Awaitable[frozenset[str] | None]]
 # (model, member): requests of the model a data plane has at the member now
 InFlightReader = Callable[[str, PoolMember], Awaitable[int]]
 
@@ -95,6 +97,13 @@ class GatewayState:
         return [m for p in pools for m in p.members
                 if (not available or m.available(now))
                 and (holders is None or m.key in holders)]
+
+    def available_among(self, model: str, keys: Iterable[str]) -> list[PoolMember]:
+        """The members of ``model``'s pools available now whose keys are among ``keys``,
+        whatever this state says they hold (ModelNotFound when no pool serves it)."""
+        wanted, now = frozenset(keys), self.clock()
+        return [m for p in self.serving_pools(model) for m in p.members
+                if m.key in wanted and m.available(now)]
 
     def resident(self, model: str) -> bool:
         """Whether ``model`` may take requests without a load (True outside residency)."""
@@ -356,14 +365,17 @@ class GatewayState:
         residency's waiting room)."""
         self._miss_handler = handler
 
-    async def wait_resident(self, model: str, deadline_s: float | None) -> None:
+    async def wait_resident(self, model: str, deadline_s: float | None
+                            ) -> frozenset[str] | None:
         """Return once ``model`` may take requests (at once when it may); raises what
-        the waiting room answers when it cannot load in time."""
+        the waiting room answers when it cannot load in time. Returns the keys of the
+        members that hold it when this state does not name them yet (a replica whose
+        snapshot lags the control plane's answer: its request goes there), else None."""
         if self.resident(model):
-            return
+            return None
         if self._miss_handler is None:
             raise Unavailable(f"no member holds model '{model}' and nothing loads it")
-        await self._miss_handler(model, deadline_s)
+        return await self._miss_handler(model, deadline_s)
 
     def count_in_flight(self, reader: InFlightReader) -> None:
         """``reader`` says how many requests of a model a data plane has at a member

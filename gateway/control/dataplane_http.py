@@ -11,7 +11,9 @@
   ``max_wait_s``). It answers once the replicas have applied the snapshot that names
   the holders (``GatewayState.settle``), or at the last share of ``wait``
   (:func:`~gateway.policy.deadline.last_share_s`) whichever comes first: an
-  answer after it would reach a client whose own deadline has passed;
+  answer after it would reach a client whose own deadline has passed. The answer names
+  the holders' member keys (``{"model", "holders"}``): a replica whose snapshot lags
+  sends the request there;
 - ``POST /v1/dataplane/report``: what a replica served since its last report, every
   second: user requests per model (the residency's demand and last use:
   ``infergate_replica_requests_total``) and the answers of each version of the models

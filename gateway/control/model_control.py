@@ -54,10 +54,10 @@ class ModelControl:
         be reached (no inference: neither admitted nor counted). A model of a pool with
         residency that no member holds is loaded first, as for a request that missed it
         (a client asks for metadata right before it infers)."""
-        state = self.core.state
+        state, held_by = self.core.state, None
         if state.managed(model):
-            await state.wait_resident(model, None)
-        members = sorted(state.members_of(model),
+            held_by = await state.wait_resident(model, None)
+        members = sorted(state.members_of(model) or state.available_among(model, held_by or ()),
                          key=lambda m: m.in_flight + m.external_in_flight)
         if not members:
             raise Unavailable(f"no healthy Triton member serves model '{model}'")

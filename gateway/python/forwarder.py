@@ -213,8 +213,9 @@ class Forwarder:
         started, patience = self.clock(), options.client_deadline_s
         if options.traffic == "user":
             self.state.note_used(model, started)
+        held_by = None  # where a miss's answer says the model is, before the state does
         if route.holders is not None and not self.state.resident(model):
-            options = await self._wait_resident(route, protocol, options, tenant)
+            options, held_by = await self._wait_resident(route, protocol, options, tenant)
         try:
             pool = self._admit(route, options, tenant)
         except GatewayError as err:
@@ -231,7 +232,8 @@ class Forwarder:
                                                          options, tenant)
             elif tenant is not None:
                 self._tenant_child("queue_wait", tenant).observe(0.0)
-            result, served_by = await self._attempts(route, call, protocol, options, pool)
+            result, served_by = await self._attempts(route, call, protocol, options, pool,
+                                                     held_by)
         except GatewayError:
             if version is not None:
                 now = self.clock()
@@ -264,21 +266,24 @@ class Forwarder:
         return result
 
     async def _wait_resident(self, route: ModelRoute, protocol: str, options: RequestOptions,
-                             tenant: Tenant | None) -> RequestOptions:
+                             tenant: Tenant | None
+                             ) -> tuple[RequestOptions, frozenset[str] | None]:
         """A miss: no member holds the model. Wait in the residency's waiting room while
         it loads (bounded by the room's size and by the request's deadline); the options
-        with the deadline that is left. The wait is said in :data:`LOAD_WAIT_MS`."""
+        with the deadline that is left, and the members the wait's answer names when the
+        state does not yet (:meth:`GatewayState.wait_resident`). The wait is said in
+        :data:`LOAD_WAIT_MS`."""
         began = self.clock()
         try:
-            await self.state.wait_resident(route.model, options.deadline_s)
+            held_by = await self.state.wait_resident(route.model, options.deadline_s)
         except GatewayError as err:
             self._refused(route, protocol, options, err, tenant, "loading")
             raise
         waited = self.clock() - began
         LOAD_WAIT_MS.set(round(waited * 1000))
         if options.deadline_s is None:
-            return options
-        return replace(options, deadline_s=options.deadline_s - waited)
+            return options, held_by
+        return replace(options, deadline_s=options.deadline_s - waited), held_by
 
     def _queue(self, pool: Pool | None) -> PoolQueue | None:
         """The queue of a pool that queues in the gateway (made on first use)."""
@@ -510,14 +515,17 @@ class Forwarder:
         return child
 
     async def _attempts(self, route: ModelRoute, call: UpstreamCall[T], protocol: str,
-                        options: RequestOptions, pool: Pool | None = None) -> tuple[T, str]:
+                        options: RequestOptions, pool: Pool | None = None,
+                        held_by: frozenset[str] | None = None) -> tuple[T, str]:
         """The call on a member (of ``pool`` first, when admission chose one), one retry
-        on another member (any pool) when it fails with Unavailable."""
+        on another member (any pool) when it fails with Unavailable; ``held_by``: the
+        members a miss's answer named, taken while the state names no holder."""
         tried: list[str] = []
         for attempt in range(1 + RETRIES):  # inference is idempotent: retried elsewhere
             pools = [pool] if pool is not None and not tried else route.pools
+            holders = route.holders if held_by is None else route.holders or held_by
             member = self.policy.choose(pools, route.model, self.clock(), self.rng, tried,
-                                        route.holders)
+                                        holders)
             if member is None:
                 if tried:
                     break

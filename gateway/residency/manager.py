@@ -317,7 +317,8 @@ class Residency:
             self.actuator.enqueue(self.table.queue(move.member, move.model, move.reason))
 
     async def wait(self, model: str, deadline_s: float | None) -> None:
-        """The waiting room (:meth:`GatewayState.wait_resident` calls it on a miss)."""
+        """The waiting room (:meth:`GatewayState.wait_resident` calls it on a miss; the
+        holders it publishes are the state's own, so it names none)."""
         await self.room.wait(model, deadline_s)
 
     # -- deploys of a model resident nowhere ------------------------------------------------
