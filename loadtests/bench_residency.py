@@ -43,7 +43,10 @@ answer), ``other`` (their words kept in the JSON).
 
 Per arm and phase: requests, hit ratio beside the best fixed placement known in advance
 (per phase, the models most requested per byte packed into the budgets; the share of that
-phase's requests they would take), failures by cause, hits' p99 per protocol and its
+phase's requests they would take) and, in brackets, beside the best fixed placement that
+keeps one member a room for the largest model it leaves out (what a placement serving
+those models too holds while that room is taken; ``residency_trace.serving_placement``),
+failures by cause, hits' p99 per protocol and its
 ratio to the all-resident arm's, loads and evictions per minute. Per arm: accounted
 (the gateway's ``used_bytes``) and real (the member's stubs' USS, and the anonymous part
 of it, which the kernel cannot drop as it can a mapped weights file's clean pages; its

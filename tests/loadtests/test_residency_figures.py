@@ -164,6 +164,9 @@ def test_summarise_gives_each_phase_its_figures_and_moves_per_minute() -> None:
     one = row["phases"][1]
     assert one["requests"] == 100 and one["hit_share"] == 0.99
     assert one["best_fixed_share"] == 1.0
+    # a room of 10 kept for the models the best fixed placement leaves out
+    serving = rt.serving_placements(names, footprints, 10, seed=0)[1]
+    assert one["serving_share"] == sum(o.model in serving for o in runs[100:200]) / 100
     assert one["causes"] == {"no_room": 1} and one["held_then_failed"] == 1
     assert one["loads_per_min"] == pytest.approx(6.0)  # 10 loads in 100 s
     assert one["evictions_per_min"] == pytest.approx(3.0)
@@ -253,6 +256,14 @@ def test_goals_are_missed_by_their_figures() -> None:
         "flat 0.5 %, steep 2.0 %")
     assert "steep, reshuffled: 93.0 % vs 96.0 %" in verdicts[
         "hit ratio >= best fixed placement - 0.02 in every phase"][1]
+    assert "keeping one member a room" not in verdicts[
+        "hit ratio >= best fixed placement - 0.02 in every phase"][1]
+    bad["phases"] = [phase(ph["phase"], serving_share=0.9) for ph in bad["phases"]]
+    assert verdicts != goals_of(bad)
+    assert ("(the best fixed placement keeping one member a room for the models it leaves "
+            "out: flat: 90.0 %; flat, reshuffled: 90.0 %") in goals_of(bad)[
+        "hit ratio >= best fixed placement - 0.02 in every phase"][1]
+    assert "| 95.0 % / 96.0 % (90.0 %) |" in rf.phase_table([bad])
     assert verdicts["hits' p99 <= 1.2x all-resident, HTTP and gRPC"][1] == (
         "HTTP 1.25x (12.5 ms), gRPC 1.00x (12.0 ms)")
     # the anonymous part of the USS said beside it: what the kernel cannot drop
@@ -276,8 +287,9 @@ def test_markdown_gives_each_arm_and_phase_then_the_goals_judged() -> None:
     rows[1]["phases"][0] = phase("flat", failed=3, causes={"room_full": 2, "deadline": 1})
     rf.add_p99_ratios(rows)
     text = rf.markdown(rows)
-    assert ("| arm | phase | requests | hits / best fixed | failed (by cause) | hits p99 HTTP,"
-            " ms (x all) | hits p99 gRPC, ms (x all) | loads / evictions per min |") in text
+    assert ("| arm | phase | requests | hits / best fixed (keeping a room for the rest) | "
+            "failed (by cause) | hits p99 HTTP, ms (x all) | hits p99 gRPC, ms (x all) | "
+            "loads / evictions per min |") in text
     assert ("| residency, half | flat | 1000 | 95.0 % / 96.0 % | 3 (0.3 %: room_full 2, "
             "deadline 1) | 10.0 (1.00x) | 12.0 (1.00x) | 6.0 / 4.0 |") in text
     assert "| all resident | none | 400 MB | 510 MB | 480 MB | 600 MB |" in text

@@ -101,6 +101,24 @@ def test_best_placement_packs_the_most_requested_per_byte_into_each_budget() -> 
     assert rt.best_placement(p, sizes, budget=None) == set(p)
 
 
+def test_serving_placement_keeps_one_member_the_room_of_the_largest_model_left_out(
+        ) -> None:
+    p = {"a": 0.4, "b": 0.3, "c": 0.2, "d": 0.1}
+    sizes = {"a": 10, "b": 10, "c": 10, "d": 20}
+    assert rt.best_placement(p, sizes, budget=20) == {"a", "b", "c"}
+    # d (20) is left out: one member keeps 20 free, the other holds a and b
+    assert rt.serving_placement(p, sizes, budget=20) == {"a", "b"}
+    assert rt.best_placement(p, sizes, budget=20, kept=10) == {"a", "b", "c"}
+    # nothing left out: nothing kept
+    assert rt.serving_placement(p, sizes, budget=30) == set(p)
+    names = [f"m{i}" for i in range(6)]
+    footprints = dict.fromkeys(names, 10)
+    for best, serving in zip(rt.placements(names, footprints, 20, seed=1),
+                             rt.serving_placements(names, footprints, 20, seed=1),
+                             strict=True):
+        assert serving < best and len(serving) == len(best) - 1
+
+
 def test_placements_and_ideal_share_follow_each_phases_popularity() -> None:
     names = [f"m{i}" for i in range(4)]
     even = dict.fromkeys(names, 10)
