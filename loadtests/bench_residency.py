@@ -100,7 +100,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from converters.repository import existing_versions
 from infergate.processes import ROOT, GatewayProcess
-from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
+from infergate.triton.local import STUB_NICE, LocalTriton, TritonEndpoints, TritonSettings
 from loadtests.harness import (
     RUNTIME_ENV,
     GatewayFailed,
@@ -259,8 +259,8 @@ class Member:
 
 
 @contextlib.contextmanager
-def members(repo: Path, folder: Path, loaded: Sequence[str], count: int = 2
-            ) -> Iterator[list[Member]]:
+def members(repo: Path, folder: Path, loaded: Sequence[str], count: int = 2,
+            stub_nice: int = STUB_NICE) -> Iterator[list[Member]]:
     """``count`` Tritons over ``repo`` (explicit model control), each measured idle, then
     with ``loaded`` loaded (on every member at once); stopped on exit."""
     started: list[Member] = []
@@ -268,7 +268,8 @@ def members(repo: Path, folder: Path, loaded: Sequence[str], count: int = 2
         for i in range(count):
             server = LocalTriton(TritonSettings(
                 model_repository=repo, runtime_env=RUNTIME_ENV,
-                log_file=folder / f"triton-{i}.log", startup_timeout_s=600))
+                log_file=folder / f"triton-{i}.log", startup_timeout_s=600,
+                stub_nice=stub_nice))
             server.start()
             started.append(Member(server))
         for m in started:
@@ -510,7 +511,7 @@ def run_arm(arm: Arm, setup: Setup, folder: Path, budget: int | None, loaded: Se
     folder.mkdir(parents=True, exist_ok=True)
     arrivals = schedule(setup.names, setup.rate, setup.phase_s, setup.seed)
     say(f"{arm.title}: starting 2 members ({len(loaded)} models loaded on each)")
-    with members(setup.repo, folder, loaded) as group:
+    with members(setup.repo, folder, loaded, stub_nice=setup.stub_nice) as group:
         config = arm_config(folder / "gateway.yaml", arm, group, setup, budget)
         with started_gateway(config, folder / "gateway", source=arm.source) as gw:
             url = f"http://{gw.http_url}"
@@ -566,11 +567,11 @@ def run(rate: float = 30.0, phase_s: float = 60.0, seed: int = 1, deadline_ms: i
         kinds: Sequence[str] = DEFAULT_ARMS, budgets: Sequence[str] = tuple(BUDGETS),
         out: Path | None = None, repo: Path = MODELS,
         knobs: Mapping[str, Any] | None = None,
-        source: Path | None = None) -> list[dict[str, Any]]:
+        source: Path | None = None, stub_nice: int = STUB_NICE) -> list[dict[str, Any]]:
     out = out or ROOT / "results" / "bench_residency"
     models = build_models(repo, say=say)
     setup = Setup(models, repo, rate, phase_s, seed, deadline_ms,
-                  {**DEFAULT_KNOBS, **(knobs or {})})
+                  {**DEFAULT_KNOBS, **(knobs or {})}, stub_nice)
     names = setup.names
     expected = expected_outputs(repo, names, input_of(request_body()))
     footprints = known_footprints(models, repo / FOOTPRINTS)
@@ -632,6 +633,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "runs beside this one's at each budget, before and after")
     parser.add_argument("--models", type=Path, default=MODELS,
                         help="the models' repository (built there once, then reused)")
+    parser.add_argument("--stub-nice", type=int, default=STUB_NICE,
+                        help="how far below its member's server each Python-backend stub "
+                             f"starts, where the host allows it back (default {STUB_NICE}; "
+                             "0: at the server's priority, as before)")
     args = parser.parse_args(argv)
     kinds = _names(args.arms, ARMS, "arms", parser)
     budgets = _names(args.budgets, tuple(BUDGETS), "budgets", parser)
@@ -639,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     phase_s = args.phase_s or (30.0 if args.quick else 60.0)
     knobs = dict(parse_knob(k) for k in args.knob)
     rows = run(rate, phase_s, args.seed, args.deadline_ms, kinds, budgets, args.out,
-               args.models, knobs, args.source)
+               args.models, knobs, args.source, args.stub_nice)
     publish(rows, markdown, plot, args.out, "bench_residency", say)
 
 

@@ -203,6 +203,8 @@ class Setup:
     seed: int
     deadline_ms: int
     residency: dict[str, Any] = field(default_factory=dict)  # knobs beyond the budget
+    # how far below its member's server each stub starts (TritonSettings.stub_nice)
+    stub_nice: int = 0
 
     @property
     def names(self) -> list[str]:
@@ -273,6 +275,7 @@ def summarise(arm: Arm, run: ArmRun, setup: Setup, budget: int | None,
         "models": len(setup.models), "footprints_bytes": sum(footprints.values()),
         "requests": len(out), "offered_rps": setup.rate, "phase_s": setup.phase_s,
         "deadline_ms": setup.deadline_ms, "residency_knobs": setup.residency,
+        "stub_nice": setup.stub_nice,
         "phases": phases, "hits_p99_ms": {p: hits_p99(out, p) for p in PROTOCOLS},
         "failed": sum(o.kind == "failed" for o in out), "causes": causes(out),
         "failed_share": {k: failed_share(v) for k, v in popular.items()},
@@ -515,7 +518,9 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             f"2 members, budgets per member: {budgets or 'none'}; {first['requests']} "
             f"requests at {first['offered_rps']:g}/s, half HTTP, half gRPC, "
             f"{first['deadline_ms'] / 1e3:g} s deadline; phases of {first['phase_s']:g} s: "
-            + ", ".join(f"{p.label} (s={p.s})" for p in PHASES) + ".")
+            + ", ".join(f"{p.label} (s={p.s})" for p in PHASES)
+            + f"; stubs start {first.get('stub_nice', 0)} below their member's server (nice)"
+            + ".")
     lines = [head, "", phase_table(rows), "", arm_table(rows), ""]
     for r in rows:
         if r["kind"] == "residency":

@@ -21,6 +21,7 @@ from types import FrameType
 import typer
 
 from infergate.triton.local import (
+    STUB_NICE,
     LocalTriton,
     TritonEndpoints,
     TritonSettings,
@@ -128,6 +129,11 @@ def triton_command(
         None, help="Folder of Triton's log, triton.log (default: .run/triton-HTTP_PORT)."),
     startup_timeout: float = typer.Option(
         180.0, min=1, help="Seconds to wait for Triton (and its --load models) to be ready."),
+    stub_nice: int = typer.Option(
+        STUB_NICE, min=0, max=19,
+        help="How far below Triton each of our models' Python-backend stubs starts (its "
+             "start and build; it serves at Triton's priority once built), where this "
+             "process may raise it back (CAP_SYS_NICE); 0: at Triton's (docs/residency.md)."),
 ) -> None:
     """Start one Triton member of a pool and stay in the foreground.
 
@@ -150,6 +156,7 @@ def triton_command(
         grpc_port=grpc,
         metrics_port=metrics,
         startup_timeout_s=startup_timeout,
+        stub_nice=stub_nice,
     )
     loading = ", ".join(settings.models) or "nothing"
     _say(f"[infergate] starting Triton from {runtime_env} on {host} (HTTP {http}, "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -35,8 +36,43 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
+# the default of TritonSettings.stub_nice (0: stubs start at the server's priority)
+STUB_NICE = 10
+# read by every `bash -c` the server runs: the Python backend starts its stubs so
+STUB_NICE_SCRIPT = Path(__file__).with_name("stub_nice.sh")
+_CAP_SYS_NICE = 23
+
+
 class TritonStartupError(RuntimeError):
     """tritonserver could not be started or did not become ready."""
+
+
+def may_raise_priority(status: str | None = None) -> bool:
+    """Whether a process started by this one may lower its nice value back to this
+    one's: CAP_SYS_NICE in its effective set (root in a container often lacks it), or a
+    ``RLIMIT_NICE`` that allows it. ``status``: ``/proc/self/status`` (tests)."""
+    if status is None:
+        try:
+            status = Path("/proc/self/status").read_text()
+        except OSError:
+            return False
+    for line in status.splitlines():
+        if line.startswith("CapEff:") and int(line.split()[1], 16) >> _CAP_SYS_NICE & 1:
+            return True
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    return soft == resource.RLIM_INFINITY or 20 - os.getpriority(os.PRIO_PROCESS, 0) <= soft
+
+
+def stub_nice_env(stub_nice: int, permitted: bool) -> dict[str, str]:
+    """The server's environment that starts its Python-backend stubs ``stub_nice`` below
+    it (``stub_nice.sh``, as its ``BASH_ENV``): their start (the interpreter, numpy, ONNX
+    Runtime: about 0.2 CPU-s a load, measured) and their model's build then take only
+    what inference leaves of the cores, and each model raises its threads back to the
+    server's priority once built (``python_backend_onnx.py``). Nothing where that raise
+    is not ``permitted``: the stub would serve below the server."""
+    if stub_nice <= 0 or not permitted:
+        return {}
+    return {"BASH_ENV": str(STUB_NICE_SCRIPT), "INFERGATE_STUB_NICE": str(stub_nice)}
 
 
 @dataclass(frozen=True)
@@ -54,6 +90,9 @@ class TritonSettings:
     startup_timeout_s: float = 180.0
     stop_timeout_s: float = 20.0
     extra_args: Sequence[str] = field(default_factory=tuple)
+    # how far below the server each Python-backend stub starts (its start, imports and
+    # model build), where the stub may raise itself back to serve (:func:`stub_nice_env`)
+    stub_nice: int = STUB_NICE
 
 
 @dataclass(frozen=True)
@@ -242,6 +281,7 @@ class LocalTriton:
         # load 0.53-0.56 instead of 0.68-0.69 (bench_member_loads, one load at a time, 2
         # runs each; docs/residency.md). An operator's setting is kept.
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        env.update(stub_nice_env(s.stub_nice, may_raise_priority()))
         _become_subreaper()
         # what Triton prints before its log is open (a bad option, a library that does
         # not load) goes to stderr: kept beside the log for a start-up error to say

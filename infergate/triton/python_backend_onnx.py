@@ -19,10 +19,14 @@ Python-backend stub (numpy<2, onnxruntime); it must not import anything from inf
   ``WeightBiasQuantization`` for mixed-precision INT8 models, whose float layers that
   pass would otherwise re-quantize); ``load_nice`` (0-19, default 10): how far below
   inference the model's load runs on the CPU (:func:`_built_apart`).
+- A stub its member started below the server's CPU priority (``INFERGATE_STUB_NICE``,
+  ``infergate/triton/local.py``: its start and imports then run below inference too)
+  raises its threads back to the server's once the model is built (:func:`_serve_at`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -52,19 +56,24 @@ class TritonPythonModel:
         filename = _param(config, "onnx_model_filename", "model.onnx")
         threads = int(_param(config, "intra_op_threads", "0"))
         nice = min(max(int(_param(config, "load_nice", str(LOAD_NICE))), 0), 19)
+        # inference runs at the server's priority; a member may have started this stub
+        # below it (its start, imports and this build are the load's)
+        serving = _server_priority()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if nice:
-            # the threads inference runs on, made here at inference's priority: a
-            # session's own would be made by the thread that builds it (one stub, one
-            # instance, one session: the process's pool is the session's)
+            # the threads inference runs on, made here at this thread's priority (the
+            # server's, or brought to it with this thread by _serve_at): a session's own
+            # would be made by the thread that builds it, below inference, where only a
+            # privilege could bring them back (one stub, one instance, one session: the
+            # process's pool is the session's)
             ort_state.set_global_thread_pool_sizes(threads, 1)
             options.use_per_session_threads = False
         else:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         disabled = [o.strip() for o in _param(config, "disabled_optimizers", "").split(",")]
-        self.session = _built_apart(nice, lambda: ort.InferenceSession(
+        self.session = _built_apart(serving + nice if nice else None, lambda: ort.InferenceSession(
             os.path.join(version_dir, filename),
             options,
             providers=["CPUExecutionProvider"],
@@ -86,6 +95,7 @@ class TritonPythonModel:
                 f"config inputs {missing} are not inputs of {filename} "
                 f"(model has {sorted(session_inputs)})"
             )
+        _serve_at(serving)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses: list[Any] = [None] * len(requests)
@@ -155,9 +165,43 @@ class TritonPythonModel:
         self.session = None
 
 
-def _built_apart(nice: int, build: Callable[[], Any]) -> Any:
-    """What ``build`` returns, built on a thread of its own whose CPU priority is ``nice``
-    below this one's (0: built here).
+def _server_priority() -> int:
+    """The nice value inference runs at: where the member started this stub below the
+    server (``INFERGATE_STUB_NICE`` in its environment), the server's (its parent's);
+    else this thread's own."""
+    if os.environ.get("INFERGATE_STUB_NICE"):
+        with contextlib.suppress(OSError):
+            return os.getpriority(os.PRIO_PROCESS, os.getppid())
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+# A member starts a stub below the server (infergate/triton/stub_nice.sh) only for a
+# model.py that names INFERGATE_STUB_NICE, as this one does: one that would not bring its
+# threads back to the server's priority would serve below it.
+def _serve_at(serving: int) -> None:
+    """Every thread of this stub whose nice value is above ``serving`` brought down to it:
+    a stub started below the server (``INFERGATE_STUB_NICE``) serves at the server's
+    priority. Lowering a nice value needs CAP_SYS_NICE, which the member checked before
+    it started the stub low; where it is refused all the same the stub serves where it
+    is, and says so in Triton's log."""
+    refused = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) > serving:
+                os.setpriority(os.PRIO_PROCESS, int(tid), serving)
+        except OSError as exc:  # a thread that ended meanwhile, or refused
+            if not isinstance(exc, ProcessLookupError):
+                refused.append(f"{tid}: {exc}")
+    if refused:
+        pb_utils.Logger.log_warn(
+            f"this stub's threads could not be raised to the server's CPU priority "
+            f"({serving}); they serve below it: {'; '.join(refused)}")
+
+
+def _built_apart(nice: int | None, build: Callable[[], Any]) -> Any:
+    """What ``build`` returns, built on a thread of its own whose CPU nice value is
+    ``nice`` (None: built here), or this thread's where that is higher (the stub started
+    below the server).
 
     A load's CPU is mostly ONNX Runtime reading the model and packing its weights (about
     0.3 CPU-s of a 100 MB MLP's 0.5). On a member whose cores also serve inference, a
@@ -167,7 +211,7 @@ def _built_apart(nice: int, build: Callable[[], Any]) -> Any:
     dropped afterwards, and this stub's main thread, which runs ``execute``, keeps its
     priority. Where the cores are idle a nice value changes nothing; where inference
     wants them, the load takes what inference leaves."""
-    if not nice:
+    if nice is None:
         return build()
     built: dict[str, Any] = {}
 
@@ -176,7 +220,7 @@ def _built_apart(nice: int, build: Callable[[], Any]) -> Any:
             try:
                 me = threading.get_native_id()  # (its nice value the caller's)
                 os.setpriority(os.PRIO_PROCESS, me,
-                               min(os.getpriority(os.PRIO_PROCESS, me) + nice, 19))
+                               min(max(os.getpriority(os.PRIO_PROCESS, me), nice), 19))
             except OSError:  # refused (a seccomp profile, say): built at this priority
                 pass
             built["value"] = build()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -20,10 +21,14 @@ import pytest
 
 from converters.samples import SAMPLE_MODEL_NAME
 from infergate.triton.local import (
+    STUB_NICE,
+    STUB_NICE_SCRIPT,
     LocalTriton,
     TritonSettings,
     TritonStartupError,
     install_python_stub,
+    may_raise_priority,
+    stub_nice_env,
 )
 from tests.conftest import RUNTIME_ENV, triton_settings
 from tests.procs import ROOT, triton_processes, wait_until
@@ -50,8 +55,29 @@ def test_local_triton_serves_and_leaves_no_process_when_stopped(own_repo: Path,
         stubs = [c for c in psutil.Process(server.pid).children()
                  if "triton_python_backend_stub" in " ".join(c.cmdline())]
         assert stubs and all(s.environ().get("OPENBLAS_NUM_THREADS") == "1" for s in stubs)
+        # started below the server where they may come back (stub_nice.sh)
+        asked = {"BASH_ENV": str(STUB_NICE_SCRIPT), "INFERGATE_STUB_NICE": str(STUB_NICE)}
+        assert all({k: s.environ().get(k) for k in asked}
+                   == (asked if may_raise_priority() else dict.fromkeys(asked))
+                   for s in stubs)
     assert not server.running()
     assert triton_processes(str(own_repo)) == []
+
+
+def test_stubs_start_below_the_server_only_where_they_may_come_back() -> None:
+    asked = {"BASH_ENV": str(STUB_NICE_SCRIPT), "INFERGATE_STUB_NICE": "10"}
+    assert stub_nice_env(10, permitted=True) == asked
+    assert stub_nice_env(10, permitted=False) == {}
+    assert stub_nice_env(0, permitted=True) == {}
+    # CAP_SYS_NICE (bit 23) in the effective set; without it (root in a container by
+    # default) only a RLIMIT_NICE that lets this process's nice value be reached again
+    assert may_raise_priority("Name:\tx\nCapEff:\t0000000000800000\n")
+    assert may_raise_priority("CapEff:\t000001fffeffffff\n")
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    by_limit = soft == resource.RLIM_INFINITY or \
+        20 - os.getpriority(os.PRIO_PROCESS, 0) <= soft
+    assert may_raise_priority("CapEff:\t00000000a80425fb\n") == by_limit
+    assert may_raise_priority("") == by_limit
 
 
 def test_local_triton_reports_port_in_use_when_port_taken(own_repo: Path, tmp_path: Path) -> None:

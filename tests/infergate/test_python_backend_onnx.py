@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import grpc
+import httpx
 import numpy as np
 import onnxruntime as ort
 import psutil
@@ -24,7 +26,12 @@ from converters.model_dir import PYTHON_BACKEND_MODEL
 from converters.samples import INPUT_NAME, OUTPUT_NAME, SAMPLE_MODEL_NAME
 from converters.tiny import TINY_MODEL_NAME, TINY_WIDTH
 from converters.triton_config import parse_model_config
-from infergate.triton.local import LocalTriton, locate_tritonserver
+from infergate.triton.local import (
+    STUB_NICE,
+    LocalTriton,
+    locate_tritonserver,
+    may_raise_priority,
+)
 from tests.conftest import RUNTIME_ENV, triton_settings
 from tests.procs import started_triton, wait_until
 
@@ -53,23 +60,53 @@ def model_py() -> Iterator[ModuleType]:
 
 def test_load_is_built_on_a_thread_of_its_own_at_lower_priority(model_py: ModuleType) -> None:
     mine = _nice()
-    seen = model_py._built_apart(5, lambda: (threading.get_native_id(), _nice()))
+    seen = model_py._built_apart(mine + 5, lambda: (threading.get_native_id(), _nice()))
     assert seen[0] != threading.get_native_id()
     assert seen[1] == min(mine + 5, 19)
     assert _nice() == mine  # the caller (the stub's main thread, which serves) keeps its own
     # nothing to lower: built on the caller's thread
-    assert model_py._built_apart(0, threading.get_native_id) == threading.get_native_id()
-    # below the caller's own, where the stub already runs lowered (a thread of this test)
-    seen_there: list[tuple[int, int]] = []
+    assert model_py._built_apart(None, threading.get_native_id) == threading.get_native_id()
+    # where the stub already runs lowered (a thread of this test): the lower of the two
+    seen_there: list[tuple[int, int, int]] = []
 
     def lowered_caller() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(mine + 3, 19))
-        seen_there.append((_nice(), model_py._built_apart(5, _nice)))
+        seen_there.append((_nice(), model_py._built_apart(mine + 5, _nice),
+                           model_py._built_apart(mine + 1, _nice)))
 
     caller = threading.Thread(target=lowered_caller)
     caller.start()
     caller.join()
-    assert seen_there == [(min(mine + 3, 19), min(mine + 8, 19))]
+    assert seen_there == [(min(mine + 3, 19), min(mine + 5, 19), min(mine + 3, 19))]
+
+
+def test_a_stub_started_below_the_server_serves_at_the_servers_priority(
+        model_py: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_serve_at`` brings every thread above the server's nice value down to it (the
+    stub's threads started below it: ``stub_nice.sh``), and leaves the others; the
+    server's is its parent's where the member started it low, else its own."""
+    mine = _nice()
+    monkeypatch.delenv("INFERGATE_STUB_NICE", raising=False)
+    assert model_py._server_priority() == mine
+    monkeypatch.setenv("INFERGATE_STUB_NICE", "10")
+    assert model_py._server_priority() == os.getpriority(os.PRIO_PROCESS, os.getppid())
+    if not may_raise_priority():
+        pytest.skip("lowering a nice value needs CAP_SYS_NICE, which this test lacks")
+    lowered, release, seen = threading.Event(), threading.Event(), []
+
+    def low() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(mine + 7, 19))
+        lowered.set()
+        release.wait(10)
+        seen.append(_nice())
+
+    thread = threading.Thread(target=low)
+    thread.start()
+    assert lowered.wait(10)
+    model_py._serve_at(mine)
+    release.set()
+    thread.join()
+    assert seen == [mine] and _nice() == mine
 
 
 def test_load_error_raised_on_the_callers_thread(model_py: ModuleType) -> None:
@@ -82,8 +119,9 @@ def test_load_error_raised_on_the_callers_thread(model_py: ModuleType) -> None:
 
 def test_stubs_serve_at_their_own_priority_after_a_lowered_load(triton: LocalTriton) -> None:
     """Every thread of every stub (ONNX Runtime's pool of the sample, which takes the
-    default thread count, too) is at the server's priority once loaded: only the thread
-    that built the session was lowered, and it is gone."""
+    default thread count, too) is at the server's priority once loaded: the thread that
+    built the session was lowered, and is gone; the stub, started below the server
+    where this host allows it back (``stub_nice.sh``), was brought back."""
     assert triton.pid is not None
     server = psutil.Process(triton.pid)
     stubs = [c for c in server.children()
@@ -91,6 +129,42 @@ def test_stubs_serve_at_their_own_priority_after_a_lowered_load(triton: LocalTri
     assert len(stubs) >= 2
     threads = [t.id for stub in stubs for t in stub.threads()]
     assert threads and {_nice(t) for t in threads} == {_nice(triton.pid)}
+
+
+def test_a_stub_starts_below_its_server_and_serves_at_its_priority(
+        sample_repo: Path, tmp_path: Path) -> None:
+    """A model loaded on a member whose stubs start below it (``stub_nice.sh``): while
+    it loads, its stub's main thread is seen at ``STUB_NICE`` below the server; once
+    loaded, every thread of it is back at the server's."""
+    if not may_raise_priority():
+        pytest.skip("lowering a nice value needs CAP_SYS_NICE, which this test lacks")
+    with started_triton(triton_settings(sample_repo, tmp_path)) as server:
+        assert server.pid is not None and server.endpoints is not None
+        seen: set[int] = set()
+        loaded = threading.Event()
+
+        def watch() -> None:
+            while not loaded.is_set():
+                for child in psutil.Process(server.pid).children():
+                    with contextlib.suppress(psutil.Error, OSError):
+                        if "triton_python_backend_stub" in " ".join(child.cmdline()):
+                            seen.add(_nice(child.pid))
+                loaded.wait(0.005)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            answer = httpx.post(f"http://{server.endpoints.http_url}/v2/repository/models/"
+                                f"{TINY_MODEL_NAME}/load", timeout=120)
+        finally:
+            loaded.set()
+            watcher.join()
+        assert answer.status_code == 200, answer.text
+        base = _nice(server.pid)
+        assert min(base + STUB_NICE, 19) in seen, seen
+        stub = next(c for c in psutil.Process(server.pid).children()
+                    if "triton_python_backend_stub" in " ".join(c.cmdline()))
+        assert {_nice(t.id) for t in stub.threads()} == {base}
 
 
 def _stats(client: httpclient.InferenceServerClient) -> tuple[int, int]:
