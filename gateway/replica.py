@@ -17,11 +17,10 @@ readiness, holders, rollout split and shadow, the tokens. It probes nothing itse
 A miss waits here (:class:`ControlPlaneMisses`): the replica asks the control plane to
 load the model (``POST /v1/dataplane/misses/<model>``: its waiting room loads it once
 however many ask). The answer names the members that hold it: the request goes to them,
-whether or not this replica's snapshot names them yet (one that names none it knows is
-followed until it does), answered by 19/20 of the request's deadline whatever happens
-(the waiting room's own bound). When the
-control plane cannot be reached, the miss is answered at once (503 / ``UNAVAILABLE``)
-saying so.
+whether or not this replica's snapshot names them yet (an answer naming none it knows is
+followed by its snapshot until that does), answered by 19/20 of the request's deadline
+whatever happens (the waiting room's own bound). When the control plane cannot be
+reached, the miss is answered at once (503 / ``UNAVAILABLE``) saying so.
 """
 
 from __future__ import annotations
