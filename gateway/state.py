@@ -91,19 +91,20 @@ class GatewayState:
         """The members of ``model``'s pools that hold it (every member, where a pool has
         no residency; only those available now, by default); ModelNotFound when no pool
         serves it."""
-        pools = self.serving_pools(model)
-        now = self.clock()
-        holders = self.holders(model)
-        return [m for p in pools for m in p.members
-                if (not available or m.available(now))
-                and (holders is None or m.key in holders)]
+        return self._members(model, self.holders(model), available)
 
     def available_among(self, model: str, keys: Iterable[str]) -> list[PoolMember]:
         """The members of ``model``'s pools available now whose keys are among ``keys``,
         whatever this state says they hold (ModelNotFound when no pool serves it)."""
-        wanted, now = frozenset(keys), self.clock()
+        return self._members(model, frozenset(keys), available=True)
+
+    def _members(self, model: str, keys: frozenset[str] | None, available: bool
+                 ) -> list[PoolMember]:
+        """The members of ``model``'s pools among ``keys`` (None: all), available now or
+        not."""
+        now = self.clock()
         return [m for p in self.serving_pools(model) for m in p.members
-                if m.key in wanted and m.available(now)]
+                if (not available or m.available(now)) and (keys is None or m.key in keys)]
 
     def resident(self, model: str) -> bool:
         """Whether ``model`` may take requests without a load (True outside residency)."""
