@@ -25,7 +25,7 @@ from loadtests.residency_trace import (
     Phase,
     placements,
     reshuffles,
-    serving_placements,
+    serving_placement,
 )
 
 CAUSES = ("room_full", "no_room", "deadline", "load_too_long", "not_found", "wrong_model",
@@ -258,7 +258,8 @@ def summarise(arm: Arm, run: ArmRun, setup: Setup, budget: int | None,
               footprints: Mapping[str, int]) -> dict[str, Any]:
     out = run.outcomes
     best = placements(setup.names, footprints, budget, setup.seed)
-    serving = serving_placements(setup.names, footprints, budget, setup.seed)
+    serving = placements(setup.names, footprints, budget, setup.seed,
+                         placer=serving_placement)
     by_phase = [[o for o in out if o.phase == i] for i in range(len(PHASES))]
     moves = run.moves if len(run.moves) == len(PHASES) + 1 else None
     phases = [phase_row(by_phase[i], best[i], PHASES[i],
@@ -519,8 +520,8 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             f"requests at {first['offered_rps']:g}/s, half HTTP, half gRPC, "
             f"{first['deadline_ms'] / 1e3:g} s deadline; phases of {first['phase_s']:g} s: "
             + ", ".join(f"{p.label} (s={p.s})" for p in PHASES)
-            + f"; stubs start {first.get('stub_nice', 0)} below their member's server (nice)"
-            + ".")
+            + (f"; stubs start {first['stub_nice']} below their member's server (nice), "
+               "where it may bring them back" if first.get("stub_nice") else "") + ".")
     lines = [head, "", phase_table(rows), "", arm_table(rows), ""]
     for r in rows:
         if r["kind"] == "residency":

@@ -10,7 +10,7 @@ static baseline's models (:func:`first_fit`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,10 +114,15 @@ def best_placement(p: Mapping[str, float], footprints: Mapping[str, int],
     return frozenset(held)
 
 
+Placer = Callable[[Mapping[str, float], Mapping[str, int], int | None], frozenset[str]]
+
+
 def placements(models: Sequence[str], footprints: Mapping[str, int], budget: int | None,
-               seed: int, phases: Sequence[Phase] = PHASES) -> list[frozenset[str]]:
-    """The best fixed placement of each phase."""
-    return [best_placement(p, footprints, budget) for p in popularity(models, seed, phases)]
+               seed: int, phases: Sequence[Phase] = PHASES,
+               placer: Placer = best_placement) -> list[frozenset[str]]:
+    """The best fixed placement of each phase (``placer``: another such placement, as
+    :func:`serving_placement`)."""
+    return [placer(p, footprints, budget) for p in popularity(models, seed, phases)]
 
 
 def serving_placement(p: Mapping[str, float], footprints: Mapping[str, int],
@@ -130,14 +135,6 @@ def serving_placement(p: Mapping[str, float], footprints: Mapping[str, int],
     best = best_placement(p, footprints, budget, members)
     kept = max((footprints[m] for m in p if m not in best), default=0)
     return best_placement(p, footprints, budget, members, kept)
-
-
-def serving_placements(models: Sequence[str], footprints: Mapping[str, int],
-                       budget: int | None, seed: int,
-                       phases: Sequence[Phase] = PHASES) -> list[frozenset[str]]:
-    """:func:`serving_placement` of each phase."""
-    return [serving_placement(p, footprints, budget)
-            for p in popularity(models, seed, phases)]
 
 
 def ideal_hit_share(models: Sequence[str], footprints: Mapping[str, int],

@@ -165,7 +165,8 @@ def test_summarise_gives_each_phase_its_figures_and_moves_per_minute() -> None:
     assert one["requests"] == 100 and one["hit_share"] == 0.99
     assert one["best_fixed_share"] == 1.0
     # a room of 10 kept for the models the best fixed placement leaves out
-    serving = rt.serving_placements(names, footprints, 10, seed=0)[1]
+    serving = rt.placements(names, footprints, 10, seed=0,
+                             placer=rt.serving_placement)[1]
     assert one["serving_share"] == sum(o.model in serving for o in runs[100:200]) / 100
     assert one["causes"] == {"no_room": 1} and one["held_then_failed"] == 1
     assert one["loads_per_min"] == pytest.approx(6.0)  # 10 loads in 100 s
@@ -299,6 +300,10 @@ def test_markdown_gives_each_arm_and_phase_then_the_goals_judged() -> None:
     assert "- MET: 0 404 / NOT_FOUND for a registered model: 0" in text
     assert "budgets per member: half 500 MB" in text
     assert "half HTTP, half gRPC, 15 s deadline" in text
+    assert "stubs start" not in text  # at their server's priority: nothing said
+    rows[0]["stub_nice"] = 10
+    assert "; stubs start 10 below their member's server (nice), where it may bring " \
+        "them back." in rf.markdown(rows)
 
 
 def test_notes_say_when_grpc_answers_never_carry_the_load_wait_mark() -> None:

@@ -114,7 +114,8 @@ def test_serving_placement_keeps_one_member_the_room_of_the_largest_model_left_o
     names = [f"m{i}" for i in range(6)]
     footprints = dict.fromkeys(names, 10)
     for best, serving in zip(rt.placements(names, footprints, 20, seed=1),
-                             rt.serving_placements(names, footprints, 20, seed=1),
+                             rt.placements(names, footprints, 20, seed=1,
+                                           placer=rt.serving_placement),
                              strict=True):
         assert serving < best and len(serving) == len(best) - 1
 
