@@ -127,6 +127,7 @@ from loadtests.h2load import (
 from loadtests.harness import (
     SAMPLE_REPO,
     GatewayFailed,
+    copy_model,
     gateway_yaml,
     log_tail,
     num,
@@ -348,8 +349,7 @@ def prepare_models(repo: Path, wanted: Sequence[str], levels: int = 0) -> list[s
         why = effnet_unavailable()
         if not why:
             try:
-                shutil.copytree(sample_model_dir(), repo / SAMPLE_MODEL_NAME,
-                                ignore=shutil.ignore_patterns("__pycache__"))
+                copy_model(sample_model_dir(), repo / SAMPLE_MODEL_NAME)  # today's model.py
                 ready.append(SAMPLE_MODEL_NAME)
             except Exception as err:  # noqa: BLE001 - the tiny model's figures still count
                 why = f"could not be prepared: {str(err)[:300]}"

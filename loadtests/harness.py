@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -25,7 +26,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from converters.model_dir import PYTHON_BACKEND_MODEL
 from converters.samples import SAMPLE_MODEL_NAME, build_sample_model
+from gateway.files import write_atomically
 from infergate.processes import ROOT, GatewayProcess, pools_yaml, run_gateway
 from infergate.triton.local import LocalTriton, TritonEndpoints, TritonSettings
 
@@ -187,6 +190,28 @@ def sample_model_dir() -> Path:
     """The sample model in ./model_repo (exported there first if absent, as `make run`)."""
     build_sample_model(SAMPLE_REPO)
     return SAMPLE_REPO / SAMPLE_MODEL_NAME
+
+
+def refresh_runtime(version_dir: Path) -> bool:
+    """A model version's ``model.py`` replaced by the one the converter copies now
+    (``converters.model_dir.PYTHON_BACKEND_MODEL``) where they differ: a benchmark
+    measures today's runtime on a model converted once (a cached one, the sample in
+    ./model_repo). Whether it was replaced."""
+    served = version_dir / "model.py"
+    today = PYTHON_BACKEND_MODEL.read_bytes()
+    if not served.is_file() or served.read_bytes() == today:
+        return False
+    write_atomically(served, today)
+    return True
+
+
+def copy_model(source: Path, target: Path) -> Path:
+    """A model directory copied to ``target`` (its caches left out), each version served
+    with today's ``model.py`` (:func:`refresh_runtime`)."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for version in target.iterdir():
+        refresh_runtime(version)
+    return target
 
 
 def gateway_yaml(path: Path, pools: Mapping[str, Sequence[TritonEndpoints]], *,

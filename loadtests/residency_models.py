@@ -22,10 +22,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from converters.model_dir import PYTHON_BACKEND_MODEL, read_footprint
+from converters.model_dir import read_footprint
 from converters.pipeline import ConversionRequest, convert
 from converters.repository import existing_versions
-from gateway.files import write_atomically
+from loadtests.harness import refresh_runtime
 
 INPUT_WIDTH = 256
 OUTPUT_WIDTH = 16
@@ -124,18 +124,6 @@ def build_models(repo: Path, sizes: Sequence[SizeClass] = SIZES,
                 f"{weight_bytes / 1e6:.1f} MB of weights)")
         models.append(BenchModel(name, size.label, weight_bytes, read_footprint(repo / name)))
     return models
-
-
-def refresh_runtime(version_dir: Path) -> bool:
-    """A cached model's ``model.py`` replaced by the one the converter copies now
-    (``converters.model_dir.PYTHON_BACKEND_MODEL``) where they differ: the benchmark
-    measures today's runtime, on weights converted once. Whether it was replaced."""
-    served = version_dir / "model.py"
-    today = PYTHON_BACKEND_MODEL.read_bytes()
-    if not served.is_file() or served.read_bytes() == today:
-        return False
-    write_atomically(served, today)
-    return True
 
 
 def request_body(seed: int = 0) -> bytes:

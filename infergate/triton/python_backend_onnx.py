@@ -18,7 +18,13 @@ Python-backend stub (numpy<2, onnxruntime); it must not import anything from inf
   (comma-separated ONNX Runtime graph optimizers to turn off; the converter sets
   ``WeightBiasQuantization`` for mixed-precision INT8 models, whose float layers that
   pass would otherwise re-quantize); ``load_nice`` (0-19, default 10): how far below
-  inference the model's load runs on the CPU (:func:`_built_apart`).
+  inference the model's load runs on the CPU (:func:`_built_apart`);
+  ``spin_between_runs`` (default ``0``): ONNX Runtime's intra-op threads spin for work
+  while a run lasts and stop once it ends. ``1`` keeps ONNX Runtime's own default, where
+  they spin on after every run (about 40 ms of a core on this project's host, whatever
+  the model: three times an EfficientNet-Lite0 request's own CPU, taken from every other
+  model and process on the member's cores) for a next request that would otherwise
+  wake them (:func:`_session`).
 - A stub its member started below the server's CPU priority (``INFERGATE_STUB_NICE``,
   ``infergate/triton/local.py``: its start and imports then run below inference too)
   raises its threads back to the server's once the model is built (:func:`_serve_at`).
@@ -54,31 +60,13 @@ class TritonPythonModel:
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         # Not default_model_filename: Triton fills that with "model.py" for this backend.
         filename = _param(config, "onnx_model_filename", "model.onnx")
-        threads = int(_param(config, "intra_op_threads", "0"))
         nice = min(max(int(_param(config, "load_nice", str(LOAD_NICE))), 0), 19)
         # inference runs at the server's priority; a member may have started this stub
         # below it (its start, imports and this build are the load's)
         serving = _server_priority()
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if nice:
-            # the threads inference runs on, made here at this thread's priority (the
-            # server's, or brought to it with this thread by _serve_at): a session's own
-            # would be made by the thread that builds it, below inference, where only a
-            # privilege could bring them back (one stub, one instance, one session: the
-            # process's pool is the session's)
-            ort_state.set_global_thread_pool_sizes(threads, 1)
-            options.use_per_session_threads = False
-        else:
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
         disabled = [o.strip() for o in _param(config, "disabled_optimizers", "").split(",")]
-        self.session = _built_apart(serving + nice if nice else None, lambda: ort.InferenceSession(
-            os.path.join(version_dir, filename),
-            options,
-            providers=["CPUExecutionProvider"],
-            disabled_optimizers=[o for o in disabled if o] or None,
-        ))
+        self.session = _session(os.path.join(version_dir, filename), _options(config),
+                                {o for o in disabled if o}, serving + nice if nice else None)
         self.batched = int(config.get("max_batch_size", 0)) > 0
         self.inputs = [
             (i["name"], pb_utils.triton_string_to_numpy(i["data_type"])) for i in config["input"]
@@ -88,7 +76,7 @@ class TritonPythonModel:
         self.outputs = [
             (o["name"], pb_utils.triton_string_to_numpy(o["data_type"])) for o in config["output"]
         ]
-        session_inputs = {i.name for i in self.session.get_inputs()}
+        session_inputs = {i.name for i in self.session.inputs_meta}
         missing = [name for name, _ in self.inputs if name not in session_inputs]
         if missing:
             raise pb_utils.TritonModelException(
@@ -142,7 +130,7 @@ class TritonPythonModel:
         else:
             feeds = {n: np.concatenate([m[1][n] for m in members], axis=0) for n in names}
         try:
-            results = self.session.run([name for name, _ in self.outputs], feeds)
+            results = self.session.run([name for name, _ in self.outputs], feeds, None)
         except Exception as exc:  # noqa: BLE001 - reported to the client, not raised
             invalid = type(exc).__name__ == "InvalidArgument"  # onnxruntime's own verdict
             for index, _ in members:
@@ -163,6 +151,39 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.session = None
+
+
+def _options(config: dict[str, Any]) -> ort.SessionOptions:
+    """The session's options from the model's config parameters: ``intra_op_threads`` in
+    a pool of the session's own (one stub, one instance, one session), one inter-op
+    thread, and whether that pool spins on between runs (``spin_between_runs``)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = int(_param(config, "intra_op_threads", "0"))
+    options.inter_op_num_threads = 1
+    if _param(config, "spin_between_runs", "0") != "1":
+        # honoured by a session's own pools only (a process's global pool ignores it)
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+    return options
+
+
+def _session(path: str, options: ort.SessionOptions, disabled_optimizers: set[str],
+             nice: int | None) -> Any:
+    """ONNX Runtime's session of the model at ``path``, built (its graph optimized, its
+    weights packed: nearly all of a load's CPU) at ``nice`` (:func:`_built_apart`) and
+    made here.
+
+    Made here because the session's own thread pool is made with it, by the thread that
+    makes it, and inherits that thread's CPU priority: made on the lowered build thread,
+    the threads inference runs on would be below inference, where only a privilege could
+    bring them back. So the session is made (its pool and the model's graph read, a few
+    milliseconds) on this thread, and only ``initialize_session`` runs apart: the two
+    steps ``onnxruntime.InferenceSession`` takes in one, through the same binding (this
+    runtime's onnxruntime is pinned, ``infergate/triton/runtime-requirements.txt``)."""
+    session = ort_state.InferenceSession(options, path, True, False)
+    _built_apart(nice, lambda: session.initialize_session(
+        ["CPUExecutionProvider"], [{}], disabled_optimizers))
+    return session
 
 
 def _server_priority() -> int:

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import grpc
 import httpx
@@ -78,6 +79,60 @@ def test_load_is_built_on_a_thread_of_its_own_at_lower_priority(model_py: Module
     caller.start()
     caller.join()
     assert seen_there == [(min(mine + 3, 19), min(mine + 5, 19), min(mine + 3, 19))]
+
+
+def test_threads_stop_spinning_once_a_run_ends_unless_the_config_asks(
+        model_py: ModuleType) -> None:
+    """ONNX Runtime's intra-op threads spin on after every run by default (about 40 ms of
+    a core here, whatever the model); the model's session stops them once a run ends,
+    and keeps ONNX Runtime's default only for ``spin_between_runs`` 1. Its threads are
+    its own pool's (a process's global pool would ignore the setting)."""
+    def options(**params: str) -> ort.SessionOptions:
+        return model_py._options(
+            {"parameters": {k: {"string_value": v} for k, v in params.items()}})
+
+    stopped = options(intra_op_threads="2")
+    assert stopped.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert stopped.intra_op_num_threads == 2 and stopped.inter_op_num_threads == 1
+    assert stopped.use_per_session_threads
+    assert options(spin_between_runs="0").get_session_config_entry(
+        "session.force_spinning_stop") == "1"
+    spinning = options(spin_between_runs="1")
+    with pytest.raises(RuntimeError, match="does not have configuration"):
+        spinning.get_session_config_entry("session.force_spinning_stop")
+    assert spinning.intra_op_num_threads == 0
+
+
+def test_the_sessions_threads_are_made_at_the_callers_priority_though_built_below(
+        model_py: ModuleType, tmp_path: Path) -> None:
+    """The session's pool is made by the thread that makes the session: ``_session``
+    makes it on the caller's thread (the stub's main one, which serves) and builds it
+    (optimizing, packing weights) on a lowered one, so the threads inference runs on
+    keep the caller's priority without a privilege to bring them back."""
+    from converters.tiny import tiny_onnx
+
+    mine = _nice()
+    path = tiny_onnx(tmp_path / "tiny.onnx")
+    options = model_py._options({"parameters": {"intra_op_threads": {"string_value": "3"}}})
+    before = set(os.listdir("/proc/self/task"))
+    built_at: list[int] = []
+    initialize = model_py._built_apart
+
+    def watched(nice: int | None, build: Any) -> Any:
+        return initialize(nice, lambda: (built_at.append(_nice()), build())[1])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model_py, "_built_apart", watched)
+        session = model_py._session(str(path), options, set(), min(mine + 5, 19))
+    pool = set(os.listdir("/proc/self/task")) - before
+    assert built_at == [min(mine + 5, 19)]
+    # the pool's two workers (the caller is its third), and whatever else ONNX Runtime
+    # starts with a process's first session
+    assert len(pool) >= 2, pool
+    assert {_nice(int(tid)) for tid in pool} == {mine}
+    x = np.ones((2, TINY_WIDTH), np.float32)
+    (y,) = session.run(["y"], {"x": x}, None)
+    assert y.shape[0] == 2
 
 
 def test_a_stub_started_below_the_server_serves_at_the_servers_priority(

@@ -11,7 +11,6 @@ import numpy as np
 import onnx
 import pytest
 
-from converters.model_dir import PYTHON_BACKEND_MODEL
 from infergate.triton.local import TritonEndpoints
 from loadtests import bench_residency as br
 from loadtests import residency_models as rm
@@ -146,14 +145,3 @@ def test_member_view_finds_the_member_by_its_grpc_or_http_address() -> None:
     assert br.member_view(view[:1], member) is None
 
 
-def test_a_cached_models_runtime_is_the_one_the_converter_writes_today(
-        tmp_path: Path) -> None:
-    version = tmp_path / "m00_1mb" / "1"
-    version.mkdir(parents=True)
-    (version / "model.py").write_text("# converted before\n")
-    (version / "model.onnx").write_bytes(b"weights")
-    assert rm.refresh_runtime(version)
-    assert (version / "model.py").read_bytes() == PYTHON_BACKEND_MODEL.read_bytes()
-    assert (version / "model.onnx").read_bytes() == b"weights"  # the weights kept
-    assert not rm.refresh_runtime(version)  # already today's
-    assert not rm.refresh_runtime(tmp_path / "no-such-version")

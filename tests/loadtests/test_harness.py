@@ -121,3 +121,28 @@ def test_gateway_yaml_writes_pools_and_only_the_sections_asked_for(tmp_path: Pat
 def test_last_words_skips_the_box_a_cli_error_is_drawn_in() -> None:
     tail = "Usage: gateway serve\n╭─ Error ─╮\n│ No such option: --nope │\n╰─────────╯\n"
     assert harness.last_words(tail) == "No such option: --nope"
+
+
+def test_a_models_runtime_is_refreshed_to_the_one_the_converter_writes_today(
+        tmp_path: Path) -> None:
+    version = tmp_path / "m00_1mb" / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text("# converted before\n")
+    (version / "model.onnx").write_bytes(b"weights")
+    assert harness.refresh_runtime(version)
+    assert (version / "model.py").read_bytes() == harness.PYTHON_BACKEND_MODEL.read_bytes()
+    assert (version / "model.onnx").read_bytes() == b"weights"  # the weights kept
+    assert not harness.refresh_runtime(version)  # already today's
+    assert not harness.refresh_runtime(tmp_path / "no-such-version")
+
+
+def test_a_copied_model_is_served_with_todays_runtime(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    (source / "1" / "__pycache__").mkdir(parents=True)
+    (source / "1" / "model.py").write_text("# converted before\n")
+    (source / "config.pbtxt").write_text('name: "m"\n')
+    target = harness.copy_model(source, tmp_path / "repo" / "m")
+    assert (target / "1" / "model.py").read_bytes() == harness.PYTHON_BACKEND_MODEL.read_bytes()
+    assert (target / "config.pbtxt").read_text() == 'name: "m"\n'
+    assert not (target / "1" / "__pycache__").exists()
+    assert (source / "1" / "model.py").read_text() == "# converted before\n"  # left as it was
