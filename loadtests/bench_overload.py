@@ -108,6 +108,7 @@ from infergate.triton.local import TritonEndpoints
 from loadtests import harness
 from loadtests.h2load import Workload, h2load_command, run_h2load, write_workload
 from loadtests.harness import (
+    copy_model,
     figure,
     finite_median,
     gateway_yaml,
@@ -419,8 +420,7 @@ def prepare(repo: Path, scratch: Path, setup: ModelSetup) -> Workload:
         tiny_work_model(repo)
         return write_workload(scratch, setup.name, np.ones((1, TINY_WIDTH), np.float32),
                               "x", "y")
-    shutil.copytree(sample_model_dir(), repo / setup.name,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    copy_model(sample_model_dir(), repo / setup.name)
     return write_workload(scratch, setup.name, cat_input(), "input", "logits")
 
 

@@ -29,22 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import text_format
+from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from converters.samples import SAMPLE_MODEL_NAME, cat_input
-from converters.triton_config import parse_model_config
 from infergate.triton.local import LocalTriton, TritonSettings
+from loadtests.benchkit import ConfigEdit, write_variant
 from loadtests.h2load import Workload, h2load_command, run_h2load, write_workload
 from loadtests.harness import (
     RUNTIME_ENV,
-    copy_model,
     figure,
     median,
     num,
     percentile,
     publish,
     reporter,
-    sample_model_dir,
     table,
 )
 from loadtests.proc_cpu import read_proc_stats, tree_ticks
@@ -69,19 +67,21 @@ def arm_model(arm: str) -> str:
     return f"{SAMPLE_MODEL_NAME}_{arm}"
 
 
-def prepare(repo: Path, source: Path) -> list[str]:
-    """The sample model copied once per arm, with today's ``model.py`` in each version and
-    ``spin_between_runs`` set in its config: the arms differ in nothing else."""
-    names = []
+def prepare(repo: Path) -> list[str]:
+    """The sample model copied once per arm (:func:`loadtests.benchkit.write_variant`:
+    today's ``model.py``), ``spin_between_runs`` set in its config: the arms differ in
+    nothing else."""
     for arm, spin in ARMS.items():
-        name = arm_model(arm)
-        target = copy_model(source, repo / name)
-        config = parse_model_config((target / "config.pbtxt").read_text())
-        config.name = name
-        config.parameters["spin_between_runs"].string_value = spin
-        (target / "config.pbtxt").write_text(text_format.MessageToString(config))
-        names.append(name)
-    return names
+        write_variant(repo, arm_model(arm), spinning(spin))
+    return [arm_model(arm) for arm in ARMS]
+
+
+def spinning(value: str) -> ConfigEdit:
+    """The config edit that sets ``spin_between_runs``."""
+    def edit(config: ModelConfig) -> None:
+        config.parameters["spin_between_runs"].string_value = value
+
+    return edit
 
 
 def measure(work: Workload, protocol: str, target: Any, setup: Setup, ticks: Callable[[], int],
@@ -164,7 +164,7 @@ def run(setup: Setup | None = None) -> list[dict[str, Any]]:
         scratch = Path(tmp)
         repo = scratch / "repo"
         repo.mkdir()
-        names = prepare(repo, sample_model_dir())
+        names = prepare(repo)
         works = {arm: write_workload(scratch, arm_model(arm), cat_input(), "input", "logits")
                  for arm in ARMS}
         rounds = []

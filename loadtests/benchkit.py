@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,16 +23,16 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from converters.samples import INPUT_NAME
-from loadtests.harness import percentile, sample_model_dir
+from loadtests.harness import copy_model, percentile, sample_model_dir
 
 ConfigEdit = Callable[[mc.ModelConfig], None]
 
 
 def write_variant(repo: Path, name: str, edit: ConfigEdit) -> None:
-    """Copy the sample model to ``repo/name`` with its config edited by ``edit``."""
+    """Copy the sample model to ``repo/name`` (served with today's ``model.py``) with its
+    config edited by ``edit``."""
     source = sample_model_dir()
-    target = repo / name
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy_model(source, repo / name)
     config = text_format.Parse((source / "config.pbtxt").read_text(), mc.ModelConfig())
     config.name = name
     edit(config)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from converters.model_dir import PYTHON_BACKEND_MODEL
 from converters.triton_config import parse_model_config
 from loadtests import bench_spinning as bs
+from loadtests import benchkit
 
 
-def test_the_arms_differ_only_in_spin_between_runs(tmp_path: Path) -> None:
+def test_the_arms_differ_only_in_spin_between_runs(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     source = tmp_path / "efficientnet_lite0"
     (source / "1").mkdir(parents=True)
     (source / "1" / "model.py").write_text("# converted before\n")
@@ -17,9 +21,10 @@ def test_the_arms_differ_only_in_spin_between_runs(tmp_path: Path) -> None:
     (source / "config.pbtxt").write_text(
         'name: "efficientnet_lite0"\nmax_batch_size: 32\n'
         'parameters { key: "intra_op_threads" value { string_value: "0" } }\n')
+    monkeypatch.setattr(benchkit, "sample_model_dir", lambda: source)
     repo = tmp_path / "repo"
     repo.mkdir()
-    names = bs.prepare(repo, source)
+    names = bs.prepare(repo)
     assert names == ["efficientnet_lite0_stopped", "efficientnet_lite0_spinning"]
     configs = {n: parse_model_config((repo / n / "config.pbtxt").read_text()) for n in names}
     assert {n: c.name for n, c in configs.items()} == {n: n for n in names}
