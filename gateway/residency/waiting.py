@@ -98,6 +98,10 @@ class Placer(Protocol):
     def under_way(self, flight: Flight) -> bool:
         """Whether the flight's load has begun (loading, or warming up)."""
 
+    def stage(self, flight: Flight) -> str:
+        """Where the flight's load stands, in words (its member, and what it waits for
+        there)."""
+
     def never_fits(self, pool: Pool, model: str) -> bool:
         """Whether ``model`` is larger than any member of ``pool`` may hold."""
 
@@ -250,7 +254,7 @@ class WaitingRoom:
 
     def _too_long(self, flight: Flight, expected: float | None, limit: float,
                   at_once: bool) -> ModelNotReady:
-        where = f"on member {flight.member}" if flight.member else "(no member has room yet)"
+        where = self.placer.stage(flight)
         if expected is None:
             return ModelNotReady(self.placer.no_room(flight.pool, flight.model),
                                  retry_after_s=self._retry_after(None), reason="loading")

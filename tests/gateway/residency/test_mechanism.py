@@ -6,6 +6,7 @@ model, a deadline shorter than a load, room made for a miss while others decide.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -127,6 +128,45 @@ async def test_a_request_is_answered_at_once_when_its_deadline_is_shorter_than_t
     assert "expected in 8.0 s" in refused.value.message
     assert (refused.value.retry_after_s or 0) >= 8
     assert sum(rig.members.loads.values()) == 1  # the load goes on for the next request
+
+
+async def test_a_refusal_says_the_load_is_queued_behind_another_when_it_is() -> None:
+    """A request whose model's load waits for a load slot is told so, and behind how
+    many loads, not that its model is loading."""
+    rig = Rig({"a": 100 * MB, "m": 100 * MB}, budget=300 * MB, members=1,
+              loads_per_member=1)
+    rig.residency.actuator.load_seconds.update({"a": 3.0, "m": 3.0})
+    first = asyncio.ensure_future(rig.core.state.wait_resident("a", 30.0))
+    await rig.until(lambda: len(rig.members.pending) == 1)
+    with pytest.raises(ModelNotReady) as refused:
+        await asyncio.wait_for(rig.core.state.wait_resident("m", 2.0), 0.5)  # at once
+    assert f"is being loaded on member {A} (queued behind 1 load there), expected in " \
+        in refused.value.message
+    assert rig.phase(A, "m") == "queued"
+    rig.members.finish(A, "a")
+    await first
+    await rig.residency.close()
+
+
+async def test_a_refusal_names_the_models_evicted_to_make_the_room() -> None:
+    rig = Rig({"old": 100 * MB, "new": 100 * MB}, budget=100 * MB, members=1, instant=True,
+              min_resident_s=0.0, probation_share=0.0)
+    await rig.residency.round()
+    await rig.core.state.wait_resident("old", 10.0)
+    rig.clock.advance(6)  # unused since: room for a miss
+    await rig.residency.round()
+    rig.footprints.released = _never_released  # type: ignore[method-assign]
+    rig.residency.actuator.load_seconds["new"] = 8.0
+    with pytest.raises(ModelNotReady) as refused:
+        await asyncio.wait_for(rig.core.state.wait_resident("new", 2.0), 0.5)
+    assert f"is being loaded on member {A} (making room there: evicting old), expected " \
+        in refused.value.message
+    await rig.residency.close()
+
+
+async def _never_released(member: Any, model: str, timeout_s: float) -> bool:
+    await asyncio.sleep(3600)
+    return False
 
 
 async def test_a_miss_is_answered_before_the_client_deadline_when_the_load_runs_late(
