@@ -170,8 +170,8 @@ def _options(config: dict[str, Any]) -> ort.SessionOptions:
 def _session(path: str, options: ort.SessionOptions, disabled_optimizers: set[str],
              nice: int | None) -> Any:
     """ONNX Runtime's session of the model at ``path``, built (its graph optimized, its
-    weights packed: nearly all of a load's CPU) at ``nice`` (:func:`_built_apart`) and
-    made here.
+    weights packed: nearly all of the session's cost) at ``nice`` (:func:`_built_apart`)
+    and made here.
 
     Made here because the session's own thread pool is made with it, by the thread that
     makes it, and inherits that thread's CPU priority: made on the lowered build thread,
