@@ -191,21 +191,22 @@ class Misses:
         current = self._current(flight.holding)
         return current is not None and current.phase in (Phase.LOADING, Phase.WARMING)
 
-    def stage(self, flight: Flight) -> str:
-        """Where the flight's load stands, as its waiters are told when they give up:
-        without a member, with the room being made there (and whom it evicts), queued
-        behind the member's other loads, loading or warming up."""
+    def stage(self, flight: Flight) -> tuple[str, str]:
+        """Where the flight's load stands, as its waiters are told when they give up: its
+        member ('' without one) and what it waits for there (no member has room yet, the
+        room being made and whom it evicts, the member's other loads ahead of it) or what
+        it does (loading, warming up)."""
         if flight.member is None:
-            return "(no member has room yet)"
+            return "", "no member has room yet"
         where = f"on member {flight.member}"
         current = self._current(flight.holding)
         if current is None:
             victims = ", ".join(sorted(flight.victims))
-            return f"{where} (making room there{': evicting ' + victims if victims else ''})"
+            return where, f"making room there{': evicting ' + victims if victims else ''}"
         if current.phase is Phase.QUEUED:
             ahead = self.residency.actuator.queued_ahead(current)
-            return f"{where} (queued behind {ahead} load{'' if ahead == 1 else 's'} there)"
-        return f"{where} ({current.phase.value})"
+            return where, f"queued behind {ahead} load{'' if ahead == 1 else 's'} there"
+        return where, current.phase.value
 
     def expected_in(self, flight: Flight) -> float | None:
         """Seconds until the flight's model is resident (the waiting room answers by it);

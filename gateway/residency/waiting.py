@@ -98,9 +98,9 @@ class Placer(Protocol):
     def under_way(self, flight: Flight) -> bool:
         """Whether the flight's load has begun (loading, or warming up)."""
 
-    def stage(self, flight: Flight) -> str:
-        """Where the flight's load stands, in words (its member, and what it waits for
-        there)."""
+    def stage(self, flight: Flight) -> tuple[str, str]:
+        """Where the flight's load stands, in words: its member ('' without one), and what
+        it waits for or does there."""
 
     def never_fits(self, pool: Pool, model: str) -> bool:
         """Whether ``model`` is larger than any member of ``pool`` may hold."""
@@ -254,19 +254,20 @@ class WaitingRoom:
 
     def _too_long(self, flight: Flight, expected: float | None, limit: float,
                   at_once: bool) -> ModelNotReady:
-        where = self.placer.stage(flight)
         if expected is None:
             return ModelNotReady(self.placer.no_room(flight.pool, flight.model),
                                  retry_after_s=self._retry_after(None), reason="loading")
+        member, stage = self.placer.stage(flight)
+        loaded = f"model '{flight.model}' is being loaded{' ' + member if member else ''}"
         if at_once:
             return ModelNotReady(
-                f"model '{flight.model}' is being loaded {where}, expected in {expected:.1f} s, "
-                f"longer than this request may wait ({limit:.1f} s): retry after it",
+                f"{loaded} ({stage}), expected in {expected:.1f} s, longer than this "
+                f"request may wait ({limit:.1f} s): retry after it",
                 retry_after_s=self._retry_after(expected), reason="loading")
         waited = self.clock() - flight.started
         return ModelNotReady(
-            f"model '{flight.model}' is being loaded {where} ({waited:.1f} s so far), "
-            f"longer than this request may wait ({limit:.1f} s): retry",
+            f"{loaded} ({stage}, {waited:.1f} s so far), longer than this request may "
+            f"wait ({limit:.1f} s): retry",
             retry_after_s=self._retry_after(expected), reason="loading")
 
     @staticmethod

@@ -32,10 +32,11 @@ def outcome(t: float, kind: str, phase: int = 0, latency_ms: float = 10.0,
                     "or loading): retry", "no_room"),
     ("503", "model 'm1' needs 9 bytes, more than any member of pool 'cpu' may hold (5 "
             "bytes)", "no_room"),
-    ("503", "model 'm1' is being loaded on member 127.0.0.1:8001 (2.1 s so far), longer "
-            "than this request may wait (2.0 s): retry", "load_too_long"),
-    ("UNAVAILABLE", "model 'm1' is being loaded on member x (9.9 s so far), longer than "
-                    "this request may wait (10.0 s): retry", "load_too_long"),
+    ("503", "model 'm1' is being loaded on member 127.0.0.1:8001 (loading, 2.1 s so far), "
+            "longer than this request may wait (2.0 s): retry", "load_too_long"),
+    ("UNAVAILABLE", "model 'm1' is being loaded on member x (queued behind 2 loads there, "
+                    "9.9 s so far), longer than this request may wait (10.0 s): retry",
+     "load_too_long"),
     ("DEADLINE_EXCEEDED", "Deadline Exceeded", "deadline"),
     ("504", "deadline exceeded", "deadline"),
     ("timeout", "no answer within 15000 ms", "deadline"),

@@ -46,8 +46,9 @@ class ScriptedPlacer:
     def under_way(self, flight: Flight) -> bool:
         return False
 
-    def stage(self, flight: Flight) -> str:
-        return f"on member {flight.member}" if flight.member else "(no member has room yet)"
+    def stage(self, flight: Flight) -> tuple[str, str]:
+        return (f"on member {flight.member}", "loading") if flight.member else (
+            "", "no member has room yet")
 
     def never_fits(self, pool: Pool, model: str) -> bool:
         return False
