@@ -23,6 +23,7 @@ stopped on the way out.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from loadtests.proc_cpu import read_proc_stats, tree_ticks
 # the two copies: ONNX Runtime's threads stop spinning once a run ends / spin on
 ARMS = {"stopped": "0", "spinning": "1"}
 PROTOCOLS = ("http", "grpc")
-TICKS_PER_S = 100  # Linux's USER_HZ, the unit of /proc/<pid>/stat
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of /proc/<pid>/stat
 
 say = reporter("bench_spinning")
 
@@ -92,7 +93,7 @@ def measure(work: Workload, protocol: str, target: Any, setup: Setup, ticks: Cal
     paced = run_h2load(h2load_command(work, protocol, target, 1, duration,
                                       scratch / "paced.tsv", (), setup.rate),
                        setup.seconds + 60)
-    cpu_s = (ticks() - before) / TICKS_PER_S
+    cpu_s = (ticks() - before) / CLOCK_TICKS
     answered = [us / 1000 for status, us in paced.log if status == 200]
     if not answered or paced.returncode != 0:
         raise RuntimeError(f"h2load at {work.model} ({protocol}) answered nothing: {paced.gist()}")
