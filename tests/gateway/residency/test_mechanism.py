@@ -216,6 +216,7 @@ def test_a_miss_waits_into_the_last_share_of_its_deadline_when_its_load_is_endin
     assert answer == "served" and 9.2 <= took < 9.5
     took, answer = run_virtual(waited(7.0))  # at 9 s its load has 1 s to go: past 9.5 s
     assert took == pytest.approx(9.0, abs=0.01) and "longer than this request may wait" in answer
+    assert f"is being loaded on member {A} (loading, 9.0 s so far)" in answer  # and where
 
 
 async def test_accounted_use_stays_within_the_budget_when_a_miss_evicts_for_room() -> None:
