@@ -309,7 +309,8 @@ def _where(held: list[dict[str, Any]]) -> str:
     parts = []
     for h in held:
         style = STATE_STYLES.get(h["state"], "white")
-        reason = f" ({h['reason']})" if h.get("reason") else ""
+        reason = f" ({h['reason']}{', not used yet' if h.get('lent') else ''})" \
+            if h.get("reason") else ""
         waiting = f", {h['waiting']} waiting" if h.get("waiting") else ""
         parts.append(f"{h['member']} [{style}]{h['state']}[/] {for_text(h.get('for_s'))}"
                      f"{reason}{waiting}")

@@ -26,8 +26,12 @@ Arms, one after the other, each on fresh members:
    converter's figure where larger); a budget is a fraction of their sum, per member.
 2. **residency, half** and **residency, quarter** (``--budgets``): the pool has
    ``residency: {memory_budget_bytes: B, min_resident_s: 5}`` (``--knob`` for more),
-   every model ``on_demand``, nothing loaded at start. At half, the two members together
-   can hold every model once; at a quarter, half of them.
+   every model ``on_demand``, nothing loaded when the members start. At half, the two
+   members together can hold every model once; at a quarter, half of them. The traffic
+   begins once the gateway has settled (:func:`settled`: no load pending, the same
+   models held a poll later), as the other arms' begins once their members have loaded
+   theirs: with the gateway's default ``fill_free_room`` its free room is filled by
+   then, the smallest models first, knowing nothing of the traffic to come.
 3. **static** (only with ``--arms ...,static``): no residency; the first models of the
    catalogue that fit *B* loaded on both members, the others refused.
 
@@ -150,6 +154,7 @@ DEFAULT_ARMS = ("all", "residency")
 BUDGETS = {"half": 0.5, "quarter": 0.25}  # a member's budget: this share of every footprint
 DEFAULT_KNOBS: dict[str, Any] = {"min_resident_s": 5}  # issue 34's check
 MODELS = ROOT / "results" / "bench_residency" / f"models-{catalogue_name()}"
+SETTLE_LIMIT_S = 120.0  # the most a residency arm waits for its gateway to settle
 FOOTPRINTS = "measured-footprints.json"  # beside the models: the stubs' USS, last measured
 CLIENT_SLACK_S = 1.0  # HTTP gives up this long after its deadline
 
@@ -515,6 +520,9 @@ def run_arm(arm: Arm, setup: Setup, folder: Path, budget: int | None, loaded: Se
         config = arm_config(folder / "gateway.yaml", arm, group, setup, budget)
         with started_gateway(config, folder / "gateway", source=arm.source) as gw:
             url = f"http://{gw.http_url}"
+            settle = settled(url) if arm.kind == "residency" else None
+            if settle is not None:
+                say(f"{arm.title}: settled in {settle[0]:.1f} s, {settle[1]} models held")
             say(f"{arm.title}: {len(arrivals)} requests over "
                 f"{len(PHASES) * setup.phase_s:g} s")
             t0 = time.monotonic() + 1.0
@@ -528,7 +536,25 @@ def run_arm(arm: Arm, setup: Setup, folder: Path, budget: int | None, loaded: Se
             moves = [*sampler.moves, counters(page(f"{url}/metrics"))]
             keep_record(folder, url, outcomes)
             stubs = group[0].memory().stubs_uss
-        return ArmRun(outcomes, sampler.samples, moves, stubs, cores(before, after, seconds))
+        return ArmRun(outcomes, sampler.samples, moves, stubs, cores(before, after, seconds),
+                      settle)
+
+
+def settled(url: str, limit_s: float = SETTLE_LIMIT_S, every_s: float = 1.5
+            ) -> tuple[float, int]:
+    """Wait until the residency has settled: no holding queued, loading or warming, and
+    the same holdings a poll later (``every_s``: longer than a round, so a fill's next
+    load would show), at most ``limit_s``. Seconds it took, and the models held then."""
+    start, before = time.monotonic(), None
+    while True:
+        report = httpx.get(f"{url}/v1/residency", timeout=10).json()
+        now = sorted((m["key"], h["model"], h["state"]) for p in report["pools"]
+                     for m in p["members"] for h in m["models"])
+        if now == before and all(state == "resident" for *_, state in now) \
+                or time.monotonic() - start > limit_s:
+            return time.monotonic() - start, len(now)
+        before = now
+        time.sleep(every_s)
 
 
 def cores(before: Mapping[str, int], after: Mapping[str, int], seconds: float

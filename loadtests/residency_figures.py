@@ -222,6 +222,9 @@ class ArmRun:
     # CPU over the traffic, in cores: members, control_plane, replica, haproxy,
     # load_generator (loadtests.proc_cpu.component_ticks)
     cpu_cores: dict[str, float] = field(default_factory=dict)
+    # a residency arm: seconds its gateway took to settle before the traffic, and the
+    # models its members held then (loaded by the fill: nothing asked for them yet)
+    settled: tuple[float, int] | None = None
 
 
 # -- the figures ----------------------------------------------------------------------
@@ -293,6 +296,8 @@ def summarise(arm: Arm, run: ArmRun, setup: Setup, budget: int | None,
         "other_messages": messages(out, "other"),
         "hit_series": hit_series(out), "memory": list(run.samples),
         "cpu_cores": dict(run.cpu_cores),
+        "settled": None if run.settled is None else {
+            "s": round(run.settled[0], 1), "models": run.settled[1]},
     }
 
 
@@ -501,6 +506,14 @@ def notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "second): the members' Tritons with their stubs, loads included; the gateway's "
         "own process; its data-plane replica; HAProxy; this benchmark's clients.",
     ]
+    settled = [f"{r['arm']} {r['settled']['s']:g} s ({r['settled']['models']} models held)"
+               for r in rows if r.get("settled")]
+    if settled:
+        out.append("The residency arms' traffic began once their gateway had settled (no "
+                   "load pending, the same models held a round later), as the other arms' "
+                   "began once their members had loaded theirs: " + "; ".join(settled)
+                   + ". What they held then, the fill loaded knowing nothing of the "
+                   "traffic to come.")
     for r in rows:
         if r["kind"] == "residency" and r["load_waits"]["http"] and not r["load_waits"]["grpc"]:
             out.append(f"{r['arm']}: no gRPC answer carried the load-wait mark while "

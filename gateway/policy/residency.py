@@ -53,11 +53,21 @@ idle (its last replica is never a surplus, only ever evicted to make room). In o
    loads nor evicts. A held model the view does not describe is a surplus. Last, so
    that loads needing room took it from surpluses first; the room it frees goes to
    replicas still missing (the loads again).
+4. *Fill* (load ``fill``, only when :func:`plan` is asked to: the control plane asks
+   while no request waits for a load in the pool): models held nowhere load into the
+   room nothing else wants (a model with demand is step 2's: these have none), the
+   smallest first (the most models a byte holds, nothing known of their use), each on
+   the member with the most free room where it fits without evicting anything and
+   leaving free the room of the pool's largest model (at most the probation share): a
+   miss then loads at once. A model whose load failed on a member is not filled (only
+   asked for is it tried again). A model so loaded and not used since (``lent`` in its
+   member's view) is the first to go, at any age: room nobody asked for is lent, not
+   given.
 
 Who may be evicted: never a model within ``min_resident_s`` of becoming resident
 (``probation_min_s`` for a probation one, :data:`WAITERS_S` for one a starving or
-hurried miss takes), never a pending or frozen one, never below its
-``min_replicas``, never one being drained or loaded by the same plan. Coldest first:
+hurried miss takes; a ``lent`` one at any age), never a pending or frozen one, never
+below its ``min_replicas``, never one being drained or loaded by the same plan. Coldest first:
 replicas beyond their model's wanted count, then the lowest demand per byte, then the
 longest unused, then by name. To make room for
 
@@ -106,7 +116,7 @@ PROBATION_MIN_S = 5.0
 # load for another miss, a model's waiters waited for it until their deadline; simulated
 # (forwarding 0.3 s), 1 s failed the fewest requests (0.5 s and 2 s more)
 WAITERS_S = 1.0
-LOAD_REASONS = ("pinned", "demand", "miss", "preload", "deploy", "operator")
+LOAD_REASONS = ("pinned", "demand", "miss", "preload", "fill", "deploy", "operator")
 EVICTION_REASONS = ("room", "surplus", "operator")
 
 
@@ -154,6 +164,9 @@ class MemberView:
     # pending model -> bytes of the draining models whose room it takes once they leave (a
     # miss placed here waits for its victims): counted once, not as both
     covered: Mapping[str, int] = field(default_factory=dict)
+    # loaded by a plan's fill and not used since (room lent): evicted at any age, before
+    # any other model of the main segment
+    lent: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -328,7 +341,8 @@ class Board:
                      if name in self.probation[key] else self.knobs.min_resident_s)
         return (name in self.holds[key] and (name, key) not in self.planned
                 and name not in member.pending and not (model is not None and model.frozen)
-                and (young or self.now - member.held[name] >= protected)
+                and (young or name in member.lent
+                     or self.now - member.held[name] >= protected)
                 and (model is None or self.count[name] - 1 >= model.min_replicas))
 
     def evict(self, key: str, name: str, reason: str) -> None:
@@ -497,9 +511,10 @@ def _place_all(board: Board, wants: list[tuple[str, int, str]], starting: bool) 
                 placed = board.place(name, reason, eligible) is not None or placed
 
 
-def plan(view: ResidencyView, knobs: ResidencyKnobs) -> Plan:
+def plan(view: ResidencyView, knobs: ResidencyKnobs, fill: bool = False) -> Plan:
     """What to evict, load and promote now (module docstring); the evictions are carried
-    out (their room freed) before the loads that need it."""
+    out (their room freed) before the loads that need it. ``fill``: the room left is
+    filled too (step 4)."""
     board = Board(view, knobs)
     starting = not any(m.held or m.draining or m.pending for m in board.members.values())
     wants = list(_wants(board))
@@ -509,8 +524,28 @@ def plan(view: ResidencyView, knobs: ResidencyKnobs) -> Plan:
     # "room"); what room the surplus frees, replicas still missing may take
     if board.evict_surplus():
         _place_all(board, wants, starting)
+    if fill:
+        _fill(board)
     return Plan(tuple(board.loads), tuple(board.evictions), board.every_wanted(),
                 _segments(board))
+
+
+def _fill(board: Board) -> None:
+    """Models held nowhere loaded into the room nothing else wants (module docstring,
+    step 4): never evicting, leaving a miss the room of the largest model."""
+    sizes = sorted(m.footprint_bytes for m in board.models.values())
+    kept = {key: min(max((b for b in sizes if b <= m.budget_bytes), default=0),
+                     int(board.knobs.probation_share * m.budget_bytes))
+            for key, m in board.members.items()}
+    order = sorted((n for n, m in board.models.items() if not m.frozen),
+                   key=lambda n: (board.footprint(n), n))
+    for name in order:
+        if board.count[name] or any(name in m.failed for m in board.members.values()):
+            continue  # held, or its load failed: loaded again only when asked for
+        for key in board.candidates(name):  # most free room first
+            if board.footprint(name) <= board.free(key) - kept[key]:
+                board.load(key, name, "fill")
+                break
 
 
 def _segments(board: Board) -> tuple[Move, ...]:

@@ -86,6 +86,13 @@ class Holding:
         """Whether its footprint counts in the member's use (everything but failed)."""
         return self.phase is not Phase.FAILED
 
+    def lent(self, last_used: float | None) -> bool:
+        """Whether it holds room nobody asked for: loaded by the plan's fill, resident,
+        and its model not used (``last_used``: the model's last request) since. The first
+        to go, at any age."""
+        return (self.reason == "fill" and self.phase is Phase.RESIDENT
+                and (last_used is None or last_used < (self.resident_since or self.since)))
+
 
 Listener = Callable[[Holding | None, Holding | None], None]
 

@@ -15,7 +15,9 @@ Once per round (:meth:`Residency.round`):
    Triton that restarted empty, or a model a deploy loaded, is seen here);
 2. **demand**, from the request counters, and the footprints measured again;
 3. **the plan** (:func:`gateway.policy.residency.plan`) over a view built from the
-   records: its evictions, promotions, and the loads that fit now;
+   records: its evictions, promotions, and the loads that fit now (with
+   ``fill_free_room``, while no request waits for a load in the pool, models held nowhere
+   fill the room left, each only into a load slot free now);
 4. misses no member had room for are placed again.
 
 A miss is placed by :func:`gateway.policy.residency_misses.place_miss`: the victims it names
@@ -166,6 +168,7 @@ class Residency:
 
     def _member_view(self, pool: Pool, member: PoolMember, now: float) -> policy.MemberView:
         holdings = self.table.of_member(member.key).values()
+        last_used = self.state.last_used()
         # misses placed here waiting for their victims to leave: their room is theirs, as
         # a pending load's (loaded into probation, expected when their room is made), the
         # victims' bytes counted once
@@ -188,7 +191,8 @@ class Residency:
                 m: now + expected for m, f in promised.items()
                 if (expected := self.misses.expected_in(f)) is not None},
             covered={m: sum(self.footprints.bytes(v, pool) for v in f.victims & leaving)
-                     for m, f in promised.items()})
+                     for m, f in promised.items()},
+            lent=frozenset(h.model for h in holdings if h.lent(last_used.get(h.model))))
 
     def unreserve(self, model: str) -> None:
         """A plan's load of ``model`` waiting for room is decided again by a miss."""
@@ -272,13 +276,20 @@ class Residency:
             await self._remeasure(pool)
             self._reserved = {r for r in self._reserved
                               if all(m.key != r[0] for m in pool.members)}
-            self.execute(pool, policy.plan(self.view(pool), self.knobs(pool)))
+            self.execute(pool, policy.plan(self.view(pool), self.knobs(pool),
+                                           fill=self._may_fill(pool)))
             self._gauges(pool)
         for flight in self.room.unplaced():
             self.misses.place(flight)
         if now - self._recorded_at >= RECORD_EVERY_S:
             self._recorded_at = now
             self.demand.record()
+
+    def _may_fill(self, pool: Pool) -> bool:
+        """Whether the plan may fill the pool's free room now: the pool asks for it and no
+        request waits for a load there (misses take room and load slots first)."""
+        return self.spec(pool).fill_free_room and not any(
+            f.pool is pool and not f.done.done() for f in self.room.flights.values())
 
     async def _remeasure(self, pool: Pool) -> None:
         """Resident models measured again (a runtime grows after its load)."""
@@ -307,9 +318,14 @@ class Residency:
             member = self._member(move.member)
             if member is None or not self.table.may_queue(move.member, move.model):
                 continue
-            if self.actuator.queued(move.member) >= self.slots(move.member) or \
-                    self.used_bytes(pool, move.member) + self.footprints.bytes(move.model, pool) \
-                    > usable:
+            queued = self.actuator.queued(move.member)
+            no_room = self.used_bytes(pool, move.member) \
+                + self.footprints.bytes(move.model, pool) > usable
+            if move.reason == "fill":  # only into a slot and room free now, never kept
+                if no_room or queued + self.actuator.running(move.member) \
+                        >= self.slots(move.member):
+                    continue
+            elif no_room or queued >= self.slots(move.member):
                 # its room is kept for it until the next round (misses placed meanwhile
                 # see it taken), when the plan decides again
                 self._reserved.add((move.member, move.model))

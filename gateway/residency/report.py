@@ -1,6 +1,7 @@
 """What owners and operators see of the residency (``GET /v1/residency``, the console,
 ``infergate models status``): per pool and member, every holding with its phase, how
-long, why, its footprint and the requests waiting for it; per pool, the misses waiting
+long, why, its footprint, whether it holds room lent (loaded by the fill and not used
+since: the first to go) and the requests waiting for it; per pool, the misses waiting
 for room, in the order room goes to them; per model, where it is resident and its
 holdings elsewhere."""
 
@@ -64,7 +65,8 @@ def build(residency: Reported) -> dict[str, Any]:
                 "load_slots": spec.loads_per_member,
                 "loads_running": residency.actuator.running(member.key),
                 "models": [dict(_holding(residency, h, now), model=m,
-                                footprint_bytes=residency.footprints.bytes(m, pool))
+                                footprint_bytes=residency.footprints.bytes(m, pool),
+                                lent=h.lent(last_used.get(m)))
                            for m, h in sorted(holdings.items())],
             })
         pools.append({"name": pool.name, "budget_bytes": spec.memory_budget_bytes,
@@ -88,7 +90,8 @@ def build(residency: Reported) -> dict[str, Any]:
                 "last_used_s_ago": None if used is None else round(now - used, 1),
                 "members": residency.table.resident_on(model),
                 "waiting": residency.room.waiters(model),
-                "holdings": [dict(_holding(residency, h, now), member=k)
+                "holdings": [dict(_holding(residency, h, now), member=k,
+                                  lent=h.lent(used))
                              for k, h in sorted(holdings.items())],
             }
     return {"pools": pools, "models": models}

@@ -6,6 +6,7 @@ the models' sizes."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -59,6 +60,37 @@ def test_grpc_request_carries_the_same_input_as_the_json_body() -> None:
 
 
 # -- knobs, arms and members ----------------------------------------------------------
+
+def test_settled_waits_for_no_pending_load_and_the_same_holdings_a_poll_later(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def report(*held: tuple[str, str]) -> dict[str, Any]:
+        return {"pools": [{"members": [{"key": "k", "models": [
+            {"model": m, "state": state} for m, state in held]}]}]}
+
+    both = (("a", "resident"), ("b", "resident"))
+    answers = [report(("a", "loading")), report(("a", "resident")),
+               report(("a", "resident"), ("b", "queued")), report(*both), report(*both),
+               report()]
+    polls: list[str] = []
+
+    class Answer:
+        def __init__(self, body: dict[str, Any]) -> None:
+            self.body = body
+
+        def json(self) -> dict[str, Any]:
+            return self.body
+
+    def get(url: str, timeout: float) -> Answer:
+        polls.append(url)
+        return Answer(answers[len(polls) - 1])
+
+    monkeypatch.setattr(br.httpx, "get", get)
+    monkeypatch.setattr(br.time, "sleep", lambda s: None)
+    seconds, held = br.settled("http://gw")
+    assert len(polls) == 5 and held == 2 and seconds >= 0
+    assert polls[0] == "http://gw/v1/residency"
+
 
 def test_parse_knob_reads_the_value_as_yaml() -> None:
     assert br.parse_knob("min_resident_s=10") == ("min_resident_s", 10)

@@ -307,6 +307,15 @@ def test_markdown_gives_each_arm_and_phase_then_the_goals_judged() -> None:
         "them back." in rf.markdown(rows)
 
 
+def test_notes_say_how_long_each_residency_arm_settled_before_its_traffic() -> None:
+    rows = [all_resident(), row("residency, half", settled={"s": 7.8, "models": 33}),
+            row("residency, quarter", budget="quarter", settled={"s": 4.5, "models": 21})]
+    [note] = [n for n in rf.notes(rows) if "settled" in n]
+    assert "residency, half 7.8 s (33 models held); residency, quarter 4.5 s (21 " \
+        "models held)" in note
+    assert not any("settled" in n for n in rf.notes([all_resident()]))
+
+
 def test_notes_say_when_grpc_answers_never_carry_the_load_wait_mark() -> None:
     rows = [row("residency, half", load_waits={"http": 40, "grpc": 0})]
     assert any("no gRPC answer carried the load-wait mark" in n for n in rf.notes(rows))

@@ -1,6 +1,7 @@
 """The residency policy as a pure function over a view of a pool: replicas wanted from
 demand, loads placed where there is room, evictions of the coldest, hysteresis, the
-budget never exceeded (checked over many random views), misses, preloading."""
+budget never exceeded (checked over many random views), misses, preloading, the fill of
+free room."""
 
 from __future__ import annotations
 
@@ -338,6 +339,57 @@ def test_preload_loads_the_most_used_models_first_up_to_the_budgets() -> None:
     assert (again.loads, again.evictions) == ((), ())
 
 
+# --- fill ------------------------------------------------------------------------------
+
+def test_fill_loads_models_held_nowhere_smallest_first_leaving_the_largest_room() -> None:
+    """Nothing asked for yet: the room fills with the smallest models first, each on the
+    member with the most room, never evicting; each member keeps the largest model's room
+    (3 GB, within the probation share of 0.5) free for a miss. Asked not to, it loads
+    nothing."""
+    models = [_model("big", 3), _model("mid", 2), _model("s1", 1), _model("s2", 1),
+              _model("held", 1), _model("broken", 1)]
+    view = _view(models, [_member("a", 6, held=["held"]), _member("b", 6, failed={
+        "broken": OLD})])  # failed, long ago: filled nowhere (only a request retries it)
+    knobs = ResidencyKnobs(min_resident_s=30.0, probation_share=0.5)
+    assert plan(view, knobs) == plan(view, knobs, fill=False)
+    assert (plan(view, knobs).loads, plan(view, knobs).evictions) == ((), ())
+    p = plan(view, knobs, fill=True)
+    assert p.evictions == ()
+    assert p.loads == (Move("s1", "b", "fill"), Move("s2", "a", "fill"),
+                       Move("mid", "b", "fill"))  # "big" would leave b less than 3 GB
+    after = _apply(view, p)
+    assert [6 * GB - used_bytes(after, k) for k in ("a", "b")] == [4 * GB, 3 * GB]
+    assert plan(after, knobs, fill=True).loads == ()  # filled: nothing more fits
+
+
+def test_fill_keeps_at_most_the_probation_share_free_and_follows_demanded_loads() -> None:
+    """A model with demand is the plan's to load (``preload`` here); the fill follows,
+    keeping free the largest model's room, but never more than the probation share (a
+    quarter of 8 GB: 2 GB, where the largest model takes 5)."""
+    models = [_model("huge", 5), _model("used", 2, demand=0.01), _model("s", 1),
+              _model("t", 1)]
+    p = plan(_view(models, [_member("a", 8)]), ResidencyKnobs(), fill=True)
+    assert p.loads == (Move("used", "a", "preload"), Move("s", "a", "fill"),
+                       Move("t", "a", "fill"))  # "huge" would leave less than 2 GB
+
+
+def test_a_filled_model_goes_first_at_any_age_until_it_is_used() -> None:
+    """A model the fill loaded a second ago, not used since, gives its room to a demanded
+    model and to a miss despite min_resident_s; one used since is protected like any."""
+    models = [_model("filled"), _model("hot", demand=5), _model("cold")]
+    young = {"filled": NOW - 1}
+    lent = MemberView("a", 1 * GB, True, young, {}, frozenset(),
+                      lent=frozenset({"filled"}))
+    p = plan(_view(models, [lent]), K)
+    assert p.evictions == (Move("filled", "a", "room"),)
+    assert p.loads == (Move("hot", "a", "demand"),)
+    assert place_miss(_view(models, [lent]), "cold", K) == (
+        "a", (Move("filled", "a", "room"),))
+    kept = MemberView("a", 1 * GB, True, young, {}, frozenset())  # used since its load
+    assert plan(_view(models, [kept]), K).evictions == ()
+    assert place_miss(_view(models, [kept]), "cold", K) is None
+
+
 # --- place_miss ------------------------------------------------------------------------
 
 def test_place_miss_picks_the_member_with_most_room_and_evicts_only_the_coldest() -> None:
@@ -482,6 +534,20 @@ def test_plan_over_random_views_keeps_budgets_min_resident_s_and_min_replicas() 
         p = plan(view, knobs)
         try:
             _check_plan(view, knobs, p)
+            # the fill only adds loads of models held nowhere, into room left free
+            filled = plan(view, knobs, fill=True)
+            _check_plan(view, knobs, filled)
+            extra = [mv for mv in filled.loads if mv not in p.loads]
+            assert filled.evictions == p.evictions and filled.segments == p.segments
+            assert filled.loads[:len(p.loads)] == p.loads
+            assert all(mv.reason == "fill" and mv.model not in _holders(view, p)
+                       for mv in extra)
+            for key in {mv.member for mv in extra}:  # a miss's room left free there
+                budget = next(m.budget_bytes for m in view.members if m.key == key)
+                largest = max(m.footprint_bytes for m in view.models
+                              if m.footprint_bytes <= budget)
+                assert budget - used_bytes(_apply(view, filled), key) >= min(
+                    largest, int(knobs.probation_share * budget))
             # deterministic: the order the view lists things in does not matter
             shuffled = ResidencyView(view.now, tuple(rng.sample(view.models, len(view.models))),
                                      tuple(rng.sample(view.members, len(view.members))))

@@ -8,6 +8,8 @@ cannot: CPU, memory, the data planes).
         [--knob probation_share=0.25 ...] [--cores 2 --release-s 0.5 | --host measured]
         [--table]
 
+The trace begins once the residency has settled (:func:`settled`: with the gateway's
+default ``fill_free_room``, its free room filled), as ``bench_residency``'s does.
 Prints per phase the hit ratio against the best fixed placement's, failures by message,
 loads and evictions by reason; ``--table``: one row per budget (half, a quarter) and seed
 (1, 2), as docs/residency.md's simulated table.
@@ -36,8 +38,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.config.residency import ResidencySpec
 from gateway.errors import GatewayError
 from gateway.pools import PoolMember
+from gateway.residency.holdings import PENDING
 from loadtests.residency_figures import Outcome, recovery_s
 from loadtests.residency_trace import (
     PHASES,
@@ -54,6 +58,7 @@ from tests.gateway.residency.fakes import MB, Rig, run_virtual
 # a model evicted meanwhile fails them (in the benchmark they waited for it until their
 # deadline)
 FORWARD_S = 0.3
+SETTLE_LIMIT_S = 120.0  # the most the trace waits for the residency to settle
 EVICTED_FIRST = "evicted before its waiters reached it"
 PAST_DEADLINE = "served after the client's own deadline"  # (its client had given up)
 # stubs measured by bench_residency: 14 models of ~31 MB, 12 of ~64 MB, 10 of ~131 MB
@@ -112,6 +117,7 @@ class Result:
     requests: int = 0
     minutes: float = 0.0  # of traffic
     recovery: list[float | None] = field(default_factory=list)  # s after each reshuffle
+    settle_s: float = 0.0  # before the trace (:func:`settled`)
     # every request: (arrival, hit / miss / failed, a failure's message)
     outcomes: list[tuple[Arrival, str, str]] = field(default_factory=list)
 
@@ -140,7 +146,10 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
     if host is not None:
         load_s, release_s = host.load_seconds, host.release_s
         crowding, room = host.crowding, host.waiting_room
-    knobs = {"min_resident_s": 5.0, **(knobs or {})}
+    # the gateway's own default fill (the fakes' is off, for the mechanism's tests)
+    knobs = {"min_resident_s": 5.0,
+             "fill_free_room": ResidencySpec.model_fields["fill_free_room"].default,
+             **(knobs or {})}
     knobs.setdefault("waiting_room", {"max_requests": room})
     rig = Rig(models, budget=budget, **knobs)
     loop = asyncio.get_running_loop()
@@ -170,7 +179,7 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
     result = Result([])
 
     async def request(arrival: Arrival) -> None:
-        await asyncio.sleep(max(0.0, arrival.t - loop.time()))
+        await asyncio.sleep(max(0.0, start + arrival.t - loop.time()))
         rig.core.state.note_used(arrival.model)
         hit = rig.core.state.resident(arrival.model)
         try:
@@ -179,7 +188,7 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
                 await asyncio.sleep(FORWARD_S)
                 if not rig.core.state.resident(arrival.model):
                     raise GatewayError(EVICTED_FIRST)
-                if loop.time() - arrival.t > deadline_s:
+                if loop.time() - start - arrival.t > deadline_s:
                     raise GatewayError(PAST_DEADLINE)
             outcomes.append((arrival, "hit" if hit else "miss", ""))
         except GatewayError as error:
@@ -202,6 +211,8 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
             result.over_budget += 1
 
     rig.residency.table._listener = watch
+    start = await settled(rig)  # the trace begins once the residency has settled
+    result.settle_s = start
     ticking = asyncio.ensure_future(rounds())
     await asyncio.gather(*(request(a) for a in arrivals))
     ticking.cancel()
@@ -231,6 +242,23 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
             if sample.name.endswith("_total"):
                 result.moves[f"{family.name}:{sample.labels['reason']}"] += int(sample.value)
     return result
+
+
+async def settled(rig: Rig, limit_s: float = SETTLE_LIMIT_S) -> float:
+    """Rounds every second until the residency settles (no load pending, and what the
+    members hold the same a round later: the fill, if on, is done), at most ``limit_s``;
+    when it did, on the loop's clock. ``bench_residency`` waits so before its traffic,
+    as its all-resident arm waits for its members' loads."""
+    loop = asyncio.get_running_loop()
+    before: set[tuple[str, str, str]] | None = None
+    while loop.time() < limit_s:
+        await rig.residency.round()
+        await asyncio.sleep(1.0)
+        now = {(h.member, h.model, str(h.phase)) for h in rig.residency.table}
+        if now == before and not any(h.phase in PENDING for h in rig.residency.table):
+            break
+        before = now
+    return loop.time()
 
 
 def failure_kind(message: str) -> str:
@@ -296,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("recovery after each reshuffle (s):", result.recovery,
           f"loads / min: {result.loads_per_min:.0f}")
     print("accounted use over budget:", result.over_budget)
+    print(f"settled before the trace in {result.settle_s:.0f} s")
 
 
 if __name__ == "__main__":

@@ -548,3 +548,50 @@ async def test_the_report_lists_the_misses_waiting_for_room_and_which_are_urgent
     assert room["urgent"] is True and room["for_s"] == 29.8
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
+
+
+async def test_free_room_fills_only_while_no_miss_waits_and_only_into_free_slots() -> None:
+    """With ``fill_free_room`` a round loads models held nowhere into the load slots free
+    now (the next round the rest); never while a request waits for a load in the pool
+    (its slots and room are the miss's); the room of the largest model is left for a
+    miss; a model the fill loaded, not used since, goes for a miss at any age
+    (``min_resident_s`` 60)."""
+    models = {n: 100 * MB for n in ("a", "b", "c", "d", "e", "f")}
+    rig = Rig(models, budget=500 * MB, members=1, loads_per_member=2, fill_free_room=True,
+              min_resident_s=60.0, waiting_room={"max_wait_s": 60})
+    waiting = asyncio.ensure_future(rig.core.state.wait_resident("e", 30.0))
+    await rig.until(lambda: (A, "e") in rig.members.pending)
+    await rig.residency.round()  # a miss loading, a slot free: no fill beside it
+    await rig.settle()
+    assert set(rig.members.pending) == {(A, "e")}
+    rig.members.finish(A, "e")
+    await asyncio.wait_for(waiting, 2)
+    await rig.residency.round()  # two slots: two loads, the smallest first (by name here)
+    await rig.until(lambda: {(A, "a"), (A, "b")} <= set(rig.members.pending))
+    await rig.residency.round()
+    await rig.settle()
+    assert set(rig.members.pending) == {(A, "a"), (A, "b")}
+    assert rig.phase(A, "c") is None  # no slot for a third yet: not even queued
+    rig.members.finish(A, "a")
+    rig.members.finish(A, "b")
+    await rig.until(lambda: rig.phase(A, "b") == "resident")
+    await rig.residency.round()
+    await rig.until(lambda: (A, "c") in rig.members.pending)
+    rig.members.finish(A, "c")
+    await rig.until(lambda: rig.phase(A, "c") == "resident")
+    await rig.residency.round()
+    await rig.settle()
+    member = rig.residency.report()["pools"][0]["members"][0]
+    assert member["used_bytes"] == 400 * MB  # the largest model's room left for a miss
+    assert {h["model"] for h in member["models"] if h["lent"]} == {"a", "b", "c"}
+    await asyncio.wait_for(rig.core.state.wait_resident("a", 30.0), 2)  # a hit
+    rig.core.state.note_used("a")
+    rig.clock.advance(1.0)
+    for model in ("d", "f"):  # the room kept, then a lent one's, 1 s old: never "a"'s
+        miss = asyncio.ensure_future(rig.core.state.wait_resident(model, 30.0))
+        await rig.until(lambda m=model: (A, m) in rig.members.pending)  # type: ignore[misc]
+        rig.members.finish(A, model)
+        await asyncio.wait_for(miss, 2)
+    assert rig.members.unloads == {(A, "b"): 1} and rig.phase(A, "a") == "resident"
+    assert rig.core.metrics.registry.get_sample_value(
+        "infergate_model_loads_total", {"model": "c", "reason": "fill"}) == 1.0

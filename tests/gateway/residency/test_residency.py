@@ -1,7 +1,8 @@
 """Residency on real Triton members, through both data planes: a miss loads its model
 and is served (HTTP and gRPC), the budget is never exceeded, an eviction under load
-loses no request, a failing load is answered clearly, a restarted gateway preloads
-by the use it recorded, and a data-plane replica holds its misses itself."""
+loses no request, a failing load is answered clearly, free room fills with models
+nobody asked for (and a miss takes it back), a restarted gateway preloads by the use it
+recorded, and a data-plane replica holds its misses itself."""
 
 from __future__ import annotations
 
@@ -76,8 +77,10 @@ def config(path: Path, members: list[TritonEndpoints], **residency: Any) -> Path
         "name": "shared",
         "members": [{"host": e.host, "http_port": e.http_port, "grpc_port": e.grpc_port,
                      "metrics_port": e.metrics_port} for e in members],
+        # (these tests drive misses: the room stays empty until asked for, but in the
+        # fill's own test)
         "residency": {"memory_budget_bytes": BUDGET, "min_resident_s": 0,
-                      "rps_per_replica": 1000, **residency},
+                      "rps_per_replica": 1000, "fill_free_room": False, **residency},
     }], "models": models}
     path.write_text(yaml.safe_dump(data))
     return path
@@ -202,6 +205,48 @@ def test_a_failing_load_is_answered_clearly_and_disturbs_nothing(
         metadata = httpx.get(f"{url}/v2/models/m3", timeout=60)
         assert metadata.status_code == 200 and metadata.json()["name"] == "m3"
         assert residency(url)["models"]["m3"]["members"]
+
+
+def test_free_room_fills_with_models_nobody_asked_for_and_a_miss_takes_it_back(
+    repo: Path, members: list[TritonEndpoints], tmp_path: Path
+) -> None:
+    """With ``fill_free_room`` the members load models before anyone asks, leaving a
+    miss the room of one model (here its probation share, 112 MB): one model each (the
+    failing one tried first, by name, and left failed). A request for a filled model is
+    a hit; once the members are full, a miss takes the room of the model filled and never
+    used, however young, where every other model is protected (``min_resident_s`` and
+    ``probation_min_s`` 60)."""
+    unload_all(members)
+    path = config(tmp_path / "gw.yaml", members, fill_free_room=True, min_resident_s=60,
+                  probation_min_s=60)
+    with run_gateway(path, tmp_path, data_plane="haproxy") as gw:
+        url = f"http://{gw.http_url}"
+
+        def filled() -> dict[str, str]:  # lent: loaded by the fill, not used since
+            return {x["model"]: m["key"] for p in residency(url)["pools"]
+                    for m in p["members"] for x in m["models"]
+                    if x["lent"]}
+
+        assert wait_until(lambda: len(filled()) == 2, 60)
+        lent = filled()
+        assert set(lent) == {"m0", "m1"} and len(set(lent.values())) == 2
+        assert sorted(len(ready_models(m)) for m in members) == [1, 1]
+        hit = infer(url, "m0")
+        assert hit.status_code == 200 and LOAD_WAIT not in hit.headers  # ready before asked
+        for model in ("m2", "m3"):  # misses into the room left: one on each member
+            resp = infer(url, model)
+            assert resp.status_code == 200 and LOAD_WAIT in resp.headers, resp.text
+        # m0 was used (HAProxy's log says so): an ordinary model now
+        assert wait_until(lambda: filled() == {"m1": lent["m1"]}, 10)
+        resp = infer(url, "m4")  # the members are full: m1, never used, makes the room
+        assert resp.status_code == 200 and LOAD_WAIT in resp.headers, resp.text
+        assert residency(url)["models"]["m1"]["members"] == []
+        assert within_budget(url, members)
+        metrics = httpx.get(f"{url}/metrics").text
+        for model in ("m0", "m1"):
+            assert f'infergate_model_loads_total{{model="{model}",reason="fill"}} 1.0' \
+                in metrics
+        assert 'infergate_model_evictions_total{model="m1",reason="room"} 1.0' in metrics
 
 
 def test_a_restarted_gateway_preloads_by_recorded_use(
