@@ -55,10 +55,12 @@ log = logging.getLogger(__name__)
 
 # what a model's figure measured right after its load leaves for the runtime to grow by
 # while it serves (allocations on its first requests): measured again it keeps that
-# figure unless it grew more. The benchmark's stubs grew by 8-36 KB per member here,
-# which, with members packed to within 4 KB of their budget, put the accounted use over
-# it until the next round evicted for the room
-GROWTH_BYTES = 1_000_000
+# figure unless it grew more. The benchmark's stubs grew by 8-36 KB per member of 16-18
+# models here, which, with members packed to within 4 KB of their budget, put the
+# accounted use over it until the next round evicted for the room. A megabyte each cost
+# the benchmark's half budget (every model fits once, to the megabyte) a model's room:
+# 44 loads a minute instead of 4 in its first phase
+GROWTH_BYTES = 64 * 1024
 
 
 class Footprints:

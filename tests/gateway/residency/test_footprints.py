@@ -59,15 +59,15 @@ def test_the_largest_known_figure_wins(tmp_path: Path) -> None:
 def test_a_load_figure_leaves_room_to_grow_and_a_larger_growth_is_accounted(
     tmp_path: Path
 ) -> None:
-    """Measured right after its load, a model counts a megabyte more (its first
-    requests' allocations); measured again while resident, it keeps that figure while it
+    """Measured right after its load, a model counts :data:`GROWTH_BYTES` more (its
+    first requests' allocations); measured again while resident, it keeps that figure while it
     grew by less, and takes the new one when it grew by more. A load measures afresh."""
     config = gateway_config({})
     pool = build_pools(config.pools)[0]
     footprints = Footprints(config, MemberAdmin(httpx.AsyncClient()), tmp_path)
     footprints.measured("m", 40 * MB, at_load=True)
     assert footprints.of("m", pool) == (40 * MB + GROWTH_BYTES, "measured")
-    footprints.measured("m", 40 * MB + 36_864)  # a few pages more, in the room left
+    footprints.measured("m", 40 * MB + 36_864)  # nine pages more, in the room left
     assert footprints.bytes("m", pool) == 40 * MB + GROWTH_BYTES
     footprints.measured("m", 39 * MB)  # measured smaller: the load's figure holds
     assert footprints.bytes("m", pool) == 40 * MB + GROWTH_BYTES
