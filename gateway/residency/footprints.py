@@ -14,9 +14,7 @@ added to the converter's figure of a model not measured on a member yet, so a fi
 does not overcommit a budget. A model nothing is known of counts as the largest
 footprint known in its pool (one eighth of a member's budget when none is known), until
 its first load measures it. On this host the resident models are measured again each
-residency round (:meth:`Footprints.remeasure`): a model's figure is its latest, or
-the figure of its last load plus :data:`GROWTH_BYTES` (room for the allocations of its
-first requests) while it grew less than that.
+residency round (:meth:`Footprints.remeasure`): a model's figure is its latest.
 
 A load takes more than the model keeps once loaded (ONNX Runtime building its session:
 91 MB above its resident set for a 131 MB model here). On this host each load's surge is
@@ -53,15 +51,6 @@ from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
 
-# what a model's figure measured right after its load leaves for the runtime to grow by
-# while it serves (allocations on its first requests): measured again it keeps that
-# figure unless it grew more. The benchmark's stubs grew by 8-36 KB per member of 16-18
-# models here, which, with members packed to within 4 KB of their budget, put the
-# accounted use over it until the next round evicted for the room. A megabyte each cost
-# the benchmark's half budget (every model fits once, to the megabyte) a model's room:
-# 44 loads a minute instead of 4 in its first phase
-GROWTH_BYTES = 64 * 1024
-
 
 class Footprints:
     """``repository``: where the members' models are (default: the configuration's
@@ -74,7 +63,6 @@ class Footprints:
         self.repository = repository or config.model_repository
         self._converter: dict[str, tuple[float, int | None]] = {}  # model -> (mtime, bytes)
         self._measured: dict[str, int] = {}
-        self._at_load: set[str] = set()  # models whose figure is a load's, growth left
         self._surges: dict[str, int] = {}  # model -> the most a load took beyond its figure
         self._listeners = Listeners()  # the members' tritonservers on this host
         self._sizes = StubSizes()  # their stubs' sizes, read again once they may change
@@ -122,18 +110,10 @@ class Footprints:
     def bytes(self, model: str, pool: Pool) -> int:
         return self.of(model, pool)[0]
 
-    def measured(self, model: str, size: int, at_load: bool = False) -> None:
-        """A member reported ``size`` bytes for ``model`` (``at_load``: right after its
-        load, which leaves :data:`GROWTH_BYTES` for what it grows by since; else
-        measured again while resident, its figure if larger)."""
+    def measured(self, model: str, size: int) -> None:
+        """A member reported ``size`` bytes for ``model`` after its last load."""
         if size > 0:
-            if at_load:
-                size += GROWTH_BYTES
-            elif self._measured.get(model, 0) > size and model in self._at_load:
-                return  # grew less than the room its load left for it
             self._measured[model] = size
-            if at_load:
-                self._at_load.add(model)
 
     def surge(self, models: Collection[str]) -> int:
         """The most any of ``models``'s loads took beyond what it kept (0: none measured)."""
@@ -161,14 +141,14 @@ class Footprints:
                 for name, size in (await measured_footprints(
                         member, self.admin, [model], started_after,
                         self._listeners, self._sizes)).items():
-                    self.measured(name, size, at_load=True)
+                    self.measured(name, size)
                 for name, surge in (await measured_surges(
                         member, [model], started_after, self._listeners)).items():
                     self._surges[name] = max(surge, self._surges.get(name, 0))
             elif gpu_before is not None:
                 after = await self._gpu_used(member)
                 if after is not None and after > gpu_before:
-                    self.measured(model, after - gpu_before, at_load=True)
+                    self.measured(model, after - gpu_before)
         except Exception as exc:  # noqa: BLE001 - a figure missed, the next load measures
             log.info("measuring %s on %s failed: %r", model, member.key, exc)
 
@@ -183,8 +163,7 @@ class Footprints:
 
     async def remeasure(self, member: PoolMember, models: Collection[str]) -> None:
         """Measure again each of ``models`` resident on ``member``, in one scan of its
-        processes; each figure replaces that model's last, unless it grew by less than
-        its load's figure left room for (:meth:`measured`). Only a member on this host: a
+        processes; each figure replaces that model's last. Only a member on this host: a
         remote one's GPU memory tells what a load changed, not what each model holds."""
         if not models or not is_loopback(member.spec.host):
             return

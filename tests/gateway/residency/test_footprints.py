@@ -16,7 +16,7 @@ from converters.tiny import TINY_MODEL_NAME, build_tiny_model
 from gateway.config import GatewayConfig, load_gateway_config
 from gateway.config.pools import MemberSpec
 from gateway.pools import PoolMember, build_pools
-from gateway.residency.footprints import GROWTH_BYTES, Footprints
+from gateway.residency.footprints import Footprints
 from gateway.upstream.triton import MemberAdmin
 from tests.conftest import triton_settings
 from tests.procs import started_triton
@@ -54,27 +54,6 @@ def test_the_largest_known_figure_wins(tmp_path: Path) -> None:
     assert footprints.of("conv", pool) == (48 * MB, "measured")
     footprints.measured("conv", 44 * MB)  # its last load's figure counts
     assert footprints.of("conv", pool) == (44 * MB, "measured")
-
-
-def test_a_load_figure_leaves_room_to_grow_and_a_larger_growth_is_accounted(
-    tmp_path: Path
-) -> None:
-    """Measured right after its load, a model counts :data:`GROWTH_BYTES` more (its
-    first requests' allocations); measured again while resident, it keeps that figure while it
-    grew by less, and takes the new one when it grew by more. A load measures afresh."""
-    config = gateway_config({})
-    pool = build_pools(config.pools)[0]
-    footprints = Footprints(config, MemberAdmin(httpx.AsyncClient()), tmp_path)
-    footprints.measured("m", 40 * MB, at_load=True)
-    assert footprints.of("m", pool) == (40 * MB + GROWTH_BYTES, "measured")
-    footprints.measured("m", 40 * MB + 36_864)  # nine pages more, in the room left
-    assert footprints.bytes("m", pool) == 40 * MB + GROWTH_BYTES
-    footprints.measured("m", 39 * MB)  # measured smaller: the load's figure holds
-    assert footprints.bytes("m", pool) == 40 * MB + GROWTH_BYTES
-    footprints.measured("m", 43 * MB)  # grew past the room: the truth
-    assert footprints.bytes("m", pool) == 43 * MB
-    footprints.measured("m", 30 * MB, at_load=True)  # loaded again: measured afresh
-    assert footprints.bytes("m", pool) == 30 * MB + GROWTH_BYTES
 
 
 def test_the_runtime_overhead_learned_is_added_to_a_converter_figure(tmp_path: Path) -> None:
