@@ -183,6 +183,20 @@ def wide(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("wide")
+def test_status_says_a_model_the_fill_loaded_is_not_used_yet(
+    gateway: Callable[[Handler], list[httpx.Request]],
+) -> None:
+    report = residency_report()
+    for holding in report["models"]["hot"]["holdings"]:
+        holding.update(reason="fill", lent=holding["state"] == "resident")
+    gateway(lambda _: httpx.Response(200, json=report))
+    exit_code, output = invoke("status")
+    assert exit_code == 0, output
+    _line_of(output, "hot", "10.0.0.1:8001 resident 3 min (fill, not used yet)")
+    _line_of(output, "10.0.0.2:8001 warming 2 s (fill)")
+
+
+@pytest.mark.usefixtures("wide")
 def test_status_says_where_every_model_lives_and_each_members_memory(  # the older report
 
     gateway: Callable[[Handler], list[httpx.Request]],

@@ -101,6 +101,16 @@ def test_each_member_shows_its_models_with_state_age_and_reason() -> None:
     assert HOSTILE not in cpu and "out of memory &lt;script&gt;" in cpu
 
 
+def test_a_model_the_fill_loaded_says_it_goes_first_until_it_is_used() -> None:
+    report = _report()
+    held = report["pools"][0]["members"][0]["models"]
+    held[1].update(reason="fill", lent=True)  # "hot": loaded into free room, unused
+    on_a = _section(_page(report), "cpu").split(f"<h4>{B}")[0]
+    assert "fill <span class=\"note\">(not used yet: the first to go)</span>" in on_a
+    held[1]["lent"] = False  # asked for since: an ordinary model
+    assert "not used yet" not in _section(_page(report), "cpu")
+
+
 def test_a_bar_per_member_shows_used_against_usable_and_budget() -> None:
     page = _page(_report(used_b=4 * GIB))
     cpu = _section(page, "cpu")
