@@ -66,8 +66,8 @@ class ResidencySpec(BaseModel):
     # (Triton answers the unload first), waited for at most this long; 0: not waited for
     release_wait_s: float = Field(10.0, ge=0)
     # models held nowhere load into the room nothing else wants (leaving a miss the room
-    # of the largest), and are the first to go until used: no room idles while a model
-    # could be ready in it (a start without recorded demand is not cold)
+    # of the largest), and are the main segment's first to go until used: no room idles
+    # while a model could be ready in it (a start without recorded demand is not cold)
     fill_free_room: bool = True
     waiting_room: WaitingRoomSpec = Field(default_factory=WaitingRoomSpec)
     # where each model's measured demand is recorded, so that a restarted gateway

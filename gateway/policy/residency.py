@@ -61,8 +61,8 @@ idle (its last replica is never a surplus, only ever evicted to make room). In o
    leaving free the room of the pool's largest model (at most the probation share): a
    miss then loads at once. A model whose load failed on a member is not filled (only
    asked for is it tried again). A model so loaded and not used since (``lent`` in its
-   member's view) is the first to go, at any age: room nobody asked for is lent, not
-   given.
+   member's view) is the main segment's first to go, at any age (a miss takes the
+   probation segment's first): room nobody asked for is lent, not given.
 
 Who may be evicted: never a model within ``min_resident_s`` of becoming resident
 (``probation_min_s`` for a probation one, :data:`WAITERS_S` for one a starving or

@@ -88,8 +88,8 @@ class Holding:
 
     def lent(self, last_used: float | None) -> bool:
         """Whether it holds room nobody asked for: loaded by the plan's fill, resident,
-        and its model not used (``last_used``: the model's last request) since. The first
-        to go, at any age."""
+        and its model not used (``last_used``: the model's last request) since. The
+        first of its member's main segment to go, at any age."""
         return (self.reason == "fill" and self.phase is Phase.RESIDENT
                 and (last_used is None or last_used < (self.resident_since or self.since)))
 

@@ -1,7 +1,7 @@
 """What owners and operators see of the residency (``GET /v1/residency``, the console,
 ``infergate models status``): per pool and member, every holding with its phase, how
 long, why, its footprint, whether it holds room lent (loaded by the fill and not used
-since: the first to go) and the requests waiting for it; per pool, the misses waiting
+since: the main segment's first to go) and the requests waiting for it; per pool, the misses waiting
 for room, in the order room goes to them; per model, where it is resident and its
 holdings elsewhere."""
 

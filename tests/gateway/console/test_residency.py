@@ -106,7 +106,7 @@ def test_a_model_the_fill_loaded_says_it_goes_first_until_it_is_used() -> None:
     held = report["pools"][0]["members"][0]["models"]
     held[1].update(reason="fill", lent=True)  # "hot": loaded into free room, unused
     on_a = _section(_page(report), "cpu").split(f"<h4>{B}")[0]
-    assert "fill <span class=\"note\">(not used yet: the first to go)</span>" in on_a
+    assert "fill <span class=\"note\">(not used yet: evicted first)</span>" in on_a
     held[1]["lent"] = False  # asked for since: an ordinary model
     assert "not used yet" not in _section(_page(report), "cpu")
 
