@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,12 +163,12 @@ class Residency:
                     bool(configured and configured.on_demand), len(pool.members), rolling),
                 demand_rps=self.demand.rate(name), last_used=last_used.get(name),
                 frozen=rolling))
-        members = tuple(self._member_view(pool, m, now) for m in pool.members)
+        members = tuple(self._member_view(pool, m, now, last_used) for m in pool.members)
         return policy.ResidencyView(now=now, models=tuple(models), members=members)
 
-    def _member_view(self, pool: Pool, member: PoolMember, now: float) -> policy.MemberView:
+    def _member_view(self, pool: Pool, member: PoolMember, now: float,
+                     last_used: Mapping[str, float]) -> policy.MemberView:
         holdings = self.table.of_member(member.key).values()
-        last_used = self.state.last_used()
         # misses placed here waiting for their victims to leave: their room is theirs, as
         # a pending load's (loaded into probation, expected when their room is made), the
         # victims' bytes counted once
