@@ -163,9 +163,16 @@ def test_gateway_answers_resource_exhausted_when_grpc_overloaded(
             await asyncio.gather(*(one() for _ in range(200)))
         return codes
 
-    codes = asyncio.run(run())
-    assert codes["RESOURCE_EXHAUSTED"] > 0 and codes["OK"] >= MAX_CONCURRENCY
-    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}
+    # a burst overloads the gateway only when its calls overlap there; on a host whose
+    # cores are busy elsewhere they may reach it one by one (seen once in a full suite:
+    # 200 answered OK): bursts until one overloads it, every answer checked each time
+    for _ in range(5):
+        codes = asyncio.run(run())
+        assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}
+        assert codes["OK"] >= MAX_CONCURRENCY
+        if codes["RESOURCE_EXHAUSTED"]:
+            break
+    assert codes["RESOURCE_EXHAUSTED"] > 0, codes
 
 
 def test_gateway_rate_limits_per_api_key_when_bucket_empty(
