@@ -90,7 +90,11 @@ longest unused, then by name. To make room for
 
 **Budget**: what a member holds after a plan (held and draining, less the plan's
 evictions, plus its loads) never exceeds its budget when it did not before; a model
-larger than every budget is never placed. Members that are not available get no moves,
+larger than every budget is never placed. A model is placed (a load, a fill, a miss)
+only where it leaves its member's ``margin_bytes`` free (or what its size leaves of
+that, alone on an empty member), and models are evicted for the budget (step 1) only
+past the whole of it: a held model's footprint measured again a little larger neither
+takes its member over the budget nor costs an eviction. Members that are not available get no moves,
 and the replicas they hold do not count. Deterministic: ties are broken by name.
 """
 
@@ -167,6 +171,9 @@ class MemberView:
     # loaded by a plan's fill and not used since (room lent): evicted at any age, before
     # any other model of the main segment
     lent: frozenset[str] = frozenset()
+    # what a placement leaves free of the budget (evictions for the budget start only past
+    # the whole of it): room for the held models' footprints measured again larger
+    margin_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -296,6 +303,14 @@ class Board:
     def free(self, key: str) -> int:
         return self.members[key].budget_bytes - self.used[key]
 
+    def missing(self, key: str, size: int) -> int:
+        """The bytes to free on member ``key`` before a model of ``size`` bytes is placed
+        there: it leaves the member's ``margin_bytes`` free, or what it can of them (a
+        model larger than the budget less the margin, on an empty member)."""
+        member = self.members[key]
+        margin = max(0, min(member.margin_bytes, member.budget_bytes - size))
+        return size + margin - self.free(key)
+
     def main_limit(self, key: str) -> int:
         """What the main segment may hold: the budget less the probation share."""
         return int(self.members[key].budget_bytes * (1 - self.knobs.probation_share))
@@ -415,7 +430,7 @@ class Board:
         taken = sorted((k for n, k in self.evicted if n == name),
                        key=lambda k: (-self.free(k), k))
         for key in [*taken, *self.candidates(name)]:
-            victims = self.room(key, self.footprint(name) - self.free(key), eligible)
+            victims = self.room(key, self.missing(key, self.footprint(name)), eligible)
             if victims is not None:
                 for victim in victims:
                     self.evict(key, victim, "room")
@@ -543,7 +558,7 @@ def _fill(board: Board) -> None:
         if board.count[name] or any(name in m.failed for m in board.members.values()):
             continue  # held, or its load failed: loaded again only when asked for
         for key in board.candidates(name):  # most free room first
-            if board.footprint(name) <= board.free(key) - kept[key]:
+            if board.missing(key, board.footprint(name)) <= -kept[key]:
                 board.load(key, name, "fill")
                 break
 

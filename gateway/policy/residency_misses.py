@@ -111,7 +111,7 @@ def _miss_room(board: Board, key: str, size: int, colder: Eligible, strict: bool
             return (False, 0, model.demand_rps if model else 0.0, -math.inf, name)
         return (name not in probation, *board.coldness(name))
 
-    return board.room(key, size - board.free(key), eligible, order)
+    return board.room(key, board.missing(key, size), eligible, order)
 
 
 def miss_room_at(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: bool = True,

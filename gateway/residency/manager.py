@@ -176,6 +176,7 @@ class Residency:
         leaving = {h.model for h in holdings if h.phase in LEAVING}
         return policy.MemberView(
             key=member.key, budget_bytes=self.usable_bytes(pool),
+            margin_bytes=self.margin_bytes(pool),
             available=member.available(now) and member.healthy,
             held={h.model: h.resident_since or h.since for h in holdings
                   if h.phase is Phase.RESIDENT or h.phase in LEAVING},
@@ -209,6 +210,11 @@ class Residency:
         surge = min(self.footprints.surge(self.models(pool)),
                     int(spec.memory_budget_bytes * SURGE_SHARE))
         return max(spec.headroom_bytes, surge)
+
+    def margin_bytes(self, pool: Pool) -> int:
+        """What a placement leaves free of a member's usable budget
+        (``placement_margin`` of it)."""
+        return int(self.usable_bytes(pool) * self.spec(pool).placement_margin)
 
     def usable_bytes(self, pool: Pool) -> int:
         """What a member's models may take together: the budget less the headroom."""

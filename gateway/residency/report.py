@@ -47,6 +47,8 @@ class Reported(Protocol):
 
     def usable_bytes(self, pool: Pool) -> int: ...
 
+    def margin_bytes(self, pool: Pool) -> int: ...
+
 
 def build(residency: Reported) -> dict[str, Any]:
     now = residency.state.clock()
@@ -61,6 +63,7 @@ def build(residency: Reported) -> dict[str, Any]:
                 "key": member.key, "available": member.available(now),
                 "budget_bytes": spec.memory_budget_bytes,
                 "usable_bytes": residency.usable_bytes(pool),
+                "margin_bytes": residency.margin_bytes(pool),
                 "used_bytes": residency.used_bytes(pool, member.key),
                 "load_slots": spec.loads_per_member,
                 "loads_running": residency.actuator.running(member.key),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 import pytest
 
@@ -63,7 +64,7 @@ def _apply(view: ResidencyView, p: Plan, now: float | None = None,
                 and Move(n, m.key, "surplus") not in p.evictions}
         held.update({mv.model: view.now for mv in p.loads if mv.member == m.key})
         members.append(MemberView(m.key, m.budget_bytes, m.available, held, m.failed,
-                                  m.draining))
+                                  m.draining, margin_bytes=m.margin_bytes))
     return ResidencyView(view.now if now is None else now,
                          tuple(view.models if models is None else models), tuple(members))
 
@@ -469,7 +470,7 @@ def _random_view(rng: random.Random) -> tuple[ResidencyView, ResidencyKnobs]:
             elif roll < 0.6:
                 failed[model.name] = NOW - rng.uniform(0, 120)
         members.append(MemberView(f"k{j}", budget, rng.random() < 0.85, held, failed,
-                                  frozenset(draining)))
+                                  frozenset(draining), margin_bytes=rng.choice([0, 0, 1])))
     return ResidencyView(NOW, tuple(models), tuple(members)), knobs
 
 
@@ -482,7 +483,8 @@ def _fits_somewhere(view: ResidencyView, after: ResidencyView, model: ModelView,
         if (m.available and model.name not in before.held and model.name not in m.held
                 and model.name not in m.draining
                 and (fail is None or view.now - fail >= knobs.failed_retry_s)
-                and used_bytes(after, m.key) + model.footprint_bytes <= m.budget_bytes):
+                and used_bytes(after, m.key) + model.footprint_bytes + max(0, min(
+                    m.margin_bytes, m.budget_bytes - model.footprint_bytes)) <= m.budget_bytes):
             return True
     return False
 
@@ -507,6 +509,17 @@ def _check_plan(view: ResidencyView, knobs: ResidencyKnobs, p: Plan) -> None:
     for m in view.members:  # the budget, when the member was within it before
         if used_bytes(view, m.key) <= m.budget_bytes:
             assert used_bytes(after, m.key) <= m.budget_bytes, m.key
+        # the margin, when the member kept it before: a load leaves it free (but a model
+        # too large to, alone on its member), and nothing is evicted for it
+        loaded = {mv.model for mv in p.loads if mv.member == m.key}
+        alone = set(next(a for a in after.members if a.key == m.key).held) == loaded
+        used = used_bytes(view, m.key)
+        if used <= m.budget_bytes - m.margin_bytes and loaded and not (
+                alone and len(loaded) == 1):
+            assert used_bytes(after, m.key) <= m.budget_bytes - m.margin_bytes, m.key
+        if m.budget_bytes - m.margin_bytes < used <= m.budget_bytes and not loaded:
+            assert not any(mv.member == m.key and mv.reason == "room"
+                           for mv in p.evictions), m.key
     holders = _holders(after)
     available = sum(m.available for m in view.members)
     for model in view.models:
@@ -592,9 +605,13 @@ def test_place_miss_over_random_views_makes_room_within_the_budget() -> None:
                                              used_bytes(view, key)), seed
         freed = sum(next(m.footprint_bytes for m in view.models if m.name == mv.model)
                     for mv in evictions)
+        if used_bytes(view, key) <= member.budget_bytes - member.margin_bytes and set(
+                next(a for a in after.members if a.key == key).held) != {model.name}:
+            assert used_bytes(after, key) <= member.budget_bytes - member.margin_bytes, seed
         for mv in evictions:  # no more evicted than needed
             size = next(m.footprint_bytes for m in view.models if m.name == mv.model)
-            assert (used_bytes(view, key) - freed + size + model.footprint_bytes
+            assert (used_bytes(view, key) - freed + size + model.footprint_bytes + min(
+                member.margin_bytes, member.budget_bytes - model.footprint_bytes)
                     > member.budget_bytes), seed
     assert placed > 300  # the views exercise placements, not only refusals
 
@@ -615,6 +632,43 @@ def test_random_views_are_within_budget_and_varied() -> None:
 
 
 # --- issue 34: pending loads, probation, value per byte, rollouts ------------------------
+def test_a_placement_leaves_the_margin_free_and_only_the_whole_budget_evicts() -> None:
+    """A member's ``margin_bytes`` is room for its models measured again larger: a load,
+    a miss and the fill leave it free; only a member past its whole budget loses a
+    model; a model too large to leave it still loads alone."""
+    margin = 10_000_000
+
+    def member(key: str, gb: float, held: Iterable[str] = (), extra: int = 0) -> MemberView:
+        return replace(_member(key, gb, held), margin_bytes=margin,
+                       budget_bytes=int(gb * GB) + extra)
+
+    models = [_model("a", demand=1, last_used=OLD), _model("b", demand=1, last_used=OLD),
+              _model("c", demand=5, last_used=NOW)]
+    # c fits a's and b's member to the byte, not with the margin: it goes to the other
+    view = _view(models, [member("m1", 3, ["a", "b"]), member("m2", 3)])
+    assert plan(view, K).loads == (Move("c", "m2", "demand"),)
+    # with no other member, the coldest makes room for it; a miss does the same
+    view = _view(models, [member("m1", 3, ["a", "b"])])
+    assert plan(view, K).evictions == (Move("a", "m1", "room"),)
+    assert place_miss(view, "c", K) == ("m1", (Move("a", "m1", "room"),))
+    # the margin itself taken (a footprint measured larger): nothing goes ...
+    full = _view(models, [member("m1", 3, ["a", "b", "c"])])
+    assert plan(full, K) == plan(replace(full, members=(
+        replace(full.members[0], margin_bytes=0),)), K)
+    assert plan(full, K).evictions == ()
+    # ... until the budget is: then the coldest
+    over = _view(models, [member("m1", 3, ["a", "b", "c"], extra=-1)])
+    assert plan(over, K).evictions == (Move("a", "m1", "room"),)
+    # a model larger than the budget less the margin loads alone
+    assert plan(_view([_model("big", 3, demand=5)], [member("m1", 3)]), K).loads == (
+        Move("big", "m1", "preload"),)
+    # the fill keeps a miss's room (a quarter of the budget here) and the margin
+    filled = _view([_model("x", 0.75)], [member("m1", 1)])
+    assert plan(filled, ResidencyKnobs(), fill=True).loads == ()
+    assert plan(replace(filled, members=(replace(filled.members[0], margin_bytes=0),)),
+                ResidencyKnobs(), fill=True).loads == (Move("x", "m1", "fill"),)
+
+
 def test_plan_never_evicts_a_pending_model_when_a_hotter_one_needs_its_room() -> None:
     view = _view([_model("loading", demand=0.1), _model("hot", demand=40)],
                  [MemberView("a", 1 * GB, True, {}, {}, frozenset(),

@@ -146,9 +146,11 @@ A, B = "127.0.0.1:9001", "127.0.0.1:9011"
 def config(models: dict[str, int], budget: int, members: int = 2, **knobs: Any
            ) -> GatewayConfig:
     room = knobs.pop("waiting_room", {})
-    # the mechanism's tests drive misses and plans into a budget as they set it; one that
-    # tests the fill asks for it (the product's default is on)
+    # the mechanism's tests drive misses and plans into a budget as they set it, packed
+    # to the byte; one that tests the fill or the margin asks for it (the product's
+    # defaults fill, and keep a margin)
     knobs.setdefault("fill_free_room", False)
+    knobs.setdefault("placement_margin", 0.0)
     spec = ResidencySpec(memory_budget_bytes=budget, waiting_room=WaitingRoomSpec(**room),
                          **knobs)
     member_specs = tuple(MemberSpec(host="127.0.0.1", http_port=9000 + 10 * i,

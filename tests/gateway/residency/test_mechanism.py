@@ -231,6 +231,33 @@ async def test_accounted_use_stays_within_the_budget_when_a_miss_evicts_for_room
     assert rig.members.unloads == {(A, "old"): 1}
 
 
+async def test_a_footprint_measured_larger_takes_the_margin_not_a_model() -> None:
+    """``placement_margin``: a placement leaves that share of the budget free, and the
+    budget's evictions start only past the whole of it. A model measured again a little
+    larger (a stub grows as it serves) stays, within the budget; one measured past the
+    budget costs the coldest model (per byte), at the next round."""
+    rig = Rig({"a": 148 * MB, "b": 148 * MB, "c": 4 * MB}, budget=300 * MB, members=1,
+              instant=True, min_resident_s=0.0, placement_margin=0.01)
+    assert [m.margin_bytes for m in rig.residency.view(rig.pool).members] == [3 * MB]
+    for model in ("a", "b"):  # 296 MB of 300: within the budget less the margin
+        await rig.core.state.wait_resident(model, 10.0)
+        rig.clock.advance(10)
+    rig.footprints.sizes["b"] = 151 * MB  # measured again: 299 MB, within the budget
+    await rig.residency.round()
+    await rig.settle()
+    assert rig.members.unloads == {} and rig.core.state.holders("b") == {A}
+    # "c" fits the budget to the byte, not with the margin: it takes the coldest's room
+    await rig.core.state.wait_resident("c", 10.0)
+    assert rig.phase(A, "a") is None and rig.members.unloads == {(A, "a"): 1}
+    rig.clock.advance(10)
+    assert all(used <= 300 * MB for _, used in rig.used_seen)
+    rig.footprints.sizes["b"] = 297 * MB  # measured past the budget (301 MB): one goes
+    await rig.residency.round()
+    await rig.settle()
+    assert rig.members.unloads == {(A, "a"): 1, (A, "b"): 1}  # the colder per byte
+    assert rig.residency.used_bytes(rig.pool, A) == 4 * MB
+
+
 async def test_a_member_keeps_the_largest_load_surge_free_when_one_was_measured() -> None:
     """A load takes more than the model keeps (ONNX Runtime building its session): every
     sample of the benchmark's real memory above 1.05x its budget fell in a load of a
