@@ -14,7 +14,9 @@ added to the converter's figure of a model not measured on a member yet, so a fi
 does not overcommit a budget. A model nothing is known of counts as the largest
 footprint known in its pool (one eighth of a member's budget when none is known), until
 its first load measures it. On this host the resident models are measured again each
-residency round (:meth:`Footprints.remeasure`): a model's figure is its latest.
+residency round (:meth:`Footprints.remeasure`): a model's figure is its latest, and the
+most it rose from one measure to the next is remembered (:meth:`Footprints.growth`: a
+stub grows as it first serves), so that a placement leaves that much free.
 
 A load takes more than the model keeps once loaded (ONNX Runtime building its session:
 91 MB above its resident set for a 131 MB model here). On this host each load's surge is
@@ -64,6 +66,7 @@ class Footprints:
         self._converter: dict[str, tuple[float, int | None]] = {}  # model -> (mtime, bytes)
         self._measured: dict[str, int] = {}
         self._surges: dict[str, int] = {}  # model -> the most a load took beyond its figure
+        self._growth: dict[str, int] = {}  # model -> the most its figure rose at a measure
         self._listeners = Listeners()  # the members' tritonservers on this host
         self._sizes = StubSizes()  # their stubs' sizes, read again once they may change
 
@@ -111,9 +114,20 @@ class Footprints:
         return self.of(model, pool)[0]
 
     def measured(self, model: str, size: int) -> None:
-        """A member reported ``size`` bytes for ``model`` after its last load."""
+        """A member reported ``size`` bytes for ``model`` (after a load, or measured
+        again); a rise over its last figure is remembered (:meth:`growth`)."""
         if size > 0:
+            last = self._measured.get(model)
+            if last is not None and size > last:
+                self._growth[model] = max(size - last, self._growth.get(model, 0))
             self._measured[model] = size
+
+    def growth(self, models: Collection[str]) -> int:
+        """The most the figure of any of ``models`` rose from one measure to the next (0:
+        none seen): a stub growing as it first serves, a load measured larger than the
+        last. What a placement leaves free beside the models it packs
+        (:meth:`~gateway.residency.manager.Residency.margin_bytes`)."""
+        return max((self._growth.get(m, 0) for m in models), default=0)
 
     def surge(self, models: Collection[str]) -> int:
         """The most any of ``models``'s loads took beyond what it kept (0: none measured)."""

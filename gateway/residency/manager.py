@@ -212,9 +212,13 @@ class Residency:
         return max(spec.headroom_bytes, surge)
 
     def margin_bytes(self, pool: Pool) -> int:
-        """What a placement leaves free of a member's usable budget
-        (``placement_margin`` of it)."""
-        return int(self.usable_bytes(pool) * self.spec(pool).placement_margin)
+        """What a placement leaves free of a member's usable budget (the budget's
+        evictions start only past the whole of it): the most a figure of the pool's models
+        was seen to rise from one measure to the next (:meth:`Footprints.growth`), at most
+        :data:`SURGE_SHARE` of it, or ``placement_margin`` of it when larger."""
+        usable = self.usable_bytes(pool)
+        growth = min(self.footprints.growth(self.models(pool)), int(usable * SURGE_SHARE))
+        return max(int(usable * self.spec(pool).placement_margin), growth)
 
     def usable_bytes(self, pool: Pool) -> int:
         """What a member's models may take together: the budget less the headroom."""

@@ -112,10 +112,14 @@ class FakeFootprints:
     def __init__(self, sizes: dict[str, int]) -> None:
         self.sizes = sizes
         self.surges: dict[str, int] = {}  # what a load takes beyond its size (as measured)
+        self.growths: dict[str, int] = {}  # the most a figure rose at a measure
         self.remeasured: list[tuple[str, tuple[str, ...]]] = []
 
     def surge(self, models: Collection[str]) -> int:
         return max((self.surges.get(m, 0) for m in models), default=0)
+
+    def growth(self, models: Collection[str]) -> int:
+        return max((self.growths.get(m, 0) for m in models), default=0)
 
     def of(self, model: str, pool: Pool) -> tuple[int, str]:
         return self.sizes.get(model, 100 * MB), "configured"
@@ -146,11 +150,9 @@ A, B = "127.0.0.1:9001", "127.0.0.1:9011"
 def config(models: dict[str, int], budget: int, members: int = 2, **knobs: Any
            ) -> GatewayConfig:
     room = knobs.pop("waiting_room", {})
-    # the mechanism's tests drive misses and plans into a budget as they set it, packed
-    # to the byte; one that tests the fill or the margin asks for it (the product's
-    # defaults fill, and keep a margin)
+    # the mechanism's tests drive misses and plans into a budget as they set it; one that
+    # tests the fill asks for it (the product's default is on)
     knobs.setdefault("fill_free_room", False)
-    knobs.setdefault("placement_margin", 0.0)
     spec = ResidencySpec(memory_budget_bytes=budget, waiting_room=WaitingRoomSpec(**room),
                          **knobs)
     member_specs = tuple(MemberSpec(host="127.0.0.1", http_port=9000 + 10 * i,

@@ -56,6 +56,22 @@ def test_the_largest_known_figure_wins(tmp_path: Path) -> None:
     assert footprints.of("conv", pool) == (44 * MB, "measured")
 
 
+def test_the_most_a_figure_rose_at_a_measure_is_remembered(tmp_path: Path) -> None:
+    """A placement leaves free what the figures were seen to move by: a stub growing as
+    it first serves, a load measured larger than the last (not a first figure, not a
+    fall)."""
+    footprints = Footprints(gateway_config({}), MemberAdmin(httpx.AsyncClient()), tmp_path)
+    footprints.measured("m", 30 * MB)  # its first figure: no rise
+    footprints.measured("m", 29 * MB)  # a fresh stub measured after its load elsewhere
+    assert footprints.growth(["m"]) == 0
+    footprints.measured("m", 29 * MB + 600_000)  # it served: grown by 0.6 MB
+    footprints.measured("m", 29 * MB + 550_000)
+    footprints.measured("n", 80 * MB)
+    footprints.measured("n", 80 * MB + 40_000)  # a few pages more
+    assert footprints.growth(["m", "n"]) == 600_000
+    assert footprints.growth(["n", "unknown"]) == 40_000 and footprints.growth([]) == 0
+
+
 def test_the_runtime_overhead_learned_is_added_to_a_converter_figure(tmp_path: Path) -> None:
     """The converter measures a session in a process with its libraries loaded; the
     member's runtime adds its own per model (a stub): learned from a model measured

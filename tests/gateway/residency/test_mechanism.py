@@ -232,12 +232,18 @@ async def test_accounted_use_stays_within_the_budget_when_a_miss_evicts_for_room
 
 
 async def test_a_footprint_measured_larger_takes_the_margin_not_a_model() -> None:
-    """``placement_margin``: a placement leaves that share of the budget free, and the
-    budget's evictions start only past the whole of it. A model measured again a little
-    larger (a stub grows as it serves) stays, within the budget; one measured past the
-    budget costs the coldest model (per byte), at the next round."""
-    rig = Rig({"a": 148 * MB, "b": 148 * MB, "c": 4 * MB}, budget=300 * MB, members=1,
-              instant=True, min_resident_s=0.0, placement_margin=0.01)
+    """A placement leaves free the most a figure of the pool's models rose at a measure
+    (``placement_margin`` of the budget at least), and the budget's evictions start only
+    past the whole of it. A model measured again a little larger (a stub grows as it
+    serves) stays, within the budget; one measured past the budget costs the coldest
+    model (per byte), at the next round."""
+    models = {"a": 148 * MB, "b": 148 * MB, "c": 4 * MB}
+    floor = Rig(models, budget=300 * MB, members=1, placement_margin=0.02)
+    floor.footprints.growths["a"] = 3 * MB
+    assert floor.residency.margin_bytes(floor.pool) == 6 * MB  # the share, when larger
+    rig = Rig(models, budget=300 * MB, members=1, instant=True, min_resident_s=0.0)
+    assert rig.residency.margin_bytes(rig.pool) == 0  # no figure seen to move: to the byte
+    rig.footprints.growths["a"] = 3 * MB  # "a"'s figure rose by 3 MB at a measure
     assert [m.margin_bytes for m in rig.residency.view(rig.pool).members] == [3 * MB]
     for model in ("a", "b"):  # 296 MB of 300: within the budget less the margin
         await rig.core.state.wait_resident(model, 10.0)
