@@ -69,10 +69,10 @@ class ResidencySpec(BaseModel):
     # of the largest), and are the main segment's first to go until used: no room idles
     # while a model could be ready in it (a start without recorded demand is not cold)
     fill_free_room: bool = True
-    # a placement leaves free the most a figure of the pool's models rose from one
-    # measure to the next (measured again each round on this host: a stub grows by
-    # 0.3-0.7 MB as it first serves), the budget's evictions starting only past the whole
-    # of it; at least this share of the budget (where figures move unmeasured)
+    # a placement leaves free the most one round's measures raised a member's accounted
+    # use (measured again each round on this host: a stub grows by 0.3-0.7 MB as it first
+    # serves), the budget's evictions starting only past the whole of it; at least this
+    # share of the budget (where figures move unmeasured)
     placement_margin: float = Field(0.0, ge=0, lt=1)
     waiting_room: WaitingRoomSpec = Field(default_factory=WaitingRoomSpec)
     # where each model's measured demand is recorded, so that a restarted gateway

@@ -94,8 +94,9 @@ larger than every budget is never placed. A model is placed (a load, a fill, a m
 only where it leaves its member's ``margin_bytes`` free (or what its size leaves of
 that, alone on an empty member), and models are evicted for the budget (step 1) only
 past the whole of it: a held model's footprint measured again a little larger neither
-takes its member over the budget nor costs an eviction. Members that are not available get no moves,
-and the replicas they hold do not count. Deterministic: ties are broken by name.
+takes its member over the budget nor costs an eviction. Members that are not available
+get no moves, and the replicas they hold do not count. Deterministic: ties are broken
+by name.
 """
 
 from __future__ import annotations

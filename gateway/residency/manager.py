@@ -88,6 +88,8 @@ class Residency:
     # (member, model) a plan's load waits for the room of (its victims draining)
     _reserved: set[tuple[str, str]] = field(default_factory=set)
     _recorded_at: float = field(default=float("-inf"))
+    # pool -> the most one round's measures raised a member's accounted use (margin_bytes)
+    _rises: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         clock = self.state.clock
@@ -213,12 +215,14 @@ class Residency:
 
     def margin_bytes(self, pool: Pool) -> int:
         """What a placement leaves free of a member's usable budget (the budget's
-        evictions start only past the whole of it): the most a figure of the pool's models
-        was seen to rise from one measure to the next (:meth:`Footprints.growth`), at most
-        :data:`SURGE_SHARE` of it, or ``placement_margin`` of it when larger."""
+        evictions start only past the whole of it): what the figures were seen to move
+        by, the most one round's measures raised a member's accounted use or one model's
+        figure rose at a measure (:meth:`Footprints.growth`: a load measured larger), at
+        most :data:`SURGE_SHARE` of it; ``placement_margin`` of it when larger."""
         usable = self.usable_bytes(pool)
-        growth = min(self.footprints.growth(self.models(pool)), int(usable * SURGE_SHARE))
-        return max(int(usable * self.spec(pool).placement_margin), growth)
+        seen = max(self._rises.get(pool.name, 0), self.footprints.growth(self.models(pool)))
+        return max(int(usable * self.spec(pool).placement_margin),
+                   min(seen, int(usable * SURGE_SHARE)))
 
     def usable_bytes(self, pool: Pool) -> int:
         """What a member's models may take together: the budget less the headroom."""
@@ -302,12 +306,22 @@ class Residency:
             f.pool is pool and not f.done.done() for f in self.room.flights.values())
 
     async def _remeasure(self, pool: Pool) -> None:
-        """Resident models measured again (a runtime grows after its load)."""
+        """Resident models measured again (a runtime grows after its load); the most the
+        new figures raised a member's accounted use is remembered (:meth:`margin_bytes`:
+        several of a member's models grow at once, and one model's figure is every
+        holder's)."""
+        models = self.models(pool)
+        before = {m: self.footprints.bytes(m, pool) for m in models}
         for member in pool.members:
             resident = [m for m, h in self.table.of_member(member.key).items()
                         if h.phase is Phase.RESIDENT]
             if resident and member.healthy:
                 await self.footprints.remeasure(member, resident)
+        moved = {m: self.footprints.bytes(m, pool) - size for m, size in before.items()}
+        rise = max((sum(moved.get(m, 0) for m, h in self.table.of_member(k.key).items()
+                        if h.in_use) for k in pool.members), default=0)
+        if rise > self._rises.get(pool.name, 0):
+            self._rises[pool.name] = rise
 
     def execute(self, pool: Pool, plan: policy.Plan) -> None:
         """The plan's evictions and segment changes at once; its loads that fit each

@@ -113,6 +113,7 @@ class FakeFootprints:
         self.sizes = sizes
         self.surges: dict[str, int] = {}  # what a load takes beyond its size (as measured)
         self.growths: dict[str, int] = {}  # the most a figure rose at a measure
+        self.grown: dict[str, int] = {}  # figures the next remeasure of the model reads
         self.remeasured: list[tuple[str, tuple[str, ...]]] = []
 
     def surge(self, models: Collection[str]) -> int:
@@ -142,6 +143,7 @@ class FakeFootprints:
 
     async def remeasure(self, member: PoolMember, models: Collection[str]) -> None:
         self.remeasured.append((member.key, tuple(sorted(models))))
+        self.sizes.update({m: self.grown[m] for m in models if m in self.grown})
 
 
 A, B = "127.0.0.1:9001", "127.0.0.1:9011"

@@ -264,6 +264,26 @@ async def test_a_footprint_measured_larger_takes_the_margin_not_a_model() -> Non
     assert rig.residency.used_bytes(rig.pool, A) == 4 * MB
 
 
+async def test_the_margin_is_the_most_a_round_of_measures_raised_a_members_use() -> None:
+    """Several of a member's models grow at once (each stub as it first serves): the
+    margin is what one round's measures added to a member's accounted use, not one
+    model's rise."""
+    rig = Rig({"a": 100 * MB, "b": 100 * MB}, budget=300 * MB, members=1, instant=True,
+              min_resident_s=0.0)
+    for model in ("a", "b"):
+        await rig.core.state.wait_resident(model, 10.0)
+    rig.footprints.grown = {"a": 101 * MB, "b": 101 * MB + 500_000}
+    await rig.residency.round()
+    assert rig.footprints.growth(["a", "b"]) == 0  # no one figure seen to rise (the fake)
+    assert rig.residency.margin_bytes(rig.pool) == 2_500_000
+    rig.footprints.grown = {"a": 100 * MB}  # a fall: the margin stays what was seen
+    await rig.residency.round()
+    assert rig.residency.margin_bytes(rig.pool) == 2_500_000
+    rig.footprints.grown = {"a": 200 * MB}  # at most a quarter of the budget
+    await rig.residency.round()
+    assert rig.residency.margin_bytes(rig.pool) == 75 * MB
+
+
 async def test_a_member_keeps_the_largest_load_surge_free_when_one_was_measured() -> None:
     """A load takes more than the model keeps (ONNX Runtime building its session): every
     sample of the benchmark's real memory above 1.05x its budget fell in a load of a
