@@ -497,6 +497,7 @@ def _member_row(pool: Mapping[str, Any], member: Mapping[str, Any]) -> dict[str,
     return {"key": member["key"], "available": member.get("available", True),
             "load_slots": member.get("load_slots"),
             "used": used, "usable": usable, "budget": budget, "over": used > usable,
+            "margin": int(member.get("margin_bytes") or 0),
             "bar": Markup(memory_bar(used, usable, budget, f"memory of {member['key']}")),
             "models": sorted(held, key=_by_state)}
 

@@ -111,6 +111,15 @@ def test_a_model_the_fill_loaded_says_it_goes_first_until_it_is_used() -> None:
     assert "not used yet" not in _section(_page(report), "cpu")
 
 
+def test_a_member_with_a_placement_margin_says_what_it_leaves_free() -> None:
+    report = _report()
+    report["pools"][0]["members"][0]["margin_bytes"] = 440 * 1024
+    cpu = _section(_page(report), "cpu")
+    on_a, on_b = cpu.split(f"<h4>{B}")
+    assert "places leaving 440.0 KiB free" in on_a
+    assert "places leaving" not in on_b  # none measured: it packs to the byte
+
+
 def test_a_bar_per_member_shows_used_against_usable_and_budget() -> None:
     page = _page(_report(used_b=4 * GIB))
     cpu = _section(page, "cpu")
