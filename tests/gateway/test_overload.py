@@ -199,8 +199,10 @@ def test_gateway_saturation_rises_under_load_and_falls_after(
 
     async def sample_during_load() -> tuple[list[float], Counter]:
         # 15 instants: each may fall between two requests of a client (tiny answers in
-        # about a millisecond), so a few readings can be 0 by chance
-        load = asyncio.create_task(_offer(url, 2, 3.2))
+        # about a millisecond), so a few readings can be 0 by chance. Twice the capacity
+        # of clients, so that a request waits at the gateway while another is answered:
+        # with two, in a full suite (the other worker taking the cores), all 15 were 0
+        load = asyncio.create_task(_offer(url, 2 * MAX_CONCURRENCY, 3.2))
         readings = []
         for _ in range(15):
             await asyncio.sleep(0.2)
@@ -209,7 +211,7 @@ def test_gateway_saturation_rises_under_load_and_falls_after(
         return readings, statuses
 
     during, statuses = asyncio.run(sample_during_load())
-    assert max(during) >= 0.5, (during, statuses)  # 2 in flight of capacity 2
+    assert max(during) >= 0.5, (during, statuses)  # at least 1 in flight of capacity 2
     # the next probe rounds see the queues drained
     assert wait_until(lambda: saturation() == 0.0, 5), saturation()
     buckets = {s.labels["le"] for s in _metrics(limited_gateway)
