@@ -165,11 +165,13 @@ class Residency:
                     bool(configured and configured.on_demand), len(pool.members), rolling),
                 demand_rps=self.demand.rate(name), last_used=last_used.get(name),
                 frozen=rolling))
-        members = tuple(self._member_view(pool, m, now, last_used) for m in pool.members)
+        margin = self.margin_bytes(pool)
+        members = tuple(self._member_view(pool, m, now, last_used, margin)
+                        for m in pool.members)
         return policy.ResidencyView(now=now, models=tuple(models), members=members)
 
     def _member_view(self, pool: Pool, member: PoolMember, now: float,
-                     last_used: Mapping[str, float]) -> policy.MemberView:
+                     last_used: Mapping[str, float], margin: int) -> policy.MemberView:
         holdings = self.table.of_member(member.key).values()
         # misses placed here waiting for their victims to leave: their room is theirs, as
         # a pending load's (loaded into probation, expected when their room is made), the
@@ -178,7 +180,7 @@ class Residency:
         leaving = {h.model for h in holdings if h.phase in LEAVING}
         return policy.MemberView(
             key=member.key, budget_bytes=self.usable_bytes(pool),
-            margin_bytes=self.margin_bytes(pool),
+            margin_bytes=margin,
             available=member.available(now) and member.healthy,
             held={h.model: h.resident_since or h.since for h in holdings
                   if h.phase is Phase.RESIDENT or h.phase in LEAVING},

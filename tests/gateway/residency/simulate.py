@@ -146,12 +146,9 @@ async def simulate(budget_share: float, seed: int = 1, rate: float = 20.0,
     if host is not None:
         load_s, release_s = host.load_seconds, host.release_s
         crowding, room = host.crowding, host.waiting_room
-    # the gateway's own default fill and margin (the fakes' are off, for the mechanism's
-    # tests)
-    defaults = ResidencySpec.model_fields
+    # the gateway's own default fill (the fakes' is off, for the mechanism's tests)
     knobs = {"min_resident_s": 5.0,
-             "fill_free_room": defaults["fill_free_room"].default,
-             "placement_margin": defaults["placement_margin"].default,
+             "fill_free_room": ResidencySpec.model_fields["fill_free_room"].default,
              **(knobs or {})}
     knobs.setdefault("waiting_room", {"max_requests": room})
     rig = Rig(models, budget=budget, **knobs)
