@@ -35,7 +35,7 @@ import asyncio
 import collections
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.config.residency import ResidencySpec
@@ -102,8 +102,11 @@ class Host:
 # nothing else running): Triton's own "loading" -> "successfully loaded", medians 0.65,
 # 0.86 and 1.29 s for the 31, 64 and 131 MB stubs (74, 92 and 48 loads), under the
 # benchmark's traffic and its other loads (so no crowding on top); an evicted model's
-# "unloading" -> gone (the unload, then its stubs' exit), 1.35 s whatever its size; the
-# gateway's default waiting room (REQUESTS_PER_MEMBER per member: 256 for the two here)
+# "unloading" -> gone (the unload, then its stubs' exit), 1.35 s whatever its size: 1 s of
+# it Triton's Python backend sleeping before it finalizes each instance (its stub's
+# health check, StubLauncher::UpdateHealth; members serving the onnxruntime or tensorrt
+# platforms have no stub to wait for: ``--release-s 0.35`` plays those); the gateway's
+# default waiting room (REQUESTS_PER_MEMBER per member: 256 for the two here)
 MEASURED = Host(load_base_s=0.45, load_s_per_gb=6.4, release_s=1.35, crowding=0.0,
                 waiting_room=None)
 
@@ -297,8 +300,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="a residency setting (JSON value), repeatable")
     parser.add_argument("--cores", type=float, default=None,
                         help="cores every member's loads share (default: not shared)")
-    parser.add_argument("--release-s", type=float, default=0.0,
-                        help="an evicted model's processes exit this long after its unload")
+    parser.add_argument("--release-s", type=float, default=None,
+                        help="an evicted model's processes exit this long after its unload "
+                             "(default 0; with --host measured, replaces its 1.35 s)")
     parser.add_argument("--host", choices=["measured"], default=None,
                         help="loads and exits timed as this host's members took them in "
                              "the benchmark (MEASURED), the default waiting room")
@@ -306,8 +310,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="both budgets (half, a quarter) and both seeds, one row each")
     args = parser.parse_args(argv)
     knobs = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.knob)}
-    host = {"cores": args.cores, "release_s": args.release_s,
-            "host": MEASURED if args.host == "measured" else None}
+    measured = None if args.host is None else MEASURED if args.release_s is None else \
+        replace(MEASURED, release_s=args.release_s)
+    host = {"cores": args.cores, "release_s": args.release_s or 0.0, "host": measured}
     if args.table:
         print("| budgets hold | seed | failed | hits / best fixed, per phase "
               "| recovery s | loads / min |")
