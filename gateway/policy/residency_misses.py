@@ -1,8 +1,9 @@
 """Misses placed (issue 34): where a request's model that no available member holds
 loads right away, and what it evicts there (:func:`place_miss`); when waiting would
-make room (:func:`miss_room_at`). Pure, over the same :class:`ResidencyView` and board as
-:func:`gateway.policy.residency.plan`, whose module docstring gives the segments, the
-protections and who may be evicted for a miss.
+make room (:func:`miss_room_at`). Pure, over the same :class:`ResidencyView` and
+:class:`~gateway.policy.residency_board.Board` as :func:`gateway.policy.residency.plan`,
+whose module docstring gives the segments, the protections and who may be evicted for a
+miss.
 """
 
 from __future__ import annotations
@@ -10,14 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from gateway.policy.residency import (
-    WAITERS_S,
-    Board,
-    Eligible,
-    Move,
-    ResidencyKnobs,
-    ResidencyView,
-)
+from gateway.policy.residency_board import Board, Eligible
+from gateway.policy.residency_view import WAITERS_S, Move, ResidencyKnobs, ResidencyView
 
 # a missed model counts as at least this hot (a request waits for it: one a minute)
 MISS_FLOOR_RPS = 1 / 60
