@@ -337,10 +337,11 @@ def status(name: Annotated[str | None, typer.Argument(
     """Where models live in pools with residency: each model's state on each member
     holding it (queued, loading, warming, resident, draining, unloading, failed; for how
     long, why, requests waiting for that load), its footprint and where that figure
-    comes from, its demand, last use and requests waiting for it; each member's memory
-    against its budget, its loads at once and what it holds; and the models waiting for
-    room, in the order room goes to them (urgent: its first request fails unless room is
-    made now)."""
+    comes from, how long its last load took, its demand, last use and requests waiting
+    for it; each member's memory against its budget, its loads at once and what it holds;
+    the models waiting for room, in the order room goes to them (urgent: its first
+    request fails unless room is made now); and how long a load and an eviction
+    typically take (what the waiting room expects)."""
     with _client(url, token) as client:
         entry = client.residency(name) if name is not None else None
         if as_json and entry is not None:
@@ -364,7 +365,7 @@ def status(name: Annotated[str | None, typer.Argument(
         table.add_row(f"{model}\n[dim]{pinned}[/]", m.get("pool", "-"),
                       _where(holdings(report, model, m)),
                       f"{size_text(m.get('footprint_bytes'))}\n"
-                      f"[dim]{m.get('footprint_source') or '-'}[/]",
+                      f"[dim]{m.get('footprint_source') or '-'}{_loaded_in(m)}[/]",
                       f"{m.get('demand_rps', 0.0):.2f} req/s",
                       ago_text(m.get("last_used_s_ago")), str(m.get("waiting", 0)))
     console.print(table)
@@ -392,8 +393,26 @@ def status(name: Annotated[str | None, typer.Argument(
                             size_text(usable), size_text(member.get("budget_bytes")),
                             str(member.get("load_slots", "-")),
                             _held_text(member.get("models", [])))
-    members.caption = "; ".join(waiting) or None
+    timings = _timings_text(report.get("timings") or {})
+    members.caption = "; ".join([*waiting, *timings]) or None
     console.print(members)
+
+
+def _loaded_in(model: dict[str, Any]) -> str:
+    seconds = model.get("load_s")
+    return "" if seconds is None else f", loads in {seconds:.2f} s"
+
+
+def _timings_text(timings: dict[str, Any]) -> list[str]:
+    """The typical load and eviction the waiting room expects, once measured."""
+    out = []
+    if timings.get("load_s") is not None:
+        out.append(f"a load takes {timings['load_s']:.2f} s (the median of "
+                   f"{timings.get('loads_measured', 0)} models' last)")
+    if timings.get("eviction_s") is not None:
+        out.append(f"an eviction {timings['eviction_s']:.2f} s from out of routing to its "
+                   f"room free (the median of the last {timings.get('evictions_measured', 0)})")
+    return out
 
 
 @app.command()

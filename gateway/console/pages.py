@@ -482,6 +482,7 @@ def residency_rows(report: Mapping[str, Any] | None) -> dict[str, dict[str, Any]
             waiting = sum(int(entries[m].get("waiting") or 0) for m in known)
         rows[name] = {"budget": pool.get("budget_bytes"),
                       "headroom": pool.get("headroom_bytes", 0),
+                      "timings": report.get("timings") or {},
                       "waiting": int(waiting), "models": known,
                       "room": [{**f, "waiting": int(f.get("waiting") or 0)}
                                for f in pool.get("waiting_for_room", [])],
@@ -518,6 +519,7 @@ def model_residency(report: Mapping[str, Any] | None, name: str) -> dict[str, An
     ordered = sorted(({**h, "model": name, "waiting": int(h.get("waiting") or 0)}
                       for h in held), key=lambda h: (_by_state(h), h["member"]))
     return {"pool": entry.get("pool"), "waiting": int(entry.get("waiting") or 0),
+            "load_s": entry.get("load_s"),
             "resident": [h["member"] for h in ordered if h.get("state") == "resident"],
             "others": [h for h in ordered if h.get("state") != "resident"]}
 

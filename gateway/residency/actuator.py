@@ -126,6 +126,17 @@ class Actuator:
         figures = sorted(self.eviction_seconds)
         return figures[len(figures) // 2] if figures else DEFAULT_EVICTION_S
 
+    def timings(self) -> dict[str, Any]:
+        """What the waiting room's expectations are made of, as reported: the typical
+        load (the median of each model's last) and eviction (of the last
+        ``EVICTIONS_KEPT``), and how many figures each is of; None while none was measured
+        (the defaults stand in)."""
+        return {"load_s": round(self.typical_load_s(), 3) if self.load_seconds else None,
+                "loads_measured": len(self.load_seconds),
+                "eviction_s": (round(self.typical_eviction_s(), 3) if self.eviction_seconds
+                               else None),
+                "evictions_measured": len(self.eviction_seconds)}
+
     def _current(self, holding: Holding) -> bool:
         now = self.table.get(holding.member, holding.model)
         return now is not None and now.token == holding.token and now.phase is Phase.QUEUED
@@ -238,8 +249,9 @@ class Actuator:
             return False
         with contextlib.suppress(StaleTransition):
             self.table.advance(unloading, None)
-        self.eviction_seconds = [*self.eviction_seconds[-EVICTIONS_KEPT + 1:],
-                                 self.clock() - holding.since]
+        seconds = self.clock() - holding.since
+        self.eviction_seconds = [*self.eviction_seconds[-EVICTIONS_KEPT + 1:], seconds]
+        self.metrics.eviction_seconds.observe(seconds)
         self.metrics.evictions.labels(holding.model, reason).inc()
         return True
 

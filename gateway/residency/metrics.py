@@ -10,6 +10,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 # a model's load: a Python-backend stub on CPU takes about a second, a large engine on a
 # GPU tens of seconds
 LOAD_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0)
+# an eviction, out of routing to its room free: a drain of the requests in flight there,
+# the unload, its processes' exit (Triton's Python backend waits a second per instance)
+EVICTION_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,7 @@ class ResidencyMetrics:
     load_failures: Counter
     evictions: Counter
     load_seconds: Histogram
+    eviction_seconds: Histogram
     waiting: Gauge
     budget: Gauge
     used: Gauge
@@ -46,6 +50,11 @@ class ResidencyMetrics:
                 "infergate_model_load_seconds",
                 "Time from a load's start to the model being warm on the member.",
                 buckets=LOAD_BUCKETS_S, registry=registry),
+            eviction_seconds=Histogram(
+                "infergate_model_eviction_seconds",
+                "Time from a model taken out of routing on a member to its memory free there "
+                "(drain, unload, its processes' exit).",
+                buckets=EVICTION_BUCKETS_S, registry=registry),
             waiting=Gauge(
                 "infergate_waiting_room_requests",
                 "Requests waiting for their model to load (misses).", ("model",),

@@ -2,8 +2,9 @@
 ``infergate models status``): per pool and member, every holding with its phase, how
 long, why, its footprint, whether it holds room lent (loaded by the fill and not used
 since: the main segment's first to go) and the requests waiting for it; per pool, the misses waiting
-for room, in the order room goes to them; per model, where it is resident and its
-holdings elsewhere."""
+for room, in the order room goes to them; per model, where it is resident, its holdings
+elsewhere and how long its last load took; the typical load and eviction the waiting
+room expects (``timings``)."""
 
 from __future__ import annotations
 
@@ -91,13 +92,18 @@ def build(residency: Reported) -> dict[str, Any]:
                 "footprint_bytes": size, "footprint_source": source,
                 "demand_rps": round(residency.demand.rate(model), 4),
                 "last_used_s_ago": None if used is None else round(now - used, 1),
+                "load_s": _rounded(residency.actuator.load_seconds.get(model)),
                 "members": residency.table.resident_on(model),
                 "waiting": residency.room.waiters(model),
                 "holdings": [dict(_holding(residency, h, now), member=k,
                                   lent=h.lent(used))
                              for k, h in sorted(holdings.items())],
             }
-    return {"pools": pools, "models": models}
+    return {"pools": pools, "models": models, "timings": residency.actuator.timings()}
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
 
 
 def _waiting_for_room(room: WaitingRoom, pool: Pool, now: float) -> list[dict[str, Any]]:

@@ -335,3 +335,24 @@ def test_holdings_are_the_entrys_when_given_else_the_members_in_state_order() ->
     assert [(h["member"], h["state"], h["reason"]) for h in models_cli.holdings(old, "hot")] \
         == [("10.0.0.1:8001", "resident", "demand"), ("10.0.0.2:8001", "loading", "miss")]
     assert models_cli.holdings(old, "cold") == []
+
+
+@pytest.mark.usefixtures("wide")
+def test_status_says_how_long_loads_and_evictions_take_once_measured(
+    gateway: Callable[[Handler], list[httpx.Request]],
+) -> None:
+    report = residency_report()
+    report["models"]["hot"]["load_s"] = 0.861
+    report["timings"] = {"load_s": 0.86, "loads_measured": 12, "eviction_s": 1.352,
+                         "evictions_measured": 40}
+    gateway(lambda _: httpx.Response(200, json=report))
+    exit_code, output = invoke("status")
+    assert exit_code == 0, output
+    _line_of(output, "measured, loads in 0.86 s")
+    caption = " ".join(_lines(output)[-4:])
+    assert ("a load takes 0.86 s (the median of 12 models' last); an eviction 1.35 s from "
+            "out of routing to its room free (the median of the last 40)") in caption
+    report["timings"] = {"load_s": None, "loads_measured": 0, "eviction_s": None,
+                         "evictions_measured": 0}
+    exit_code, output = invoke("status")
+    assert exit_code == 0 and "a load takes" not in output and "an eviction" not in output

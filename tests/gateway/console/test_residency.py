@@ -255,7 +255,7 @@ def test_model_residency_lists_resident_members_then_other_holdings_when_holding
     assert hot is not None and hot["resident"] == [A] and hot["waiting"] == 0
     assert [(h["member"], h["state"]) for h in hot["others"]] == [(B, "warming")]
     cold = model_residency(report, "cold")
-    assert cold == {"pool": "cpu", "waiting": 0, "resident": [], "others": []}
+    assert cold == {"pool": "cpu", "waiting": 0, "load_s": None, "resident": [], "others": []}
     assert model_residency(report, "elsewhere") is None and model_residency(None, "hot") is None
     # the entry's holdings are what counts, not the members' lists
     report["models"]["next"]["holdings"][0]["state"] = "loading"
@@ -337,3 +337,21 @@ def test_model_page_says_where_it_is_held_when_its_pool_has_residency() -> None:
     hot = shown("hot", old)
     assert f"resident</span> on {A}</li>" in hot and f"loading</span> on {B} for 3 s" in hot
     assert "3 requests waiting for it" in hot
+
+
+def test_the_pool_says_how_long_loads_and_evictions_take_and_a_model_its_last_load() -> None:
+    report = residency_report()
+    assert "A load takes" not in _section(_page(report), "cpu")  # none measured yet
+    report["timings"] = {"load_s": 0.861, "loads_measured": 12, "eviction_s": 1.352,
+                         "evictions_measured": 40}
+    cpu = _section(_page(report), "cpu")
+    assert ("A load takes 0.86 s here (the median of 12 models' last), an eviction 1.35 s "
+            "from out of routing to its room free (of the last 40)") in cpu
+    report["models"]["hot"]["load_s"] = 0.861
+    assert "its last load took 0.86 s" in (model_residency_html(report, "hot"))
+    assert "its last load took" not in model_residency_html(report, "cold")
+
+
+def model_residency_html(report: dict[str, Any], name: str) -> str:
+    macro = TEMPLATES.get_template("residency.html").module.held  # type: ignore[attr-defined]
+    return str(macro(model_residency(report, name)))

@@ -648,3 +648,32 @@ async def test_free_room_fills_only_while_no_miss_waits_and_only_into_free_slots
     assert rig.members.unloads == {(A, "b"): 1} and rig.phase(A, "a") == "resident"
     assert rig.core.metrics.registry.get_sample_value(
         "infergate_model_loads_total", {"model": "c", "reason": "fill"}) == 1.0
+
+
+async def test_the_report_and_metrics_give_the_load_and_eviction_times_a_miss_expects() -> None:
+    rig = Rig({"a": 100 * MB, "b": 100 * MB}, budget=100 * MB, members=1, min_resident_s=0.0)
+    await rig.residency.round()
+    assert rig.residency.report()["timings"] == {
+        "load_s": None, "loads_measured": 0, "eviction_s": None, "evictions_measured": 0}
+    first = asyncio.ensure_future(rig.core.state.wait_resident("a", 60.0))
+    await rig.until(lambda: (A, "a") in rig.members.pending)
+    rig.clock.advance(2.5)  # the load of "a" takes 2.5 s
+    rig.members.finish(A, "a")
+    await asyncio.wait_for(first, 2)
+    report = rig.residency.report()
+    assert report["models"]["a"]["load_s"] == 2.5 and report["models"]["b"]["load_s"] is None
+    assert report["timings"]["load_s"] == 2.5 and report["timings"]["loads_measured"] == 1
+    # past the probation of "a", a miss for "b" evicts it (the member's whole budget), then
+    # loads "b"
+    rig.clock.advance(10.0)
+    second = asyncio.ensure_future(rig.core.state.wait_resident("b", 60.0))
+    await rig.until(lambda: (A, "b") in rig.members.pending)
+    rig.members.finish(A, "b")
+    await asyncio.wait_for(second, 2)
+    timings = rig.residency.report()["timings"]
+    assert timings["evictions_measured"] == 1 and timings["eviction_s"] is not None
+    assert timings["loads_measured"] == 2
+    registry = rig.core.metrics.registry
+    assert registry.get_sample_value("infergate_model_eviction_seconds_count") == 1.0
+    assert registry.get_sample_value("infergate_model_eviction_seconds_sum") == \
+        timings["eviction_s"]

@@ -169,6 +169,11 @@ def test_an_eviction_under_load_loses_no_request(
             metrics = httpx.get(f"{url}/metrics").text
             assert 'infergate_model_evictions_total{model="m0",reason="operator"} 1.0' \
                 in metrics  # drained and unloaded before the answer
+            # its processes' exit waited for: Triton's Python backend sleeps a second
+            # before it finalizes an instance
+            timings = residency(url)["timings"]
+            assert timings["evictions_measured"] == 1 and timings["eviction_s"] >= 1.0
+            assert timings["load_s"] > 0 and timings["loads_measured"] == 1
             # pinned on both: the policy loads it back on the member it left
             assert wait_until(lambda: sorted(residency(url)["models"]["m0"]["members"])
                               == sorted(keys), 30)
