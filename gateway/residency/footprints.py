@@ -33,7 +33,8 @@ load from: the lifecycle's ``repository``, else the configuration's ``model_repo
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from converters.model_dir import read_footprint
@@ -49,6 +50,7 @@ from gateway.residency.memory import (
     measured_surges,
     released,
 )
+from gateway.residency.window import RecentMax
 from gateway.upstream.triton import MemberAdmin
 
 log = logging.getLogger(__name__)
@@ -59,14 +61,17 @@ class Footprints:
     ``model_repository``)."""
 
     def __init__(self, config: GatewayConfig, admin: MemberAdmin,
-                 repository: Path | None = None) -> None:
+                 repository: Path | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.admin = admin
         self.repository = repository or config.model_repository
+        self.clock = clock
         self._converter: dict[str, tuple[float, int | None]] = {}  # model -> (mtime, bytes)
         self._measured: dict[str, int] = {}
         self._surges: dict[str, int] = {}  # model -> the most a load took beyond its figure
-        self._growth: dict[str, int] = {}  # model -> the most its figure rose at a measure
+        # model -> the most its figure rose at a measure, within RISE_MEMORY_S
+        self._growth: dict[str, RecentMax] = {}
         self._listeners = Listeners()  # the members' tritonservers on this host
         self._sizes = StubSizes()  # their stubs' sizes, read again once they may change
 
@@ -115,19 +120,23 @@ class Footprints:
 
     def measured(self, model: str, size: int) -> None:
         """A member reported ``size`` bytes for ``model`` (after a load, or measured
-        again); a rise over its last figure is remembered (:meth:`growth`)."""
+        again); a rise over its last figure is remembered for :data:`RISE_MEMORY_S`
+        (:meth:`growth`)."""
         if size > 0:
             last = self._measured.get(model)
             if last is not None and size > last:
-                self._growth[model] = max(size - last, self._growth.get(model, 0))
+                self._growth.setdefault(model, RecentMax()).note(size - last, self.clock())
             self._measured[model] = size
 
     def growth(self, models: Collection[str]) -> int:
-        """The most the figure of any of ``models`` rose from one measure to the next (0:
-        none seen): a stub growing as it first serves, a load measured larger than the
-        last. What a placement leaves free beside the models it packs
+        """The most the figure of any of ``models`` rose from one measure to the next
+        within the last :data:`RISE_MEMORY_S` (0: none seen): a stub growing as it first
+        serves, a load measured larger than the last (a one-off too: a new version
+        larger than the old, a rollout's two versions measured together, so remembered
+        a while only). What a placement leaves free beside the models it packs
         (:meth:`~gateway.residency.manager.Residency.margin_bytes`)."""
-        return max((self._growth.get(m, 0) for m in models), default=0)
+        now = self.clock()
+        return max((g.value(now) for m in models if (g := self._growth.get(m))), default=0)
 
     def surge(self, models: Collection[str]) -> int:
         """The most any of ``models``'s loads took beyond what it kept (0: none measured)."""

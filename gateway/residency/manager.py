@@ -58,6 +58,7 @@ from gateway.residency.holdings import (
 from gateway.residency.metrics import ResidencyMetrics
 from gateway.residency.misses import Misses
 from gateway.residency.waiting import WaitingRoom
+from gateway.residency.window import RecentMax
 from gateway.state import GatewayState
 from gateway.upstream.triton import MemberAdmin
 
@@ -88,8 +89,9 @@ class Residency:
     # (member, model) a plan's load waits for the room of (its victims draining)
     _reserved: set[tuple[str, str]] = field(default_factory=set)
     _recorded_at: float = field(default=float("-inf"))
-    # pool -> the most one round's measures raised a member's accounted use (margin_bytes)
-    _rises: dict[str, int] = field(default_factory=dict)
+    # pool -> the most one round's measures raised a member's accounted use, within
+    # RISE_MEMORY_S (margin_bytes)
+    _rises: dict[str, RecentMax] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         clock = self.state.clock
@@ -219,10 +221,13 @@ class Residency:
         """What a placement leaves free of a member's usable budget (the budget's
         evictions start only past the whole of it): what the figures were seen to move
         by, the most one round's measures raised a member's accounted use or one model's
-        figure rose at a measure (:meth:`Footprints.growth`: a load measured larger), at
-        most :data:`SURGE_SHARE` of it; ``placement_margin`` of it when larger."""
+        figure rose at a measure (:meth:`Footprints.growth`: a load measured larger)
+        within the last :data:`~gateway.residency.window.RISE_MEMORY_S`, at most
+        :data:`SURGE_SHARE` of it; ``placement_margin`` of it when larger."""
         usable = self.usable_bytes(pool)
-        seen = max(self._rises.get(pool.name, 0), self.footprints.growth(self.models(pool)))
+        rises = self._rises.get(pool.name)
+        seen = max(rises.value(self.state.clock()) if rises else 0,
+                   self.footprints.growth(self.models(pool)))
         return max(int(usable * self.spec(pool).placement_margin),
                    min(seen, int(usable * SURGE_SHARE)))
 
@@ -322,8 +327,8 @@ class Residency:
         moved = {m: self.footprints.bytes(m, pool) - size for m, size in before.items()}
         rise = max((sum(moved.get(m, 0) for m, h in self.table.of_member(k.key).items()
                         if h.in_use) for k in pool.members), default=0)
-        if rise > self._rises.get(pool.name, 0):
-            self._rises[pool.name] = rise
+        if rise > 0:
+            self._rises.setdefault(pool.name, RecentMax()).note(rise, self.state.clock())
 
     def execute(self, pool: Pool, plan: policy.Plan) -> None:
         """The plan's evictions and segment changes at once; its loads that fit each
@@ -518,7 +523,8 @@ def build_residency(config: GatewayConfig, core: Core, admin: MemberAdmin,
     demand_path = next((s.demand_file for s in specs if s.demand_file), None) or (
         lifecycle.state_dir / "residency-demand.json" if lifecycle else None)
     metrics = ResidencyMetrics.create(core.metrics.registry)
-    footprints = Footprints(config, admin, lifecycle.repository if lifecycle else None)
+    footprints = Footprints(config, admin, lifecycle.repository if lifecycle else None,
+                            clock=core.state.clock)
     demand = DemandMeter(core.metrics, min(s.demand_half_life_s for s in specs), demand_path,
                          records)
     residency = Residency(core, admin, load_one, footprints, demand, metrics)

@@ -17,6 +17,7 @@ from gateway.config import GatewayConfig, load_gateway_config
 from gateway.config.pools import MemberSpec
 from gateway.pools import PoolMember, build_pools
 from gateway.residency.footprints import Footprints
+from gateway.residency.window import RISE_MEMORY_S
 from gateway.upstream.triton import MemberAdmin
 from tests.conftest import triton_settings
 from tests.procs import started_triton
@@ -70,6 +71,25 @@ def test_the_most_a_figure_rose_at_a_measure_is_remembered(tmp_path: Path) -> No
     footprints.measured("n", 80 * MB + 40_000)  # a few pages more
     assert footprints.growth(["m", "n"]) == 600_000
     assert footprints.growth(["n", "unknown"]) == 40_000 and footprints.growth([]) == 0
+
+
+def test_a_rise_is_remembered_for_a_while_not_for_good(tmp_path: Path) -> None:
+    """A one-off rise (a new version measured larger than the old, a rollout's two
+    versions measured together) leaves room free for RISE_MEMORY_S, then no more."""
+    now = [1000.0]
+    footprints = Footprints(gateway_config({}), MemberAdmin(httpx.AsyncClient()), tmp_path,
+                            clock=lambda: now[0])
+    footprints.measured("m", 30 * MB)
+    footprints.measured("m", 60 * MB)  # version 2, twice as large
+    now[0] += 100
+    footprints.measured("m", 60 * MB + 300_000)  # it served
+    assert footprints.growth(["m"]) == 30 * MB
+    now[0] += RISE_MEMORY_S - 100  # the version's rise is as old as remembered
+    assert footprints.growth(["m"]) == 30 * MB
+    now[0] += 1
+    assert footprints.growth(["m"]) == 300_000  # the stub's own growth, newer, stays
+    now[0] += 100
+    assert footprints.growth(["m"]) == 0
 
 
 def test_the_runtime_overhead_learned_is_added_to_a_converter_figure(tmp_path: Path) -> None:

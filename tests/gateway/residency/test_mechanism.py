@@ -15,6 +15,7 @@ from gateway.errors import ModelNotFound, ModelNotReady, Unavailable
 from gateway.pools import PoolMember
 from gateway.residency.holdings import Holding, Phase
 from gateway.residency.waiting import Flight
+from gateway.residency.window import RISE_MEMORY_S
 from tests.gateway.residency.fakes import MB, A, B, Rig, run_virtual
 
 
@@ -282,6 +283,8 @@ async def test_the_margin_is_the_most_a_round_of_measures_raised_a_members_use()
     rig.footprints.grown = {"a": 200 * MB}  # at most a quarter of the budget
     await rig.residency.round()
     assert rig.residency.margin_bytes(rig.pool) == 75 * MB
+    rig.clock.advance(RISE_MEMORY_S + 1)  # remembered a while, not for good
+    assert rig.residency.margin_bytes(rig.pool) == 0
 
 
 async def test_a_member_keeps_the_largest_load_surge_free_when_one_was_measured() -> None:
