@@ -593,7 +593,8 @@ def run(rate: float = 30.0, phase_s: float = 60.0, seed: int = 1, deadline_ms: i
         kinds: Sequence[str] = DEFAULT_ARMS, budgets: Sequence[str] = tuple(BUDGETS),
         out: Path | None = None, repo: Path = MODELS,
         knobs: Mapping[str, Any] | None = None,
-        source: Path | None = None, stub_nice: int = STUB_NICE) -> list[dict[str, Any]]:
+        source: Path | None = None, stub_nice: int = STUB_NICE,
+        source_last: bool = False) -> list[dict[str, Any]]:
     out = out or ROOT / "results" / "bench_residency"
     models = build_models(repo, say=say)
     setup = Setup(models, repo, rate, phase_s, seed, deadline_ms,
@@ -603,7 +604,7 @@ def run(rate: float = 30.0, phase_s: float = 60.0, seed: int = 1, deadline_ms: i
     footprints = known_footprints(models, repo / FOOTPRINTS)
     scratch = out / "runs" / time.strftime("%Y%m%d-%H%M%S")
     rows: list[dict[str, Any]] = []
-    for arm in arms_of(kinds, budgets, source):
+    for arm in arms_of(kinds, budgets, source, source_last):
         budget = None if arm.budget is None else budget_of(footprints, BUDGETS[arm.budget])
         loaded = (names if arm.kind == "all" else [] if arm.kind == "residency"
                   else first_fit(names, footprints, budget or 0))
@@ -657,6 +658,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--source", type=Path, default=None,
                         help="another checkout (git worktree add DIR REV): its residency "
                              "runs beside this one's at each budget, before and after")
+    parser.add_argument("--source-last", action="store_true",
+                        help="with --source: this checkout's arm first, the other's after "
+                             "it (to see whether the arms' order moves the figures)")
     parser.add_argument("--models", type=Path, default=MODELS,
                         help="the models' repository (built there once, then reused)")
     parser.add_argument("--stub-nice", type=int, default=STUB_NICE,
@@ -670,7 +674,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     phase_s = args.phase_s or (30.0 if args.quick else 60.0)
     knobs = dict(parse_knob(k) for k in args.knob)
     rows = run(rate, phase_s, args.seed, args.deadline_ms, kinds, budgets, args.out,
-               args.models, knobs, args.source, args.stub_nice)
+               args.models, knobs, args.source, args.stub_nice, args.source_last)
     publish(rows, markdown, plot, args.out, "bench_residency", say)
 
 

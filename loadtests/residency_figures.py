@@ -179,16 +179,18 @@ class Arm:
 
 
 def arms_of(kinds: Sequence[str], budgets: Sequence[str],
-            source: Path | None = None) -> list[Arm]:
+            source: Path | None = None, source_last: bool = False) -> list[Arm]:
     """The arms to run, in order: all resident first (the reference), then each kind at
-    each budget (with ``source``, residency from that checkout first, then this one's)."""
+    each budget (with ``source``, residency from that checkout first, then this one's;
+    ``source_last``: this one's first, to see whether the order moves the figures)."""
     out = [Arm("all")] if "all" in kinds else []
     for kind in ("static", "residency"):
         if kind in kinds:
             for budget in budgets:
+                pair = [Arm(kind, budget)]
                 if kind == "residency" and source is not None:
-                    out.append(Arm(kind, budget, source))
-                out.append(Arm(kind, budget))
+                    pair.insert(len(pair) if source_last else 0, Arm(kind, budget, source))
+                out.extend(pair)
     return out
 
 

@@ -139,6 +139,11 @@ def test_arms_run_all_resident_first_then_each_kind_at_each_budget() -> None:
                                        "residency, quarter"]
     assert [a.title for a in rf.arms_of(["static", "residency"], ["half"])] == [
         "static, half", "residency, half"]
+    other = Path("/elsewhere")
+    assert [a.title for a in rf.arms_of(["residency"], ["half"], other)] == [
+        "residency (before), half", "residency, half"]
+    assert [a.title for a in rf.arms_of(["residency"], ["half"], other, source_last=True)] == [
+        "residency, half", "residency (before), half"]
 
 
 # -- the figures and the report -------------------------------------------------------
