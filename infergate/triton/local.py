@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import http.client
 import os
 import resource
 import signal
@@ -204,6 +205,9 @@ def _reap(pids: list[int], timeout_s: float = 5.0) -> None:
             time.sleep(0.05)
 
 
+# Triton's words when a port it was given is taken ("failed to start HTTP service:
+# Unavailable - Socket '127.0.0.1:14425' already in use"), and starts on picked ports
+START_TRIES, PORT_IN_USE = 3, "already in use"
 EMPTY_LOG = "(log empty)"  # what a log tail says when nothing in the log explains
 
 
@@ -233,14 +237,30 @@ class LocalTriton:
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> TritonEndpoints:
+        """Start Triton and wait until it is ready. Ports given as 0 are picked free; when
+        another process takes one of them before Triton binds it (Triton exits saying the
+        socket is in use), Triton is started again on other ones, up to
+        :data:`START_TRIES` starts in all."""
         s = self.settings
         binary, backends = locate_tritonserver(s.runtime_env)
         install_python_stub(s.runtime_env)
         if not s.model_repository.is_dir():
             raise TritonStartupError(f"model repository {s.model_repository} does not exist")
         given = (s.http_port, s.grpc_port, s.metrics_port)
-        picked = iter(free_ports(given.count(0), s.host, taken=given))
-        ports = [p or next(picked) for p in given]
+        for tries_left in reversed(range(START_TRIES)):
+            picked = iter(free_ports(given.count(0), s.host, taken=given))
+            ports = [p or next(picked) for p in given]
+            try:
+                return self._start_on(binary, backends, ports)
+            except TritonStartupError as exc:
+                message = str(exc)
+                mine = any(join_host_port(s.host, p) in message for p in given if p)
+                if not tries_left or mine or PORT_IN_USE not in message:
+                    raise  # (a port the caller gave: theirs to choose again)
+        raise AssertionError("unreachable: the last start raises")
+
+    def _start_on(self, binary: Path, backends: Path, ports: list[int]) -> TritonEndpoints:
+        s = self.settings
         self._check_ports_free(ports)
         self.endpoints = TritonEndpoints(s.host, *ports)
         s.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -373,7 +393,9 @@ class LocalTriton:
                     f"(log {self.settings.log_file}):\n{self.log_tail()}"
                 )
             with (
-                contextlib.suppress(urllib.error.URLError, OSError),
+                # (HTTPException: another process's server answered on the port, not
+                # Triton's HTTP/1: it took the port, and Triton exits, seen above)
+                contextlib.suppress(urllib.error.URLError, OSError, http.client.HTTPException),
                 urllib.request.urlopen(url, timeout=1) as resp,  # loopback only
             ):
                 if resp.status == 200:

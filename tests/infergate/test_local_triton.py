@@ -94,6 +94,48 @@ def test_local_triton_reports_port_in_use_when_port_taken(own_repo: Path, tmp_pa
     assert triton_processes(str(own_repo)) == []
 
 
+def test_local_triton_starts_again_on_other_ports_when_another_server_takes_one_it_picked(
+        own_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between picking a free port and Triton binding it, another process may take it
+    (a full suite's other worker did): Triton exits ("already in use"), and the readiness
+    probe meanwhile reaches the other server, whose HTTP/2 bytes are no HTTP/1 answer.
+    Neither is mistaken for Triton: it is started again on other ports."""
+    import gateway.netaddr
+    from infergate.triton import local
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+
+        def answer() -> None:  # a gRPC server's first bytes (an HTTP/2 SETTINGS frame)
+            while True:
+                try:
+                    conn, _ = busy.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.sendall(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64")
+
+        threading.Thread(target=answer, daemon=True).start()
+        picks: list[list[int]] = []
+
+        def free_ports(count: int, host: str, taken: object = ()) -> list[int]:
+            ports = gateway.netaddr.free_ports(count, host, taken=taken)  # type: ignore[arg-type]
+            picks.append([port, *ports[1:]] if not picks else ports)
+            return picks[-1]
+
+        monkeypatch.setattr(local, "free_ports", free_ports)
+        # as if the port was free when Triton was given it
+        monkeypatch.setattr(LocalTriton, "_check_ports_free", lambda self, ports: None)
+        with LocalTriton(triton_settings(own_repo, tmp_path, SAMPLE_MODEL_NAME)) as server:
+            assert server.endpoints is not None and server.endpoints.http_port != port
+            assert len(picks) == 2 and picks[0][0] == port
+            ready = httpx.get(f"http://{server.endpoints.http_url}/v2/health/ready")
+            assert ready.status_code == 200
+    assert triton_processes(str(own_repo)) == []
+
+
 def test_local_triton_quotes_log_when_model_fails_to_load(own_repo: Path, tmp_path: Path) -> None:
     (own_repo / SAMPLE_MODEL_NAME / "1" / "model.onnx").write_bytes(b"not an onnx model")
     with pytest.raises(TritonStartupError) as info:
