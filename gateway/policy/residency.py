@@ -85,11 +85,12 @@ longest unused, then by name. To make room for
   request fails otherwise and they are little used), then models colder than the missed
   one (lower demand per byte, then used longer ago, and less demand: a small cold model
   never evicts a large hot one for the room it needs; the missed model counts as at
-  least ``MISS_FLOOR_RPS``), then, while the main segment is over its share and the
-  probation share left takes the missed model, the coldest main models whatever their
-  heat. Not ``strict`` (the control plane asks so only for a model larger than every
-  member's probation share, which nothing else could serve): any of them, coldest
-  first.
+  least ``MISS_FLOOR_RPS``; when its first request fails otherwise, models with less
+  demand, whatever their demand per byte), then, while the main segment is over its
+  share and the probation share left takes the missed model, the coldest main models
+  whatever their heat. Not ``strict`` (the control plane asks so only for a model
+  larger than every member's probation share, which nothing else could serve): any of
+  them, coldest first.
 
 **Budget**: what a member holds after a plan (held and draining, less the plan's
 evictions, plus its loads) never exceeds its budget when it did not before; a model

@@ -39,7 +39,12 @@ def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: b
        least demanded first: a model that just became the hottest stays);
     2. main models colder than the missed one (demand per byte, then used longer ago,
        and less demand; the missed model counts as at least :data:`MISS_FLOOR_RPS`):
-       TinyLFU's admission, a cold miss never evicts a hotter main model;
+       TinyLFU's admission, a cold miss never evicts a hotter main model; in a
+       ``hurry``, main models with less demand than the missed one, whatever their
+       demand per byte (a request that fails counts for more than the misses of a model
+       asked for less, which are served after its load: a large model whose smaller
+       neighbours each earned more per byte otherwise waited into its requests'
+       deadlines);
     3. where the main segment holds more than its share (the budget less
        ``probation_share``: the plan places over the whole budget) and the probation
        segment's share left (its draining and pending models counted) takes this model,
@@ -65,6 +70,8 @@ def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: b
         victim = board.models.get(name)
         if victim is None or board.beyond_wanted(name):
             return True
+        if hurry:  # a request fails unless the room is made: requests count, not bytes
+            return victim.demand_rps < demand
         last = victim.last_used if victim.last_used is not None else -math.inf
         return (victim.value_per_byte, last) < heat and victim.demand_rps < demand
 

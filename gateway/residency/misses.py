@@ -130,10 +130,11 @@ class Misses:
         room it waited for went to others, or waiting never makes room, probation models
         within ``probation_min_s`` go too where they are colder than it (their waiters
         were served; an eviction drains first); where its first request would otherwise
-        give up (:meth:`urgent`), any probation model, however young. Main models
-        hotter than it go only for a model larger than every member's probation share
-        (nothing else could ever serve it): evicting the hot for the cold whenever the
-        room was taken churned (docs/residency.md, "Admission")."""
+        give up (:meth:`urgent`), little used probation models however young, and main
+        models asked for less than it whatever their demand per byte (``hurry``). Other
+        main models hotter than it go only for a model larger than every member's
+        probation share (nothing else could ever serve it): evicting the hot for the
+        cold whenever the room was taken churned (docs/residency.md, "Admission")."""
         room_at = admission.miss_room_at(view, flight.model, knobs)
         starving = room_at is None or view.now >= (flight.room_at or room_at)
         if flight.room_at is None:
