@@ -132,6 +132,29 @@ def test_a_model_nothing_is_known_of_counts_as_the_largest_known(tmp_path: Path)
     assert footprints.of("x", pool) == (300 * MB, "estimate")
 
 
+def test_the_overhead_and_the_estimate_follow_each_new_figure_once_read(
+        tmp_path: Path) -> None:
+    """Both are worked out once per change of the figures (not per model asked): a
+    figure measured or published after they were read moves them."""
+    config = gateway_config({})
+    pool = build_pools(config.pools)[0]
+    publish(tmp_path, "a", 1, 20 * MB)
+    footprints = Footprints(config, MemberAdmin(httpx.AsyncClient()), tmp_path)
+    footprints.refresh(["a"])
+    assert footprints.of("x", pool) == (20 * MB, "estimate")
+    assert footprints.overhead() == 0
+    footprints.measured("a", 50 * MB)
+    assert footprints.overhead() == 30 * MB
+    assert footprints.of("x", pool) == (50 * MB, "estimate")
+    footprints.measured("b", 70 * MB)
+    assert footprints.of("x", pool) == (70 * MB, "estimate")
+    footprints.measured("a", 45 * MB)  # measured again, smaller
+    assert footprints.overhead() == 25 * MB
+    publish(tmp_path, "c", 1, 90 * MB)
+    footprints.refresh(["a", "c"])
+    assert footprints.of("x", pool) == (90 * MB, "estimate")
+
+
 def test_footprints_read_the_converters_figure_when_only_model_repository_names_it(
         tmp_path: Path) -> None:
     """No lifecycle section: the configuration's ``model_repository`` (relative to its
