@@ -35,8 +35,9 @@ def place_miss(view: ResidencyView, model: str, knobs: ResidencyKnobs, strict: b
        within ``probation_min_s`` of becoming resident never, unless ``young_probation``
        (the miss waited for room that went to others, or waiting never makes any) and
        they are colder than the missed one, or ``hurry`` (its first request gives up
-       unless its room is made now) and their demand is below :data:`HURRY_RPS` (the
-       least demanded first: a model that just became the hottest stays);
+       unless its room is made now) and their demand is below :data:`HURRY_RPS` or the
+       missed model's (the least demanded first: a model that just became the hottest
+       stays);
     2. main models colder than the missed one (demand per byte, then used longer ago,
        and less demand; the missed model counts as at least :data:`MISS_FLOOR_RPS`):
        TinyLFU's admission, a cold miss never evicts a hotter main model; in a
