@@ -317,13 +317,17 @@ class Residency:
         new figures raised a member's accounted use is remembered (:meth:`margin_bytes`:
         several of a member's models grow at once, and one model's figure is every
         holder's)."""
-        models = self.models(pool)
-        before = {m: self.footprints.bytes(m, pool) for m in models}
+        resident = {member.key: [m for m, h in self.table.of_member(member.key).items()
+                                 if h.phase is Phase.RESIDENT]
+                    for member in pool.members if member.healthy}
+        # only the figures this round measures: another model's may change while it runs
+        # (a load's first measure, the runtime's overhead learned and added to a pending
+        # model's converter figure), which is not a stub growing
+        before = {m: self.footprints.bytes(m, pool) for names in resident.values()
+                  for m in names}
         for member in pool.members:
-            resident = [m for m, h in self.table.of_member(member.key).items()
-                        if h.phase is Phase.RESIDENT]
-            if resident and member.healthy:
-                await self.footprints.remeasure(member, resident)
+            if resident.get(member.key):
+                await self.footprints.remeasure(member, resident[member.key])
         moved = {m: self.footprints.bytes(m, pool) - size for m, size in before.items()}
         rise = max((sum(moved.get(m, 0) for m, h in self.table.of_member(k.key).items()
                         if h.in_use) for k in pool.members), default=0)

@@ -114,6 +114,8 @@ class FakeFootprints:
         self.surges: dict[str, int] = {}  # what a load takes beyond its size (as measured)
         self.growths: dict[str, int] = {}  # the most a figure rose at a measure
         self.grown: dict[str, int] = {}  # figures the next remeasure of the model reads
+        # figures another measure sets while the next remeasure runs (a load's first)
+        self.meanwhile: dict[str, int] = {}
         self.remeasured: list[tuple[str, tuple[str, ...]]] = []
 
     def surge(self, models: Collection[str]) -> int:
@@ -144,6 +146,8 @@ class FakeFootprints:
     async def remeasure(self, member: PoolMember, models: Collection[str]) -> None:
         self.remeasured.append((member.key, tuple(sorted(models))))
         self.sizes.update({m: self.grown[m] for m in models if m in self.grown})
+        self.sizes.update(self.meanwhile)
+        self.meanwhile = {}
 
 
 A, B = "127.0.0.1:9001", "127.0.0.1:9011"
