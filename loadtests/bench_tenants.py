@@ -50,8 +50,12 @@ EfficientNet-Lite0, over gRPC ``ModelInfer`` and HTTP binary tensors:
   refusals answered after the tenancy's ``refusal_delay_ms``, ``--refusal-delay-ms``, by
   default the gateway's own), after (both: ``gateway_queue`` on its pool, queued in
   the gateway by class and weight, and the tarpit) and nolane (after without the light
-  tenant's lane); with ``--levels`` a fifth, nolevels (below): docs/request-policy.md. Its
-  own table: the light
+  tenant's lane); with ``--levels`` a fifth, nolevels (below): docs/request-policy.md.
+  And no gateway, member (``tenants_flood.MEMBER``): the light critical tenant alone and
+  beside a flood of ``--capacity`` in flight (closed loop), both straight at Triton: what
+  a gateway that gives the member exactly its capacity would give the light tenant were
+  its queue perfect and free (Triton sees no class: one row stands for both scenarios;
+  figures from h2load's answers alone). Its own table: the light
   tenant's success alone and beside the flood, its p50 and p99 as ratios to alone, its
   wait in the gateway's queue (the gateway's ``infergate_tenant_queue_wait_seconds``),
   the flood's goodput and the pool's beside the flood over the pool's goodput without
@@ -79,7 +83,7 @@ include that. About 4 minutes on 2 cores (plus exporting EfficientNet-Lite0 into
 This file runs the stack and the phases; its parts: ``tenants_figures.py`` (the
 gateway's counts and one run's figures), ``tenants_scenarios.py`` (the overload
 scenarios' loads, phases and goals), ``tenants_flood.py`` (issue 36's flood) and
-``tenants_report.py`` (rows, table, plot).
+``tenants_report.py`` (rows, table, plot); ``tenants_run.py`` runs one phase.
 
     python -m loadtests.bench_tenants [--rounds 3] [--seconds 1.5] [--quick] [--out DIR]
         [--model tiny] [--protocol grpc] [--capacity 5] [--data-plane haproxy]
@@ -97,7 +101,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import math
 import shutil
 import tempfile
 import time
@@ -118,10 +121,6 @@ from infergate.triton.local import TritonEndpoints
 from loadtests import harness
 from loadtests.h2load import (
     Workload,
-    h2load_command,
-    run_h2load,
-    run_h2loads,
-    status_counts,
     write_workload,
 )
 from loadtests.harness import (
@@ -130,28 +129,24 @@ from loadtests.harness import (
     copy_model,
     gateway_yaml,
     log_tail,
-    num,
-    page,
     publish,
     reporter,
     sample_model_dir,
-    settle,
     triton,
 )
 from loadtests.proc_cpu import process_tree, read_proc_stats
-from loadtests.tenants_figures import (
-    QUEUE_KEY,
-    Measured,
-    TenantCounts,
-    figures,
-    latency_buckets,
-    outcomes,
-    tenant_counts,
+from loadtests.tenants_flood import (
+    AFTER,
+    BEFORE,
+    MEMBER,
+    NO_LANE,
+    NO_LEVELS,
+    TARPIT,
+    flood_phases,
 )
-from loadtests.tenants_flood import AFTER, BEFORE, NO_LANE, NO_LEVELS, TARPIT, flood_phases
 from loadtests.tenants_report import markdown, plot, summarise
+from loadtests.tenants_run import direct_throughput, report_run, run_phase
 from loadtests.tenants_scenarios import (
-    Key,
     Phase,
     Samples,
     TenantLoad,
@@ -170,9 +165,6 @@ PACED_MIN_SECONDS = 5.0
 SCENARIO_SETS = ("overload", "flood", "all")
 ONE_QUEUED = "one-queued"  # the cost's single tenant, its pool queueing in the gateway
 QUEUED_GATEWAYS = (AFTER, NO_LANE, ONE_QUEUED)  # gateways whose pool queues in the gateway
-# a little more than one probe round of the gateway (run_gateway: --probe-interval 0.5),
-# so that Triton's queue as the next run's admission sees it is the idle one
-SETTLE_QUIET_S = 0.6
 
 say = reporter("bench_tenants")
 
@@ -249,77 +241,6 @@ def write_config(path: Path, member: TritonEndpoints, capacity: int,
                 pool["lane_per_member"] = lane
         path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-# -- one measured run -----------------------------------------------------------------
-
-
-def metrics_text(gateway: GatewayProcess) -> str:
-    return page(f"http://{gateway.http_url}/metrics")
-
-
-def settled_counts(gateway: GatewayProcess, quiet_s: float = SETTLE_QUIET_S,
-                   timeout_s: float = 8.0) -> TenantCounts:
-    """The per-tenant counts once they have not moved for ``quiet_s`` and the gateway
-    has nothing in flight (requests admitted before a client stopped still finish in
-    Triton; the HAProxy data plane's counts arrive through its telemetry lines, a little
-    after each answer)."""
-    if quiet_s <= 0:
-        return tenant_counts(metrics_text(gateway))
-    counts, still = settle(lambda: tenant_counts(metrics_text(gateway)), quiet_s, timeout_s,
-                           key=TenantCounts.total, busy=lambda c: bool(c.in_flight))
-    if not still:
-        say(f"the gateway's counts did not settle within {timeout_s:g} s (in flight: "
-            f"{counts.in_flight}): the next run may start with requests still in Triton")
-    return counts
-
-
-def run_phase(gateway: GatewayProcess, work: Workload, protocol: str,
-              loads: Sequence[TenantLoad], seconds: float, scratch: Path,
-              anonymous: bool = False, direct_per_s: float = 0.0) -> dict[str, Measured]:
-    """Every tenant's h2load at once for ``seconds``; its figures from h2load's logs and
-    the gateway's counts before and after. ``anonymous``: no key (warm-up);
-    ``direct_per_s``: Triton's own throughput, which paced tenants send a share of."""
-    before = settled_counts(gateway, quiet_s=0.0)
-    duration = f"{round(seconds * 1000)}ms"
-
-    def rate(load: TenantLoad) -> float:
-        if load.paced and direct_per_s <= 0:
-            raise ValueError(f"{load.tenant} is paced: Triton's throughput is needed")
-        return load.paced * direct_per_s
-
-    runs = run_h2loads([h2load_command(work, protocol, gateway, load.in_flight, duration,
-                                       scratch / f"{load.tenant}.tsv",
-                                       () if anonymous else load.headers, rate(load))
-                        for load in loads], seconds + 120)
-    delta = settled_counts(gateway).minus(before)
-    measured = {}
-    for load, r in zip(loads, runs, strict=True):
-        problem = ""
-        try:
-            h2_seconds = r.summary().seconds
-        except ValueError:
-            h2_seconds = seconds
-            problem = f"h2load printed no summary (exit {r.returncode})"
-        if r.returncode != 0:
-            problem = f"h2load exited {r.returncode}: {r.gist()}; $ {' '.join(r.command)}"
-        measured[load.tenant] = Measured(
-            load.tenant, protocol, load.in_flight, h2_seconds, status_counts(r.log),
-            tuple(us for status, us in r.log if status == 200),
-            outcomes(delta, load.tenant, alone=len(runs) == 1), problem,
-            tuple(us for status, us in r.log if status == 429), rate(load),
-            latency_buckets(delta, load.tenant), latency_buckets(delta, load.tenant, QUEUE_KEY))
-    return measured
-
-
-def direct_throughput(member: TritonEndpoints, work: Workload, protocol: str,
-                      in_flight: int, seconds: float, scratch: Path) -> float:
-    """Triton's own requests per second, closed loop straight at the member."""
-    out = run_h2load(h2load_command(work, protocol, member, in_flight,
-                                    f"{round(seconds * 1000)}ms", None), seconds + 120)
-    if out.returncode != 0:
-        raise RuntimeError(f"h2load at Triton failed: {out.gist()}")
-    return out.summary().req_per_s
 
 
 # -- the stack ------------------------------------------------------------------------
@@ -416,24 +337,13 @@ def gateway(scratch: Path, name: str, member: TritonEndpoints,
         yield gw
 
 
-def report_run(key: Key, r: int, rounds: int, run: Mapping[str, Measured]) -> None:
-    parts = []
-    for tenant, m in run.items():
-        f = figures(m)
-        parts.append(f"{tenant} x{m.in_flight}: {num(f.admitted_per_s, '.0f')}/s ok, "
-                     f"{num(f.refused, '.0f')} refused"
-                     + (f" (p50 {f.refusal_p50_ms:.2f} ms)" if math.isfinite(f.refusal_p50_ms)
-                        else "")
-                     + f", p99 {num(f.p99_ms, '.2f')} ms"
-                     + (f" [{f.note[:300]}]" if f.note else ""))
-    say(f"round {r + 1}/{rounds} {key[2]} {key[3]} {key[0]}/{key[1]}: " + "; ".join(parts))
-
-
-def measure_all(gateways: Mapping[str, GatewayProcess], phases: Sequence[Phase],
+def measure_all(gateways: Mapping[str, GatewayProcess | TritonEndpoints],
+                phases: Sequence[Phase],
                 works: Sequence[Workload], protocols: Sequence[str], rounds: int,
                 seconds: float, scratch: Path, rotate: bool, samples: Samples,
                 direct: Mapping[tuple[str, str], float] | None = None) -> None:
-    """``direct``: Triton's own throughput per (model, protocol), for paced tenants."""
+    """``gateways``: by name, where each phase runs (a member: straight at Triton);
+    ``direct``: Triton's own throughput per (model, protocol), for paced tenants."""
     for r in range(rounds):
         for work in works:
             for protocol in protocols:
@@ -442,7 +352,7 @@ def measure_all(gateways: Mapping[str, GatewayProcess], phases: Sequence[Phase],
                     order = [*order[r % len(order):], *order[:r % len(order)]]
                 for phase in order:
                     gw = gateways[phase.gateway]
-                    if gw.proc.poll() is not None:
+                    if isinstance(gw, GatewayProcess) and gw.proc.poll() is not None:
                         raise RuntimeError(f"gateway '{phase.gateway}' exited:\n"
                                            f"{log_tail(gw.log)}")
                     key = (phase.scenario, phase.name, work.model, protocol)
@@ -511,11 +421,14 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                 if scenarios in ("flood", "all"):
                     with contextlib.ExitStack() as arms:
                         delays = flood_delays(settings.refusal_delay_ms, settings.levels > 0)
-                        floods = {name: arms.enter_context(arm(name, specs[name], delay))
-                                  for name, delay in delays.items()}
+                        floods: dict[str, GatewayProcess | TritonEndpoints] = {
+                            name: arms.enter_context(arm(name, specs[name], delay))
+                            for name, delay in delays.items()}
                         floods["none"] = arms.enter_context(arm("flood-none", None))
-                        warm_up(floods.values(), works, protocols, scratch)
-                        measure_all(floods, flood_phases(settings.levels > 0), works,
+                        warm_up([g for g in floods.values() if isinstance(g, GatewayProcess)],
+                                works, protocols, scratch)
+                        floods[MEMBER] = member
+                        measure_all(floods, flood_phases(settings.levels > 0, capacity), works,
                                     protocols, rounds, seconds, scratch, False, samples,
                                     direct)
             if scenarios in ("overload", "all"):
@@ -547,11 +460,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--protocol", action="append", choices=PROTOCOLS,
                         help="only this protocol (repeatable; default: both)")
     parser.add_argument("--capacity", type=int, default=CAPACITY_PER_MEMBER,
-                        help="the pool's capacity_per_member (one member)")
+                        help="the pool's capacity_per_member (one member), and the "
+                        "member arm's flood in flight")
     parser.add_argument("--data-plane", choices=("haproxy", "python"), default=None,
                         help="the gateway's data plane (default: its own, auto)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="also write bench_tenants.json/.md/.png into this folder")
+                        help="also write bench_tenants.json/.md and its figures "
+                        "(bench_tenants.png: the overload scenarios; "
+                        "bench_tenants_flood.png: the flood) into this folder")
     parser.add_argument("--scenarios", choices=SCENARIO_SETS, default="all",
                         help="overload: noisy/priority/fairness/paced/cost; flood: issue 36's "
                         "closed-loop flood, before, with the refusal delay, and with the "

@@ -27,6 +27,9 @@ TENANT_REFUSED = ("infergate_tenant_refused_requests_total", "infergate_tenant_r
 GATEWAY_REQUESTS = "infergate_requests_total"
 GATEWAY_IN_FLIGHT = "infergate_in_flight_requests"
 WHOLE_GATEWAY = "*"  # TenantCounts' entry for GATEWAY_REQUESTS
+# Outcomes read from h2load's own log, for a run straight at the member (no gateway to
+# count them: every answer a success, Triton refuses nothing)
+MEMBER_ANSWERS = "h2load, straight at the member"
 # what a run's p50/p99 are, from best to worst known, and their mark in the table
 EXACT, UPPER_BOUND, ALL_ANSWERS = "exact", "upper bound", "all answers"
 LATENCY_KINDS = (EXACT, UPPER_BOUND, ALL_ANSWERS)
@@ -142,6 +145,17 @@ class Outcomes:
 # log leaves them out of the HTTP figures the same way
 
 
+def member_outcomes(statuses: Mapping[int, int]) -> Outcomes:
+    """A run straight at the member, from h2load's log (``statuses``: HTTP status ->
+    answers; -1 no answer, h2load's own cut at its end, left out as the gateway leaves
+    out what its client cancelled). Over gRPC an error of Triton's is an HTTP 200 too,
+    so it counts as a success: nothing at the member refuses, and the bench's models
+    answer every well-formed request."""
+    succeeded = statuses.get(200, 0)
+    failed = sum(n for status, n in statuses.items() if status not in (200, -1))
+    return Outcomes(succeeded, 0, failed, {}, MEMBER_ANSWERS)
+
+
 def outcomes(counts: TenantCounts, tenant: str, alone: bool = False) -> Outcomes | None:
     """The tenant's own counts; for the only client of a gateway (``alone``) without
     per-tenant counts (no ``tenancy:``), the whole gateway's; None when neither.
@@ -216,7 +230,11 @@ def figures(m: Measured) -> Figures:
     elif m.counted is not None:
         succeeded, failed, refused = m.counted.succeeded, m.counted.failed, m.counted.refused
         hidden = max(0, failed - not_200)  # failures h2load saw as HTTP 200
-        if m.counted.source != TENANT_REQUESTS:
+        if m.counted.source == MEMBER_ANSWERS:
+            note = (note + "; " if note else "") + (
+                "straight at the member: h2load's answers, a gRPC error among them would "
+                "count as a success")
+        elif m.counted.source != TENANT_REQUESTS:
             note = (note + "; " if note else "") + (
                 f"gRPC counts: the whole gateway's {m.counted.source} (its only client; "
                 "no per-tenant counts without tenancy)")

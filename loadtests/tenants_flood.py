@@ -9,7 +9,10 @@ tenancy's ``refusal_delay_ms``), after (both: queued in the gateway, ``gateway_q
 and the tarpit) and nolane (after without the light tenant's lane, ``lane_per_member``
 0); with ``bench_tenants --levels`` (a model with Triton priority levels) a fifth,
 nolevels (the tarpit with the tenancy's ``triton_levels`` off: the classes not given to
-Triton as levels). Their phases, goals, rows and table."""
+Triton as levels). Beside them, at the member (:data:`MEMBER`): no gateway, the light
+tenant and a flood of the pool's capacity in flight straight at Triton, the floor any
+gateway that keeps the member busy at that capacity stands on. Their phases, goals, rows
+and table."""
 
 from __future__ import annotations
 
@@ -50,6 +53,12 @@ ARMS = ((BEFORE, "before"), (AFTER, "after"), (NO_LANE, "nolane"),
 # with a model that has Triton priority levels: the tarpit without the classes as levels
 NO_LEVELS = "flood-tarpit-nolevels"
 LEVELS_ARMS = (*ARMS, (NO_LEVELS, "nolevels"))
+# no gateway: the light tenant and a flood of the pool's capacity in flight (closed loop)
+# straight at the member. What a gateway whose queue gives each member exactly its
+# capacity, ordered perfectly and costing nothing, would give the light tenant: Triton
+# sees no class, so one scenario (the light critical tenant) stands for both
+MEMBER = "member"
+MEMBER_TAG = "member"
 
 
 def arms(levels: bool = False) -> tuple[tuple[str, str], ...]:
@@ -57,10 +66,11 @@ def arms(levels: bool = False) -> tuple[tuple[str, str], ...]:
     return LEVELS_ARMS if levels else ARMS
 
 
-def flood_phases(levels: bool = False) -> list[Phase]:
+def flood_phases(levels: bool = False, capacity: int = 0) -> list[Phase]:
     """Issue 36's flood (the module docstring), on each gateway of :func:`arms`; each
     alone run right before its mixed one. ``flood-goodput``: the flood alone without
-    tenancy."""
+    tenancy. ``capacity`` > 0: at the member too (:data:`MEMBER`), its flood that many in
+    flight."""
     light_critical = TenantLoad("light-critical", "critical", PACED_STREAMS, PACED_SHARE)
     light_standard = TenantLoad("light-standard", "standard", PACED_STREAMS, PACED_SHARE)
     shed_flood = TenantLoad("flood-sheddable", "sheddable", FLOOD_IN_FLIGHT)
@@ -77,6 +87,12 @@ def flood_phases(levels: bool = False) -> list[Phase]:
             Phase("flood-standard", f"mixed-{tag}", (light_standard, std_flood), side),
             Phase("flood-fairness", f"mixed-{tag}", fair, side),
         ]
+    if capacity > 0:
+        held = TenantLoad(shed_flood.tenant, shed_flood.priority, capacity)
+        phases += [
+            Phase("flood-priority", f"alone-{MEMBER_TAG}", (light_critical,), MEMBER),
+            Phase("flood-priority", f"mixed-{MEMBER_TAG}", (light_critical, held), MEMBER),
+        ]
     return phases
 
 
@@ -91,7 +107,7 @@ def flood_rows(samples: Samples, model: str, protocol: str) -> list[dict[str, An
             for t in run]
     base_goodput = finite_median(base)
     rows: list[dict[str, Any]] = []
-    for _, tag in LEVELS_ARMS:  # those measured
+    for _, tag in (*LEVELS_ARMS, (MEMBER, MEMBER_TAG)):  # those measured
         for scenario, light, flood in (("flood-priority", "light-critical", "flood-sheddable"),
                                        ("flood-standard", "light-standard",
                                         "flood-standard64")):
@@ -144,6 +160,9 @@ def flood_row(scenario: str, tag: str, model: str, protocol: str, light: str, fl
         "latency": max((f.latency for f in each), key=LATENCY_KINDS.index),
         "rounds": len(mixed),
     }
+    if tag == MEMBER_TAG:  # no gateway: what the goals are measured against
+        row["goal"], row["met"] = "no gateway: the flood held at capacity", "reference"
+        return row
     limit = FLOOD_P99_GOALS["critical" if "critical" in light else "standard"]
     row["goal"] = (f"success >= {FLOOD_SUCCESS_GOAL_PCT:g}%, p99 <= {limit:g}x alone, "
                    f"goodput >= {FLOOD_GOODPUT_GOAL_RATIO:g}x none")
@@ -184,7 +203,10 @@ def flood_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         "refusals answered after the tenancy's refusal_delay_ms; nolane: after without "
         "the light tenant's lane (lane_per_member 0); tarpit: that delay, queued in Triton; "
         "nolevels (a model with Triton priority levels): tarpit without the classes as "
-        "Triton's levels (tenancy triton_levels: false).",
+        "Triton's levels (tenancy triton_levels: false); member: no gateway, the light "
+        "tenant and a flood of the pool's capacity in flight straight at Triton (the floor "
+        "of a gateway that keeps the member busy at that capacity; Triton sees no class, "
+        "so it stands for both scenarios).",
         table(("scenario", "gateway", "model", "protocol", "light tenant", "success alone %",
                "success with flood %", "p50 vs alone", "p99 vs alone", "queue wait p50/p99 ms",
                "flood goodput/s", "pool goodput vs no tenancy", "Jain", "met?"), cells)])

@@ -25,7 +25,12 @@ from loadtests.tenants_figures import (
     figures_within,
     ranged,
 )
-from loadtests.tenants_flood import flood_markdown, flood_rows
+from loadtests.tenants_flood import (
+    FLOOD_GOODPUT_GOAL_RATIO,
+    FLOOD_P99_GOALS,
+    flood_markdown,
+    flood_rows,
+)
 from loadtests.tenants_scenarios import (
     ALONE_GOALS,
     COST_GOAL,
@@ -256,8 +261,48 @@ def plotted(rows: Sequence[Mapping[str, Any]], key: str, scenario: str, tenant: 
 
 
 def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
-    if not rows:
-        return []
+    """The overload scenarios' figure (``bench_tenants.png``) and the flood's
+    (``bench_tenants_flood.png``), each where its rows were measured."""
+    flood = [r for r in rows if r.get("kind") == "flood"]
+    overload = [r for r in rows if r.get("kind") != "flood"]
+    return ((overload_plot(overload, out) if overload else [])
+            + (flood_plot(flood, out) if flood else []))
+
+
+def flood_plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
+    """Issue 36's flood: per scenario, the light tenant's p99 over alone and the pool's
+    goodput over the flood's without tenancy, one bar per gateway (and the member)."""
+    cells = list(dict.fromkeys((str(r["model"]), str(r["protocol"])) for r in rows))
+    x = np.arange(len(cells))
+    labels = [f"{m.replace('efficientnet_', 'effnet-')}\n{p}" for m, p in cells]
+    tags = list(dict.fromkeys(str(r["phase"]) for r in rows
+                              if r["scenario"] != "flood-fairness"))
+    path = out / "bench_tenants_flood.png"
+    with figure(path, 2, 2, figsize=(11, 7)) as (fig, axes):
+        for row, (scenario, limit) in enumerate((("flood-priority", FLOOD_P99_GOALS["critical"]),
+                                                 ("flood-standard", FLOOD_P99_GOALS["standard"]))):
+            for col, (key, goal, title) in enumerate((
+                    ("p99_vs_alone_ratio", limit, "light tenant's p99 / alone"),
+                    ("pool_goodput_vs_none_ratio", FLOOD_GOODPUT_GOAL_RATIO,
+                     "pool's goodput / without tenancy"))):
+                ax = axes[row][col]
+                width = 0.8 / max(len(tags), 1)
+                for i, tag in enumerate(tags):
+                    ax.bar(x + (i - (len(tags) - 1) / 2) * width,
+                           [next((float(r[key]) for r in rows if r["scenario"] == scenario
+                                  and r["phase"] == tag and r.get(key) is not None
+                                  and (r["model"], r["protocol"]) == cell), math.nan)
+                            for cell in cells], width, label=tag)
+                ax.axhline(goal, color="k", linestyle="dashed", linewidth=1)
+                ax.set_xticks(x, labels)
+                ax.set_title(f"{scenario}: {title}")
+                ax.legend(fontsize=8)
+        fig.suptitle("Issue 36: a closed-loop flood beside a light tenant (dashed: goals; "
+                     "member: no gateway, the flood held at capacity)")
+    return [path]
+
+
+def overload_plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
     cells = list(dict.fromkeys((str(r["model"]), str(r["protocol"])) for r in rows))
     x = np.arange(len(cells))
     labels = [f"{m.replace('efficientnet_', 'effnet-')}\n{p}" for m, p in cells]

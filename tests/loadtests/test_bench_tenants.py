@@ -197,6 +197,19 @@ def test_grpc_figures_say_so_when_refusals_cannot_be_counted() -> None:
     assert f.p99_ms == 0.003  # over every answer, refusals included: said so
 
 
+def test_a_run_straight_at_the_member_counts_h2loads_answers() -> None:
+    """No gateway to count: every answer a success, nothing refused, h2load's own cut at
+    its end (-1) neither; the latency exact, and the note says where it came from."""
+    counted = tf.member_outcomes({200: 98, 503: 2, -1: 3})
+    assert (counted.succeeded, counted.refused, counted.failed) == (98, 0, 2)
+    assert counted.source == tf.MEMBER_ANSWERS and not counted.reasons
+    latencies = [float(v) for v in range(1, 99)]
+    f = tf.figures(measured("grpc", {200: 98, 503: 2, -1: 3}, latencies, counted))
+    assert f.admitted_per_s == 49.0 and f.refused == 0 and f.success_pct == 98.0
+    assert f.latency == tf.EXACT and "straight at the member" in f.note
+    assert "whole gateway" not in f.note
+
+
 # -- scenarios and configuration ------------------------------------------------------
 
 def test_scenarios_overload_the_pool_about_twice_with_heavy_ten_times_light() -> None:
@@ -510,6 +523,51 @@ def test_flood_phases_run_before_after_nolane_and_tarpit_on_their_own_gateways(
                            queued=True, lane=0)
     [pool] = yaml.safe_load(path.read_text())["pools"]
     assert pool["lane_per_member"] == 0
+
+
+def test_the_member_runs_the_light_tenant_beside_a_flood_held_at_capacity() -> None:
+    """--capacity 3: at the member, the light critical tenant alone and beside the
+    sheddable flood of 3 in flight, straight at Triton; none without a capacity."""
+    assert {p.gateway for p in fl.flood_phases()} == {
+        fl.BEFORE, fl.AFTER, fl.NO_LANE, fl.TARPIT, "none"}
+    member = [p for p in fl.flood_phases(capacity=3) if p.gateway == fl.MEMBER]
+    assert [(p.scenario, p.name) for p in member] == [
+        ("flood-priority", "alone-member"), ("flood-priority", "mixed-member")]
+    alone, mixed = member
+    assert [t.tenant for t in alone.loads] == ["light-critical"]
+    light, flood = mixed.loads
+    assert light == alone.loads[0] and light.paced > 0
+    assert (flood.tenant, flood.in_flight, flood.paced) == ("flood-sheddable", 3, 0.0)
+
+
+def test_the_members_row_is_a_reference_not_judged() -> None:
+    samples = flood_samples()
+    ms = [float(v) for v in range(1000, 1100)]
+
+    def run(tenant: str, answers: int, scale: float, in_flight: int) -> tf.Measured:
+        return tf.Measured(tenant, "http", in_flight, 2.0, {200: answers},
+                           tuple(ms[i % len(ms)] * scale for i in range(answers)), None)
+
+    for phase, runs in (("alone-member", [run("light-critical", 100, 1.0, 2)]),
+                        ("mixed-member", [run("light-critical", 100, 1.1, 2),
+                                          run("flood-sheddable", 1800, 1.0, 2)])):
+        samples[("flood-priority", phase, "tiny", "http")] = [{m.tenant: m for m in runs}]
+    rows = tr.summarise(samples, 2.0)
+    member = rows_by(rows, scenario="flood-priority", phase=fl.MEMBER_TAG)
+    assert member["met"] == "reference" and "no gateway" in member["goal"]
+    assert member["p99_vs_alone_ratio"] == pytest.approx(1.1)
+    # (100 + 1,800) / 2 s over the flood alone without tenancy, 2,000 / 2 s
+    assert member["pool_goodput_vs_none_ratio"] == pytest.approx(0.95)
+    assert not [r for r in rows if r["scenario"] == "flood-standard"
+                and r["phase"] == fl.MEMBER_TAG]
+    assert "| flood-priority | member | tiny | http |" in tr.markdown(rows)
+
+
+def test_a_flood_run_plots_the_flood_and_no_empty_overload_figure(tmp_path: Path) -> None:
+    rows = tr.summarise(flood_samples(), 2.0)
+    [png] = tr.plot(rows, tmp_path)
+    assert png.name == "bench_tenants_flood.png" and png.stat().st_size > 1000
+    assert not (tmp_path / "bench_tenants.png").exists()
 
 
 def test_the_flood_gateways_refuse_at_once_before_and_after_the_delay_otherwise(
