@@ -421,14 +421,12 @@ def run(rounds: int = 3, seconds: float = 1.5, models: Sequence[str] = MODELS,
                 if scenarios in ("flood", "all"):
                     with contextlib.ExitStack() as arms:
                         delays = flood_delays(settings.refusal_delay_ms, settings.levels > 0)
-                        floods: dict[str, GatewayProcess | TritonEndpoints] = {
-                            name: arms.enter_context(arm(name, specs[name], delay))
-                            for name, delay in delays.items()}
+                        floods = {name: arms.enter_context(arm(name, specs[name], delay))
+                                  for name, delay in delays.items()}
                         floods["none"] = arms.enter_context(arm("flood-none", None))
-                        warm_up([g for g in floods.values() if isinstance(g, GatewayProcess)],
-                                works, protocols, scratch)
-                        floods[MEMBER] = member
-                        measure_all(floods, flood_phases(settings.levels > 0, capacity), works,
+                        warm_up(floods.values(), works, protocols, scratch)
+                        measure_all({**floods, MEMBER: member},
+                                    flood_phases(settings.levels > 0, capacity), works,
                                     protocols, rounds, seconds, scratch, False, samples,
                                     direct)
             if scenarios in ("overload", "all"):
