@@ -269,12 +269,19 @@ def plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
             + (flood_plot(flood, out) if flood else []))
 
 
+def model_cells(rows: Sequence[Mapping[str, Any]]
+                ) -> tuple[list[tuple[str, str]], Any, list[str]]:
+    """A figure's x axis: each (model, protocol) measured, in the rows' order, their
+    positions and their tick labels."""
+    cells = list(dict.fromkeys((str(r["model"]), str(r["protocol"])) for r in rows))
+    labels = [f"{m.replace('efficientnet_', 'effnet-')}\n{p}" for m, p in cells]
+    return cells, np.arange(len(cells)), labels
+
+
 def flood_plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
     """Issue 36's flood: per scenario, the light tenant's p99 over alone and the pool's
     goodput over the flood's without tenancy, one bar per gateway (and the member)."""
-    cells = list(dict.fromkeys((str(r["model"]), str(r["protocol"])) for r in rows))
-    x = np.arange(len(cells))
-    labels = [f"{m.replace('efficientnet_', 'effnet-')}\n{p}" for m, p in cells]
+    cells, x, labels = model_cells(rows)
     tags = list(dict.fromkeys(str(r["phase"]) for r in rows
                               if r["scenario"] != "flood-fairness"))
     path = out / "bench_tenants_flood.png"
@@ -303,9 +310,7 @@ def flood_plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
 
 
 def overload_plot(rows: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
-    cells = list(dict.fromkeys((str(r["model"]), str(r["protocol"])) for r in rows))
-    x = np.arange(len(cells))
-    labels = [f"{m.replace('efficientnet_', 'effnet-')}\n{p}" for m, p in cells]
+    cells, x, labels = model_cells(rows)
     path = out / "bench_tenants.png"
     with figure(path, 2, 2, figsize=(11, 7)) as (fig, axes):
         panels = (
