@@ -179,7 +179,9 @@ async def serve(
         return answer.status, answer.body
 
     load_timeout_s = config.lifecycle.load_timeout_s if config.lifecycle else 600.0
-    admin = MemberAdmin(admin_client, load_timeout_s, synthetic_infer)  # the one admin client
+    admin = MemberAdmin(  # the one admin client
+        admin_client, load_timeout_s, synthetic_infer,
+        live_targets=lambda: {m.spec.grpc_address for m in core.state.members()})
     control = ModelControl(core, admin)
     # with HAProxy in front, this process serves on private loopback ports (kept across
     # restarts where HAProxy and the replica outlive it)

@@ -21,8 +21,10 @@ version in place). A change of ``version_policy`` alone reloads nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import grpc
@@ -37,6 +39,8 @@ from converters.spec import TRITON_TO_NUMPY
 from gateway.errors import DeployFailed, GatewayError, InvalidInput, ModelNotFound, Unavailable
 from gateway.pools import PoolMember
 from gateway.upstream.grpc import CHANNEL_OPTIONS, UPSTREAM_ONLY_OPTIONS
+
+log = logging.getLogger(__name__)
 
 NUMPY_DTYPES = {t: np.dtype(n) for t, n in TRITON_TO_NUMPY.items()}  # converters' table
 DYNAMIC_DIM_FALLBACK = 8  # a dynamic non-batch dimension with no warm-up dims to copy
@@ -54,17 +58,31 @@ class MemberAdmin:
     """``infer_transport``: the data path's own upstream (server.py passes the HTTP
     adapter's keep-alive pool), so warm-up requests keep warm the very connections user
     requests use; default: this client. Repository calls use one gRPC channel per
-    member, opened at its first call and closed by :meth:`close`."""
+    member, opened at its first call and closed by :meth:`close`.
+
+    ``live_targets``: the gRPC addresses of the members the gateway has now. When a
+    channel opens for a new member, the channels to members no longer among them (a DNS
+    pool's pods replaced, each with a new address) are closed, their calls in flight
+    given up to ``load_timeout_s`` to end; without it every address ever called kept its
+    channel until :meth:`close`."""
 
     def __init__(self, client: httpx.AsyncClient, load_timeout_s: float = 600.0,
                  infer_transport: InferTransport | None = None,
-                 call_timeout_s: float = 60.0) -> None:
+                 call_timeout_s: float = 60.0,
+                 live_targets: Callable[[], Collection[str]] | None = None) -> None:
         self.client = client
         self.load_timeout_s = load_timeout_s  # a load's deadline
         self.infer_transport = infer_transport
         self.call_timeout_s = call_timeout_s  # an unload's, the index's
+        self.live_targets = live_targets
         self._channels: dict[str, tuple[grpc.aio.Channel, GRPCInferenceServiceStub]] = {}
+        self._retiring: dict[asyncio.Task[None], grpc.aio.Channel] = {}  # closing, calls end
         self._closed = False
+
+    @property
+    def targets(self) -> frozenset[str]:
+        """The members' gRPC addresses a channel is open to."""
+        return frozenset(self._channels)
 
     async def load(self, member: PoolMember, model: str,
                    config: dict[str, Any] | None = None) -> None:
@@ -115,8 +133,11 @@ class MemberAdmin:
     async def close(self) -> None:
         """Close the members' gRPC channels (the HTTP client is its owner's to close)."""
         self._closed = True
-        channels, self._channels = list(self._channels.values()), {}
-        for channel, _ in channels:
+        channels = [c for c, _ in self._channels.values()] + list(self._retiring.values())
+        self._channels = {}
+        for task in list(self._retiring):
+            task.cancel()
+        for channel in channels:
             await channel.close()
 
     def _stub(self, member: PoolMember) -> GRPCInferenceServiceStub:
@@ -125,10 +146,28 @@ class MemberAdmin:
         target = member.spec.grpc_address
         entry = self._channels.get(target)
         if entry is None:
+            self._retire_gone(target)
             channel = grpc.aio.insecure_channel(
                 target, options=[*CHANNEL_OPTIONS, *UPSTREAM_ONLY_OPTIONS])
             entry = self._channels[target] = (channel, GRPCInferenceServiceStub(channel))
         return entry[1]
+
+    def _retire_gone(self, coming: str) -> None:
+        """Close the channels to members no longer among :attr:`live_targets` (``coming``
+        is about to be called, whatever they say), each once its calls end."""
+        if self.live_targets is None:
+            return
+        live = {*self.live_targets(), coming}
+        for target in [t for t in self._channels if t not in live]:
+            channel, _ = self._channels.pop(target)
+            task = asyncio.ensure_future(channel.close(grace=self.load_timeout_s))
+            self._retiring[task] = channel
+            task.add_done_callback(self._retired)
+
+    def _retired(self, task: asyncio.Task[None]) -> None:
+        self._retiring.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("closing a channel to a member gone: %s", task.exception())
 
     async def config(self, member: PoolMember, model: str) -> mc.ModelConfig:
         url = f"http://{member.spec.http_address}/v2/models/{model}/config"

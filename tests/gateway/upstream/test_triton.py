@@ -1,9 +1,11 @@
 """MemberAdmin's repository calls on a real tritonserver, over its gRPC port: a load
 with a config override, an unload, the index as Triton's HTTP answer has it, a refused
-load's message, an unreachable member, a load past its deadline; the metrics page."""
+load's message, an unreachable member, a load past its deadline, the channel of a member
+gone closed once its calls end; the metrics page."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -69,9 +71,11 @@ async def make_admin() -> AsyncIterator[Callable[..., MemberAdmin]]:
     made: list[MemberAdmin] = []
 
     def make(http_timeout_s: float = 10, load_timeout_s: float = 600.0,
-             call_timeout_s: float = 60.0) -> MemberAdmin:
+             call_timeout_s: float = 60.0,
+             live_targets: Callable[[], set[str]] | None = None) -> MemberAdmin:
         made.append(MemberAdmin(httpx.AsyncClient(timeout=http_timeout_s),
-                                load_timeout_s=load_timeout_s, call_timeout_s=call_timeout_s))
+                                load_timeout_s=load_timeout_s, call_timeout_s=call_timeout_s,
+                                live_targets=live_targets))
         return made[-1]
 
     yield make
@@ -156,6 +160,41 @@ async def test_member_admin_keeps_one_channel_per_member_until_closed(
     assert admin._channels == {}
     with pytest.raises(Unavailable, match="closed"):
         await admin.repository_index(member)
+
+
+async def test_member_admin_closes_the_channel_of_a_member_gone_once_its_calls_end(
+        endpoints: TritonEndpoints, make_admin: Callable[..., MemberAdmin]) -> None:
+    """A DNS pool's pod replaced comes back at a new address: the old address's channel
+    is closed when the new one's opens, and a load still running on it ends first."""
+    live: set[str] = set()
+    admin = make_admin(live_targets=lambda: live)
+    old = grpc_only(endpoints)
+    # the same Triton at another address: the member as it came back
+    new = PoolMember("p", MemberSpec(host="localhost", http_port=old.spec.http_port,
+                                     grpc_port=endpoints.grpc_port,
+                                     metrics_port=endpoints.metrics_port))
+    live.add(old.spec.grpc_address)
+    await admin.repository_index(old)
+    loading = asyncio.ensure_future(admin.load(old, OTHER))
+    assert await asyncio.to_thread(  # (the loop runs on: the load is sent)
+        wait_until, lambda: states(http_index(endpoints))[OTHER] == "LOADING", 30)
+    live.clear()
+    live.add(new.spec.grpc_address)
+    await admin.repository_index(new)
+    assert admin.targets == {new.spec.grpc_address}
+    await loading  # its channel closed with a grace: the load in flight ended first
+    assert states(http_index(endpoints))[OTHER] == "READY"
+    for _ in range(200):  # the channel's close ends once its calls have
+        if not admin._retiring:
+            break
+        await asyncio.sleep(0.05)
+    assert not admin._retiring
+    await admin.unload(new, OTHER)
+    assert wait_until(lambda: states(http_index(endpoints))[OTHER] == "UNAVAILABLE", 30)
+    # a member nobody says is live is still called (its channel opened, then retired)
+    live.clear()
+    await admin.repository_index(old)
+    assert admin.targets == {old.spec.grpc_address}
 
 
 async def test_member_admin_metrics_text_is_the_members_page_when_it_is_up(
