@@ -35,7 +35,8 @@ LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
               "%[var(txn.dl)]")
 
 
-COMPRESSED = "gz"  # a gRPC message sent compressed (txn.gz): the Python forwarder's
+COMPRESSED = "gz"  # a gRPC message sent compressed (txn.gz): the Python forwarder serves it
+INFERENCE = "inf"  # an inference request the model rules run for (txn.inf: the guard passed)
 
 
 def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> str:
@@ -84,16 +85,20 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         # a tenancy refusal that waits: the tarpit of its wait (admission_rules._refuse)
         wait = REFUSAL_BACKEND.format(proto=proto, ms=f"%[var(txn.{REFUSAL_WAIT})]")
         routes.append(f"  use_backend {wait} if {{ var(txn.{REFUSAL_WAIT}) -m found }}")
-    first: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
+    opening: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
     if not http:
         # only as much of the body as the model name needs (streams must not wait)
         # the message's flag byte (before its length): 1, compressed (the Python
         # forwarder counts it, as every request it takes)
         flag = "{ req.body,bytes(0,1),hex -m str 01 }"
-        first += [("wait-for-body time 1s at-least 1k", ""),
-                  ("set-log-level silent", flag),
-                  (f"set-var(txn.{COMPRESSED}) int(1)", flag)]
-    first.append((f"set-var(txn.model) {model_fetch}", ""))
+        opening += [("wait-for-body time 1s at-least 1k", ""),
+                    ("set-log-level silent", flag),
+                    (f"set-var(txn.{COMPRESSED}) int(1)", flag)]
+    # the guard's verdict kept: every later rule tests one variable, a sixth of what the
+    # path and the compression flag cost HAProxy a rule (docs/haproxy.md, "The rules'
+    # own conditions first")
+    opening.append((f"set-var(txn.{INFERENCE}) int(1)", ""))
+    first: list[tuple[str, str]] = [(f"set-var(txn.model) {model_fetch}", "")]
     answer = http_return if http else grpc_return
     if http:
         too_large = answer(errors.PayloadTooLarge,
@@ -114,7 +119,9 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
              *priority_rules.frontend_rules(snapshot, http)]
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
-        *(_guarded(action, cond, guard) for action, cond in rules),
+        *(_guarded(action, cond, guard) for action, cond in opening),
+        *(_guarded(action, cond, f"{{ var(txn.{INFERENCE}) -m found }}")
+          for action, cond in rules),
     ]
     if not http:
         lines.append("  http-response set-var(txn.gs) res.hdr(grpc-status)")
@@ -181,8 +188,11 @@ def _acls() -> list[str]:
 
 
 def _guarded(action: str, cond: str, guard: str) -> str:
-    """``http-request <action> if <guard> <cond>``: the model rules run for inference
-    requests only (use_backend is decided after every http-request rule)."""
+    """``http-request <action> if <cond> <guard>``: the model rules run for inference
+    requests only (use_backend is decided after every http-request rule). The rule's own
+    condition comes first: HAProxy stops at a condition's first false term, and on an
+    admitted request most rules' own conditions are false (every refusal's), where the
+    guard is true (docs/haproxy.md, "The rules' own conditions first")."""
     action = action.removeprefix("http-request ")
-    return f"  http-request {action} if {guard} {cond}".rstrip()
+    return f"  http-request {action} if {' '.join(c for c in (cond, guard) if c)}"
 

@@ -93,7 +93,7 @@ def test_tenancy_refusals_are_tarpitted_for_the_delay_or_answered_at_once_withou
     assert "set-var(txn.tp) var(txn.dl),mul(9),sub(800)" in text
     allows = [line for line in text.splitlines() if "http-request allow " in line]
     assert len(allows) == 6  # three reasons, two protocols
-    assert all(line.endswith("{ var(txn.tp) -m int ge 0 }") for line in allows)
+    assert all("{ var(txn.tp) -m int ge 0 } { var(txn.inf) -m found }" in line for line in allows)
     waits = refusal_waits_ms(80)
     assert waits[:2] == (80, 100) and waits[-1] == 1000
     for proto in ("http", "grpc"):

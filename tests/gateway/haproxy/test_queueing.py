@@ -70,8 +70,9 @@ def test_large_grpc_messages_and_pinned_ones_never_wait_in_the_queue() -> None:
     HAProxy 2.6: a message above half a buffer goes to the uncapped twin."""
     config = render_config(_snapshot(4), LAYOUT)
     limit = rendered.bypass_limit(rendered.DEFAULT_BUFSIZE)
-    assert ("http-request set-var(txn.nq) int(1) if infer_path !{ var(txn.gz) -m found } "
-            f"{{ var(txn.glen) -m int gt {limit} }} {{ var(txn.pool) -m str p }}") in config
+    assert ("http-request set-var(txn.nq) int(1) if "
+            f"{{ var(txn.glen) -m int gt {limit} }} {{ var(txn.pool) -m str p }} "
+            "{ var(txn.inf) -m found }") in config
     lines = config.splitlines()
     bypass = lines.index("  use_backend grpc_%[var(txn.pool)].nq if { var(txn.nq) -m found }")
     assert lines[bypass + 1] == "  use_backend grpc_%[var(txn.pool)] if { var(txn.pool) -m found }"

@@ -143,8 +143,8 @@ def test_pool_load_counts_the_model_backends_when_tenancy_rules_read_it(
     tenancy = TenancyState(tenants=(TenantState("default", "standard"),))
     text = render_config(replace(_held((A,)), tenancy=tenancy), layout_in(tmp_path))
     for proto in ("http", "grpc"):
-        assert f"set-var(txn.pl) be_conn({proto}_{RESNET}),add(txn.pl) if infer_path" \
-               in text.replace(" infer_method", "")
+        assert f"set-var(txn.pl) be_conn({proto}_{RESNET}),add(txn.pl) if " \
+               "{ var(txn.pool) -m str main } { var(txn.inf) -m found }" in text
 
 
 def test_holder_moves_ready_the_new_before_the_map_and_the_map_before_maint(
