@@ -94,7 +94,7 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         opening += [("wait-for-body time 1s at-least 1k", ""),
                     ("set-log-level silent", flag),
                     (f"set-var(txn.{COMPRESSED}) int(1)", flag)]
-    # the guard's verdict kept: every later rule tests one variable, a sixth of what the
+    # the guard's verdict kept: every later rule tests one variable, a fifth of what the
     # path and the compression flag cost HAProxy a rule (docs/haproxy.md, "The rules'
     # own conditions first")
     opening.append((f"set-var(txn.{INFERENCE}) int(1)", ""))
