@@ -191,7 +191,8 @@ async def test_member_admin_closes_the_channel_of_a_member_gone_once_its_calls_e
     assert not admin._retiring
     await admin.unload(new, OTHER)
     assert wait_until(lambda: states(http_index(endpoints))[OTHER] == "UNAVAILABLE", 30)
-    # a member nobody says is live is still called (its channel opened, then retired)
+    # a member the live set does not name is still called: its channel opens, and the
+    # channels of the addresses not named (here the new one's) are retired
     live.clear()
     await admin.repository_index(old)
     assert admin.targets == {old.spec.grpc_address}
