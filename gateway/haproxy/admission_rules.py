@@ -24,7 +24,7 @@ from gateway.haproxy.snapshot import Snapshot, TenancyState
 from gateway.policy import admission, deadline, tenancy
 
 Rule = tuple[str, str]  # (action, condition): an http-request rule of a frontend
-# a tenancy refusal waiting its delay: the milliseconds it waits (txn.rw), in the backend
+# a tenancy refusal waiting its delay: the milliseconds it waits (req.rw), in the backend
 # REFUSAL_BACKEND.format(proto=..., ms=...) whose tarpit waits them
 REFUSAL_WAIT = "rw"
 REFUSAL_BACKEND = "refuse_{proto}_{ms}"
@@ -37,20 +37,20 @@ def rate_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
     classes = snapshot.rate_classes()
     default = str(classes.index(snapshot.rate_default)) if snapshot.rate_default else "none"
     rules: list[Rule] = [
-        (f"set-var(txn.rc) var(txn.kd),map(MAPS/ratekeys.map,{default})", ""),
+        (f"set-var(req.rc) var(req.kd),map(MAPS/ratekeys.map,{default})", ""),
     ]
-    key, own = "var(txn.kd)", "{ var(txn.tl) -m found }"
+    key, own = "var(req.kd)", "{ var(req.tl) -m found }"
     if snapshot.tenancy is not None:
-        key = "var(txn.rk)"
+        key = "var(req.rk)"
         rules += [
-            ("set-var(txn.rk) var(txn.kd)", ""),
-            ("set-var(txn.tl) var(txn.tn),map(MAPS/tlimit.map)", ""),
-            ("set-var(txn.rk) str(t:),concat(,txn.tn,)", own),
-            ("set-var(txn.rc) var(txn.tl)", own),
-            (f"track-sc2 {key} table tenant_flight", f"{{ var(txn.rc) -m str {NO_RATE} }}"),
+            ("set-var(req.rk) var(req.kd)", ""),
+            ("set-var(req.tl) var(txn.tn),map(MAPS/tlimit.map)", ""),
+            ("set-var(req.rk) str(t:),concat(,txn.tn,)", own),
+            ("set-var(req.rc) var(req.tl)", own),
+            (f"track-sc2 {key} table tenant_flight", f"{{ var(req.rc) -m str {NO_RATE} }}"),
         ]
     for i, limit in enumerate(classes):
-        cls = f"{{ var(txn.rc) -m str {i} }}"
+        cls = f"{{ var(req.rc) -m str {i} }}"
         over = f"{cls} {{ sc2_http_req_rate gt {limit.limit} }}"
         rules += [
             (f"track-sc2 {key} table rate{i}", cls),
@@ -73,18 +73,18 @@ def bound_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str,
     tenancy rules: a request they refused never holds a place in the model's count. With
     tenants it is per class (``Tenancy.model_bound``): ``st_model`` counts
     ``model/class``, the bound is scaled by map ``cbound`` (class -> permille; a pool
-    whose rules differ, ``pool/class`` -> permille, ``txn.ck``), and a
+    whose rules differ, ``pool/class`` -> permille, ``req.ck``), and a
     request counts the requests of its class and of the classes above it
     (``tenancy.AT_LEAST``, read with ``table_conn_cur``)."""
-    overloaded = admission.OVERLOADED.format(model=model_lf, count="%[var(txn.mc)]",
-                                             limit="%[var(txn.lim)]")
-    rules: list[Rule] = [("set-var(txn.mk) var(txn.model)", "")]
+    overloaded = admission.OVERLOADED.format(model=model_lf, count="%[var(req.mc)]",
+                                             limit="%[var(req.lim)]")
+    rules: list[Rule] = [("set-var(req.mk) var(txn.model)", "")]
     if snapshot.tenancy is not None:
-        rules.append(("set-var(txn.mk) var(txn.model),concat(/,txn.tc,)", "has_class"))
+        rules.append(("set-var(req.mk) var(txn.model),concat(/,txn.tc,)", "has_class"))
     rules += [
-        ("track-sc0 var(txn.mk) table st_model", ""),
-        ("set-var(txn.mc) sc0_conn_cur", ""),
-        (f"set-var(txn.lim) var(txn.model),map_str_int(MAPS/limits.map,{default_limit})", ""),
+        ("track-sc0 var(req.mk) table st_model", ""),
+        ("set-var(req.mc) sc0_conn_cur", ""),
+        (f"set-var(req.lim) var(txn.model),map_str_int(MAPS/limits.map,{default_limit})", ""),
     ]
     if snapshot.tenancy is not None:
         for above in tenancy.Priority:
@@ -94,20 +94,20 @@ def bound_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str,
                 continue
             cond = f"{{ var(txn.tc) -m str {' '.join(below)} }}"
             rules += [
-                (f"set-var(txn.k{above.value[0]}) var(txn.model),concat(/{above.value}),"
+                (f"set-var(req.k{above.value[0]}) var(txn.model),concat(/{above.value}),"
                  "table_conn_cur(st_model)", cond),
-                (f"set-var(txn.mc) var(txn.mc),add(txn.k{above.value[0]})",
-                 f"{cond} {{ var(txn.k{above.value[0]}) -m found }}"),
+                (f"set-var(req.mc) var(req.mc),add(req.k{above.value[0]})",
+                 f"{cond} {{ var(req.k{above.value[0]}) -m found }}"),
             ]
         rules += [
-            ("set-var(txn.pm) var(txn.tc),map_str_int(MAPS/cbound.map,1000)", "has_class"),
+            ("set-var(req.pm) var(txn.tc),map_str_int(MAPS/cbound.map,1000)", "has_class"),
             # a pool with rules of its own (it queues in the gateway): its entry, if any
-            ("set-var(txn.pm) var(txn.ck),map_str_int(MAPS/cbound.map)", "has_class"),
-            ("set-var(txn.lim) var(txn.lim),mul(txn.pm),div(1000)", "has_class"),
-            ("set-var(txn.lim) int(1)", "{ var(txn.lim) -m int lt 1 }"),
+            ("set-var(req.pm) var(req.ck),map_str_int(MAPS/cbound.map)", "has_class"),
+            ("set-var(req.lim) var(req.lim),mul(req.pm),div(1000)", "has_class"),
+            ("set-var(req.lim) int(1)", "{ var(req.lim) -m int lt 1 }"),
         ]
     rules += [
-        ("set-var(txn.over) var(txn.mc),sub(txn.lim)", ""),
+        ("set-var(req.over) var(req.mc),sub(req.lim)", ""),
         ("set-var(txn.out) str(rejected)", "over_limit"),
         ("set-var(txn.why) str(overloaded)", "over_limit"),
         (answer(errors.Overloaded, overloaded, retry_after=admission.RETRY_AFTER_S),
@@ -127,7 +127,7 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
     the tenancy's ``refusal_delay_ms``, longer for a tenant with many refusals waiting)
     when the request's deadline (``txn.dl``) leaves room for it, else at once
     (:func:`_refuse`). Every refusal waiting tracks ``st_delay``
-    under its tenant's key (``t:<tenant>``, ``txn.dk``). A request waiting there still
+    under its tenant's key (``t:<tenant>``, ``req.dk``). A request waiting there still
     holds what it tracked before (``sc2``: a limited tenant's own entry, the same key), so
     the limit counts ``sc2`` less its refusals waiting. It tracks ``st_seen``
     (model/pool/tenant) instead of ``st_route``: the arrival makes the tenant active
@@ -142,36 +142,36 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
         delay = delayed.refusal_delay_ms
         dl = "{ var(txn.dl) -m found }"
         rules += [
-            ("set-var(txn.dk) str(t:),concat(,txn.tn,)", ""),
+            ("set-var(req.dk) str(t:),concat(,txn.tn,)", ""),
             # the limited tenant's refusals waiting their delay are not in flight
-            ("set-var(txn.tw) var(txn.dk),table_conn_cur(st_delay)", limited),
-            ("set-var(txn.tf) var(txn.tf),sub(txn.tw)", limited),
+            ("set-var(req.tw) var(req.dk),table_conn_cur(st_delay)", limited),
+            ("set-var(txn.tf) var(txn.tf),sub(req.tw)", limited),
             # tenancy.refusal_delay_ms: delayed unless delay x 10 beyond deadline x 9
-            ("set-var(txn.tp) int(0)", f"!{dl}"),
-            (f"set-var(txn.tp) var(txn.dl),mul({deadline.SHARE_NUM}),"
+            ("set-var(req.tp) int(0)", f"!{dl}"),
+            (f"set-var(req.tp) var(txn.dl),mul({deadline.SHARE_NUM}),"
              f"sub({delay * deadline.SHARE_DEN})", dl),
         ]
-    rules.append(("set-var(txn.to) var(txn.tf),sub(txn.tm)", ""))
+    rules.append(("set-var(req.to) var(txn.tf),sub(txn.tm)", ""))
     answers = refusal_answers(answer)
     refuse = functools.partial(_refuse, delayed)
     rules += refuse("tenant_limit", answers["tenant_limit"],
-                    f"{limited} {{ var(txn.to) -m int gt 0 }}")
+                    f"{limited} {{ var(req.to) -m int gt 0 }}")
     rules += _load_rules(snapshot, "")
     rules += [
-        ("set-var(txn.ck) var(txn.pool),concat(/,txn.tc,)", ""),
-        ("set-var(txn.ceil) var(txn.ck),map_str_int(MAPS/ceiling.map,1)", ""),
-        ("set-var(txn.sat) var(txn.pl),sub(txn.ceil)", ""),
+        ("set-var(req.ck) var(txn.pool),concat(/,txn.tc,)", ""),
+        ("set-var(txn.ceil) var(req.ck),map_str_int(MAPS/ceiling.map,1)", ""),
+        ("set-var(req.sat) var(txn.pl),sub(txn.ceil)", ""),
     ]
-    rules += refuse("saturated", answers["saturated"], "has_class { var(txn.sat) -m int ge 0 }")
+    rules += refuse("saturated", answers["saturated"], "has_class { var(req.sat) -m int ge 0 }")
     rules += [
-        ("set-var(txn.co) var(txn.pl),sub(txn.cap)", ""),
-        ("set-var(txn.sk) var(txn.pool),concat(/,txn.tn,)", ""),
-        ("set-var(txn.sh) var(txn.sk),map_str_int(MAPS/share.map,1)", ""),
+        ("set-var(req.co) var(txn.pl),sub(txn.cap)", ""),
+        ("set-var(req.sk) var(txn.pool),concat(/,txn.tn,)", ""),
+        ("set-var(txn.sh) var(req.sk),map_str_int(MAPS/share.map,1)", ""),
         # the tenant's admitted requests here, this one not tracked yet
-        ("set-var(txn.fo) var(txn.mp),table_conn_cur(st_route),sub(txn.sh)", ""),
+        ("set-var(req.fo) var(req.mp),table_conn_cur(st_route),sub(txn.sh)", ""),
     ]
     rules += refuse("fair_share", answers["fair_share"],
-                    "has_class { var(txn.co) -m int ge 0 } { var(txn.fo) -m int ge 0 }")
+                    "has_class { var(req.co) -m int ge 0 } { var(req.fo) -m int ge 0 }")
     return rules
 
 
@@ -197,7 +197,7 @@ def _refuse(delayed: TenancyState | None, reason: str, action: str, cond: str) -
     logged as such, the arrival seen (``st_seen``), then, with a refusal delay
     (``delayed``) where the deadline allows, counted among its tenant's refusals waiting
     (``st_delay``) and sent to wait in the backend whose tarpit waits
-    :func:`gateway.policy.tenancy.refusal_delay_ms` (``txn.rw``: its tenant's refusals
+    :func:`gateway.policy.tenancy.refusal_delay_ms` (``req.rw``: its tenant's refusals
     waiting, this one counted, x 1000 / ``refusals_per_s``, at least the delay and at
     most ``MAX_REFUSAL_DELAY_MS``, beyond the delay rounded up to a step, within 9/10 of
     the deadline rounded down, in the same integers): ``http-request allow`` ends this
@@ -211,30 +211,30 @@ def _refuse(delayed: TenancyState | None, reason: str, action: str, cond: str) -
     after the last, at 0.81 s."""
     rules = [("set-var(txn.out) str(rejected)", cond),
              (f"set-var(txn.why) str({reason})", cond),
-             ("track-sc1 var(txn.mp) table st_seen", cond)]
+             ("track-sc1 var(req.mp) table st_seen", cond)]
     if delayed is not None:
         delay, per_s = delayed.refusal_delay_ms, delayed.refusals_per_s
         most, step = MAX_REFUSAL_DELAY_MS, tenancy.REFUSAL_WAIT_STEP_MS
-        late = f"{cond} {{ var(txn.tp) -m int ge 0 }}"
-        wait = f"txn.{REFUSAL_WAIT}"
+        late = f"{cond} {{ var(req.tp) -m int ge 0 }}"
+        wait = f"req.{REFUSAL_WAIT}"
 
         def when(test: str) -> str:
             return f"{late} {{ var({wait}) -m int {test} }}"
 
         rules += [
-            (f"set-var({wait}) var(txn.dk),table_conn_cur(st_delay),add(1),mul(1000),"
+            (f"set-var({wait}) var(req.dk),table_conn_cur(st_delay),add(1),mul(1000),"
              f"div({per_s})", late),
-            ("track-sc0 var(txn.dk) table st_delay", late),
+            ("track-sc0 var(req.dk) table st_delay", late),
             (f"set-var({wait}) int({most})", when(f"gt {most}")),
             (f"set-var({wait}) int({delay})", when(f"lt {delay}")),
             (f"set-var({wait}) var({wait}),add({step - 1}),div({step}),mul({step})",
              when(f"gt {delay}")),
-            # within 9/10 of the deadline (txn.wb; txn.tp: 9/10 of it less the delay, x 10)
-            (f"set-var(txn.wb) var(txn.tp),div({deadline.SHARE_DEN}),add({delay})",
+            # within 9/10 of the deadline (req.wb; req.tp: 9/10 of it less the delay, x 10)
+            (f"set-var(req.wb) var(req.tp),div({deadline.SHARE_DEN}),add({delay})",
              f"{late} {{ var(txn.dl) -m found }}"),
-            (f"set-var(txn.wy) var(txn.wb),sub({wait})", f"{late} {{ var(txn.dl) -m found }}"),
-            (f"set-var({wait}) var(txn.wb),div({step}),mul({step})",
-             f"{late} {{ var(txn.dl) -m found }} {{ var(txn.wy) -m int lt 0 }}"),
+            (f"set-var(req.wy) var(req.wb),sub({wait})", f"{late} {{ var(txn.dl) -m found }}"),
+            (f"set-var({wait}) var(req.wb),div({step}),mul({step})",
+             f"{late} {{ var(txn.dl) -m found }} {{ var(req.wy) -m int lt 0 }}"),
             (f"set-var({wait}) int({delay})", when(f"lt {delay}")),
             ("allow", late),
         ]
@@ -279,8 +279,8 @@ def _load_rules(snapshot: Snapshot, cond: str) -> list[Rule]:
                   for backend in (f"http_{r.backend}", f"grpc_{r.backend}",
                                   f"grpc_{r.backend}{PIN}")]
     return rules + [
-        ("set-var(txn.eq) var(txn.pool),map_str_int(MAPS/elsewhere.map,0)", cond),
-        ("set-var(txn.pl) var(txn.pl),add(txn.eq)", cond),
+        ("set-var(req.eq) var(txn.pool),map_str_int(MAPS/elsewhere.map,0)", cond),
+        ("set-var(txn.pl) var(txn.pl),add(req.eq)", cond),
         ("set-var(txn.cap) var(txn.pool),map_str_int(MAPS/capacity.map,1)", cond),
     ]
 
@@ -293,20 +293,20 @@ def deadline_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str
     :func:`gateway.policy.deadline.expected_ms` uses."""
     dl = "{ var(txn.dl) -m found }"
     rules = [] if snapshot.tenancy is not None else _load_rules(snapshot, dl)
-    hopeless = f"{dl} {{ var(txn.sv) -m int gt 0 }} {{ var(txn.late) -m int gt 0 }}"
+    hopeless = f"{dl} {{ var(req.sv) -m int gt 0 }} {{ var(req.late) -m int gt 0 }}"
     message = deadline.HOPELESS.format(
-        deadline="%[var(txn.dl)]", model=model_lf, expected="%[var(txn.eta)]",
+        deadline="%[var(txn.dl)]", model=model_lf, expected="%[var(req.eta)]",
         pool="%[var(txn.pool)]", load="%[var(txn.pl)]", capacity="%[var(txn.cap)]")
     return rules + [
-        ("set-var(txn.smp) var(txn.model),concat(/,txn.pool,)", dl),
-        ("set-var(txn.sv) var(txn.smp),map_str_int(MAPS/service.map,0)", dl),
-        ("set-var(txn.dr) var(txn.smp),map_str_int(MAPS/drain.map,0)", dl),
-        ("set-var(txn.ex) var(txn.pl),add(1),sub(txn.cap)", dl),
-        ("set-var(txn.ex) int(0)", f"{dl} {{ var(txn.ex) -m int lt 0 }}"),
-        ("set-var(txn.eta) var(txn.dr),mul(txn.ex),add(txn.sv),div(1000)", dl),
+        ("set-var(req.smp) var(txn.model),concat(/,txn.pool,)", dl),
+        ("set-var(req.sv) var(req.smp),map_str_int(MAPS/service.map,0)", dl),
+        ("set-var(req.dr) var(req.smp),map_str_int(MAPS/drain.map,0)", dl),
+        ("set-var(req.ex) var(txn.pl),add(1),sub(txn.cap)", dl),
+        ("set-var(req.ex) int(0)", f"{dl} {{ var(req.ex) -m int lt 0 }}"),
+        ("set-var(req.eta) var(req.dr),mul(req.ex),add(req.sv),div(1000)", dl),
         # deadline.hopeless: expected x 10 beyond deadline x 9
-        (f"set-var(txn.dn) var(txn.dl),mul({deadline.SHARE_NUM})", dl),
-        (f"set-var(txn.late) var(txn.eta),mul({deadline.SHARE_DEN}),sub(txn.dn)", dl),
+        (f"set-var(req.dn) var(txn.dl),mul({deadline.SHARE_NUM})", dl),
+        (f"set-var(req.late) var(req.eta),mul({deadline.SHARE_DEN}),sub(req.dn)", dl),
         ("set-var(txn.out) str(shed)", hopeless),
         ("set-var(txn.why) str(deadline)", hopeless),
         (answer(errors.DeadlineExceeded, message), hopeless),

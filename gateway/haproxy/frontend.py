@@ -3,6 +3,16 @@ rules in the order of the hot path (:mod:`gateway.haproxy.config` lists it; the 
 are :mod:`gateway.haproxy.request_rules`' and :mod:`gateway.haproxy.admission_rules`'),
 and the ``use_backend`` rules that send a request to the Python forwarder, a pool's backend,
 a managed model's, or their gRPC pin twins (:mod:`gateway.haproxy.backends`).
+
+Variables live in two scopes. HAProxy 2.6 keeps each scope's variables of a stream in a
+list, in the order they were set, and reads one (every ``var()``, and every ``set-var``
+first) by walking that list: with tenancy an admitted request set about 70, and a rule
+testing one set late or not at all cost about seven times what it cost with five set
+(docs/haproxy.md). So ``txn`` holds what is read after the request's rules or outside
+them (the log line's fields, the response rules', the backends', the Lua filters'), and
+``req`` the rules' own working values, which only the frontend's request rules, ACLs and
+``use_backend`` rules read (HAProxy frees them when the response begins).
+``tests/gateway/haproxy/test_variables.py`` holds every configuration to it.
 """
 
 from __future__ import annotations
@@ -35,8 +45,8 @@ LOG_FORMAT = ("%[var(txn.model)] %[var(txn.pool)] %[var(txn.proto)] %ST "
               "%[var(txn.dl)]")
 
 
-COMPRESSED = "gz"  # a gRPC message sent compressed (txn.gz): the Python forwarder serves it
-INFERENCE = "inf"  # an inference request the model rules run for (txn.inf: the guard passed)
+COMPRESSED = "gz"  # a gRPC message sent compressed (req.gz): the Python forwarder serves it
+INFERENCE = "inf"  # an inference request the model rules run for (req.inf: the guard passed)
 
 
 def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> str:
@@ -67,7 +77,7 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         # it; Triton accepts either). Read here, its "name" was compressed bytes: the
         # call failed (INVALID_ARGUMENT, or CANCELLED for a large message) where Triton
         # itself serves it.
-        guard = f"infer_path !{{ var(txn.{COMPRESSED}) -m found }}"
+        guard = f"infer_path !{{ var(req.{COMPRESSED}) -m found }}"
         model_fetch = f"req.body,bytes(5),protobuf({model_name.GRPC_MODEL_FIELD})"
     python = _python_backend(layout, proto)
     lines.append(f"  http-request set-log-level silent unless {guard}")
@@ -83,8 +93,8 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
     routes.append(f"  use_backend {python} unless {guard}")
     if snapshot.refusals_delayed() is not None:
         # a tenancy refusal that waits: the tarpit of its wait (admission_rules._refuse)
-        wait = REFUSAL_BACKEND.format(proto=proto, ms=f"%[var(txn.{REFUSAL_WAIT})]")
-        routes.append(f"  use_backend {wait} if {{ var(txn.{REFUSAL_WAIT}) -m found }}")
+        wait = REFUSAL_BACKEND.format(proto=proto, ms=f"%[var(req.{REFUSAL_WAIT})]")
+        routes.append(f"  use_backend {wait} if {{ var(req.{REFUSAL_WAIT}) -m found }}")
     opening: list[tuple[str, str]] = [(f"set-var(txn.proto) str({proto})", "")]
     if not http:
         # only as much of the body as the model name needs (streams must not wait)
@@ -93,11 +103,11 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
         flag = "{ req.body,bytes(0,1),hex -m str 01 }"
         opening += [("wait-for-body time 1s at-least 1k", ""),
                     ("set-log-level silent", flag),
-                    (f"set-var(txn.{COMPRESSED}) int(1)", flag)]
+                    (f"set-var(req.{COMPRESSED}) int(1)", flag)]
     # the guard's verdict kept: every later rule tests one variable, a fifth of what the
     # path and the compression flag cost HAProxy a rule (docs/haproxy.md, "The rules'
     # own conditions first")
-    opening.append((f"set-var(txn.{INFERENCE}) int(1)", ""))
+    opening.append((f"set-var(req.{INFERENCE}) int(1)", ""))
     first: list[tuple[str, str]] = [(f"set-var(txn.model) {model_fetch}", "")]
     answer = http_return if http else grpc_return
     if http:
@@ -120,7 +130,7 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
     lines += [
         *(f"  acl {acl}" for acl in _acls()),
         *(_guarded(action, cond, guard) for action, cond in opening),
-        *(_guarded(action, cond, f"{{ var(txn.{INFERENCE}) -m found }}")
+        *(_guarded(action, cond, f"{{ var(req.{INFERENCE}) -m found }}")
           for action, cond in rules),
     ]
     if not http:
@@ -134,18 +144,18 @@ def frontend(snapshot: Snapshot, layout: Layout, proto: str, bufsize: int) -> st
     lines += routes
     if not http:
         lines.append(f"  use_backend {python} if {{ var(txn.out) -m str too_large }}")
-        lines.append(f"  use_backend {python} if {{ var(txn.detour) -m found }}")
+        lines.append(f"  use_backend {python} if {{ var(req.detour) -m found }}")
     # a rollout's shadow step: its sampled share is the Python forwarder's (it mirrors it;
     # a replica's reports the pairs to the control plane's verdict)
-    lines.append(f"  use_backend {python} if {{ var(txn.shadow) -m found }}")
+    lines.append(f"  use_backend {python} if {{ var(req.shadow) -m found }}")
     # a gRPC request pinned here goes to its backend's pin twin (backends.pin_backends)
-    pinned = [] if http else [f"{{ var(txn.ver) -m found }} {{ var(txn.{v}) -m found }}"
-                              for v in ("rb", "pool")]
+    pinned = [] if http else [f"{{ var(txn.ver) -m found }} {{ var({v}) -m found }}"
+                              for v in ("req.rb", "txn.pool")]
     if snapshot.residents():
-        lines += [f"  use_backend {python} if {{ var(txn.rb) -m str {MISS} }}",
-                  *(f"  use_backend {proto}_%[var(txn.rb)]{PIN} if {cond}"
+        lines += [f"  use_backend {python} if {{ var(req.rb) -m str {MISS} }}",
+                  *(f"  use_backend {proto}_%[var(req.rb)]{PIN} if {cond}"
                     for cond in pinned[:1]),
-                  f"  use_backend {proto}_%[var(txn.rb)] if {{ var(txn.rb) -m found }}"]
+                  f"  use_backend {proto}_%[var(req.rb)] if {{ var(req.rb) -m found }}"]
     lines += [f"  use_backend {proto}_%[var(txn.pool)]{PIN} if {cond}" for cond in pinned[1:]]
     lines += queueing.bypass_backend_rule(snapshot, http)
     lines += queueing.lane_backend_rules(snapshot, http)
@@ -175,13 +185,13 @@ def _acls() -> list[str]:
         "named var(txn.model) -m len 1:",
         f"has_timeout req.fhdr({timeout}) -m found",
         f"good_timeout req.fhdr({timeout}) -m reg {deadline.HTTP_TIMEOUT_PATTERN}",
-        "nr var(txn.nr) -m found",
-        "has_key var(txn.key) -m len 1:",  # an empty key is no key
-        "has_scopes var(txn.scopes) -m found",
-        "may_predict var(txn.scopes) -m reg (^|,)(predict|admin)(,|;)",
+        "nr var(req.nr) -m found",
+        "has_key var(req.key) -m len 1:",  # an empty key is no key
+        "has_scopes var(req.scopes) -m found",
+        "may_predict var(req.scopes) -m reg (^|,)(predict|admin)(,|;)",
         "has_pool var(txn.pool) -m found",
         "has_class var(txn.tc) -m found",
-        "over_limit var(txn.over) -m int gt 0",
+        "over_limit var(req.over) -m int gt 0",
         "bearer req.fhdr(authorization) -i -m beg bearer",
         "x_api_key req.fhdr(x-api-key) -m found",
     ]

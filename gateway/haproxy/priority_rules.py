@@ -5,7 +5,7 @@ Lua filters :mod:`gateway.haproxy.lua_filters` names (``grpc_fields``,
 ``priority_http``).
 
 - The frontend (:func:`frontend_rules`): ``txn.lvl``, the level of the request's
-  ``model/class`` (``txn.mk``, the model's bound's key) in map ``tprio``
+  ``model/class`` (``req.mk``, the model's bound's key) in map ``tprio``
   (:func:`gateway.haproxy.maps.route_maps`); not for a compressed or an empty HTTP body
   (a compressed gRPC message goes to the Python plane, which reads it whole).
 - The backends a model's requests reach (a pool's, its queue's twins, a managed model's,
@@ -45,7 +45,7 @@ def frontend_rules(snapshot: Snapshot, http: bool) -> list[Rule]:
     # (HTTP: not a compressed body, nor an empty one: nothing to put a level in)
     plain = (" !{ req.hdr(content-encoding) -m found } !{ req.hdr_val(content-length) eq 0 }"
              if http else "")
-    return [("set-var(txn.lvl) var(txn.mk),map(MAPS/tprio.map)", f"has_class{plain}")]
+    return [("set-var(txn.lvl) var(req.mk),map(MAPS/tprio.map)", f"has_class{plain}")]
 
 
 def backend_lines(snapshot: Snapshot, proto: str, head: list[str]) -> list[str]:

@@ -59,12 +59,12 @@ def bypass_limit(bufsize: int) -> int:
 
 
 def bypass_rules(snapshot: Snapshot, http: bool, bufsize: int) -> list[Rule]:
-    """gRPC: ``txn.nq`` for a message too large to wait (the module docstring), in a
+    """gRPC: ``req.nq`` for a message too large to wait (the module docstring), in a
     pool that queues; the frontend sends it to the pool's ``.nq`` twin."""
     pools = queued_pools(snapshot)
     if http or not pools:
         return []
-    return [("set-var(txn.nq) int(1)",
+    return [("set-var(req.nq) int(1)",
              f"{{ var(txn.glen) -m int gt {bypass_limit(bufsize)} }} "
              f"{{ var(txn.pool) -m str {' '.join(pools)} }}")]
 
@@ -73,12 +73,12 @@ def bypass_backend_rule(snapshot: Snapshot, http: bool) -> list[str]:
     """The frontend's ``use_backend`` for :func:`bypass_rules`' requests."""
     if http or not queued_pools(snapshot):
         return []
-    return [f"  use_backend grpc_%[var(txn.pool)]{BYPASS} if {{ var(txn.nq) -m found }}"]
+    return [f"  use_backend grpc_%[var(txn.pool)]{BYPASS} if {{ var(req.nq) -m found }}"]
 
 
 def lane_backend_rules(snapshot: Snapshot, http: bool) -> list[str]:
     """The frontend's ``use_backend`` for a request that may take the lane
-    (``queueing.takes_lane``: ``txn.ql``, its tenant's requests here with itself, from
+    (``queueing.takes_lane``: ``req.ql``, its tenant's requests here with itself, from
     :func:`priority_rules`, at most the lane's slots): to the pool's lane twin while the
     pool's own slots are full and the lane has one free (``be_conn_free`` counts the
     usable servers' free slots). Two such requests at once may both see the lane's last
@@ -90,7 +90,7 @@ def lane_backend_rules(snapshot: Snapshot, http: bool) -> list[str]:
         if pool.member_slots > 0 and pool.lane_slots > 0:
             own = f"{'http' if http else 'grpc'}_{pool.name}"
             rules.append(f"  use_backend {own}{LANE} if "
-                         f"{{ var(txn.ql) -m int le {pool.lane_slots} }} "
+                         f"{{ var(req.ql) -m int le {pool.lane_slots} }} "
                          f"{{ var(txn.pool) -m str {pool.name} }} "
                          f"{{ be_conn_free({own}) eq 0 }} {{ be_conn_free({own}{LANE}) gt 0 }}")
     return rules
@@ -147,18 +147,18 @@ def priority_rules(snapshot: Snapshot) -> list[Rule]:
          f"has_class {{ var(txn.tc) -m str {k.value} }}") for k in Priority]
     default_cost = queueing.cost_us(1.0)
     rules += [
-        (f"set-var(txn.qc) var(txn.tn),map_str_int(MAPS/qcost.map,{default_cost})",
+        (f"set-var(req.qc) var(txn.tn),map_str_int(MAPS/qcost.map,{default_cost})",
          "has_class"),
-        ("set-var(txn.qo) sc1_conn_cur,sub(1),mul(txn.qc),div(1000)", "has_class"),
-        ("set-var(txn.qo) int(0)", "has_class { var(txn.qo) -m int lt 0 }"),
-        (f"set-var(txn.qo) int({queueing.MAX_OFFSET_MS})",
-         f"has_class {{ var(txn.qo) -m int gt {queueing.MAX_OFFSET_MS} }}"),
-        ("set-priority-offset var(txn.qo)", "has_class"),
+        ("set-var(req.qo) sc1_conn_cur,sub(1),mul(req.qc),div(1000)", "has_class"),
+        ("set-var(req.qo) int(0)", "has_class { var(req.qo) -m int lt 0 }"),
+        (f"set-var(req.qo) int({queueing.MAX_OFFSET_MS})",
+         f"has_class {{ var(req.qo) -m int gt {queueing.MAX_OFFSET_MS} }}"),
+        ("set-priority-offset var(req.qo)", "has_class"),
     ]
     if any(p.member_slots > 0 and p.lane_slots > 0 for p in snapshot.pools):
         # queueing.takes_lane's classes; its backlog, the request counted, for the lane's rule
         classes = " ".join(k.value for k in queueing.LANE_CLASSES)
-        rules.append(("set-var(txn.ql) sc1_conn_cur",
+        rules.append(("set-var(req.ql) sc1_conn_cur",
                       f"has_class {{ var(txn.tc) -m str {classes} }}"))
     return rules
 

@@ -36,9 +36,9 @@ def request_rules(answer: Callable[..., str], http: bool) -> list[Rule]:
     if not http:
         # json(utf8) yields nothing for bytes that are not UTF-8
         rules += [
-            ("set-var(txn.mu) var(txn.model),json(utf8)", ""),
-            ("set-var(txn.out) str(invalid)", "!{ var(txn.mu) -m found }"),
-            (answer(errors.InvalidInput, model_name.NOT_UTF8), "!{ var(txn.mu) -m found }"),
+            ("set-var(req.mu) var(txn.model),json(utf8)", ""),
+            ("set-var(txn.out) str(invalid)", "!{ var(req.mu) -m found }"),
+            (answer(errors.InvalidInput, model_name.NOT_UTF8), "!{ var(req.mu) -m found }"),
         ]
     if http:
         header = deadline.HTTP_TIMEOUT_HEADER
@@ -71,29 +71,29 @@ def model_rules(snapshot: Snapshot, answer: Callable[..., str], http: bool) -> l
         return _pool_rules(snapshot, answer, model_lf)  # no one asks who calls
     rules: list[Rule] = [
         # who is calling: X-API-Key, else Authorization: Bearer (one precedence)
-        ("set-var(txn.key) req.fhdr(x-api-key)", "x_api_key"),
-        ("set-var(txn.key) req.fhdr(authorization),bytes(7)", "!has_key bearer"),
+        ("set-var(req.key) req.fhdr(x-api-key)", "x_api_key"),
+        ("set-var(req.key) req.fhdr(authorization),bytes(7)", "!has_key bearer"),
     ]
     if snapshot.predict_gated:
-        lacks = access.LACKS_SCOPE.format(name="%[var(txn.scopes),field(2,;)]",
+        lacks = access.LACKS_SCOPE.format(name="%[var(req.scopes),field(2,;)]",
                                           scope="predict")
         rules += [
             ("set-var(txn.out) str(auth)", "!has_key"),
             (answer(errors.Unauthorized, access.MISSING_TOKEN), "!has_key"),
-            (f"set-var(txn.kd) var(txn.key),{access.HAPROXY_DIGEST}", ""),
-            ("set-var(txn.scopes) var(txn.kd),map(MAPS/tokens.map)", ""),
+            (f"set-var(req.kd) var(req.key),{access.HAPROXY_DIGEST}", ""),
+            ("set-var(req.scopes) var(req.kd),map(MAPS/tokens.map)", ""),
             ("set-var(txn.out) str(auth)", "!has_scopes"),
             (answer(errors.Unauthorized, access.UNKNOWN_TOKEN), "!has_scopes"),
             ("set-var(txn.out) str(auth)", "!may_predict"),
             (answer(errors.Forbidden, lacks), "!may_predict"),
         ]
     rules += [
-        (f"set-var(txn.key) str({access.ANONYMOUS})", "!has_key"),
-        (f"set-var(txn.kd) var(txn.key),{access.HAPROXY_DIGEST}", ""),
+        (f"set-var(req.key) str({access.ANONYMOUS})", "!has_key"),
+        (f"set-var(req.kd) var(req.key),{access.HAPROXY_DIGEST}", ""),
     ]
     if snapshot.tenancy is not None:
         rules += [
-            (f"set-var(txn.tn) var(txn.kd),map(MAPS/tenants.map,{tenancy.DEFAULT_TENANT})", ""),
+            (f"set-var(txn.tn) var(req.kd),map(MAPS/tenants.map,{tenancy.DEFAULT_TENANT})", ""),
             # no class: tenancy turned off (TenancyState.enabled), the rules admit
             ("set-var(txn.tc) var(txn.tn),map(MAPS/tclass.map)", ""),
         ]
@@ -108,7 +108,7 @@ def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -
     tenancy rule (:func:`.admission_rules.tenancy_rules`), then the model's bound
     (:func:`.admission_rules.bound_rules`)."""
     default_limit = snapshot.default_route.max_in_system if snapshot.default_route else 1
-    not_ready = readiness.not_ready_message(model_lf, "%[var(txn.nr)]")
+    not_ready = readiness.not_ready_message(model_lf, "%[var(req.nr)]")
     route_key = ("var(txn.model),concat(/,txn.pool,)" if snapshot.tenancy is None
                  else "var(txn.model),concat(/,txn.pool,/),concat(,txn.tn,)")
     rules = _split_rules(snapshot)
@@ -117,14 +117,14 @@ def _pool_rules(snapshot: Snapshot, answer: Callable[..., str], model_lf: str) -
         (answer(errors.ModelNotFound, model_name.UNKNOWN_MODEL.format(model=model_lf)),
          "!has_pool"),
         # a model still loading or warming up
-        ("set-var(txn.nr) var(txn.model),map(MAPS/notready.map)", ""),
+        ("set-var(req.nr) var(txn.model),map(MAPS/notready.map)", ""),
         ("set-var(txn.out) str(not_ready)", "nr"),
         (answer(errors.ModelNotReady, not_ready, retry_after=readiness.RETRY_AFTER_S), "nr"),
-        (f"set-var(txn.mp) {route_key}", ""),
+        (f"set-var(req.mp) {route_key}", ""),
     ]
     if snapshot.tenancy is not None:  # what they refuse never counts in st_route
         rules += tenancy_rules(snapshot, answer)
-    rules.append(("track-sc1 var(txn.mp) table st_route", ""))
+    rules.append(("track-sc1 var(req.mp) table st_route", ""))
     return [*rules, *bound_rules(snapshot, answer, model_lf, default_limit),
             *deadline_rules(snapshot, answer, model_lf), *queueing.priority_rules(snapshot)]
 
@@ -134,7 +134,7 @@ def shadow_rules(http: bool) -> list[Rule]:
     """A rollout's shadow step (map ``shadow``: model -> percent,
     ``gateway.policy.rollout.Shadow``). HAProxy cannot copy a request: an unversioned
     request of the model goes to the control plane when ``rand(100)`` is below the
-    percent (``txn.shadow``, the frontend's ``use_backend``), marked with
+    percent (``req.shadow``, the frontend's ``use_backend``), marked with
     ``SHADOW_HEADER``; its forwarder answers it from stable (the split is at 0 %) and
     mirrors it to the candidate, and counts it (not logged here). A client's own mark
     is dropped. Before the rollout's rules: the request is still unversioned there."""
@@ -143,13 +143,13 @@ def shadow_rules(http: bool) -> list[Rule]:
     else:
         unversioned = (f"!{{ req.body,bytes(5),protobuf({model_name.GRPC_VERSION_FIELD}) "
                        "-m len 1: }")
-    under = "{ var(txn.sp) -m int gt 0 }"
-    sampled = "{ var(txn.shadow) -m found }"
+    under = "{ var(req.sp) -m int gt 0 }"
+    sampled = "{ var(req.shadow) -m found }"
     return [
-        ("set-var(txn.sp) var(txn.model),map_str_int(MAPS/shadow.map,0)", ""),
+        ("set-var(req.sp) var(txn.model),map_str_int(MAPS/shadow.map,0)", ""),
         (f"del-header {SHADOW_HEADER}", under),
-        ("set-var(txn.sd) rand(100),sub(txn.sp)", under),
-        ("set-var(txn.shadow) int(1)", f"{under} {{ var(txn.sd) -m int lt 0 }} {unversioned}"),
+        ("set-var(req.sd) rand(100),sub(req.sp)", under),
+        ("set-var(req.shadow) int(1)", f"{under} {{ var(req.sd) -m int lt 0 }} {unversioned}"),
         (f"set-header {SHADOW_HEADER} 1", sampled),
         ("set-log-level silent", sampled),
     ]
@@ -171,23 +171,23 @@ def rollout_rules(http: bool) -> list[Rule]:
     that names a version in its first bytes (``protobuf`` of the buffered start, as the
     model name) keeps it.
     """
-    under = "{ var(txn.rs) -m found }"
+    under = "{ var(req.rs) -m found }"
     if not http:
-        named = "{ var(txn.mv) -m len 1: }"
+        named = "{ var(req.mv) -m len 1: }"
         return [
-            ("set-var(txn.rs) var(txn.model),map(MAPS/rstable.map)", ""),
-            (f"set-var(txn.mv) req.body,bytes(5),protobuf({model_name.GRPC_VERSION_FIELD})",
+            ("set-var(req.rs) var(txn.model),map(MAPS/rstable.map)", ""),
+            (f"set-var(req.mv) req.body,bytes(5),protobuf({model_name.GRPC_VERSION_FIELD})",
              under),
-            ("set-var(txn.cl) req.hdr(content-length),sub(txn.glen)",
+            ("set-var(req.cl) req.hdr(content-length),sub(txn.glen)",
              f"{under} !{named} {{ req.hdr(content-length) -m found }}"),
-            ("set-var(txn.detour) int(1)", f"{under} {{ var(txn.cl) -m found }} "
-             "!{ var(txn.cl) -m int eq 5 }"),
-            ("set-log-level silent", "{ var(txn.detour) -m found }"),
-            *_split_pick(f"{under} !{named} !{{ var(txn.detour) -m found }}"),
+            ("set-var(req.detour) int(1)", f"{under} {{ var(req.cl) -m found }} "
+             "!{ var(req.cl) -m int eq 5 }"),
+            ("set-log-level silent", "{ var(req.detour) -m found }"),
+            *_split_pick(f"{under} !{named} !{{ var(req.detour) -m found }}"),
         ]
     unversioned = f"{{ path_reg {model_name.HTTP_UNVERSIONED_INFER_PATTERN} }}"
     return [
-        ("set-var(txn.rs) var(txn.model),map(MAPS/rstable.map)", unversioned),
+        ("set-var(req.rs) var(txn.model),map(MAPS/rstable.map)", unversioned),
         *_split_pick(under),
         ("set-path %[path,regsub(/infer,/versions/)]%[var(txn.ver)]/infer", under),
     ]
@@ -196,24 +196,24 @@ def rollout_rules(http: bool) -> list[Rule]:
 def _split_pick(cond: str) -> list[Rule]:
     """``txn.ver``: ``Split.pick`` of one ``rand(100)`` for a request pinned here."""
     return [
-        ("set-var(txn.rp) var(txn.model),map_str_int(MAPS/rollout.map,0)", cond),
-        ("set-var(txn.rd) rand(100),sub(txn.rp)", cond),
-        ("set-var(txn.ver) var(txn.rs)", cond),
+        ("set-var(req.rp) var(txn.model),map_str_int(MAPS/rollout.map,0)", cond),
+        ("set-var(req.rd) rand(100),sub(req.rp)", cond),
+        ("set-var(txn.ver) var(req.rs)", cond),
         ("set-var(txn.ver) var(txn.model),map(MAPS/rcand.map)",
-         f"{cond} {{ var(txn.rd) -m int lt 0 }}"),
+         f"{cond} {{ var(req.rd) -m int lt 0 }}"),
     ]
 
 
 def residency_rules(snapshot: Snapshot) -> list[Rule]:
     """Model residency, the last rule: a managed model's ``pool/model`` in map
-    ``resident`` gives its backend in that pool (``txn.rb``, servers ready only on its
+    ``resident`` gives its backend in that pool (``req.rb``, servers ready only on its
     holders) or ``miss``: the request goes to the control plane, which holds it while
     the model loads and counts it (so HAProxy logs no line for it). ``txn.pool`` keeps
     the pool's name: the log line, the tables and the rules above name pools."""
     if not snapshot.residents():
         return []
-    return [("set-var(txn.rb) var(txn.pool),concat(/,txn.model,),map(MAPS/resident.map)", ""),
-            ("set-log-level silent", f"{{ var(txn.rb) -m str {MISS} }}")]
+    return [("set-var(req.rb) var(txn.pool),concat(/,txn.model,),map(MAPS/resident.map)", ""),
+            ("set-log-level silent", f"{{ var(req.rb) -m str {MISS} }}")]
 
 
 
@@ -224,14 +224,14 @@ def _split_rules(snapshot: Snapshot) -> list[Rule]:
     first = f",{default_pools[0]}" if default_pools[0] else ""
     rules: list[Rule] = [(f"set-var(txn.pool) var(txn.model),map(MAPS/route0.map{first})", "")]
     if ranks > 1:
-        rules.append(("set-var(txn.r) rand(1000)", ""))
+        rules.append(("set-var(req.r) rand(1000)", ""))
     for k in range(1, ranks):
         pool_default = f",{default_pools[k]}" if default_pools[k] else ""
         rules += [
-            (f"set-var(txn.c) var(txn.model),map_str_int(MAPS/cut{k}.map,{default_cuts[k]})", ""),
-            ("set-var(txn.d) var(txn.r),sub(txn.c)", ""),
+            (f"set-var(req.c) var(txn.model),map_str_int(MAPS/cut{k}.map,{default_cuts[k]})", ""),
+            ("set-var(req.d) var(req.r),sub(req.c)", ""),
             (f"set-var(txn.pool) var(txn.model),map(MAPS/route{k}.map{pool_default})",
-             "{ var(txn.d) -m int ge 0 }"),
+             "{ var(req.d) -m int ge 0 }"),
         ]
     return rules
 

@@ -82,7 +82,7 @@ def cost_us(weight: float) -> int:
 def offset_ms(backlog: int, cost: int) -> int:
     """The offset of a request whose tenant has ``backlog`` other requests in the gateway
     for this model and pool, at ``cost`` (:func:`cost_us`): HAProxy's
-    ``sc1_conn_cur,sub(1),mul(txn.qc),div(1000)``, capped at :data:`MAX_OFFSET_MS`."""
+    ``sc1_conn_cur,sub(1),mul(req.qc),div(1000)``, capped at :data:`MAX_OFFSET_MS`."""
     return min(MAX_OFFSET_MS, max(0, backlog) * cost // 1000)
 
 

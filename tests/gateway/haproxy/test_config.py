@@ -20,7 +20,7 @@ from tests.gateway.haproxy.conftest import layout_in, member, snapshot
 def test_auth_rules_absent_when_predict_open_with_rate_limits(tmp_path: Path) -> None:
     """Rate limits ask for the caller's key, but only gated predict checks it."""
     text = render_config(snapshot(), layout_in(tmp_path))
-    assert "track-sc2 var(txn.kd) table rate0" in text
+    assert "track-sc2 var(req.kd) table rate0" in text
     assert "tokens.map" not in text and "lacks the 'predict' scope" not in text
 
 
@@ -90,14 +90,14 @@ def test_tenancy_refusals_are_tarpitted_for_the_delay_or_answered_at_once_withou
                          refusal_delay_ms=80)
     text = render_config(snapshot(tenancy=rules), layout_in(tmp_path))
     assert "timeout tarpit" not in text.split("\nbackend ", 1)[0]  # no frontend's
-    assert "set-var(txn.tp) var(txn.dl),mul(9),sub(800)" in text
+    assert "set-var(req.tp) var(txn.dl),mul(9),sub(800)" in text
     allows = [line for line in text.splitlines() if "http-request allow " in line]
     assert len(allows) == 6  # three reasons, two protocols
-    assert all("{ var(txn.tp) -m int ge 0 } { var(txn.inf) -m found }" in line for line in allows)
+    assert all("{ var(req.tp) -m int ge 0 } { var(req.inf) -m found }" in line for line in allows)
     waits = refusal_waits_ms(80)
     assert waits[:2] == (80, 100) and waits[-1] == 1000
     for proto in ("http", "grpc"):
-        assert (f"  use_backend refuse_{proto}_%[var(txn.rw)] if {{ var(txn.rw) -m found }}"
+        assert (f"  use_backend refuse_{proto}_%[var(req.rw)] if {{ var(req.rw) -m found }}"
                 in text)
         for ms in waits:
             section = text.split(f"\nbackend refuse_{proto}_{ms}\n", 1)[1].split("\n\n")[0]

@@ -70,11 +70,11 @@ def test_large_grpc_messages_and_pinned_ones_never_wait_in_the_queue() -> None:
     HAProxy 2.6: a message above half a buffer goes to the uncapped twin."""
     config = render_config(_snapshot(4), LAYOUT)
     limit = rendered.bypass_limit(rendered.DEFAULT_BUFSIZE)
-    assert ("http-request set-var(txn.nq) int(1) if "
+    assert ("http-request set-var(req.nq) int(1) if "
             f"{{ var(txn.glen) -m int gt {limit} }} {{ var(txn.pool) -m str p }} "
-            "{ var(txn.inf) -m found }") in config
+            "{ var(req.inf) -m found }") in config
     lines = config.splitlines()
-    bypass = lines.index("  use_backend grpc_%[var(txn.pool)].nq if { var(txn.nq) -m found }")
+    bypass = lines.index("  use_backend grpc_%[var(txn.pool)].nq if { var(req.nq) -m found }")
     assert lines[bypass + 1] == "  use_backend grpc_%[var(txn.pool)] if { var(txn.pool) -m found }"
     for twin in ("grpc_p.nq", "grpc_p.pin"):
         body = _backend(config, twin)
@@ -92,23 +92,23 @@ def test_the_lane_is_a_capped_twin_taken_by_light_tenants_while_the_pool_is_full
         assert f"  server m1 10.0.0.1:{port} track {proto}_p/m1 weight 256 maxconn 2" in \
             [line.split(" proto h2")[0] for line in body], body
         assert "  timeout queue 700ms" in body  # a race into its queue is bounded alike
-        rule = (f"  use_backend {proto}_p.lane if {{ var(txn.ql) -m int le 2 }} "
+        rule = (f"  use_backend {proto}_p.lane if {{ var(req.ql) -m int le 2 }} "
                 f"{{ var(txn.pool) -m str p }} {{ be_conn_free({proto}_p) eq 0 }} "
                 f"{{ be_conn_free({proto}_p.lane) gt 0 }}")
         at = lines.index(rule)  # after the large messages' twin, before the pool
         assert lines[at + 1] == (f"  use_backend {proto}_%[var(txn.pool)] if "
                                  "{ var(txn.pool) -m found }")
         assert f"be_conn({proto}_p.lane),add(txn.pl)" in config  # the pool's load
-    assert lines.index("  use_backend grpc_%[var(txn.pool)].nq if { var(txn.nq) -m found }") \
+    assert lines.index("  use_backend grpc_%[var(txn.pool)].nq if { var(req.nq) -m found }") \
         < lines.index(rule)
     # the tenant's requests here, itself counted, for standard requests only
-    assert ("set-var(txn.ql) sc1_conn_cur",
+    assert ("set-var(req.ql) sc1_conn_cur",
             "has_class { var(txn.tc) -m str standard }") in \
         rendered.priority_rules(_snapshot(4, lane=2))
     for without in (_snapshot(4), _snapshot(0, lane=2)):
         assert ".lane" not in render_config(without, LAYOUT)
     # without tenants nobody takes it (its twins stay: tenants may come live)
-    assert "txn.ql" not in render_config(_snapshot(4, tenancy=None, lane=2), LAYOUT)
+    assert "req.ql" not in render_config(_snapshot(4, tenancy=None, lane=2), LAYOUT)
 
 
 def test_priority_rules_follow_the_policys_ranks_only_with_tenants() -> None:
@@ -116,7 +116,7 @@ def test_priority_rules_follow_the_policys_ranks_only_with_tenants() -> None:
     classes = {cond.split()[-2]: action for action, cond in rules if "priority-class" in action}
     assert classes == {k.value: f"set-priority-class int({r})"
                        for k, r in queueing.CLASS_RANK.items()}
-    assert ("set-var(txn.qo) sc1_conn_cur,sub(1),mul(txn.qc),div(1000)", "has_class") in rules
+    assert ("set-var(req.qo) sc1_conn_cur,sub(1),mul(req.qc),div(1000)", "has_class") in rules
     assert rendered.priority_rules(_snapshot(4, tenancy=None)) == []
 
 

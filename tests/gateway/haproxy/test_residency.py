@@ -110,7 +110,7 @@ def test_managed_model_gets_a_backend_per_pool_with_servers_ready_on_holders(
 def test_nothing_of_residency_rendered_when_no_model_is_managed(tmp_path: Path) -> None:
     layout = layout_in(tmp_path)
     plain = render(snapshot(), layout)
-    assert "resident" not in plain.maps and "txn.rb" not in plain.config
+    assert "resident" not in plain.maps and "req.rb" not in plain.config
     # only the pools' pin twins (backends.pin_backends) have a dot
     assert [s for s in _sections(plain.config) if "." in s] == [
         "backend grpc_main.pin", "backend grpc_canary.pin"]
@@ -122,17 +122,17 @@ def test_residency_lookup_is_the_last_request_rule_and_decides_the_backend_first
     for proto in ("http", "grpc"):
         lines = sections[f"frontend {proto}"]
         requests = [x for x in lines if x.startswith("  http-request ")]
-        assert "set-var(txn.rb) var(txn.pool),concat(/,txn.model,)," \
+        assert "set-var(req.rb) var(txn.pool),concat(/,txn.model,)," \
                "map(" in requests[-2]
         assert "set-log-level silent" in requests[-1] and "-m str miss" in requests[-1]
         uses = [x.strip() for x in lines if x.startswith("  use_backend ")]
         # gRPC: a request pinned here goes to the backend's pin twin
         pinned = "{ var(txn.ver) -m found }"
         assert uses[-5 if proto == "grpc" else -3:] == [
-            f"use_backend control_{proto} if {{ var(txn.rb) -m str miss }}",
-            *([f"use_backend grpc_%[var(txn.rb)].pin if {pinned} {{ var(txn.rb) -m found }}"]
+            f"use_backend control_{proto} if {{ var(req.rb) -m str miss }}",
+            *([f"use_backend grpc_%[var(req.rb)].pin if {pinned} {{ var(req.rb) -m found }}"]
               if proto == "grpc" else []),
-            f"use_backend {proto}_%[var(txn.rb)] if {{ var(txn.rb) -m found }}",
+            f"use_backend {proto}_%[var(req.rb)] if {{ var(req.rb) -m found }}",
             *([f"use_backend grpc_%[var(txn.pool)].pin if {pinned} "
                "{ var(txn.pool) -m found }"] if proto == "grpc" else []),
             f"use_backend {proto}_%[var(txn.pool)] if {{ var(txn.pool) -m found }}"]
@@ -144,7 +144,7 @@ def test_pool_load_counts_the_model_backends_when_tenancy_rules_read_it(
     text = render_config(replace(_held((A,)), tenancy=tenancy), layout_in(tmp_path))
     for proto in ("http", "grpc"):
         assert f"set-var(txn.pl) be_conn({proto}_{RESNET}),add(txn.pl) if " \
-               "{ var(txn.pool) -m str main } { var(txn.inf) -m found }" in text
+               "{ var(txn.pool) -m str main } { var(req.inf) -m found }" in text
 
 
 def test_holder_moves_ready_the_new_before_the_map_and_the_map_before_maint(
