@@ -12,7 +12,6 @@ order.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 from gateway import errors
@@ -152,27 +151,31 @@ def tenancy_rules(snapshot: Snapshot, answer: Callable[..., str]) -> list[Rule]:
              f"sub({delay * deadline.SHARE_DEN})", dl),
         ]
     rules.append(("set-var(req.to) var(txn.tf),sub(txn.tm)", ""))
-    answers = refusal_answers(answer)
-    refuse = functools.partial(_refuse, delayed)
-    rules += refuse("tenant_limit", answers["tenant_limit"],
-                    f"{limited} {{ var(req.to) -m int gt 0 }}")
+    rules.append(_decide("tenant_limit", f"{limited} {{ var(req.to) -m int gt 0 }}"))
     rules += _load_rules(snapshot, "")
     rules += [
         ("set-var(req.ck) var(txn.pool),concat(/,txn.tc,)", ""),
         ("set-var(txn.ceil) var(req.ck),map_str_int(MAPS/ceiling.map,1)", ""),
         ("set-var(req.sat) var(txn.pl),sub(txn.ceil)", ""),
-    ]
-    rules += refuse("saturated", answers["saturated"], "has_class { var(req.sat) -m int ge 0 }")
-    rules += [
+        _decide("saturated", "has_class { var(req.sat) -m int ge 0 }"),
         ("set-var(req.co) var(txn.pl),sub(txn.cap)", ""),
         ("set-var(req.sk) var(txn.pool),concat(/,txn.tn,)", ""),
         ("set-var(txn.sh) var(req.sk),map_str_int(MAPS/share.map,1)", ""),
         # the tenant's admitted requests here, this one not tracked yet
         ("set-var(req.fo) var(req.mp),table_conn_cur(st_route),sub(txn.sh)", ""),
+        _decide("fair_share", "has_class { var(req.co) -m int ge 0 } { var(req.fo) -m int ge 0 }"),
     ]
-    rules += refuse("fair_share", answers["fair_share"],
-                    "has_class { var(req.co) -m int ge 0 } { var(req.fo) -m int ge 0 }")
-    return rules
+    return rules + _refuse(delayed, refusal_answers(answer))
+
+
+def _decide(reason: str, cond: str) -> Rule:
+    """The tenancy refusal ``reason`` under ``cond``, unless an earlier one was decided
+    (the first decided is the answer, as in ``tenancy.decide``): only the reason is set
+    here, and :func:`_refuse` answers it. An admitted request so meets one rule per
+    reason, not the dozen of its answer and its wait (each rule's first term read a
+    variable, and HAProxy 2.6 reads one by walking its scope's list:
+    docs/haproxy.md)."""
+    return (f"set-var(txn.why) str({reason})", f"{cond} !{{ var(txn.why) -m found }}")
 
 
 def refusal_answers(answer: Callable[..., str]) -> dict[str, str]:
@@ -192,11 +195,11 @@ def refusal_answers(answer: Callable[..., str]) -> dict[str, str]:
             for reason, message in messages.items()}
 
 
-def _refuse(delayed: TenancyState | None, reason: str, action: str, cond: str) -> list[Rule]:
-    """Refused under ``cond`` for a tenancy ``reason`` with ``action`` (its answer):
-    logged as such, the arrival seen (``st_seen``), then, with a refusal delay
-    (``delayed``) where the deadline allows, counted among its tenant's refusals waiting
-    (``st_delay``) and sent to wait in the backend whose tarpit waits
+def _refuse(delayed: TenancyState | None, answers: dict[str, str]) -> list[Rule]:
+    """Refused for the tenancy reason :func:`_decide` set (``txn.why``), with its answer
+    (``answers``, by reason): logged as such, the arrival seen (``st_seen``), then, with
+    a refusal delay (``delayed``) where the deadline allows, counted among its tenant's
+    refusals waiting (``st_delay``) and sent to wait in the backend whose tarpit waits
     :func:`gateway.policy.tenancy.refusal_delay_ms` (``req.rw``: its tenant's refusals
     waiting, this one counted, x 1000 / ``refusals_per_s``, at least the delay and at
     most ``MAX_REFUSAL_DELAY_MS``, beyond the delay rounded up to a step, within 9/10 of
@@ -209,8 +212,8 @@ def _refuse(delayed: TenancyState | None, reason: str, action: str, cond: str) -
     in Lua on one connection (an earlier way to wait longer than the frontend's tarpit)
     stopped HAProxy 2.6 reading it, and a critical request sent after them was answered
     after the last, at 0.81 s."""
+    cond = "{ var(txn.why) -m found }"
     rules = [("set-var(txn.out) str(rejected)", cond),
-             (f"set-var(txn.why) str({reason})", cond),
              ("track-sc1 var(req.mp) table st_seen", cond)]
     if delayed is not None:
         delay, per_s = delayed.refusal_delay_ms, delayed.refusals_per_s
@@ -238,7 +241,8 @@ def _refuse(delayed: TenancyState | None, reason: str, action: str, cond: str) -
             (f"set-var({wait}) int({delay})", when(f"lt {delay}")),
             ("allow", late),
         ]
-    return [*rules, (action, cond)]
+    return rules + [(action, f"{{ var(txn.why) -m str {reason} }}")
+                    for reason, action in answers.items()]
 
 
 def refusal_backends(snapshot: Snapshot, proto: str, answer: Callable[..., str]) -> list[str]:

@@ -85,15 +85,21 @@ def test_tenancy_refusals_are_tarpitted_for_the_delay_or_answered_at_once_withou
     rules (``allow``) and goes to the backend whose ``timeout tarpit`` is its wait, one
     per wait the rule gives (the delay, then each step of 50 ms up to 1 s), where each
     reason is tarpitted with its own answer; else it is answered at once; 0: no tarpit
-    at all."""
+    at all. One set of refusal rules serves the three reasons: each reason's own rule
+    only names it (``txn.why``)."""
     rules = TenancyState(tenants=(TenantState("default", "standard", max_in_flight=2),),
                          refusal_delay_ms=80)
     text = render_config(snapshot(tenancy=rules), layout_in(tmp_path))
     assert "timeout tarpit" not in text.split("\nbackend ", 1)[0]  # no frontend's
     assert "set-var(req.tp) var(txn.dl),mul(9),sub(800)" in text
     allows = [line for line in text.splitlines() if "http-request allow " in line]
-    assert len(allows) == 6  # three reasons, two protocols
-    assert all("{ var(req.tp) -m int ge 0 } { var(req.inf) -m found }" in line for line in allows)
+    assert len(allows) == 2  # one for the three reasons, two protocols
+    assert all("{ var(txn.why) -m found } { var(req.tp) -m int ge 0 } { var(req.inf) -m found }"
+               in line for line in allows)
+    for reason in REASONS:
+        named = [line for line in text.splitlines()
+                 if f"http-request set-var(txn.why) str({reason}) " in line]
+        assert len(named) == 2 and all(" !{ var(txn.why) -m found } " in line for line in named)
     waits = refusal_waits_ms(80)
     assert waits[:2] == (80, 100) and waits[-1] == 1000
     for proto in ("http", "grpc"):
