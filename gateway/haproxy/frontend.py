@@ -7,7 +7,7 @@ a managed model's, or their gRPC pin twins (:mod:`gateway.haproxy.backends`).
 Variables live in two scopes. HAProxy 2.6 keeps each scope's variables of a stream in a
 list, in the order they were set, and reads one (every ``var()``, and every ``set-var``
 first) by walking that list: with tenancy an admitted request set about 70, and a rule
-testing one set late or not at all cost about seven times what it cost with five set
+testing one set late or not at all cost about six times what it cost with five set
 (docs/haproxy.md). So ``txn`` holds what is read after the request's rules or outside
 them (the log line's fields, the response rules', the backends', the Lua filters'), and
 ``req`` the rules' own working values, which only the frontend's request rules, ACLs and
