@@ -78,6 +78,7 @@ from loadtests.harness import (
     gateway_yaml,
     log_tail,
     num,
+    parse_source,
     publish,
     reporter,
     settle,
@@ -484,15 +485,6 @@ def parse_plane(spec: str) -> Plane:
     if not name.strip():
         raise ValueError(f"a data plane needs a name: {spec!r}")
     return name.strip(), tuple(shlex.split(args)) if sep else ("--data-plane", name.strip())
-
-
-def parse_source(spec: str) -> tuple[str, Path]:
-    """'before=/tmp/before' -> ('before', Path('/tmp/before')), a checkout that exists."""
-    name, sep, folder = spec.partition("=")
-    source = Path(folder).expanduser().resolve()
-    if not (name.strip() and sep and (source / "gateway" / "__main__.py").is_file()):
-        raise ValueError(f"{spec!r}: expected NAME=DIR, DIR a checkout of this project")
-    return name.strip(), source
 
 
 # both gRPC connection modes of the HAProxy data plane (the default decides per member

@@ -43,9 +43,8 @@ from typing import Any
 
 from gateway.netaddr import free_ports
 from infergate.processes import stop_process
-from loadtests.bench_dataplane import parse_source
 from loadtests.h2load import INFER, run_h2load
-from loadtests.harness import median, publish, reporter, table
+from loadtests.harness import median, parse_source, publish, reporter, table
 from loadtests.proc_cpu import parse_proc_stat
 
 HERE = Path(__file__).resolve().parent.parent

@@ -84,6 +84,15 @@ def with_range(row: Mapping[str, Any], key: str, spec: str, unit: str = "") -> s
     return f"{text} ({num(low_high[0], spec)}..{num(low_high[1], spec)})" if low_high else text
 
 
+def parse_source(spec: str) -> tuple[str, Path]:
+    """'before=/tmp/before' -> ('before', Path('/tmp/before')), a checkout that exists."""
+    name, sep, folder = spec.partition("=")
+    source = Path(folder).expanduser().resolve()
+    if not (name.strip() and sep and (source / "gateway" / "__main__.py").is_file()):
+        raise ValueError(f"{spec!r}: expected NAME=DIR, DIR a checkout of this project")
+    return name.strip(), source
+
+
 # -- tables, plots, results -----------------------------------------------------------
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:

@@ -10,7 +10,6 @@ import pytest
 from loadtests import bench_dataplane as bd
 from loadtests.h2load import parse_h2load
 from tests.loadtests.test_h2load import H2LOAD_OUT
-from tests.procs import ROOT
 
 
 def test_success_count_sums_versions_when_triton_reports_several() -> None:
@@ -107,14 +106,6 @@ def test_parse_plane_maps_a_name_to_the_flag_and_allows_no_flag_at_all() -> None
         "py", ("--data-plane", "python", "--log-level", "info"))
     with pytest.raises(ValueError):
         bd.parse_plane("=--data-plane haproxy")
-
-
-def test_a_source_is_a_named_checkout_of_this_project(tmp_path: Path) -> None:
-    name, source = bd.parse_source(f"before={ROOT}")
-    assert name == "before" and source == ROOT.resolve()
-    for bad in (f"={ROOT}", "before", f"before={tmp_path}"):
-        with pytest.raises(ValueError, match="NAME=DIR"):
-            bd.parse_source(bad)
 
 
 def test_default_planes_falls_back_to_the_plain_gateway_when_it_lacks_the_flag() -> None:

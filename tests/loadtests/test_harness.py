@@ -14,8 +14,17 @@ import yaml
 
 from infergate.triton.local import TritonEndpoints
 from loadtests import harness
+from tests.procs import ROOT
 
 MEMBER = TritonEndpoints("127.0.0.1", 8000, 8001, 8002)
+
+
+def test_a_source_is_a_named_checkout_of_this_project(tmp_path: Path) -> None:
+    name, source = harness.parse_source(f"before={ROOT}")
+    assert name == "before" and source == ROOT.resolve()
+    for bad in (f"={ROOT}", "before", f"before={tmp_path}"):
+        with pytest.raises(ValueError, match="NAME=DIR"):
+            harness.parse_source(bad)
 
 
 # -- numbers --------------------------------------------------------------------------
